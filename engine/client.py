@@ -1,0 +1,173 @@
+"""The one way the GUI, the CLI and tests talk to a node: HTTP + server-sent events.
+
+Kept light (httpx only) so the window can import it without pulling in mlx.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import httpx
+
+from engine.errors import PeerUnreachable, ShoalError
+
+
+@dataclass(frozen=True)
+class ChatDelta:
+    """One piece of a streamed answer. Exactly one delta of a stream has finish_reason set;
+    the last one carries usage and the node's speed figures (shoal)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+    shoal: dict[str, float] = field(default_factory=dict)
+
+
+class ChatStream:
+    """Iterate to receive ChatDelta records; close() stops the generation on the node
+    (the node notices the closed connection and cancels within one token)."""
+
+    def __init__(self, client: httpx.Client, request: httpx.Request):
+        self._client = client
+        try:
+            self._response = client.send(request, stream=True)
+        except httpx.HTTPError as e:
+            raise PeerUnreachable(f"Can't reach the node at {request.url}: {e}") from e
+        if self._response.status_code >= 400:
+            body = self._response.read()
+            self._response.close()
+            raise _error_from(self._response.status_code, body)
+        self._closed = False
+
+    def __iter__(self) -> Iterator[ChatDelta]:
+        try:
+            for data in _sse_data(self._response):
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise ShoalError.from_openai(chunk, 500)
+                yield _delta_from_chunk(chunk)
+        except httpx.HTTPError as e:
+            if not self._closed:
+                raise PeerUnreachable(f"The node closed the stream: {e}") from e
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._response.close()
+
+
+class NodeClient:
+    """A node's HTTP API. Every call has a timeout; errors come back as ShoalError."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 10.0):
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "NodeClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plain JSON calls -------------------------------------------------------------
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise PeerUnreachable(f"Can't reach the node at {self.base_url}: {e}") from e
+        if r.status_code >= 400:
+            raise _error_from(r.status_code, r.content)
+        return r.json() if r.content else None
+
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/health")
+
+    def status(self) -> dict[str, Any]:
+        """{"state": idle|loading|generating|error, "model", "error", "models_dir", ...}"""
+        return self._call("GET", "/shoal/status")
+
+    def models(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/models")["data"]
+
+    def load(self, model: str) -> dict[str, Any]:
+        """Start loading a model in the node's worker; returns at once (watch status)."""
+        return self._call("POST", "/shoal/load", json={"model": model})
+
+    def unload(self) -> dict[str, Any]:
+        return self._call("POST", "/shoal/unload")
+
+    def shutdown(self) -> None:
+        """Ask the node to stop (it stops its workers first). Only honoured from loopback."""
+        self._call("POST", "/shoal/shutdown")
+
+    def events(self, timeout: float = 30.0) -> Iterator[dict[str, Any]]:
+        """Status snapshots as they change (server-sent events). Blocks; run off the GUI
+        thread. The node sends a keep-alive at least every 10 s, so a silent node for
+        `timeout` seconds raises PeerUnreachable."""
+        try:
+            with self._http.stream("GET", "/shoal/events",
+                                   timeout=httpx.Timeout(10.0, read=timeout)) as r:
+                for data in _sse_data(r):
+                    yield json.loads(data)
+        except httpx.HTTPError as e:
+            raise PeerUnreachable(f"Lost the node's event stream: {e}") from e
+
+    # --- chat ---------------------------------------------------------------------------
+    def chat(self, messages: list[dict[str, str]], model: str | None = None,
+             **params: Any) -> ChatStream:
+        """Stream a chat completion. params are OpenAI's (max_tokens, temperature, ...)."""
+        body = {"messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}, **params}
+        if model:
+            body["model"] = model
+        req = self._http.build_request("POST", "/v1/chat/completions", json=body,
+                                       timeout=httpx.Timeout(10.0, read=None))
+        return ChatStream(self._http, req)
+
+    def complete(self, messages: list[dict[str, str]], model: str | None = None,
+                 **params: Any) -> dict[str, Any]:
+        """A non-streaming chat completion; returns the OpenAI response body."""
+        body = {"messages": messages, **params}
+        if model:
+            body["model"] = model
+        return self._call("POST", "/v1/chat/completions", json=body, timeout=None)
+
+
+def _sse_data(response: httpx.Response) -> Iterator[str]:
+    """The data fields of a server-sent event stream (comments and keep-alives skipped)."""
+    data: list[str] = []
+    for line in response.iter_lines():
+        if line.startswith("data:"):
+            data.append(line[5:].lstrip())
+        elif line == "" and data:
+            yield "\n".join(data)
+            data = []
+
+
+def _delta_from_chunk(chunk: dict[str, Any]) -> ChatDelta:
+    choices = chunk.get("choices") or []
+    text, finish = "", None
+    if choices:
+        text = (choices[0].get("delta") or {}).get("content") or ""
+        finish = choices[0].get("finish_reason")
+    return ChatDelta(text=text, finish_reason=finish, usage=chunk.get("usage"),
+                     shoal=chunk.get("shoal") or {})
+
+
+def _error_from(status: int, body: bytes) -> ShoalError:
+    try:
+        return ShoalError.from_openai(json.loads(body), status)
+    except (ValueError, AttributeError):
+        e = ShoalError(f"The node answered HTTP {status}: {body[:200]!r}")
+        e.status = status
+        return e
