@@ -1,0 +1,130 @@
+"""The `shoal` command: `shoal` opens the app; `shoal node` runs a headless node;
+`shoal models ...` manages models; `shoal chat` asks a running node."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from engine.errors import ShoalError
+from engine.paths import default_home, ensure, logs_dir, models_dir
+
+DEFAULT_PORT = 8421
+
+
+def _setup_logging(home: Path | None, name: str, verbose: bool) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if home is not None:
+        handlers.append(logging.FileHandler(ensure(logs_dir(home)) / f"{name}.log"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=handlers,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _cmd_node(a: argparse.Namespace) -> int:
+    from engine.node.main import run_node
+    home = Path(a.home).expanduser() if a.home else default_home()
+    _setup_logging(home, "node", a.verbose)
+    asyncio.run(run_node(a.host, a.port, home, a.model,
+                         a.api_key or os.environ.get("SHOAL_API_KEY")))
+    return 0
+
+
+def _cmd_models_list(a: argparse.Namespace) -> int:
+    from engine.hub.local import list_local_models
+    home = Path(a.home).expanduser() if a.home else default_home()
+    models = list_local_models(models_dir(home))
+    if not models:
+        print("No models yet. Import one with `shoal models import FILE.gguf`.")
+        return 0
+    print(f"{'MODEL':48} {'SOURCE':9} {'SIZE':>9} {'LAYERS':>6}  QUANTIZATION")
+    for m in models:
+        size = f"{m.size_bytes / 1e9:.2f} GB" if m.size_bytes >= 1e9 else \
+            f"{m.size_bytes / 1e6:.0f} MB"
+        print(f"{m.id:48} {m.source:9} {size:>9} {m.layers or '?':>6}  {m.quantization}")
+    return 0
+
+
+def _cmd_models_import(a: argparse.Namespace) -> int:
+    from engine.hub.gguf import import_gguf
+    home = Path(a.home).expanduser() if a.home else default_home()
+    dest = import_gguf(Path(a.file), ensure(models_dir(home)), name=a.name)
+    print(f"Imported {a.file} as {dest.name} ({dest})")
+    return 0
+
+
+def _cmd_chat(a: argparse.Namespace) -> int:
+    from engine.client import NodeClient
+    with NodeClient(a.url) as c:
+        stream = c.chat([{"role": "user", "content": a.prompt}], model=a.model,
+                        max_tokens=a.max_tokens)
+        for d in stream:
+            sys.stdout.write(d.text)
+            sys.stdout.flush()
+            if d.usage and d.shoal:
+                sys.stderr.write(f"\n[{d.usage['completion_tokens']} tokens, "
+                                 f"{d.shoal.get('generation_tps', 0):.1f} tokens/s, "
+                                 f"first token {d.shoal.get('ttft_s', 0) * 1000:.0f} ms]\n")
+    return 0
+
+
+def _cmd_app(a: argparse.Namespace) -> int:
+    from app.main import main as app_main
+    return app_main(sys.argv[:1] + (["--home", a.home] if a.home else []))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shoal", description=__doc__)
+    p.add_argument("--home", help="state folder (default: per-user data folder)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=_cmd_app)
+    sub = p.add_subparsers(dest="cmd")
+
+    n = sub.add_parser("node", help="run a headless node")
+    n.add_argument("--host", default="127.0.0.1")
+    n.add_argument("--port", type=int, default=DEFAULT_PORT)
+    n.add_argument("--home", default=argparse.SUPPRESS)
+    n.add_argument("--model", help="model to load at start ('none' to load nothing; "
+                   "default: the bundled SmolLM2, imported on first run)")
+    n.add_argument("--api-key", help="require this key (needed off loopback)")
+    n.set_defaults(func=_cmd_node)
+
+    m = sub.add_parser("models", help="list or import models").add_subparsers(dest="mcmd")
+    ml = m.add_parser("list", help="models on this machine")
+    ml.add_argument("--home", default=argparse.SUPPRESS)
+    ml.set_defaults(func=_cmd_models_list)
+    mi = m.add_parser("import", help="import a GGUF file as an MLX model")
+    mi.add_argument("file")
+    mi.add_argument("--name", help="model id (default: from the file name)")
+    mi.add_argument("--home", default=argparse.SUPPRESS)
+    mi.set_defaults(func=_cmd_models_import)
+
+    c = sub.add_parser("chat", help="ask a running node")
+    c.add_argument("prompt")
+    c.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+    c.add_argument("--model")
+    c.add_argument("--max-tokens", type=int, default=256)
+    c.set_defaults(func=_cmd_chat)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    if getattr(a, "cmd", None) == "models" and not getattr(a, "mcmd", None):
+        a.func = _cmd_models_list
+    if not hasattr(a, "verbose"):
+        a.verbose = False
+    try:
+        return a.func(a)
+    except ShoalError as e:
+        print(f"shoal: {e.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

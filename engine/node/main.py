@@ -1,0 +1,77 @@
+"""`shoal node`: run a headless node until SIGTERM/SIGINT or a local shutdown request."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+from pathlib import Path
+
+from aiohttp import web
+
+from engine.errors import ShoalError
+from engine.node.server import build_app
+from engine.node.service import Node
+from engine.paths import ensure, logs_dir, models_dir
+
+log = logging.getLogger(__name__)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """The API is reachable from the network only with a key."""
+    if not _is_loopback(host) and not api_key:
+        raise ShoalError(f"Serving on {host} exposes the API to the network: give an API "
+                         "key with --api-key (or SHOAL_API_KEY), or use --host 127.0.0.1.")
+
+
+async def run_node(host: str, port: int, home: Path, model: str | None,
+                   api_key: str | None = None) -> None:
+    check_bind(host, api_key)
+    ensure(home)
+    ensure(logs_dir(home))
+    mdir = ensure(models_dir(home))
+    if model in (None, "default"):
+        default = await asyncio.to_thread(_default_model, mdir)
+    else:
+        default = None if model == "none" else model
+    node = Node(home, mdir, default_model=default)
+    app = build_app(node, api_key)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("node serving http://%s:%d/v1 (home %s)", host, port, home)
+    stop: asyncio.Event = app["stop"]
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if default:
+        node.load_in_background(default)
+    try:
+        await stop.wait()
+    finally:
+        log.info("node stopping")
+        await node.close()
+        await runner.cleanup()
+
+
+def _default_model(mdir: Path) -> str | None:
+    """Import the bundled default model on first run; None (with a logged reason) if the
+    package that carries it is missing."""
+    from engine.hub.bundled import DEFAULT_MODEL_ID, ensure_default_model
+    try:
+        ensure_default_model(mdir)
+        return DEFAULT_MODEL_ID
+    except ShoalError as e:
+        log.warning("no default model: %s", e.message)
+        return None

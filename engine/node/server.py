@@ -1,0 +1,134 @@
+"""The node's HTTP server: the OpenAI API, the GUI's control routes and its event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from engine import __version__
+from engine.api.routes import routes as openai_routes
+from engine.errors import BadRequest, ShoalError, Unauthorized
+from engine.node.service import Node
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+routes = web.RouteTableDef()
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One mapping from the error tree to HTTP status + OpenAI error body."""
+    try:
+        return await handler(request)
+    except ShoalError as e:
+        if e.status >= 500:
+            log.warning("%s %s failed: %s", request.method, request.path, e.message)
+        return web.json_response(e.to_openai(), status=e.status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        err = ShoalError(f"{e.reason}: {request.method} {request.path}", code=str(e.status))
+        err.type = "invalid_request_error"
+        return web.json_response(err.to_openai(), status=e.status)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as e:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        err = ShoalError(f"Internal error: {e}. The node keeps running; see its log.")
+        return web.json_response(err.to_openai(), status=500)
+
+
+def auth(api_key: str | None) -> Any:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if api_key and request.path != "/health":
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), api_key.encode()):
+                raise Unauthorized("A valid API key is required: send it as "
+                                   "'Authorization: Bearer <key>'.")
+        return await handler(request)
+    return check
+
+
+def _node(request: web.Request) -> Node:
+    return request.app["node"]
+
+
+@routes.get("/health")
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True, "version": __version__})
+
+
+@routes.get("/shoal/status")
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(_node(request).status())
+
+
+@routes.get("/shoal/events")
+async def events(request: web.Request) -> web.StreamResponse:
+    node = _node(request)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    q = node.subscribe()
+    try:
+        await resp.write(f"data: {json.dumps(node.status())}\n\n".encode())
+        while True:
+            try:
+                snap = await asyncio.wait_for(q.get(), 10)
+                await resp.write(f"data: {json.dumps(snap)}\n\n".encode())
+            except asyncio.TimeoutError:
+                await resp.write(b": keep-alive\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        node.unsubscribe(q)
+    return resp
+
+
+@routes.post("/shoal/load")
+async def load(request: web.Request) -> web.Response:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        raise BadRequest("Send {\"model\": \"<model id>\"}.", param="model")
+    node = _node(request)
+    node.resolve(body["model"])  # unknown ids fail now, with the list of models here
+    node.load_in_background(body["model"])
+    return web.json_response(node.status(), status=202)
+
+
+@routes.post("/shoal/unload")
+async def unload(request: web.Request) -> web.Response:
+    await _node(request).unload()
+    return web.json_response(_node(request).status())
+
+
+@routes.post("/shoal/shutdown")
+async def shutdown(request: web.Request) -> web.Response:
+    peer = request.remote or ""
+    try:
+        local = ipaddress.ip_address(peer).is_loopback
+    except ValueError:
+        local = peer == ""
+    if not local:
+        raise Unauthorized("Only a client on this machine can shut the node down.")
+    request.app["stop"].set()
+    return web.json_response({"ok": True})
+
+
+def build_app(node: Node, api_key: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[errors, auth(api_key)], client_max_size=64 * 2**20)
+    app["node"] = node
+    app["stop"] = asyncio.Event()
+    app.add_routes(routes)
+    app.add_routes(openai_routes)
+    return app

@@ -1,0 +1,141 @@
+"""The node's state and its one local worker: which model is loaded, loading, switching,
+and the status stream the GUI reads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from engine import __version__
+from engine.errors import ModelNotFound, ShoalError
+from engine.node.state import Failed, Idle, Loading, Ready, RunnerState, status_json
+from engine.node.worker_handle import WorkerHandle
+from engine.paths import logs_dir
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
+                 token_timeout: float = 300.0):
+        self.home = home
+        self.models_dir = models_dir
+        self.default_model = default_model
+        self.token_timeout = token_timeout
+        self.runner: RunnerState = Idle()
+        self.worker: WorkerHandle | None = None
+        self._load_lock = asyncio.Lock()
+        self._subscribers: set[asyncio.Queue] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    # --- status ----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return status_json(self.runner, __version__, {
+            "worker_pid": self.worker.pid if self.worker and self.worker.alive else None,
+            "models_dir": str(self.models_dir), "default_model": self.default_model})
+
+    def subscribe(self) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue(maxsize=100)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue) -> None:
+        self._subscribers.discard(q)
+
+    def _set(self, state: RunnerState) -> None:
+        if state == self.runner:
+            return
+        self.runner = state
+        snapshot = self.status()
+        for q in list(self._subscribers):
+            if q.full():  # a stalled reader only ever needs the latest snapshot
+                q.get_nowait()
+            q.put_nowait(snapshot)
+
+    # --- models ----------------------------------------------------------------------
+    def local_models(self) -> list[Any]:
+        from engine.hub.local import list_local_models
+        return list_local_models(self.models_dir)
+
+    def resolve(self, model_id: str) -> Path:
+        from engine.hub.local import find_local_model
+        found = find_local_model(self.models_dir, model_id)
+        if found is None:
+            names = ", ".join(m.id for m in self.local_models()) or "none"
+            raise ModelNotFound(f"The model '{model_id}' is not on this node. Models here: "
+                                f"{names}. Import or download it first (shoal models).",
+                                param="model")
+        return Path(found.path)
+
+    # --- the worker ------------------------------------------------------------------
+    async def ensure_loaded(self, model_id: str | None = None) -> WorkerHandle:
+        """The running worker for model_id (or the current/default model), starting or
+        switching the worker as needed."""
+        async with self._load_lock:
+            model_id = model_id or self._current_model() or self.default_model
+            if model_id is None:
+                raise ModelNotFound("No model is loaded and none was asked for.",
+                                    param="model")
+            w = self.worker
+            if w is not None and w.alive and w.model_id == model_id:
+                return w
+            path = self.resolve(model_id)
+            if w is not None:
+                w.dead_reason = w.dead_reason or f"The model was switched to {model_id}."
+                await w.stop()
+            self._set(Loading(model_id))
+            w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
+                             self._on_worker_event, self.token_timeout)
+            self.worker = w
+            try:
+                ready = await w.start()
+            except ShoalError as e:
+                self._set(Failed(model_id, e.message))
+                raise
+            self._set(Ready(model_id, ready["context_length"], ready["pid"]))
+            log.info("model %s ready in %.1f s (worker pid %s)", model_id,
+                     ready.get("load_s", 0), ready["pid"])
+            return w
+
+    def _current_model(self) -> str | None:
+        return getattr(self.runner, "model", None)
+
+    def load_in_background(self, model_id: str | None) -> None:
+        async def run() -> None:
+            try:
+                await self.ensure_loaded(model_id)
+            except ShoalError as e:
+                log.error("loading %s failed: %s", model_id, e.message)
+        t = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _on_worker_event(self, ev: dict[str, Any]) -> None:
+        kind = ev["ev"]
+        if kind == "loading" and isinstance(self.runner, Loading):
+            self._set(Loading(self.runner.model, ev["done"], ev["total"]))
+        elif kind == "exited" and self.worker is not None and ev["reason"] != "stopped":
+            if self.worker.dead_reason == ev["reason"] and isinstance(self.runner, Ready):
+                self._set(Failed(self.runner.model, ev["reason"]))
+
+    def on_turn(self, busy: bool) -> None:
+        r = self.runner
+        if isinstance(r, Ready):
+            self._set(Ready(r.model, r.context_length, r.pid, generating=busy))
+
+    async def unload(self) -> None:
+        async with self._load_lock:
+            if self.worker is not None:
+                self.worker.dead_reason = "stopped"
+                await self.worker.stop()
+                self.worker = None
+            self._set(Idle())
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self.worker is not None:
+            self.worker.dead_reason = self.worker.dead_reason or "stopped"
+            await self.worker.stop()

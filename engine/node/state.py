@@ -1,0 +1,58 @@
+"""Runner states and the node's status snapshot: frozen values the GUI can match on."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class Idle:
+    """No model loaded."""
+
+
+@dataclass(frozen=True)
+class Loading:
+    model: str
+    layers_done: int = 0
+    layers_total: int = 0
+
+
+@dataclass(frozen=True)
+class Ready:
+    model: str
+    context_length: int
+    pid: int
+    generating: bool = False
+
+
+@dataclass(frozen=True)
+class Failed:
+    model: str | None
+    reason: str
+
+
+RunnerState = Union[Idle, Loading, Ready, Failed]
+
+
+def state_name(s: RunnerState) -> str:
+    if isinstance(s, Loading):
+        return "loading"
+    if isinstance(s, Ready):
+        return "generating" if s.generating else "idle"
+    if isinstance(s, Failed):
+        return "error"
+    return "idle"
+
+
+def status_json(s: RunnerState, version: str, extra: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """The /shoal/status body: a flat "state" for simple clients plus the typed runner."""
+    return {
+        "state": state_name(s),
+        "model": getattr(s, "model", None),
+        "error": s.reason if isinstance(s, Failed) else None,
+        "runner": {"type": type(s).__name__, **asdict(s)},
+        "version": version,
+        **(extra or {}),
+    }

@@ -1,0 +1,211 @@
+"""The node's side of one worker process: start it, talk to it, notice when it dies.
+
+One generation runs at a time; a request that arrives meanwhile waits its turn, so outputs
+never mix. A cancelled request keeps the worker busy until the worker confirms the stop
+(within one token), and a worker that won't confirm is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+from engine.errors import WorkerFailed
+from engine.runtime.cpu import worker_env
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("done", "error")
+
+
+class WorkerHandle:
+    def __init__(self, model_id: str, model_path: Path, log_path: Path,
+                 on_event: Callable[[dict[str, Any]], None],
+                 token_timeout: float = 300.0):
+        self.model_id = model_id
+        self.model_path = model_path
+        self.log_path = log_path
+        self.token_timeout = token_timeout
+        self._on_event = on_event
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task | None = None
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._turn = asyncio.Lock()
+        self._ready: asyncio.Future | None = None
+        self.dead_reason: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None and not self.dead_reason
+
+    async def start(self, timeout: float = 600.0) -> dict[str, Any]:
+        """Spawn the worker and wait until its model is loaded. Returns the ready event."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = self.log_path.open("ab")
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "engine.runtime.worker",
+                "--model", str(self.model_path), "--model-id", self.model_id,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=logf, env=worker_env(), limit=16 * 1024 * 1024)
+        finally:
+            logf.close()
+        self._ready = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.create_task(self._read())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except asyncio.TimeoutError:
+            await self.stop()
+            raise WorkerFailed(f"Loading {self.model_id} took longer than {timeout:.0f} s; "
+                               f"see {self.log_path}.") from None
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _read(self) -> None:
+        assert self._proc and self._proc.stdout
+        while True:
+            try:
+                line = await self._proc.stdout.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                continue
+            if not line:
+                break
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                log.warning("worker sent a malformed line: %r", line[:200])
+                continue
+            kind = ev.get("ev")
+            if kind in ("loading", "ready", "fatal"):
+                self._on_event(ev)
+                if kind == "ready" and self._ready and not self._ready.done():
+                    self._ready.set_result(ev)
+                if kind == "fatal" and self._ready and not self._ready.done():
+                    self._ready.set_exception(WorkerFailed(ev.get("message", "load failed"),
+                                                           code=ev.get("code")))
+                continue
+            q = self._queues.get(ev.get("id", ""))
+            if q is not None:
+                q.put_nowait(ev)
+        code = await self._proc.wait()
+        self.dead_reason = self.dead_reason or (
+            f"The worker for {self.model_id} exited unexpectedly (exit code {code}); "
+            f"its log is {self.log_path}. The next request starts a new one.")
+        failure = WorkerFailed(self.dead_reason)
+        if self._ready and not self._ready.done():
+            self._ready.set_exception(failure)
+        for q in self._queues.values():
+            q.put_nowait({"ev": "error", "code": failure.code, "message": failure.message,
+                          "status": failure.status, "param": None})
+        self._on_event({"ev": "exited", "code": code, "reason": self.dead_reason})
+
+    def _send(self, cmd: dict[str, Any]) -> None:
+        if not self.alive or not self._proc or not self._proc.stdin:
+            raise WorkerFailed(self.dead_reason or "The worker is not running.")
+        self._proc.stdin.write(json.dumps(cmd).encode() + b"\n")
+
+    @contextlib.asynccontextmanager
+    async def generate(self, messages: list[dict[str, Any]], sampling: dict[str, Any],
+                       on_turn: Callable[[bool], None] | None = None
+                       ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        """Context manager yielding the request's events (accepted, token…, done|error).
+        Leaving early cancels the generation in the worker."""
+        rid = uuid.uuid4().hex
+        await self._turn.acquire()
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = q
+        finished = False
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            nonlocal finished
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), self.token_timeout)
+                except asyncio.TimeoutError:
+                    finished = True
+                    await self.kill(f"The worker for {self.model_id} produced nothing for "
+                                    f"{self.token_timeout:.0f} s and was stopped.")
+                    raise WorkerFailed(self.dead_reason or "worker stalled") from None
+                if ev["ev"] in TERMINAL:
+                    finished = True
+                yield ev
+                if finished:
+                    return
+
+        try:
+            if on_turn:
+                on_turn(True)
+            self._send({"op": "generate", "id": rid, "messages": messages,
+                        "sampling": sampling})
+            yield events()
+        finally:
+            if finished or not self.alive:
+                self._end_turn(rid, on_turn)
+            else:
+                # The caller left early (client gone, Stop): cancel, and keep the worker's
+                # turn until it confirms, so the next request can't see this one's tokens.
+                with contextlib.suppress(WorkerFailed):
+                    self._send({"op": "cancel", "id": rid})
+                asyncio.get_running_loop().create_task(self._drain(rid, q, on_turn))
+
+    async def _drain(self, rid: str, q: asyncio.Queue,
+                     on_turn: Callable[[bool], None] | None) -> None:
+        try:
+            async with asyncio.timeout(15):
+                while (await q.get())["ev"] not in TERMINAL:
+                    pass
+        except TimeoutError:
+            await self.kill(f"The worker for {self.model_id} did not stop when asked.")
+        finally:
+            self._end_turn(rid, on_turn)
+
+    def _end_turn(self, rid: str, on_turn: Callable[[bool], None] | None) -> None:
+        self._queues.pop(rid, None)
+        if self._turn.locked():
+            self._turn.release()
+        if on_turn:
+            on_turn(False)
+
+    async def kill(self, reason: str) -> None:
+        self.dead_reason = self.dead_reason or reason
+        if self._proc and self._proc.returncode is None:
+            self._proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                await asyncio.wait_for(self._proc.wait(), 10)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Ask the worker to exit, then make sure it has: nothing is left running."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            self.dead_reason = self.dead_reason or "stopped"
+            with contextlib.suppress(Exception):
+                proc.stdin.write(b'{"op": "shutdown"}\n')  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
+            try:
+                await asyncio.wait_for(proc.wait(), grace)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), grace)
+                except asyncio.TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await proc.wait()
+        if self._reader:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._reader, grace)

@@ -1,0 +1,44 @@
+"""Making MLX's CPU path as fast as it can be on Linux.
+
+The mlx-cpu wheel bundles the reference (netlib) BLAS, which makes prefill matmuls slow.
+A worker started with the system's OpenBLAS preloaded resolves its cblas_* symbols there
+instead. Measured numbers are in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+# Debian/Ubuntu multiarch paths first; the pthread variant avoids OpenMP thread pools
+# fighting MLX's own threads.
+_OPENBLAS_CANDIDATES = (
+    "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/*-linux-gnu/libopenblas.so.0",
+    "/usr/lib64/libopenblas.so.0",
+    "/usr/lib/libopenblas.so.0",
+)
+
+
+def system_openblas() -> str | None:
+    """Path of a system OpenBLAS library, or None."""
+    for pattern in _OPENBLAS_CANDIDATES:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[0]
+    return None
+
+
+def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a worker process. SHOAL_OPENBLAS=0 turns the preload off."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if sys.platform != "linux" or env.get("SHOAL_OPENBLAS") == "0":
+        return env
+    lib = system_openblas()
+    if lib and lib not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+        # One BLAS thread per core is OpenBLAS's default; MLX runs its own pool beside it.
+        env.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
+    return env

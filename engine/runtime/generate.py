@@ -1,0 +1,93 @@
+"""Generation as a generator of small frozen records, wrapping mlx-lm's stream_generate.
+
+The HTTP API, the chat window, the CLI and the benchmark all consume this one stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from engine.runtime.stops import StopMatcher
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What the caller asked for; validated by the API layer before it gets here."""
+
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Record:
+    """One step of a generation. Exactly one record of a stream has finish_reason set
+    ("stop", "length" or "cancelled") and it is the last."""
+
+    text: str
+    token: int | None
+    finish_reason: str | None
+    prompt_tokens: int
+    generation_tokens: int
+    prompt_tps: float
+    generation_tps: float
+    peak_memory_gb: float
+
+
+def build_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids for a chat, through the model's own chat template."""
+    if getattr(tokenizer, "has_chat_template", False):
+        ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        # Some templates return a BatchEncoding-like mapping.
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    # No template: plain "role: content" lines, the least surprising fallback.
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    return list(tokenizer.encode(text))
+
+
+def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
+             cancel: threading.Event | None = None) -> Iterator[Record]:
+    """Stream records for `prompt`. Setting `cancel` ends the stream at the next token
+    with finish_reason "cancelled"."""
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    if sampling.seed is not None:
+        mx.random.seed(sampling.seed % (2**63))  # OpenAI allows any int
+    sampler = make_sampler(temp=sampling.temperature, top_p=sampling.top_p,
+                           min_p=sampling.min_p, top_k=sampling.top_k)
+    processors = make_logits_processors(repetition_penalty=sampling.repetition_penalty)
+    stops = StopMatcher(sampling.stop)
+    last = None
+    for r in stream_generate(model, tokenizer, mx.array(prompt),
+                             max_tokens=sampling.max_tokens, sampler=sampler,
+                             logits_processors=processors):
+        last = r
+        text, hit = stops.feed(r.text)
+        finish = r.finish_reason
+        if hit:
+            finish = "stop"
+        elif finish is None and cancel is not None and cancel.is_set():
+            finish = "cancelled"
+        if finish is not None:
+            text += "" if hit else stops.flush()
+            yield _record(r, text, finish)
+            return
+        yield _record(r, text, None)
+    if last is None:  # stream_generate always yields; keep the one-finish promise anyway
+        yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0)
+
+
+def _record(r: Any, text: str, finish: str | None) -> Record:
+    return Record(text=text, token=int(r.token), finish_reason=finish,
+                  prompt_tokens=int(r.prompt_tokens), generation_tokens=int(r.generation_tokens),
+                  prompt_tps=float(r.prompt_tps), generation_tps=float(r.generation_tps),
+                  peak_memory_gb=float(r.peak_memory))

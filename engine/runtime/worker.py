@@ -1,0 +1,141 @@
+"""The worker process: loads one model and generates, driven by its node over pipes.
+
+Protocol: JSON lines. The node writes commands to stdin ({"op": "generate" | "cancel" |
+"shutdown"}); the worker writes events to its stdout ({"ev": "loading" | "ready" |
+"accepted" | "token" | "done" | "error" | "fatal"}). Everything else the process prints
+goes to stderr, which the node sends to a log file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from engine.errors import BadRequest, ContextTooLong, ShoalError
+
+log = logging.getLogger("engine.runtime.worker")
+
+
+class Emitter:
+    """Writes one JSON event per line to the node; safe from any thread."""
+
+    def __init__(self, out: BinaryIO):
+        self._out = out
+        self._lock = threading.Lock()
+
+    def __call__(self, ev: str, **fields: Any) -> None:
+        line = json.dumps({"ev": ev, **fields}, separators=(",", ":")).encode() + b"\n"
+        with self._lock:
+            self._out.write(line)
+            self._out.flush()
+
+
+def claim_stdout() -> BinaryIO:
+    """Keep the real stdout for events and point fd 1 at stderr, so stray prints from
+    libraries can never corrupt the event stream."""
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
+
+
+def read_commands(commands: "queue.Queue[dict | None]",
+                  cancels: dict[str, threading.Event]) -> None:
+    """stdin reader thread: cancels act at once, everything else is queued in order."""
+    for raw in sys.stdin.buffer:
+        try:
+            cmd = json.loads(raw)
+        except ValueError:
+            log.warning("ignoring a malformed command line: %r", raw[:200])
+            continue
+        if cmd.get("op") == "cancel":
+            ev = cancels.get(cmd.get("id", ""))
+            if ev is not None:
+                ev.set()
+            continue
+        if cmd.get("op") == "generate":
+            cancels[cmd["id"]] = threading.Event()
+        commands.put(cmd)
+    commands.put(None)  # the node closed our stdin: it is gone or wants us gone
+
+
+def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter) -> None:
+    from engine.runtime.generate import Sampling, build_prompt, generate
+
+    commands: "queue.Queue[dict | None]" = queue.Queue()
+    cancels: dict[str, threading.Event] = {}
+    threading.Thread(target=read_commands, args=(commands, cancels), daemon=True).start()
+    while (cmd := commands.get()) is not None:
+        if cmd.get("op") == "shutdown":
+            break
+        rid = cmd["id"]
+        cancel = cancels[rid]
+        try:
+            prompt = build_prompt(tokenizer, cmd["messages"])
+            if len(prompt) >= ctx_len:
+                raise ContextTooLong(
+                    f"The prompt is {len(prompt)} tokens; this model's context is {ctx_len} "
+                    "tokens. Shorten the conversation or start a new one.", param="messages")
+            s = cmd.get("sampling", {})
+            max_tokens = min(int(s.get("max_tokens") or 512), ctx_len - len(prompt))
+            sampling = Sampling(**{**s, "max_tokens": max_tokens,
+                                   "stop": tuple(s.get("stop") or ())})
+            emit("accepted", id=rid, prompt_tokens=len(prompt))
+            for r in generate(model, tokenizer, prompt, sampling, cancel):
+                if r.finish_reason is None:
+                    emit("token", id=rid, text=r.text)
+                else:
+                    emit("done", id=rid, text=r.text, finish_reason=r.finish_reason,
+                         prompt_tokens=r.prompt_tokens,
+                         generation_tokens=r.generation_tokens,
+                         prompt_tps=r.prompt_tps, generation_tps=r.generation_tps,
+                         peak_memory_gb=r.peak_memory_gb)
+        except ShoalError as e:
+            emit("error", id=rid, code=e.code, message=e.message, param=e.param,
+                 status=e.status)
+        except (TypeError, ValueError) as e:
+            emit("error", id=rid, code=BadRequest.code, message=str(e), param=None,
+                 status=400)
+        finally:
+            cancels.pop(rid, None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="shoal-worker")
+    p.add_argument("--model", required=True, help="model folder")
+    p.add_argument("--model-id", required=True)
+    args = p.parse_args(argv)
+    emit = Emitter(claim_stdout())
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
+    from engine.runtime.load import context_length, load_model
+
+    t0 = time.perf_counter()
+    try:
+        model, tokenizer, config = load_model(
+            Path(args.model), lambda done, total: emit("loading", done=done, total=total))
+    except ShoalError as e:
+        emit("fatal", code=e.code, message=e.message)
+        return 1
+    except Exception as e:  # anything mlx-lm raises on a model it can't build
+        log.exception("loading %s failed", args.model)
+        emit("fatal", code="load_failed",
+             message=f"Couldn't load the model in {args.model}: {e}")
+        return 1
+    ctx = context_length(config)
+    emit("ready", model=args.model_id, context_length=ctx, pid=os.getpid(),
+         load_s=round(time.perf_counter() - t0, 3))
+    serve(model, tokenizer, ctx, emit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

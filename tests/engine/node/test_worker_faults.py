@@ -1,0 +1,91 @@
+"""Stop, disconnect, a crashing worker and a damaged model file, against real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from engine.errors import ShoalError
+from tests_support import wait_until
+
+HELLO = [{"role": "user", "content": "Tell me a long story"}]
+
+
+def _stream(node, max_tokens: int = 100_000):
+    return node.client.chat(HELLO, model="tiny-llama", max_tokens=max_tokens, temperature=0)
+
+
+def test_closing_the_stream_stops_generation(tiny_node):
+    stream = _stream(tiny_node)
+    it = iter(stream)
+    for _ in range(5):
+        next(it)
+    assert tiny_node.client.status()["state"] == "generating"
+    stream.close()
+    t0 = time.monotonic()
+    wait_until(lambda: tiny_node.client.status()["state"] == "idle", 5)
+    assert time.monotonic() - t0 < 2
+    # The next answer is whole and its own.
+    r = tiny_node.client.complete(HELLO, model="tiny-llama", max_tokens=4)
+    assert r["usage"]["completion_tokens"] == 4
+
+
+def test_worker_killed_mid_stream_gives_an_error_then_recovers(fresh_node):
+    old_pid = fresh_node.client.status()["worker_pid"]
+    stream = _stream(fresh_node)
+    it = iter(stream)
+    next(it)
+    os.kill(old_pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(ShoalError) as e:
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 5
+    assert "exited unexpectedly" in str(e.value)
+    st = fresh_node.client.status()
+    assert st["state"] == "error" and "exited unexpectedly" in st["error"]
+    # The next request starts a fresh worker.
+    r = fresh_node.client.complete(HELLO, model="tiny-llama", max_tokens=3)
+    assert r["usage"]["completion_tokens"] == 3
+    assert fresh_node.client.status()["worker_pid"] not in (None, old_pid)
+
+
+def test_truncated_weights_are_named(fresh_node):
+    fresh_node.client.unload()
+    broken = fresh_node.home / "models" / "broken"
+    src = fresh_node.home / "models" / "tiny-llama"
+    broken.mkdir()
+    for f in src.iterdir():
+        data = f.read_bytes()
+        (broken / f.name).write_bytes(data[: len(data) // 2] if f.suffix == ".safetensors"
+                                      else data)
+    oai = openai.OpenAI(base_url=fresh_node.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as e:
+        oai.chat.completions.create(model="broken", messages=HELLO, max_tokens=3)
+    msg = e.value.body["message"]
+    assert "model.safetensors" in msg and "truncated" in msg
+    assert fresh_node.client.status()["state"] == "error"
+    r = httpx.get(fresh_node.url + "/health", timeout=10)
+    assert r.json()["ok"]
+
+
+def test_sigterm_stops_node_and_worker(fresh_node):
+    pid = fresh_node.client.status()["worker_pid"]
+    fresh_node.proc.send_signal(signal.SIGTERM)
+    assert fresh_node.proc.wait(20) == 0
+    wait_until(lambda: not _alive(pid), 5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes once not running.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
