@@ -1,0 +1,148 @@
+"""Files the importer must refuse: clearly, naming the file and what is supported, and
+without leaving anything in the models folder."""
+
+from __future__ import annotations
+
+import errno
+import struct
+from pathlib import Path
+
+import pytest
+
+import engine.hub.gguf as gguf_module
+from engine.errors import BadRequest, CorruptModel, ShoalError, UnsupportedModel
+from engine.hub.gguf import import_gguf
+from engine.hub.gguf_reader import read_header
+from gguf_builder import (F32, Q5_K, Q8_0, gguf_metadata, tiny_config, tiny_gguf_tensors,
+                          tiny_hf_weights, write_gguf, write_tiny_gguf)
+
+
+@pytest.fixture
+def tiny() -> tuple[dict, list]:
+    config = tiny_config("llama")
+    tensors, _ = tiny_gguf_tensors(config, tiny_hf_weights(config), Q8_0)
+    return config, tensors
+
+
+def _assert_nothing_written(models: Path) -> None:
+    assert not models.exists() or list(models.iterdir()) == []
+
+
+def test_unsupported_quantization_is_named(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    # A K-quant tensor: 256-wide rows of 176-byte super-blocks.
+    tensors = [t if t[0] != "blk.0.ffn_down.weight"
+               else (t[0], Q5_K, (64, 256), bytes(64 * 176)) for t in tensors]
+    path = write_gguf(tmp_path / "model.gguf", gguf_metadata(config), tensors)
+    with pytest.raises(UnsupportedModel) as e:
+        import_gguf(path, tmp_path / "models")
+    assert str(e.value).startswith("model.gguf uses quantization Q5_K for blk.0.ffn_down.weight")
+    assert "F32, F16, BF16, Q4_0, Q4_1, Q8_0" in str(e.value)
+    _assert_nothing_written(tmp_path / "models")
+
+
+def test_unknown_ggml_type_id_is_refused(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    tensors = [(n, 99 if n == "output_norm.weight" else t, s, b) for n, t, s, b in tensors]
+    path = write_gguf(tmp_path / "model.gguf", gguf_metadata(config), tensors)
+    with pytest.raises(UnsupportedModel, match="quantization type 99 for output_norm.weight"):
+        import_gguf(path, tmp_path / "models")
+
+
+def test_unsupported_architecture_is_named(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    meta = gguf_metadata(config) | {"general.architecture": "gemma3"}
+    path = write_gguf(tmp_path / "g.gguf", meta, tensors)
+    with pytest.raises(UnsupportedModel, match="g.gguf is a gemma3 model; .*llama, mistral, qwen2"):
+        import_gguf(path, tmp_path / "models")
+    _assert_nothing_written(tmp_path / "models")
+
+
+def test_extra_tensor_of_another_variant_is_refused(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    extra = ("blk.0.attn_q_norm.weight", F32, (16,), bytes(64))  # a Qwen3-style QK norm
+    path = write_gguf(tmp_path / "x.gguf", gguf_metadata(config), tensors + [extra])
+    with pytest.raises(UnsupportedModel, match="tensor blk.0.attn_q_norm.weight"):
+        import_gguf(path, tmp_path / "models")
+
+
+def test_rope_factors_not_from_llama3_are_refused(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    freqs = struct.pack("<8f", 1, 3, 1, 3, 1, 3, 1, 3)
+    path = write_gguf(tmp_path / "r.gguf", gguf_metadata(config),
+                      tensors + [("rope_freqs.weight", F32, (8,), freqs)])
+    with pytest.raises(UnsupportedModel, match="don't follow Llama 3's rule"):
+        import_gguf(path, tmp_path / "models")
+    _assert_nothing_written(tmp_path / "models")
+
+
+def test_missing_tensor_is_corrupt(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    tensors = [t for t in tensors if t[0] != "blk.1.ffn_up.weight"]
+    path = write_gguf(tmp_path / "m.gguf", gguf_metadata(config), tensors)
+    with pytest.raises(CorruptModel, match="m.gguf lacks tensors .*blk.1.ffn_up.weight"):
+        import_gguf(path, tmp_path / "models")
+
+
+@pytest.mark.parametrize("keep", [10, 30, 2000, -100])
+def test_truncated_file_is_corrupt_and_named(tmp_path: Path, tiny: tuple, keep: int) -> None:
+    config, _ = tiny
+    full, _ = write_tiny_gguf(tmp_path / "full.gguf", config, tiny_hf_weights(config))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(full.read_bytes()[:keep])
+    with pytest.raises(CorruptModel, match="cut.gguf is truncated"):
+        import_gguf(cut, tmp_path / "models")
+    _assert_nothing_written(tmp_path / "models")
+
+
+@pytest.mark.parametrize("content", [b"", b"GG", b"PK\x03\x04" + bytes(100), b"{\"not\": \"gguf\"}" * 4])
+def test_not_a_gguf_file(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(content)
+    with pytest.raises(UnsupportedModel, match="weights.bin is not a GGUF file"):
+        import_gguf(path, tmp_path / "models")
+    _assert_nothing_written(tmp_path / "models")
+
+
+def test_missing_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(BadRequest, match="nowhere.gguf: No such file"):
+        import_gguf(tmp_path / "nowhere.gguf", tmp_path / "models")
+
+
+def test_garbage_header_counts_are_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "huge.gguf"
+    path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**60).to_bytes(8, "little") * 2)
+    with pytest.raises(CorruptModel, match="huge.gguf is corrupt"):
+        read_header(path)
+
+
+def test_unknown_gguf_version(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    path = write_gguf(tmp_path / "v9.gguf", gguf_metadata(config), tensors, version=9)
+    with pytest.raises(UnsupportedModel, match="version 9"):
+        import_gguf(path, tmp_path / "models")
+
+
+def test_unknown_tokenizer_model_refused_before_writing(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    meta = gguf_metadata(config) | {"tokenizer.ggml.model": "bert"}
+    path = write_gguf(tmp_path / "t.gguf", meta, tensors)
+    with pytest.raises(UnsupportedModel, match="tokenizer model 'bert'.*'gpt2'.*'llama'"):
+        import_gguf(path, tmp_path / "models")
+    _assert_nothing_written(tmp_path / "models")
+
+
+def test_failed_write_leaves_no_folder(tmp_path: Path, tiny: tuple,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    config, tensors = tiny
+    path = write_gguf(tmp_path / "ok.gguf", gguf_metadata(config), tensors)
+    models = tmp_path / "models"
+
+    def disk_full(folder: Path, weights: dict) -> None:
+        (folder / "model.safetensors").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(gguf_module, "_save_weights", disk_full)
+    with pytest.raises(ShoalError, match="No space left on device. Free disk space"):
+        import_gguf(path, models)
+    assert list(models.iterdir()) == []  # no model folder, no hidden temporary one
