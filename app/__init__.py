@@ -1,0 +1,1 @@
+"""Shoal's desktop app (PySide6). Talks to the local node only through engine.client."""

@@ -1,0 +1,143 @@
+"""Find the local node, or start one as a child process, and stop it again at quit.
+
+A node that was already answering belongs to someone else and is left alone; a node we
+started is stopped politely (shutdown request), then terminated, then killed, and always
+reaped, each step with a time bound, so quitting never leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from engine.client import NodeClient
+from engine.errors import ShoalError
+from engine.paths import ensure, logs_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8421  # the same as engine.cli's; app may not import engine.cli
+LOG_NAME = "node-child.log"
+
+
+class NodeStartError(ShoalError):
+    """The local node didn't come up; `log_tail` holds the end of its output."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+def node_command(host: str, port: int, home: Path) -> list[str]:
+    return [sys.executable, "-m", "engine.cli", "node", "--host", host,
+            "--port", str(port), "--home", str(home)]
+
+
+class LocalNode:
+    """The node on this machine. start() blocks (run it through Tasks); stop() is bounded."""
+
+    def __init__(self, home: Path, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
+                 command: list[str] | None = None, start_timeout: float = 60.0):
+        self.home = Path(home)
+        self.url = f"http://{host}:{port}"
+        self.command = command or node_command(host, port, self.home)
+        self.start_timeout = start_timeout
+        self.log_path = logs_dir(self.home) / LOG_NAME
+        self.proc: subprocess.Popen | None = None
+        self.client = NodeClient(self.url)
+        self._lock = threading.Lock()  # guards proc against a stop() during start()
+        self._stopping = threading.Event()
+
+    @property
+    def started_by_us(self) -> bool:
+        return self.proc is not None
+
+    def _answers(self) -> bool:
+        try:
+            with NodeClient(self.url, timeout=1.0) as probe:
+                probe.health()
+            return True
+        except ShoalError:
+            return False
+
+    def start(self) -> "LocalNode":
+        """Use the node answering at url, or start one and wait for /health. Raises
+        NodeStartError with the node's log tail when it exits or doesn't answer in time."""
+        if self._answers():
+            log.info("Using the node already running at %s", self.url)
+            return self
+        ensure(self.log_path.parent)
+        with self._lock:
+            if self._stopping.is_set():
+                raise NodeStartError("Shoal is quitting; the node was not started.")
+            log.info("Starting the local node: %s", " ".join(self.command))
+            with open(self.log_path, "wb") as out:
+                # Its own process group, so a stuck worker can be stopped with the node.
+                self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL,
+                                             start_new_session=os.name == "posix")
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._stopping.is_set():
+                raise NodeStartError("Shoal is quitting; the node start was abandoned.")
+            code = self.proc.poll()
+            if code is not None:
+                raise NodeStartError(f"The node exited during start-up (exit code {code}).",
+                                     self.log_tail())
+            if self._answers():
+                log.info("The local node answers at %s", self.url)
+                return self
+            time.sleep(0.2)
+        self._reap(kill_after=3.0)
+        raise NodeStartError(f"The node didn't answer at {self.url} within "
+                             f"{self.start_timeout:.0f} s, so it was stopped.", self.log_tail())
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the node if we started it (a node that was already running is left alone)."""
+        self._stopping.set()
+        with self._lock:
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                with NodeClient(self.url, timeout=2.0) as c:
+                    c.shutdown()
+                proc.wait(timeout=max(timeout - 5.0, 1.0))
+            except ShoalError as e:
+                log.info("Shutdown request not answered (%s); terminating the node.", e)
+            except subprocess.TimeoutExpired:
+                log.warning("The node didn't stop when asked; terminating it.")
+        self._reap(kill_after=3.0)
+        self.client.close()
+
+    def _reap(self, kill_after: float) -> None:
+        """terminate, then kill, then wait: the node is gone and reaped afterwards, and so
+        is anything left in its process group (a worker that outlived it)."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=kill_after)
+            except subprocess.TimeoutExpired:
+                log.warning("The node ignored SIGTERM; killing it.")
+                proc.kill()
+                proc.wait(timeout=5.0)
+        if os.name == "posix":
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # the usual case: nothing left

@@ -1,0 +1,104 @@
+"""The local node's status (state, model, version), kept fresh off the GUI thread.
+
+Polls /shoal/status once a second rather than holding the SSE stream open: a poll is
+bounded by its own timeout, so quitting never waits on a silent event stream (closing a
+socket from another thread doesn't wake a blocked read).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Iterator
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QLabel, QWidget
+
+from app.tasks import StreamTask, Tasks
+from engine.client import NodeClient
+from engine.errors import ShoalError
+
+log = logging.getLogger(__name__)
+
+# Beyond the node's own states: "starting" (we wait for it) and "unreachable" (no answer).
+STATES = ("starting", "idle", "loading", "generating", "error", "stopped", "unreachable")
+
+
+def poll_status(url: str, stop: threading.Event, interval: float = 1.0,
+                timeout: float = 2.0) -> Iterator[dict[str, Any]]:
+    """Yield the node's status whenever it changes, until `stop` is set."""
+    last: dict[str, Any] | None = None
+    with NodeClient(url, timeout=timeout) as client:
+        while not stop.is_set():
+            try:
+                status = client.status()
+            except ShoalError as e:
+                status = {"state": "unreachable", "model": None, "error": e.message,
+                          "version": None}
+            if status != last:
+                last = status
+                yield status
+            stop.wait(interval)
+
+
+class StatusMonitor(QObject):
+    """Emits `changed(status)` on the GUI thread whenever the node's status changes."""
+
+    changed = Signal(object)
+
+    def __init__(self, tasks: Tasks, url: str, interval: float = 1.0,
+                 parent: QObject | None = None):
+        super().__init__(parent)
+        self._tasks, self._url, self._interval = tasks, url, interval
+        self._stop = threading.Event()
+        self._task: StreamTask | None = None
+        self.status: dict[str, Any] = {"state": "starting"}
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._task = self._tasks.stream(poll_status, self._url, self._stop, self._interval,
+                                        on_items=self._on_items, on_error=self._on_error)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+
+    def set_local(self, status: dict[str, Any]) -> None:
+        """Show a state the node can't report itself (starting, or failed to start)."""
+        self.status = status
+        self.changed.emit(status)
+
+    def _on_items(self, items: list[dict[str, Any]]) -> None:
+        self.set_local(items[-1])  # only the newest snapshot matters
+
+    def _on_error(self, error: BaseException) -> None:
+        log.error("Status polling stopped: %s", error)
+        self.set_local({"state": "unreachable", "error": str(error)})
+
+
+def describe(status: dict[str, Any]) -> str:
+    """One line for the status bar, e.g. 'Node: generating · tiny-llama · v0.1.0'."""
+    state = status.get("state") or "unknown"
+    words = {"starting": "Starting node…", "unreachable": "Node not answering"}
+    parts = [words.get(state, f"Node: {state}")]
+    if status.get("model"):
+        parts.append(str(status["model"]))
+    if status.get("version"):
+        parts.append(f"v{status['version']}")
+    if status.get("error"):
+        parts.append(str(status["error"]))
+    return " · ".join(parts)
+
+
+class StatusLabel(QLabel):
+    """The status bar's text; follows a StatusMonitor."""
+
+    def __init__(self, monitor: StatusMonitor, parent: QWidget | None = None):
+        super().__init__(describe(monitor.status), parent)
+        self.setObjectName("nodeStatus")
+        monitor.changed.connect(self._show)
+
+    def _show(self, status: dict[str, Any]) -> None:
+        self.setText(describe(status))
+        self.setToolTip(str(status.get("error") or ""))
