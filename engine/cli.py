@@ -72,8 +72,9 @@ def _cmd_chat(a: argparse.Namespace) -> int:
 
 
 def _cmd_app(a: argparse.Namespace) -> int:
-    from app.main import main as app_main
-    return app_main(sys.argv[:1] + (["--home", a.home] if a.home else []))
+    print("shoal: the window is started by `shoal` (app.cli); try `shoal node` or "
+          "`shoal models list` here.", file=sys.stderr)
+    return 2
 
 
 def parser() -> argparse.ArgumentParser:

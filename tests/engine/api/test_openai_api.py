@@ -74,7 +74,7 @@ def test_seed_makes_sampling_repeatable(oai):
     def sample(seed: int) -> str:
         return oai.chat.completions.create(
             model=MODEL, messages=HELLO, max_tokens=24, temperature=1.0, top_p=0.95,
-            top_k=50, min_p=0.01, seed=seed).choices[0].message.content
+            seed=seed, extra_body={"top_k": 50, "min_p": 0.01}).choices[0].message.content
     assert sample(7) == sample(7)
     assert len({sample(s) for s in (1, 2, 3)}) > 1
 
