@@ -27,36 +27,60 @@ PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse ke
 
 IN_PROCESS = r"""
 import json, sys, time
+sys.path.insert(0, sys.argv[4])
 import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import stream_generate
-folder, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+from engine.runtime.load import cpu_fast_path
+folder, n = sys.argv[1], int(sys.argv[2])
 model, tok = load(folder)
-prompt = tok.apply_chat_template(json.loads(sys.argv[4]), add_generation_prompt=True)
-out = []
-for _ in range(rounds + 1):
+model = cpu_fast_path(model)  # the same weights the worker runs on
+prompt = tok.apply_chat_template(json.loads(sys.argv[3]), add_generation_prompt=True)
+for _ in sys.stdin:  # one round per line, so rounds can interleave with the API's
     t0 = time.perf_counter(); ttft = None
     for r in stream_generate(model, tok, mx.array(prompt), max_tokens=n):
-        if ttft is None: ttft = time.perf_counter() - t0
-    out.append({"ttft": ttft, "decode_tps": r.generation_tps, "prompt_tps": r.prompt_tps,
-                "tokens": r.generation_tokens})
-print(json.dumps(out[1:]))
+        if ttft is None and r.text:  # measured as a client sees it: first visible text
+            ttft = time.perf_counter() - t0; t_first = time.perf_counter()
+    dt = time.perf_counter() - t_first
+    print(json.dumps({"ttft": ttft, "decode_tps": (r.generation_tokens - 1) / dt,
+                      "prompt_tps": r.prompt_tps, "tokens": r.generation_tokens}), flush=True)
 """
 
 
+class InProcess:
+    """mlx-lm in a process of its own, same environment as a worker, run round by round."""
+
+    def __init__(self, folder: Path, n: int, env: dict[str, str]):
+        self.p = subprocess.Popen([sys.executable, "-c", IN_PROCESS, str(folder), str(n),
+                                   json.dumps(PROMPT), str(ROOT)], env=env, text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def round(self) -> dict:
+        assert self.p.stdin and self.p.stdout
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def close(self) -> None:
+        if self.p.stdin:
+            self.p.stdin.close()
+        self.p.wait(60)
+
+
 def in_process(folder: Path, n: int, rounds: int, env: dict[str, str]) -> list[dict]:
-    out = subprocess.run([sys.executable, "-c", IN_PROCESS, str(folder), str(n), str(rounds),
-                          json.dumps(PROMPT)], env=env, capture_output=True, text=True,
-                         check=True, timeout=900)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    ip = InProcess(folder, n, env)
+    try:
+        ip.round()  # warm-up
+        return [ip.round() for _ in range(rounds)]
+    finally:
+        ip.close()
 
 
-def through_api(url: str, model: str, n: int, rounds: int) -> list[dict]:
+def api_round(url: str, model: str, n: int) -> dict:
     import httpx
-    out = []
     body = {"model": model, "messages": PROMPT, "max_tokens": n, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
-    for _ in range(rounds + 1):
+    if True:
         t0 = time.perf_counter()
         ttft = t_first = None
         usage = None
@@ -75,9 +99,7 @@ def through_api(url: str, model: str, n: int, rounds: int) -> list[dict]:
         t_end = time.perf_counter()
         toks = usage["completion_tokens"]
         # Same definition as mlx-lm: tokens after the first over the time after the first.
-        out.append({"ttft": ttft, "decode_tps": (toks - 1) / (t_end - t_first),
-                    "tokens": toks})
-    return out[1:]
+        return {"ttft": ttft, "decode_tps": (toks - 1) / (t_end - t_first), "tokens": toks}
 
 
 def start_node(home: Path, model: str) -> tuple[subprocess.Popen, str]:
@@ -121,11 +143,16 @@ def main() -> int:
               f"after a warm-up, {os.cpu_count()} cores, OpenBLAS preload: "
               f"{env.get('LD_PRELOAD', 'none')}\n")
         node, url = start_node(home, DEFAULT_MODEL_ID)
+        ip = InProcess(folder, a.tokens, env)
+        api, local = [], []
         try:
-            api = through_api(url, DEFAULT_MODEL_ID, a.tokens, a.rounds)
+            api_round(url, DEFAULT_MODEL_ID, a.tokens), ip.round()  # warm-up
+            for _ in range(a.rounds):  # interleaved, so drift in the machine hits both
+                api.append(api_round(url, DEFAULT_MODEL_ID, a.tokens))
+                local.append(ip.round())
         finally:
+            ip.close()
             node.stop()
-        local = in_process(folder, a.tokens, a.rounds, env)
         print("| path | decode tokens/s | time to first token |\n|---|---|---|")
         print(f"| in-process mlx_lm.stream_generate | {med(local, 'decode_tps'):.1f} | "
               f"{med(local, 'ttft') * 1000:.1f} ms |")
@@ -135,12 +162,16 @@ def main() -> int:
               f"; API - in-process TTFT: {(med(api, 'ttft') - med(local, 'ttft')) * 1000:.1f} ms\n")
 
         plain = worker_env({**os.environ, "SHOAL_OPENBLAS": "0"})
-        ref = in_process(folder, a.tokens, 1, plain)
-        half = in_process(half_scales_copy(folder, tmp / "half"), a.tokens, 1, env)
+        quant = {**env, "SHOAL_CPU_DEQUANTIZE": "0"}
+        rows_ = [("OpenBLAS preloaded, weights unpacked to float32 (Shoal's default)", local),
+                 ("bundled reference BLAS, weights unpacked to float32",
+                  in_process(folder, a.tokens, 2, plain)),
+                 ("OpenBLAS preloaded, 4-bit kept, float32 scales",
+                  in_process(folder, a.tokens, 2, quant)),
+                 ("OpenBLAS preloaded, 4-bit kept, float16 scales (as in the GGUF)",
+                  in_process(half_scales_copy(folder, tmp / "half"), a.tokens, 2, quant))]
         print("| CPU setting (in-process) | prefill tokens/s | decode tokens/s |\n|---|---|---|")
-        for name, rows in (("OpenBLAS preloaded, float32 scales (Shoal's default)", local),
-                           ("bundled reference BLAS, float32 scales", ref),
-                           ("OpenBLAS preloaded, float16 scales (as in the GGUF)", half)):
+        for name, rows in rows_:
             print(f"| {name} | {med(rows, 'prompt_tps'):.0f} | {med(rows, 'decode_tps'):.1f} |")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

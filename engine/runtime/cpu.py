@@ -42,3 +42,29 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
         # One BLAS thread per core is OpenBLAS's default; MLX runs its own pool beside it.
         env.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
     return env
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable on Linux (what can be used without swapping); None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def should_dequantize(fp32_bytes: int, on_gpu: bool, setting: str | None = None,
+                      available: int | None = None) -> bool:
+    """On the CPU, MLX's quantized matmul is a plain loop (about 1 GFLOP/s here) while
+    float32 matmuls go through BLAS: unpacking the weights once at load time is exact and
+    several times faster, when the float32 copy fits comfortably in memory.
+    SHOAL_CPU_DEQUANTIZE=0/1 forces the choice; the default is auto."""
+    setting = setting if setting is not None else os.environ.get("SHOAL_CPU_DEQUANTIZE", "auto")
+    if setting in ("0", "1"):
+        return setting == "1"
+    if on_gpu:
+        return False
+    return available is not None and fp32_bytes <= available // 2

@@ -78,4 +78,22 @@ def load_model(folder: Path, progress: Callable[[int, int], None] | None = None
         if progress:
             progress(i + 1, total)
     mx.eval(model.parameters())
-    return model, tokenizer, config
+    return cpu_fast_path(model), tokenizer, config
+
+
+def cpu_fast_path(model: Any) -> Any:
+    """Unpack quantized layers to float32 on the CPU when that fits (see cpu.py)."""
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model, get_total_parameters
+
+    from engine.runtime.cpu import available_memory_bytes, should_dequantize
+
+    quantized = any(hasattr(m, "bits") for _, m in model.named_modules())
+    on_gpu = mx.default_device() == mx.gpu
+    fp32 = 4 * get_total_parameters(model)
+    if quantized and should_dequantize(fp32, on_gpu, available=available_memory_bytes()):
+        log.info("CPU: unpacking quantized weights to float32 (%.2f GB) for BLAS speed",
+                 fp32 / 1e9)
+        model = dequantize_model(model)
+        mx.eval(model.parameters())
+    return model
