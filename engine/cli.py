@@ -29,7 +29,7 @@ def _cmd_node(a: argparse.Namespace) -> int:
     home = Path(a.home).expanduser() if a.home else default_home()
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(a.host, a.port, home, a.model,
-                         a.api_key or os.environ.get("SHOAL_API_KEY")))
+                         a.api_key or os.environ.get("SHOAL_API_KEY"), a.peer))
     return 0
 
 
@@ -91,6 +91,8 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--model", help="model to load at start ('none' to load nothing; "
                    "default: the bundled SmolLM2, imported on first run)")
     n.add_argument("--api-key", help="require this key (needed off loopback)")
+    n.add_argument("--peer", action="append", default=[], metavar="HOST:PORT",
+                   help="another node to join (repeatable; remembered)")
     n.set_defaults(func=_cmd_node)
 
     m = sub.add_parser("models", help="list or import models").add_subparsers(dest="mcmd")

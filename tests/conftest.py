@@ -30,9 +30,9 @@ def free_port() -> int:
 class NodeProcess:
     """`shoal node` in its own process group, so stopping it reaps its workers too."""
 
-    def __init__(self, home: Path, model: str = "none", *extra: str):
+    def __init__(self, home: Path, model: str = "none", *extra: str, port: int | None = None):
         self.home = home
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = home / "node-test.log"
         home.mkdir(parents=True, exist_ok=True)
@@ -140,3 +140,27 @@ def fresh_node(tmp_path: Path, tiny_model_dir: Path) -> Iterator[NodeProcess]:
         yield node
     finally:
         node.stop()
+
+
+def start_cluster(root: Path, model_dir: Path, n: int) -> list[NodeProcess]:
+    """n nodes on loopback, each told about the others with --peer, each holding the model;
+    returns once every node sees every other as reachable."""
+    from tests_support import wait_until
+    ports = [free_port() for _ in range(n)]
+    nodes = []
+    try:
+        for i in range(n):
+            peers = [a for j, p in enumerate(ports) if j != i
+                     for a in ("--peer", f"127.0.0.1:{p}")]
+            home = _home_with(root / f"node{i}", model_dir)
+            nodes.append(NodeProcess(home, "none", *peers, port=ports[i]))
+        for nd in nodes:
+            nd.wait_healthy()
+        for nd in nodes:
+            wait_until(lambda: all(p["reachable"] for p in
+                                   nd.client._call("GET", "/shoal/peers")), 20)
+    except BaseException:
+        for nd in nodes:
+            nd.stop()
+        raise
+    return nodes

@@ -28,8 +28,17 @@ def _model_card(m: Any) -> dict[str, Any]:
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
-    models = _node(request).local_models()
-    return web.json_response({"object": "list", "data": [_model_card(m) for m in models]})
+    cards = [_model_card(m) for m in _node(request).local_models()]
+    cluster = request.app.get("cluster")
+    if cluster is not None:  # models served by distributed instances on other nodes
+        have = {c["id"] for c in cards}
+        for p in cluster.peers.all():
+            for inst in p.info.get("instances") or [] if p.reachable else []:
+                if inst.get("state") == "ready" and inst["model"] not in have:
+                    have.add(inst["model"])
+                    cards.append({"id": inst["model"], "object": "model", "created": 0,
+                                  "owned_by": "shoal", "shoal": {"instance": inst}})
+    return web.json_response({"object": "list", "data": cards})
 
 
 @routes.get("/v1/models/{model_id:.+}")
@@ -70,8 +79,17 @@ async def _read_json(request: web.Request) -> Any:
 
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req = parse_chat_request(await _read_json(request))
+    body = await _read_json(request)
+    req = parse_chat_request(body)
     node = _node(request)
+    cluster = request.app.get("cluster")
+    w = node.worker
+    serving_here = w is not None and w.alive and w.model_id == req.model
+    if req.model and cluster is not None and not serving_here:
+        owner = cluster.owner_of(req.model)
+        if owner is not None:  # a distributed instance owned by another node serves it
+            from engine.node.cluster_routes import proxy_chat
+            return await proxy_chat(request, owner, body)
     worker = await node.ensure_loaded(req.model)
     t0 = time.perf_counter()
     async with worker.generate(req.messages, req.sampling, node.on_turn) as events:

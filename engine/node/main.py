@@ -11,6 +11,9 @@ from pathlib import Path
 from aiohttp import web
 
 from engine.errors import ShoalError
+from engine.node.cluster import Cluster
+from engine.node.identity import load_identity
+from engine.node.peers import Peers
 from engine.node.server import build_app
 from engine.node.service import Node
 from engine.paths import ensure, logs_dir, models_dir
@@ -35,7 +38,7 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 
 async def run_node(host: str, port: int, home: Path, model: str | None,
-                   api_key: str | None = None) -> None:
+                   api_key: str | None = None, peers: list[str] | None = None) -> None:
     check_bind(host, api_key)
     ensure(home)
     ensure(logs_dir(home))
@@ -44,12 +47,16 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
         default = await asyncio.to_thread(_default_model, mdir)
     else:
         default = None if model == "none" else model
-    node = Node(home, mdir, default_model=default)
-    app = build_app(node, api_key)
+    node = Node(home, mdir, default_model=default, port=port)
+    ident = load_identity(home)
+    peer_set = Peers(home, peers or [])
+    cluster = Cluster(node, ident.id, ident.name, peer_set, _advertised(host))
+    app = build_app(node, api_key, cluster)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
+    await peer_set.start()
     log.info("node serving http://%s:%d/v1 (home %s)", host, port, home)
     stop: asyncio.Event = app["stop"]
     loop = asyncio.get_running_loop()
@@ -61,8 +68,21 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
         await stop.wait()
     finally:
         log.info("node stopping")
+        await cluster.close()
         await node.close()
+        await peer_set.close()
         await runner.cleanup()
+
+
+def _advertised(host: str) -> str:
+    """The address other nodes reach this one at (for MLX's ring and the doorbells)."""
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+    return "127.0.0.1" if host == "localhost" else host
 
 
 def _default_model(mdir: Path) -> str | None:

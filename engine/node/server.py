@@ -67,7 +67,9 @@ async def health(request: web.Request) -> web.Response:
 
 @routes.get("/shoal/status")
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(_node(request).status())
+    cluster = request.app.get("cluster")
+    extra = {"cluster": cluster.describe()} if cluster is not None else {}
+    return web.json_response({**_node(request).status(), **extra})
 
 
 @routes.get("/shoal/events")
@@ -125,10 +127,15 @@ async def shutdown(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def build_app(node: Node, api_key: str | None = None) -> web.Application:
+def build_app(node: Node, api_key: str | None = None, cluster: Any = None
+              ) -> web.Application:
+    from engine.node.cluster_routes import routes as cluster_routes
     app = web.Application(middlewares=[errors, auth(api_key)], client_max_size=64 * 2**20)
     app["node"] = node
+    app["cluster"] = cluster
     app["stop"] = asyncio.Event()
     app.add_routes(routes)
     app.add_routes(openai_routes)
+    if cluster is not None:
+        app.add_routes(cluster_routes)
     return app

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.errors import ModelNotFound, ShoalError
+from engine.errors import ModelNotFound, ShoalError, WorkerFailed
 from engine.node.state import Failed, Idle, Loading, Ready, RunnerState, status_json
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 
 class Node:
     def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
-                 token_timeout: float = 300.0):
+                 token_timeout: float = 300.0, port: int = 0):
         self.home = home
+        self.port = port
         self.models_dir = models_dir
         self.default_model = default_model
         self.token_timeout = token_timeout
@@ -72,7 +73,8 @@ class Node:
     # --- the worker ------------------------------------------------------------------
     async def ensure_loaded(self, model_id: str | None = None) -> WorkerHandle:
         """The running worker for model_id (or the current/default model), starting or
-        switching the worker as needed."""
+        switching the worker as needed. A failed distributed instance is not silently
+        replaced by a single-process one: it must be launched again."""
         async with self._load_lock:
             model_id = model_id or self._current_model() or self.default_model
             if model_id is None:
@@ -81,23 +83,50 @@ class Node:
             w = self.worker
             if w is not None and w.alive and w.model_id == model_id:
                 return w
-            path = self.resolve(model_id)
+            if w is not None and w.dist_config is not None and w.model_id == model_id:
+                raise WorkerFailed(f"The distributed instance of {model_id} is not running "
+                                   f"({w.dead_reason}). Launch it again.")
+            return await self._start(model_id, self.resolve(model_id), None)
+
+    async def start_worker(self, model_id: str, path: Path,
+                           dist_config: Path | None = None) -> WorkerHandle:
+        """Start (replacing any current one) the worker this node serves requests with."""
+        async with self._load_lock:
+            return await self._start(model_id, path, dist_config)
+
+    async def _start(self, model_id: str, path: Path, dist_config: Path | None
+                     ) -> WorkerHandle:
+        w = self.worker
+        if w is not None:
+            w.dead_reason = w.dead_reason or f"The model was switched to {model_id}."
+            await w.stop()
+        self._set(Loading(model_id))
+        w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
+                         self._on_worker_event, self.token_timeout, dist_config=dist_config)
+        self.worker = w
+        try:
+            ready = await w.start()
+        except ShoalError as e:
+            self._set(Failed(model_id, e.message))
+            raise
+        self._set(Ready(model_id, ready["context_length"], ready["pid"]))
+        log.info("model %s ready in %.1f s (worker pid %s)", model_id,
+                 ready.get("load_s", 0), ready["pid"])
+        return w
+
+    async def stop_worker(self, failure: str | None = None) -> None:
+        """Stop the current worker; with a failure reason the node shows it as failed."""
+        async with self._load_lock:
+            w = self.worker
             if w is not None:
-                w.dead_reason = w.dead_reason or f"The model was switched to {model_id}."
+                w.dead_reason = w.dead_reason or failure or "stopped"
                 await w.stop()
-            self._set(Loading(model_id))
-            w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
-                             self._on_worker_event, self.token_timeout)
-            self.worker = w
-            try:
-                ready = await w.start()
-            except ShoalError as e:
-                self._set(Failed(model_id, e.message))
-                raise
-            self._set(Ready(model_id, ready["context_length"], ready["pid"]))
-            log.info("model %s ready in %.1f s (worker pid %s)", model_id,
-                     ready.get("load_s", 0), ready["pid"])
-            return w
+            self._set(Failed(w.model_id if w else None, failure) if failure else Idle())
+
+    def keep(self, task: asyncio.Task) -> None:
+        """Hold a background task until it ends (and cancel it at close)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _current_model(self) -> str | None:
         return getattr(self.runner, "model", None)
@@ -108,9 +137,7 @@ class Node:
                 await self.ensure_loaded(model_id)
             except ShoalError as e:
                 log.error("loading %s failed: %s", model_id, e.message)
-        t = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        self.keep(asyncio.get_running_loop().create_task(run()))
 
     def _on_worker_event(self, ev: dict[str, Any]) -> None:
         kind = ev["ev"]

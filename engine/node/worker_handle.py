@@ -28,8 +28,9 @@ TERMINAL = ("done", "error")
 class WorkerHandle:
     def __init__(self, model_id: str, model_path: Path, log_path: Path,
                  on_event: Callable[[dict[str, Any]], None],
-                 token_timeout: float = 300.0):
+                 token_timeout: float = 300.0, dist_config: Path | None = None):
         self.model_id = model_id
+        self.dist_config = dist_config
         self.model_path = model_path
         self.log_path = log_path
         self.token_timeout = token_timeout
@@ -57,6 +58,7 @@ class WorkerHandle:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "engine.runtime.worker",
                 "--model", str(self.model_path), "--model-id", self.model_id,
+                *(["--dist", str(self.dist_config)] if self.dist_config else []),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=logf, env=worker_env(), limit=16 * 1024 * 1024)
         finally:

@@ -1,0 +1,376 @@
+"""Distributed instances: one model across several nodes.
+
+The node that owns an instance holds rank 0 and serves its requests; the others run
+follower workers. The owner validates the placement before anything starts, gathers a
+fresh pair of ports from every node (MLX ring + doorbell; every instance gets its own),
+starts all ranks, and watches them: any rank or node that fails tears the whole instance
+down, with the reason, on every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import BadRequest, PeerUnreachable, ShoalError, WorkerFailed
+from engine.node.peers import Peers
+from engine.node.service import Node
+from engine.node.state import Failed, Loading, Ready
+from engine.node.worker_handle import WorkerHandle
+from engine.paths import logs_dir
+from engine.placement.validate import (STRATEGIES, ModelShape, PlacementError, check_pipeline,
+                                       check_tensor)
+
+log = logging.getLogger(__name__)
+WATCH_S = 2.0
+GONE_S = 6.0  # a rank's node silent this long is gone (liveness within 10 s)
+
+
+@dataclass
+class Follower:
+    """A rank this node runs for an instance owned elsewhere."""
+    instance: str
+    owner_url: str
+    rank: int
+    worker: WorkerHandle | None = None
+    state: str = "starting"  # starting | ready | failed | stopped
+    reason: str | None = None
+
+
+@dataclass
+class Instance:
+    id: str
+    model: str
+    strategy: str
+    ranks: list[dict[str, Any]]  # {"node", "url" (None = self), "layers"}
+    state: str = "starting"
+    reason: str | None = None
+    watch: asyncio.Task | None = field(default=None, repr=False)
+
+    def public(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "strategy": self.strategy,
+                "state": self.state, "reason": self.reason,
+                "ranks": [{"rank": i, "node": r["node"], "layers": r.get("layers")}
+                          for i, r in enumerate(self.ranks)]}
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def model_shape(config: dict[str, Any]) -> tuple[ModelShape, str]:
+    cfg = config.get("text_config", config)
+    heads = int(cfg.get("num_attention_heads", 0))
+    mtype = str(config.get("model_type", "?"))
+    return ModelShape(layers=int(cfg.get("num_hidden_layers", 0)), heads=heads,
+                      kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                      has_shard=_has_shard(mtype)), mtype
+
+
+def _has_shard(model_type: str) -> bool:
+    import importlib
+    try:
+        mod = importlib.import_module(f"mlx_lm.models.{model_type}")
+    except ImportError:
+        return False
+    return hasattr(getattr(mod, "Model", None), "shard")
+
+
+class Cluster:
+    def __init__(self, node: Node, node_id: str, node_name: str, peers: Peers, host: str):
+        self.node = node
+        self.id = node_id
+        self.name = node_name
+        self.peers = peers
+        self.host = host
+        self.instance: Instance | None = None
+        self.followers: dict[str, Follower] = {}
+
+    # --- what other nodes and the GUI see ----------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name,
+                "instances": [self.instance.public()] if self.instance else [],
+                "followers": [{"instance": f.instance, "rank": f.rank, "state": f.state,
+                               "reason": f.reason} for f in self.followers.values()]}
+
+    def owner_of(self, model: str) -> str | None:
+        """URL of the peer that serves `model` as a distributed instance, if any."""
+        for p in self.peers.all():
+            for inst in (p.info.get("instances") or []) if p.reachable else []:
+                if inst.get("model") == model and inst.get("state") == "ready":
+                    return p.url
+        return None
+
+    # --- launching (owner side) ----------------------------------------------------------
+    async def launch(self, body: Any) -> dict[str, Any]:
+        model, strategy, ranks = self._parse(body)
+        if ranks[0]["url"] is not None:  # rank 0 lives on its owner: hand the job over
+            return await self.peers.call(ranks[0]["url"], "POST", "/shoal/instances",
+                                         {**body, "nodes": [
+                                             {**n, "node": r["node"]} for n, r in
+                                             zip(body["nodes"], ranks)]}, timeout=900)
+        path = self.node.resolve(model)
+        shape, mtype = model_shape(json.loads((path / "config.json").read_text()))
+        try:
+            if strategy == "pipeline":
+                check_pipeline([r["layers"] for r in ranks], shape.layers)
+            else:
+                check_tensor(shape, len(ranks), mtype)
+        except PlacementError as e:
+            raise BadRequest(f"This placement can't run: {e}.", param="nodes") from None
+        await self.stop_instance("replaced by a new launch")
+        inst = Instance(uuid.uuid4().hex[:12], model, strategy, ranks)
+        self.instance = inst
+        try:
+            await self._start(inst, path)
+        except BaseException as e:
+            reason = e.message if isinstance(e, ShoalError) else f"launch failed: {e}"
+            await self._teardown(inst, reason)
+            raise
+        inst.state = "ready"
+        inst.watch = asyncio.create_task(self._watch(inst))
+        return inst.public()
+
+    def _parse(self, body: Any) -> tuple[str, str, list[dict[str, Any]]]:
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            raise BadRequest("Send {\"model\", \"strategy\", \"nodes\": [{\"node\", "
+                             "\"layers\"}, ...]}.", param="model")
+        strategy = body.get("strategy", "pipeline")
+        if strategy not in STRATEGIES:
+            raise BadRequest(f"strategy must be one of {', '.join(STRATEGIES)}.",
+                             param="strategy")
+        if body.get("backend", "ring") != "ring":
+            raise BadRequest("Only the ring backend can be launched on these nodes "
+                             "(RDMA needs Thunderbolt 5 Macs).", param="backend")
+        nodes = body.get("nodes")
+        if not isinstance(nodes, list) or not nodes:
+            raise BadRequest("'nodes' must list the nodes of the instance, rank 0 first.",
+                             param="nodes")
+        ranks, seen = [], set()
+        for i, n in enumerate(nodes):
+            ref = n.get("node") if isinstance(n, dict) else None
+            if not isinstance(ref, str):
+                raise BadRequest(f"nodes[{i}] needs a 'node' (id, name or host:port).",
+                                 param=f"nodes[{i}].node")
+            if ref in ("self", self.id, self.name):
+                nid, url = self.id, None
+            else:
+                peer = self.peers.find(ref)
+                if peer is None or not peer.reachable or not peer.id:
+                    known = ", ".join(p.name or p.url for p in self.peers.all()) or "none"
+                    raise BadRequest(f"nodes[{i}]: no reachable node '{ref}' (known peers: "
+                                     f"{known}).", param=f"nodes[{i}].node")
+                nid, url = peer.id, peer.url
+            if nid in seen:
+                raise BadRequest(f"nodes[{i}]: node '{ref}' is listed twice.",
+                                 param=f"nodes[{i}].node")
+            seen.add(nid)
+            layers = n.get("layers")
+            if strategy == "pipeline" and layers is None:
+                raise BadRequest(f"nodes[{i}] needs 'layers': [start, end] for pipeline.",
+                                 param=f"nodes[{i}].layers")
+            ranks.append({"node": nid, "url": url, "layers": layers})
+        return body["model"], strategy, ranks
+
+    async def _start(self, inst: Instance, path: Path) -> None:
+        # 1. every node checks the model and hands out two fresh ports
+        preps = await asyncio.gather(*(
+            self._prepare_local(inst) if r["url"] is None else
+            self.peers.call(r["url"], "POST", "/shoal/peer/prepare",
+                            {"instance": inst.id, "model": inst.model,
+                             "host": _host_of(r["url"])}, timeout=30)
+            for r in inst.ranks), return_exceptions=True)
+        for r, p in zip(inst.ranks, preps):
+            if isinstance(p, BaseException):
+                raise _blame(r, p)
+        base = {"world": len(inst.ranks), "backend": "ring", "strategy": inst.strategy,
+                "hosts": [f"{p['host']}:{p['ports'][0]}" for p in preps],
+                "bells": [f"{p['host']}:{p['ports'][1]}" for p in preps],
+                "layers": [r["layers"] for r in inst.ranks], "timeout_s": 30}
+        # 2. start every rank at once (MLX's init needs them all)
+        starts = [self.peers.call(r["url"], "POST", "/shoal/peer/start",
+                                  {"instance": inst.id, "model": inst.model,
+                                   "owner": self._my_url_for(r["url"]),
+                                   "config": {**base, "rank": i}}, timeout=30)
+                  for i, r in enumerate(inst.ranks) if r["url"] is not None]
+        results = await asyncio.gather(self._start_rank0(inst, path, {**base, "rank": 0}),
+                                       *starts, return_exceptions=True)
+        for r, res in zip(inst.ranks, results):
+            if isinstance(res, BaseException):
+                raise _blame(r, res)
+        # 3. wait until every follower has loaded its shard
+        await asyncio.gather(*(self._await_follower(inst, i, r)
+                               for i, r in enumerate(inst.ranks) if r["url"] is not None))
+
+    async def _prepare_local(self, inst: Instance) -> dict[str, Any]:
+        self.node.resolve(inst.model)
+        return {"host": self.host, "ports": [free_port(self.host), free_port(self.host)]}
+
+    async def _start_rank0(self, inst: Instance, path: Path, config: dict) -> None:
+        cfg = self._write_config(inst.id, config)
+        await self.node.start_worker(inst.model, path, dist_config=cfg)
+
+    async def _await_follower(self, inst: Instance, i: int, r: dict[str, Any],
+                              timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = await self._follower_state(r["url"], inst.id)
+            if st["state"] == "ready":
+                return
+            if st["state"] in ("failed", "stopped"):
+                raise WorkerFailed(f"rank {i} on node {r['node']} failed: {st.get('reason')}")
+            await asyncio.sleep(0.2)
+        raise WorkerFailed(f"rank {i} on node {r['node']} did not load within {timeout:.0f} s")
+
+    async def _follower_state(self, url: str, inst_id: str) -> dict[str, Any]:
+        return await self.peers.call(url, "GET", f"/shoal/peer/instances/{inst_id}",
+                                     timeout=WATCH_S * 2)
+
+    def _my_url_for(self, peer_url: str | None) -> str:
+        return f"http://{self.host}:{self.node.port}"
+
+    def _write_config(self, inst_id: str, config: dict[str, Any]) -> Path:
+        folder = self.node.home / "instances" / inst_id
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"rank{config['rank']}.json"
+        path.write_text(json.dumps(config, indent=1))
+        return path
+
+    # --- watching and tearing down -------------------------------------------------------
+    async def _watch(self, inst: Instance) -> None:
+        silent: dict[str, float] = {}
+        while self.instance is inst and inst.state == "ready":
+            await asyncio.sleep(WATCH_S)
+            w = self.node.worker
+            if w is None or not w.alive:
+                reason = (w.dead_reason if w else None) or "rank 0 stopped"
+                await self._teardown(inst, reason)
+                return
+            for i, r in enumerate(inst.ranks):
+                if r["url"] is None:
+                    continue
+                try:
+                    st = await self._follower_state(r["url"], inst.id)
+                    silent.pop(r["url"], None)
+                except ShoalError:
+                    first = silent.setdefault(r["url"], time.monotonic())
+                    if time.monotonic() - first >= GONE_S:
+                        await self._teardown(inst, f"node {r['node']} (rank {i}) stopped "
+                                             f"answering")
+                        return
+                    continue
+                if st["state"] != "ready":
+                    await self._teardown(inst, f"rank {i} on node {r['node']} "
+                                         f"{st['state']}: {st.get('reason')}")
+                    return
+
+    async def peer_failed(self, inst_id: str, reason: str) -> None:
+        if self.instance and self.instance.id == inst_id:
+            await self._teardown(self.instance, reason)
+
+    async def _teardown(self, inst: Instance, reason: str) -> None:
+        if inst.state in ("failed", "stopped"):
+            return
+        inst.state = "stopped" if reason == "stopped" else "failed"
+        inst.reason = reason
+        log.warning("instance %s of %s ends: %s", inst.id, inst.model, reason)
+        if inst.watch and inst.watch is not asyncio.current_task():
+            inst.watch.cancel()
+        await asyncio.gather(*(self.peers.call(r["url"], "POST", "/shoal/peer/stop",
+                                               {"instance": inst.id, "reason": reason},
+                                               timeout=10)
+                               for r in inst.ranks if r["url"] is not None),
+                             return_exceptions=True)
+        await self.node.stop_worker(reason if inst.state == "failed" else None)
+
+    async def stop_instance(self, reason: str = "stopped") -> None:
+        if self.instance is not None:
+            await self._teardown(self.instance, reason)
+
+    # --- follower side -------------------------------------------------------------------
+    async def prepare(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.node.resolve(str(body.get("model")))
+        host = str(body.get("host") or self.host)
+        return {"host": host, "ports": [free_port(host), free_port(host)]}
+
+    async def start_follower(self, body: dict[str, Any]) -> dict[str, Any]:
+        inst_id, config = str(body["instance"]), body["config"]
+        path = self.node.resolve(str(body["model"]))
+        old = self.followers.pop(inst_id, None)
+        if old and old.worker:
+            await old.worker.stop()
+        f = Follower(inst_id, str(body["owner"]), int(config["rank"]))
+        self.followers[inst_id] = f
+        cfg = self._write_config(inst_id, config)
+        f.worker = WorkerHandle(str(body["model"]), path,
+                                logs_dir(self.node.home) / f"worker-{inst_id}.log",
+                                lambda ev: self._on_follower_event(f, ev),
+                                dist_config=cfg)
+        task = asyncio.create_task(self._run_follower(f))
+        self.node.keep(task)
+        return {"ok": True}
+
+    async def _run_follower(self, f: Follower) -> None:
+        assert f.worker
+        try:
+            await f.worker.start()
+            f.state = "ready"
+        except ShoalError as e:
+            f.state, f.reason = "failed", e.message
+
+    def _on_follower_event(self, f: Follower, ev: dict[str, Any]) -> None:
+        if ev["ev"] == "exited" and f.state != "stopped":
+            f.state, f.reason = "failed", ev.get("reason")
+            task = asyncio.get_running_loop().create_task(self._tell_owner(f))
+            self.node.keep(task)
+        elif ev["ev"] == "fatal":
+            f.reason = ev.get("message")
+
+    async def _tell_owner(self, f: Follower) -> None:
+        with contextlib.suppress(ShoalError):
+            await self.peers.call(f.owner_url, "POST", "/shoal/peer/failed",
+                                  {"instance": f.instance,
+                                   "reason": f"rank {f.rank} on node {self.name}: {f.reason}"},
+                                  timeout=5)
+
+    def follower_state(self, inst_id: str) -> dict[str, Any]:
+        f = self.followers.get(inst_id)
+        if f is None:
+            return {"state": "stopped", "reason": "this node runs no such instance"}
+        return {"state": f.state, "reason": f.reason, "rank": f.rank}
+
+    async def stop_follower(self, inst_id: str, reason: str) -> None:
+        f = self.followers.get(inst_id)
+        if f is not None:
+            f.state, f.reason = "stopped", reason
+            if f.worker:
+                f.worker.dead_reason = "stopped"
+                await f.worker.stop()
+
+    async def close(self) -> None:
+        await self.stop_instance("the owner node is shutting down")
+        for inst_id in list(self.followers):
+            await self.stop_follower(inst_id, "the node is shutting down")
+
+
+def _host_of(url: str) -> str:
+    return url.split("://", 1)[-1].rsplit(":", 1)[0]
+
+
+def _blame(rank: dict[str, Any], e: BaseException) -> ShoalError:
+    where = f"node {rank['node']}"
+    if isinstance(e, ShoalError):
+        err = ShoalError(f"{where}: {e.message}", param=e.param, code=e.code)
+        err.status, err.type = (e.status if e.status < 500 else 502), e.type
+        return err
+    return PeerUnreachable(f"{where}: {e}")

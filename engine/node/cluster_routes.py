@@ -1,0 +1,133 @@
+"""HTTP routes for the cluster: this node's description, its peers, distributed instances
+(launch/list/stop), and the node-to-node calls that run them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from engine import __version__
+from engine.errors import BadRequest, PeerUnreachable
+from engine.node.cluster import Cluster
+
+routes = web.RouteTableDef()
+
+
+def _cluster(request: web.Request) -> Cluster:
+    return request.app["cluster"]
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as e:
+        raise BadRequest(f"The request body is not valid JSON: {e}.") from None
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    return body
+
+
+def _mlx_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("mlx")
+    except PackageNotFoundError:
+        return None
+
+
+@routes.get("/shoal/node")
+async def node_info(request: web.Request) -> web.Response:
+    c = _cluster(request)
+    return web.json_response({**c.describe(), "version": __version__,
+                              "mlx_version": _mlx_version(),
+                              "state": c.node.status()["state"],
+                              "models": [m.id for m in c.node.local_models()]})
+
+
+@routes.get("/shoal/peers")
+async def list_peers(request: web.Request) -> web.Response:
+    return web.json_response([p.public() for p in _cluster(request).peers.all()])
+
+
+@routes.post("/shoal/peers")
+async def add_peer(request: web.Request) -> web.Response:
+    addr = (await _body(request)).get("address")
+    if not isinstance(addr, str) or ":" not in addr:
+        raise BadRequest("Send {\"address\": \"host:port\"}.", param="address")
+    return web.json_response(_cluster(request).peers.add(addr).public(), status=201)
+
+
+@routes.post("/shoal/instances")
+async def launch(request: web.Request) -> web.Response:
+    return web.json_response(await _cluster(request).launch(await _body(request)), status=201)
+
+
+@routes.get("/shoal/instances")
+async def instances(request: web.Request) -> web.Response:
+    return web.json_response(_cluster(request).describe())
+
+
+@routes.delete("/shoal/instances/{id}")
+async def stop_instance(request: web.Request) -> web.Response:
+    c = _cluster(request)
+    if c.instance is None or c.instance.id != request.match_info["id"]:
+        raise BadRequest(f"This node owns no instance {request.match_info['id']}.")
+    await c.stop_instance()
+    return web.json_response(c.instance.public())
+
+
+@routes.post("/shoal/peer/prepare")
+async def peer_prepare(request: web.Request) -> web.Response:
+    return web.json_response(await _cluster(request).prepare(await _body(request)))
+
+
+@routes.post("/shoal/peer/start")
+async def peer_start(request: web.Request) -> web.Response:
+    return web.json_response(await _cluster(request).start_follower(await _body(request)),
+                             status=202)
+
+
+@routes.get("/shoal/peer/instances/{id}")
+async def peer_state(request: web.Request) -> web.Response:
+    return web.json_response(_cluster(request).follower_state(request.match_info["id"]))
+
+
+@routes.post("/shoal/peer/stop")
+async def peer_stop(request: web.Request) -> web.Response:
+    body = await _body(request)
+    await _cluster(request).stop_follower(str(body.get("instance")),
+                                          str(body.get("reason") or "stopped"))
+    return web.json_response({"ok": True})
+
+
+@routes.post("/shoal/peer/failed")
+async def peer_failed(request: web.Request) -> web.Response:
+    body = await _body(request)
+    await _cluster(request).peer_failed(str(body.get("instance")),
+                                        str(body.get("reason") or "a rank failed"))
+    return web.json_response({"ok": True})
+
+
+async def proxy_chat(request: web.Request, owner_url: str, body: Any) -> web.StreamResponse:
+    """Serve a chat request for a model that runs as an instance owned by another node:
+    relay its answer byte for byte (closing our client closes the upstream request, which
+    stops the generation there)."""
+    session = _cluster(request).peers.session
+    try:
+        async with session.post(owner_url + "/v1/chat/completions", data=json.dumps(body),
+                                headers={"Content-Type": "application/json"},
+                                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
+                                ) as up:
+            resp = web.StreamResponse(status=up.status, headers={
+                "Content-Type": up.headers.get("Content-Type", "application/json")})
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+    except aiohttp.ClientError as e:
+        raise PeerUnreachable(f"The node serving this model ({owner_url}) did not answer: "
+                              f"{e}") from None

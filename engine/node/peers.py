@@ -1,0 +1,142 @@
+"""Known peers: addresses typed once (--peer) and remembered, polled every few seconds so a
+node that vanishes is noticed. Discovery and authentication come on top of this."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from engine.errors import PeerUnreachable, ShoalError
+
+log = logging.getLogger(__name__)
+POLL_S = 2.0
+
+
+def normalize(addr: str) -> str:
+    """'host:port' or a URL → 'http://host:port'."""
+    addr = addr.strip().rstrip("/")
+    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+
+
+@dataclass(frozen=True)
+class Peer:
+    url: str
+    id: str | None = None
+    name: str | None = None
+    version: str | None = None
+    reachable: bool = False
+    last_seen: float = 0.0
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        return {"url": self.url, "id": self.id, "name": self.name, "version": self.version,
+                "reachable": self.reachable, "error": self.error,
+                "seen_s_ago": round(time.monotonic() - self.last_seen, 1)
+                if self.last_seen else None}
+
+
+class Peers:
+    def __init__(self, home: Path, addresses: list[str]):
+        self._file = home / "peers.json"
+        self._peers: dict[str, Peer] = {}
+        for a in self._remembered() + addresses:
+            self._peers.setdefault(normalize(a), Peer(normalize(a)))
+        self._save()
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task | None = None
+
+    def _remembered(self) -> list[str]:
+        try:
+            return [str(a) for a in json.loads(self._file.read_text())]
+        except FileNotFoundError:
+            return []
+        except (ValueError, TypeError) as e:
+            log.warning("%s is unreadable (%s); starting with no remembered peers",
+                        self._file, e)
+            return []
+
+    def _save(self) -> None:
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(self._peers)))
+        os.replace(tmp, self._file)
+
+    def add(self, addr: str) -> Peer:
+        url = normalize(addr)
+        if url not in self._peers:
+            self._peers[url] = Peer(url)
+            self._save()
+        return self._peers[url]
+
+    def all(self) -> list[Peer]:
+        return list(self._peers.values())
+
+    def find(self, ref: str) -> Peer | None:
+        """A peer by id, name or address."""
+        for p in self._peers.values():
+            if ref in (p.id, p.name, p.url) or normalize(ref) == p.url:
+                return p
+        return None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise PeerUnreachable("the node is not running")
+        return self._session
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession()
+        self._task = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+        if self._session:
+            await self._session.close()
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.gather(*(self._poll(p.url) for p in self.all()))
+            await asyncio.sleep(POLL_S)
+
+    async def _poll(self, url: str) -> None:
+        peer = self._peers[url]
+        try:
+            info = await self.call(url, "GET", "/shoal/node", timeout=POLL_S)
+            if not isinstance(info, dict) or "id" not in info:
+                raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
+            self._peers[url] = replace(peer, id=str(info["id"]), name=info.get("name"),
+                                       version=info.get("version"), reachable=True,
+                                       last_seen=time.monotonic(), error=None, info=info)
+        except ShoalError as e:
+            if peer.reachable:
+                log.warning("peer %s is unreachable: %s", url, e.message)
+            self._peers[url] = replace(peer, reachable=False, error=e.message)
+
+    async def call(self, url: str, method: str, path: str, json_body: Any = None,
+                   timeout: float = 10.0) -> Any:
+        """One JSON request to a peer. Errors come back as ShoalError; a peer that answers
+        garbage or nothing is PeerUnreachable."""
+        if self._session is None:
+            raise PeerUnreachable("the node is not running")
+        try:
+            async with self._session.request(method, url + path, json=json_body,
+                                             timeout=aiohttp.ClientTimeout(total=timeout)
+                                             ) as r:
+                body = await r.read()
+                data = json.loads(body) if body else None
+                if r.status >= 400:
+                    raise ShoalError.from_openai(data if isinstance(data, dict) else {},
+                                                 r.status)
+                return data
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            raise PeerUnreachable(f"The node at {url} did not answer {path}: "
+                                  f"{e or type(e).__name__}") from None
