@@ -14,11 +14,12 @@ from PySide6.QtWidgets import QApplication
 
 from app.chat import ChatPane
 from app.conversations import ConversationStore
-from app.node import DEFAULT_PORT, LocalNode, NodeStartError
+from app.node import LocalNode, NodeStartError
 from app.status import StatusMonitor
 from app.tasks import Tasks
 from app.tray import Tray
 from app.window import MainWindow
+from engine.cli import DEFAULT_PORT
 from engine.errors import ShoalError
 from engine.paths import default_home, ensure, logs_dir
 

@@ -7,22 +7,24 @@ reaped, each step with a time bound, so quitting never leaves a process behind.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from engine.cli import DEFAULT_PORT  # engine.cli imports mlx only inside commands
 from engine.client import NodeClient
 from engine.errors import ShoalError
 from engine.paths import ensure, logs_dir
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 8421  # the same as engine.cli's; app may not import engine.cli
 LOG_NAME = "node-child.log"
 
 
@@ -45,6 +47,7 @@ class LocalNode:
     def __init__(self, home: Path, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
                  command: list[str] | None = None, start_timeout: float = 60.0):
         self.home = Path(home)
+        self.host, self.port = host, port
         self.url = f"http://{host}:{port}"
         self.command = command or node_command(host, port, self.home)
         self.start_timeout = start_timeout
@@ -88,8 +91,7 @@ class LocalNode:
                 raise NodeStartError("Shoal is quitting; the node start was abandoned.")
             code = self.proc.poll()
             if code is not None:
-                raise NodeStartError(f"The node exited during start-up (exit code {code}).",
-                                     self.log_tail())
+                raise NodeStartError(self._exit_reason(code), self.log_tail())
             if self._answers():
                 log.info("The local node answers at %s", self.url)
                 return self
@@ -97,6 +99,13 @@ class LocalNode:
         self._reap(kill_after=3.0)
         raise NodeStartError(f"The node didn't answer at {self.url} within "
                              f"{self.start_timeout:.0f} s, so it was stopped.", self.log_tail())
+
+    def _exit_reason(self, code: int) -> str:
+        if _port_taken(self.host, self.port):
+            return (f"Port {self.port} on {self.host} is in use by another program, so the "
+                    f"node couldn't start (exit code {code}). Quit that program, or start "
+                    f"Shoal with --port and a free port.")
+        return f"The node exited during start-up (exit code {code})."
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -141,3 +150,14 @@ class LocalNode:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass  # the usual case: nothing left
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """True when something listens on host:port, so a node can't bind there."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the node binds
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False

@@ -103,7 +103,7 @@ def api_round(url: str, model: str, n: int) -> dict:
 
 
 def start_node(home: Path, model: str) -> tuple[subprocess.Popen, str]:
-    from conftest import NodeProcess
+    from nodes import NodeProcess
     node = NodeProcess(home, model)
     node.wait_healthy()
     node.wait_ready(600)

@@ -1,4 +1,5 @@
-"""GUI test setup: offscreen Qt, no unexpected Qt warnings, a per-test home, and nodes."""
+"""GUI test setup: offscreen Qt, no unexpected Qt warnings, a per-test home, and real node
+command lines (nodes themselves come from tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,14 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before any QApplication exists
 
+import shutil  # noqa: E402
 import socket  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from PySide6.QtCore import QtMsgType  # noqa: E402
 
-from engine.client import NodeClient  # noqa: E402
-from engine.errors import ShoalError  # noqa: E402
-
-FAKE_NODE = Path(__file__).with_name("fake_node.py")
 
 # Qt messages that say nothing about our code: the offscreen platform's own notes.
 IGNORED_QT_MESSAGES = (
@@ -38,12 +34,23 @@ def no_qt_warnings(qtlog):
         pytest.fail("Unexpected Qt warnings:\n" + "\n".join(r.message for r in bad))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "app_errors(*texts): errors the test provokes on "
+                            "purpose; app error logs containing one of these are allowed")
+
+
 @pytest.fixture(autouse=True)
-def no_app_errors(caplog):
-    """Fail the test if app code logged an error: Tasks logs (not raises) exceptions from
-    GUI callbacks so the app survives them, which would otherwise hide bugs from tests."""
+def no_app_errors(caplog, request):
+    """Fail the test if app code logged an error it didn't expect (see the app_errors
+    marker): Tasks logs (not raises) exceptions from GUI callbacks so the app survives
+    them, which would otherwise hide bugs from tests."""
     yield
-    bad = [r for r in caplog.records if r.name.startswith("app") and r.levelno >= 40]
+    marker = request.node.get_closest_marker("app_errors")
+    expected = marker.args if marker else ()
+    # caplog.records holds only the current phase's (teardown's) records.
+    records = caplog.get_records("setup") + caplog.get_records("call") + caplog.records
+    bad = [r for r in records if r.name.startswith("app") and r.levelno >= 40
+           and not any(text in r.getMessage() for text in expected)]
     if bad:
         pytest.fail("App logged errors:\n" + "\n".join(
             f"{r.name}: {r.getMessage()}\n{r.exc_text or ''}" for r in bad))
@@ -51,8 +58,9 @@ def no_app_errors(caplog):
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
+    """The app's state folder; also the home of the nodes it starts, as in real use."""
     h = tmp_path / "home"
-    h.mkdir()
+    h.mkdir(exist_ok=True)  # fresh_node (tests/conftest.py) uses tmp_path/home too
     return h
 
 
@@ -62,45 +70,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def fake_node_command(port: int, home: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(FAKE_NODE), "node", "--host", "127.0.0.1",
-            "--port", str(port), "--home", str(home), *extra]
-
-
-def wait_answering(url: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    with NodeClient(url, timeout=1.0) as c:
-        while True:
-            try:
-                c.health()
-                return
-            except ShoalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-
-class FakeNode:
-    def __init__(self, home: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(fake_node_command(self.port, home),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_answering(self.url)
-        self.client = NodeClient(self.url)
-
-    def close(self) -> None:
-        self.client.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def node_command(home: Path):
-    """make(port, *extra) -> the command line of a fake node for this test's home."""
-    return lambda port, *extra: fake_node_command(port, home, *extra)
-
-
 @pytest.fixture
 def port() -> int:
     """A free local port."""
@@ -108,24 +77,37 @@ def port() -> int:
 
 
 @pytest.fixture
-def fake_node(home: Path):
-    """A fake node process (tests/app/fake_node.py) that someone else started."""
-    node = FakeNode(home)
-    yield node
-    node.close()
+def node_command(home: Path, tiny_model_dir: Path):
+    """make(port, model="none") -> the command line of a real `shoal node` for this test's
+    home; model "tiny-llama" copies the tiny test model into the home first."""
+    def make(port: int, model: str = "none") -> list[str]:
+        if model == tiny_model_dir.name:
+            shutil.copytree(tiny_model_dir, home / "models" / model, dirs_exist_ok=True)
+        return [sys.executable, "-m", "engine.cli", "node", "--host", "127.0.0.1",
+                "--port", str(port), "--home", str(home), "--model", model]
+    return make
 
 
-@pytest.fixture(params=["fake", "real"])
-def chat_node(request, home: Path):
-    """Each chat test runs against the fake node and against the real tiny-model node
-    (tests/conftest.py's `tiny_node`), skipped while that fixture doesn't exist."""
-    if request.param == "fake":
-        node = FakeNode(home)
-        yield node
-        node.close()
-        return
-    try:
-        node = request.getfixturevalue("tiny_node")
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the tiny_node fixture from tests/conftest.py")
-    yield node
+# A node that never answers: the real node can't be made to hang on purpose, so this
+# stands in for it: a process that accepts connections on the port and never replies.
+SILENT_LISTENER = """
+import socket, sys
+server = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+held = []
+while True:
+    held.append(server.accept())
+"""
+
+
+@pytest.fixture
+def silent_command():
+    """make(port) -> the command line of a process that listens on port, never answering."""
+    return lambda port: [sys.executable, "-c", SILENT_LISTENER, str(port)]
+
+
+@pytest.fixture
+def port_holder(port: int):
+    """A listening socket on `port` that is not a node and never answers (close it to free
+    the port)."""
+    with socket.create_server(("127.0.0.1", port)) as holder:
+        yield holder

@@ -1,7 +1,5 @@
-"""The chat pane, driven the way a user drives it, against a node process.
-
-Tests taking `chat_node` run twice: against tests/app/fake_node.py and against the real
-tiny-model node (`tiny_node` from tests/conftest.py; skipped until that exists)."""
+"""The chat pane, driven the way a user drives it, against the real tiny-model node
+(`tiny_node` from tests/conftest.py, shared by the session: these tests don't change it)."""
 
 import pytest
 from PySide6.QtCore import Qt
@@ -15,15 +13,15 @@ from engine.client import NodeClient
 @pytest.fixture
 def make_pane(qtbot, home):
     tasks = Tasks()
-    clients = []
+    own_clients = []
 
     def make(node=None, url=None):
-        client = node.client if node is not None else NodeClient(url)
-        clients.append(client)
+        if node is not None:
+            client = node.client
+        else:
+            client = NodeClient(url)
+            own_clients.append(client)
         pane = ChatPane(client, ConversationStore(home), tasks)
-        model = getattr(node, "model", None)  # the tiny node may name its model
-        if model:
-            pane.model_picker.setCurrentText(model)
         qtbot.addWidget(pane)
         pane.resize(800, 500)
         pane.show()
@@ -32,6 +30,8 @@ def make_pane(qtbot, home):
     yield make
     tasks.cancel_streams()
     assert tasks.wait(20000)
+    for client in own_clients:
+        client.close()
 
 
 @pytest.fixture
@@ -49,8 +49,8 @@ def last_reply(pane):
     return pane.view.widgets()[-1]
 
 
-def test_send_streams_a_reply_with_its_speed(qtbot, make_pane, chat_node, home):
-    pane = make_pane(chat_node)
+def test_send_streams_a_reply_with_its_speed(qtbot, make_pane, tiny_node, home):
+    pane = make_pane(tiny_node)
     pane.chat_params = {"max_tokens": 8, "temperature": 0.0}
     type_and_send(qtbot, pane, "Hello there")
 
@@ -71,8 +71,8 @@ def test_send_streams_a_reply_with_its_speed(qtbot, make_pane, chat_node, home):
     assert conv.messages[1].stats["completion_tokens"] == 8
 
 
-def test_stop_ends_a_long_generation(qtbot, make_pane, chat_node):
-    pane = make_pane(chat_node)
+def test_stop_ends_a_long_generation(qtbot, make_pane, tiny_node):
+    pane = make_pane(tiny_node)
     pane.chat_params = {"max_tokens": 4096}
     type_and_send(qtbot, pane, "Tell me a long story")
     reply = last_reply(pane)
@@ -84,13 +84,13 @@ def test_stop_ends_a_long_generation(qtbot, make_pane, chat_node):
     shown = reply.text_label.text()
     assert "Stopped" in reply.stats_label.text() and not reply.error_label.isVisible()
     # The node stopped too, long before 4096 pieces.
-    qtbot.waitUntil(lambda: chat_node.client.status()["state"] != "generating", timeout=10000)
+    qtbot.waitUntil(lambda: tiny_node.client.status()["state"] != "generating", timeout=10000)
     assert reply.text_label.text() == shown
     assert len(shown.split()) < 4096
 
 
-def test_unknown_model_is_an_inline_error(qtbot, make_pane, chat_node):
-    pane = make_pane(chat_node)
+def test_unknown_model_is_an_inline_error(qtbot, make_pane, tiny_node):
+    pane = make_pane(tiny_node)
     edit = pane.model_picker.lineEdit()
     edit.selectAll()
     qtbot.keyClicks(edit, "no-such-model")

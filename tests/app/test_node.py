@@ -1,6 +1,8 @@
 """Finding or starting the local node, and leaving nothing running at quit."""
 
 import pytest
+from processes import running
+from tests_support import wait_until
 
 from app.node import LocalNode, NodeStartError
 from engine.client import NodeClient
@@ -16,38 +18,43 @@ def answers(url: str) -> bool:
         return False
 
 
-def test_starts_a_node_and_stops_it(home, port, node_command):
-    node = LocalNode(home, port, command=node_command(port), start_timeout=30)
+def test_starts_a_node_and_stops_it_with_its_worker(home, port, node_command):
+    node = LocalNode(home, port, command=node_command(port, "tiny-llama"), start_timeout=30)
     node.start()
     try:
         assert node.started_by_us and answers(node.url)
+        wait_until(lambda: node.client.status()["worker_pid"], timeout=60)
+        worker_pid = node.client.status()["worker_pid"]
     finally:
         node.stop()
     assert node.proc.returncode is not None  # exited and reaped
+    assert not running(node.proc.pid) and not running(worker_pid)
     assert not answers(node.url)
 
 
-def test_node_already_running_is_left_alone(home, fake_node):
-    node = LocalNode(home, fake_node.port, command=["false"])
+def test_node_already_running_is_left_alone(home, fresh_node):
+    worker_pid = fresh_node.client.status()["worker_pid"]
+    node = LocalNode(home, fresh_node.port, command=["false"])
     node.start()
     assert not node.started_by_us
     node.stop()
-    assert fake_node.proc.poll() is None and answers(fake_node.url)
+    assert fresh_node.proc.poll() is None and answers(fresh_node.url)
+    assert fresh_node.client.status()["worker_pid"] == worker_pid and running(worker_pid)
 
 
-def test_node_that_exits_reports_its_log(home, port, node_command):
-    node = LocalNode(home, port, command=node_command(port, "--fail"))
+def test_port_taken_by_another_program_is_the_reason(home, port, port_holder, node_command):
+    node = LocalNode(home, port, command=node_command(port))
     with pytest.raises(NodeStartError) as info:
         node.start()
-    assert "exit code 3" in info.value.message
-    assert "can't open the models folder" in info.value.log_tail
+    assert f"Port {port} on 127.0.0.1 is in use by another program" in info.value.message
+    assert "--port" in info.value.message
+    assert "address already in use" in info.value.log_tail  # the node's own words
     node.stop()
 
 
-def test_node_that_never_answers_is_stopped(home, port, node_command):
-    node = LocalNode(home, port, command=node_command(port, "--hang"),
-                     start_timeout=1.0)
+def test_node_that_never_answers_is_stopped(home, port, silent_command):
+    node = LocalNode(home, port, command=silent_command(port), start_timeout=1.0)
     with pytest.raises(NodeStartError, match="didn't answer"):
         node.start()
-    assert node.proc.returncode is not None
+    assert node.proc.returncode is not None and not running(node.proc.pid)
     node.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import NodeProcess, start_cluster
+from nodes import NodeProcess, start_cluster
 from engine.errors import ShoalError
 from tests_support import wait_until
 

@@ -9,7 +9,7 @@ import sys
 import openai
 import pytest
 
-from conftest import ROOT, NodeProcess
+from nodes import ROOT, NodeProcess
 from engine.hub.bundled import bundled_gguf
 
 needs_smollm2 = pytest.mark.skipif(bundled_gguf() is None,
