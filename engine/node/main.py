@@ -55,7 +55,13 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise ShoalError(f"Can't listen on {host}:{port} ({e.strerror or e}). Another program "
+                         "(maybe another Shoal node) uses that port: stop it, or start this "
+                         "node with --port and a free port.") from None
     await peer_set.start()
     log.info("node serving http://%s:%d/v1 (home %s)", host, port, home)
     stop: asyncio.Event = app["stop"]

@@ -137,6 +137,8 @@ class Node:
                 await self.ensure_loaded(model_id)
             except ShoalError as e:
                 log.error("loading %s failed: %s", model_id, e.message)
+                if not isinstance(self.runner, Failed):  # e.g. unknown model: show why
+                    self._set(Failed(model_id, e.message))
         self.keep(asyncio.get_running_loop().create_task(run()))
 
     def _on_worker_event(self, ev: dict[str, Any]) -> None:

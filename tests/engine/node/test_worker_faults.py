@@ -89,3 +89,31 @@ def _alive(pid: int) -> bool:
     # A zombie still answers kill(0); it is gone for our purposes once not running.
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split()[2] != "Z"
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from nodes import ROOT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "app.cli", "node", "--port", str(port),
+                            "--home", str(tmp_path), "--model", "none"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"Can't listen on 127.0.0.1:{port}" in r.stderr and "--port" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_unknown_start_model_shows_as_an_error(tmp_path):
+    from nodes import NodeProcess
+    node = NodeProcess(tmp_path / "home", "no-such-model").wait_healthy()
+    try:
+        st = node.wait_state("error", 30)
+        assert "no-such-model" in st["error"]
+    finally:
+        node.stop()
