@@ -29,7 +29,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
     home = Path(a.home).expanduser() if a.home else default_home()
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(a.host, a.port, home, a.model,
-                         a.api_key or os.environ.get("SHOAL_API_KEY"), a.peer))
+                         a.api_key or os.environ.get("SHOAL_API_KEY"), a.peer,
+                         a.secret or os.environ.get("SHOAL_SECRET")))
     return 0
 
 
@@ -53,6 +54,25 @@ def _cmd_models_import(a: argparse.Namespace) -> int:
     home = Path(a.home).expanduser() if a.home else default_home()
     dest = import_gguf(Path(a.file), ensure(models_dir(home)), name=a.name)
     print(f"Imported {a.file} as {dest.name} ({dest})")
+    return 0
+
+
+def _cmd_secret(a: argparse.Namespace) -> int:
+    from engine.cluster.auth import pairing_code
+    from engine.cluster.secret import SecretStore, new_secret
+    home = Path(a.home).expanduser() if a.home else default_home()
+    store = SecretStore(home)
+    if a.action == "set":
+        if not a.value:
+            raise ShoalError("Give the secret: shoal secret set SECRET")
+        store.set(a.value)
+    elif a.action == "rotate":
+        store.set(new_secret())
+        print("A new secret: give it to every node of the cluster (shoal secret set ...), "
+              "then restart them.")
+    value = store.ensure()
+    print(f"cluster secret: {value}\npairing code:   {pairing_code(value)}\n"
+          f"kept in:        {store.where}")
     return 0
 
 
@@ -91,6 +111,8 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--model", help="model to load at start ('none' to load nothing; "
                    "default: the bundled SmolLM2, imported on first run)")
     n.add_argument("--api-key", help="require this key (needed off loopback)")
+    n.add_argument("--secret", help="the cluster secret to join (stored; default: the "
+                   "stored one, or a new cluster)")
     n.add_argument("--peer", action="append", default=[], metavar="HOST:PORT",
                    help="another node to join (repeatable; remembered)")
     n.set_defaults(func=_cmd_node)
@@ -104,6 +126,12 @@ def parser() -> argparse.ArgumentParser:
     mi.add_argument("--name", help="model id (default: from the file name)")
     mi.add_argument("--home", default=argparse.SUPPRESS)
     mi.set_defaults(func=_cmd_models_import)
+
+    s = sub.add_parser("secret", help="show, set or rotate the cluster secret")
+    s.add_argument("action", choices=["show", "set", "rotate"], nargs="?", default="show")
+    s.add_argument("value", nargs="?")
+    s.add_argument("--home", default=argparse.SUPPRESS)
+    s.set_defaults(func=_cmd_secret)
 
     c = sub.add_parser("chat", help="ask a running node")
     c.add_argument("prompt")

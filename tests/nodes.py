@@ -32,7 +32,8 @@ class NodeProcess:
         self.log = home / "node-test.log"
         home.mkdir(parents=True, exist_ok=True)
         self._logf = self.log.open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Never the user's keyring: the secret lives in the test's home.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHOAL_KEYRING": "0"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.cli", "node", "--host", "127.0.0.1",
              "--port", str(self.port), "--home", str(home), "--model", model, *extra],
@@ -108,7 +109,8 @@ def home_with(tmp: Path, model_dir: Path) -> Path:
     return home
 
 
-def start_cluster(root: Path, model_dir: Path, n: int) -> list[NodeProcess]:
+def start_cluster(root: Path, model_dir: Path, n: int,
+                  secret: str = "test-cluster-secret") -> list[NodeProcess]:
     """n nodes on loopback, each told about the others with --peer, each holding the model;
     returns once every node sees every other as reachable."""
     from tests_support import wait_until
@@ -119,7 +121,8 @@ def start_cluster(root: Path, model_dir: Path, n: int) -> list[NodeProcess]:
             peers = [a for j, p in enumerate(ports) if j != i
                      for a in ("--peer", f"127.0.0.1:{p}")]
             home = home_with(root / f"node{i}", model_dir)
-            nodes.append(NodeProcess(home, "none", *peers, port=ports[i]))
+            nodes.append(NodeProcess(home, "none", *peers, "--secret", secret,
+                                     port=ports[i]))
         for nd in nodes:
             nd.wait_healthy()
         for nd in nodes:

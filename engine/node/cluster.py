@@ -106,7 +106,7 @@ class Cluster:
     def owner_of(self, model: str) -> str | None:
         """URL of the peer that serves `model` as a distributed instance, if any."""
         for p in self.peers.all():
-            for inst in (p.info.get("instances") or []) if p.reachable else []:
+            for inst in (p.info.get("instances") or []) if p.trusted else []:
                 if inst.get("model") == model and inst.get("state") == "ready":
                     return p.url
         return None
@@ -166,6 +166,9 @@ class Cluster:
                 nid, url = self.id, None
             else:
                 peer = self.peers.find(ref)
+                if peer is not None and peer.reachable and not peer.trusted:
+                    raise BadRequest(f"nodes[{i}]: '{ref}' is not in this cluster (it holds "
+                                     "another cluster secret).", param=f"nodes[{i}].node")
                 if peer is None or not peer.reachable or not peer.id:
                     known = ", ".join(p.name or p.url for p in self.peers.all()) or "none"
                     raise BadRequest(f"nodes[{i}]: no reachable node '{ref}' (known peers: "

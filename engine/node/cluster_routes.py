@@ -115,10 +115,13 @@ async def proxy_chat(request: web.Request, owner_url: str, body: Any) -> web.Str
     """Serve a chat request for a model that runs as an instance owned by another node:
     relay its answer byte for byte (closing our client closes the upstream request, which
     stops the generation there)."""
-    session = _cluster(request).peers.session
+    peers = _cluster(request).peers
+    raw = json.dumps(body).encode()
     try:
-        async with session.post(owner_url + "/v1/chat/completions", data=json.dumps(body),
-                                headers={"Content-Type": "application/json"},
+        async with peers.session.post(owner_url + "/v1/chat/completions", data=raw,
+                                      headers={"Content-Type": "application/json",
+                                               **peers.sign("POST", "/v1/chat/completions",
+                                                            raw)},
                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
                                 ) as up:
             resp = web.StreamResponse(status=up.status, headers={

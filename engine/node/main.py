@@ -11,6 +11,8 @@ from pathlib import Path
 from aiohttp import web
 
 from engine.errors import ShoalError
+from engine.cluster.auth import Verifier
+from engine.cluster.secret import SecretStore
 from engine.node.cluster import Cluster
 from engine.node.identity import load_identity
 from engine.node.peers import Peers
@@ -38,7 +40,8 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 
 async def run_node(host: str, port: int, home: Path, model: str | None,
-                   api_key: str | None = None, peers: list[str] | None = None) -> None:
+                   api_key: str | None = None, peers: list[str] | None = None,
+                   secret: str | None = None) -> None:
     check_bind(host, api_key)
     ensure(home)
     ensure(logs_dir(home))
@@ -49,9 +52,12 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
         default = None if model == "none" else model
     node = Node(home, mdir, default_model=default, port=port)
     ident = load_identity(home)
-    peer_set = Peers(home, peers or [])
+    store = SecretStore(home)
+    cluster_secret = await asyncio.to_thread(store.ensure, secret)
+    log.info("cluster secret kept in %s", store.where)
+    peer_set = Peers(home, peers or [], cluster_secret, ident.id)
     cluster = Cluster(node, ident.id, ident.name, peer_set, _advertised(host))
-    app = build_app(node, api_key, cluster)
+    app = build_app(node, api_key, cluster, Verifier(cluster_secret))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from engine.cluster.auth import NotInCluster, sign
 from engine.errors import PeerUnreachable, ShoalError
 
 log = logging.getLogger(__name__)
@@ -33,19 +34,23 @@ class Peer:
     name: str | None = None
     version: str | None = None
     reachable: bool = False
+    trusted: bool = False  # answers with our cluster secret
     last_seen: float = 0.0
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         return {"url": self.url, "id": self.id, "name": self.name, "version": self.version,
-                "reachable": self.reachable, "error": self.error,
+                "reachable": self.reachable, "trusted": self.trusted, "error": self.error,
                 "seen_s_ago": round(time.monotonic() - self.last_seen, 1)
                 if self.last_seen else None}
 
 
 class Peers:
-    def __init__(self, home: Path, addresses: list[str]):
+    def __init__(self, home: Path, addresses: list[str], secret: str = "",
+                 node_id: str = ""):
+        self.secret = secret
+        self.node_id = node_id
         self._file = home / "peers.json"
         self._peers: dict[str, Peer] = {}
         for a in self._remembered() + addresses:
@@ -92,6 +97,9 @@ class Peers:
             raise PeerUnreachable("the node is not running")
         return self._session
 
+    def sign(self, method: str, path: str, body: bytes = b"") -> dict[str, str]:
+        return sign(self.secret, self.node_id, method, path, body) if self.secret else {}
+
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
         self._task = asyncio.create_task(self._poll_forever())
@@ -115,11 +123,19 @@ class Peers:
                 raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
             self._peers[url] = replace(peer, id=str(info["id"]), name=info.get("name"),
                                        version=info.get("version"), reachable=True,
-                                       last_seen=time.monotonic(), error=None, info=info)
+                                       trusted=True, last_seen=time.monotonic(), error=None,
+                                       info=info)
+        except NotInCluster as e:
+            if peer.trusted or peer.error is None:
+                log.warning("peer %s is not in this cluster: %s", url, e.message)
+            self._peers[url] = replace(peer, reachable=True, trusted=False, info={},
+                                       last_seen=time.monotonic(),
+                                       error=f"not in this cluster: {e.message}")
         except ShoalError as e:
             if peer.reachable:
                 log.warning("peer %s is unreachable: %s", url, e.message)
-            self._peers[url] = replace(peer, reachable=False, error=e.message)
+            self._peers[url] = replace(peer, reachable=False, trusted=False,
+                                       error=e.message)
 
     async def call(self, url: str, method: str, path: str, json_body: Any = None,
                    timeout: float = 10.0) -> Any:
@@ -127,15 +143,22 @@ class Peers:
         garbage or nothing is PeerUnreachable."""
         if self._session is None:
             raise PeerUnreachable("the node is not running")
+        raw = b"" if json_body is None else json.dumps(json_body).encode()
+        headers = {"Content-Type": "application/json",
+                   **self.sign(method, path, raw)}
         try:
-            async with self._session.request(method, url + path, json=json_body,
+            async with self._session.request(method, url + path, data=raw or None,
+                                             headers=headers,
                                              timeout=aiohttp.ClientTimeout(total=timeout)
                                              ) as r:
                 body = await r.read()
                 data = json.loads(body) if body else None
                 if r.status >= 400:
-                    raise ShoalError.from_openai(data if isinstance(data, dict) else {},
-                                                 r.status)
+                    err = data if isinstance(data, dict) else {}
+                    if (err.get("error") or {}).get("code") == NotInCluster.code:
+                        raise NotInCluster((err["error"].get("message") or "") +
+                                           f" ({url})")
+                    raise ShoalError.from_openai(err, r.status)
                 return data
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             raise PeerUnreachable(f"The node at {url} did not answer {path}: "

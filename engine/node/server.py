@@ -44,10 +44,23 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.json_response(err.to_openai(), status=500)
 
 
-def auth(api_key: str | None) -> Any:
+def is_peer_route(path: str) -> bool:
+    """Routes only other nodes of the cluster may call (signed with the cluster secret)."""
+    return path == "/shoal/node" or path.startswith("/shoal/peer/")
+
+
+def auth(api_key: str | None, verifier: Any = None) -> Any:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if api_key and request.path != "/health":
+        path = request.path
+        if path == "/health":
+            return await handler(request)
+        signed = "X-Shoal-Signature" in request.headers
+        if verifier is not None and (signed or is_peer_route(path)):
+            # raises NotInCluster: unsigned, another secret, stale or replayed
+            verifier.verify(request.method, request.path_qs, dict(request.headers),
+                            await request.read())
+        elif api_key:
             given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
             if not hmac.compare_digest(given.encode(), api_key.encode()):
                 raise Unauthorized("A valid API key is required: send it as "
@@ -127,10 +140,11 @@ async def shutdown(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def build_app(node: Node, api_key: str | None = None, cluster: Any = None
-              ) -> web.Application:
+def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
+              verifier: Any = None) -> web.Application:
     from engine.node.cluster_routes import routes as cluster_routes
-    app = web.Application(middlewares=[errors, auth(api_key)], client_max_size=64 * 2**20)
+    app = web.Application(middlewares=[errors, auth(api_key, verifier)],
+                          client_max_size=64 * 2**20)
     app["node"] = node
     app["cluster"] = cluster
     app["stop"] = asyncio.Event()

@@ -28,7 +28,7 @@ def trio(tmp_path_factory, tiny_model_dir) -> list[NodeProcess]:
 
 
 def node_id(n: NodeProcess) -> str:
-    return n.client._call("GET", "/shoal/node")["id"]
+    return n.client.status()["cluster"]["id"]
 
 
 def launch(via: NodeProcess, body: dict) -> httpx.Response:

@@ -1,0 +1,109 @@
+"""Where the cluster secret lives: the system keyring when one works, else a file readable
+only by this user in the node's home. Every keyring call is bounded in time, because a
+locked keyring on a headless session was seen to hang for over a minute."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+SERVICE = "shoal"
+KEYRING_TIMEOUT_S = 3.0
+
+
+def _bounded(fn: Callable[[], Any], timeout: float | None = None) -> Any:
+    """Run fn in a daemon thread; raise TimeoutError if it doesn't finish in time."""
+    timeout = KEYRING_TIMEOUT_S if timeout is None else timeout
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed back to the caller below
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"the keyring did not answer within {timeout:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(24)
+
+
+class SecretStore:
+    """get/set the cluster secret for one node home. `where` says where it is kept."""
+
+    def __init__(self, home: Path, use_keyring: bool | None = None):
+        self.home = home
+        self.file = home / "cluster-secret"
+        self.account = f"cluster-secret:{home.resolve()}"
+        if use_keyring is None:
+            use_keyring = os.environ.get("SHOAL_KEYRING", "1") != "0"
+        self.use_keyring = use_keyring
+        self.where = "not stored yet"
+
+    def get(self) -> str | None:
+        if self.use_keyring:
+            try:
+                import keyring
+                value = _bounded(lambda: keyring.get_password(SERVICE, self.account))
+                if value:
+                    self.where = "the system keyring"
+                    return value
+            except Exception as e:  # NoKeyringError, locked keyring, timeout, ...
+                self._fallback_note(e)
+        try:
+            value = self.file.read_text().strip()
+            self.where = f"{self.file} (readable only by you)"
+            return value or None
+        except FileNotFoundError:
+            return None
+
+    def set(self, value: str) -> None:
+        if self.use_keyring:
+            try:
+                import keyring
+                _bounded(lambda: keyring.set_password(SERVICE, self.account, value))
+                self.where = "the system keyring"
+                self.file.unlink(missing_ok=True)
+                return
+            except Exception as e:
+                self._fallback_note(e)
+        self.home.mkdir(parents=True, exist_ok=True)
+        tmp = self.file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+        os.replace(tmp, self.file)
+        self.where = f"{self.file} (readable only by you)"
+
+    def ensure(self, given: str | None = None) -> str:
+        """The secret to use: `given` (stored for next time), the stored one, or a new one
+        (this node starts a new cluster)."""
+        if given:
+            if given != self.get():
+                self.set(given)
+            return given
+        current = self.get()
+        if current:
+            return current
+        value = new_secret()
+        self.set(value)
+        log.info("created a new cluster secret, kept in %s", self.where)
+        return value
+
+    def _fallback_note(self, e: BaseException) -> None:
+        self.use_keyring = False  # don't pay the timeout again on every call
+        log.info("no usable keyring (%s: %s); the cluster secret is kept in %s instead",
+                 type(e).__name__, e, self.file)
