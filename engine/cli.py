@@ -30,7 +30,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(a.host, a.port, home, a.model,
                          a.api_key or os.environ.get("SHOAL_API_KEY"), a.peer,
-                         a.secret or os.environ.get("SHOAL_SECRET")))
+                         a.secret or os.environ.get("SHOAL_SECRET"),
+                         a.mdns == "on", a.mdns_interface))
     return 0
 
 
@@ -113,6 +114,10 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--api-key", help="require this key (needed off loopback)")
     n.add_argument("--secret", help="the cluster secret to join (stored; default: the "
                    "stored one, or a new cluster)")
+    n.add_argument("--mdns", choices=["on", "off"], default=os.environ.get("SHOAL_MDNS", "on"),
+                   help="find and announce nodes on the local network (default on)")
+    n.add_argument("--mdns-interface", action="append", default=[], metavar="ADDRESS",
+                   help="announce/listen only on the interface with this address")
     n.add_argument("--peer", action="append", default=[], metavar="HOST:PORT",
                    help="another node to join (repeatable; remembered)")
     n.set_defaults(func=_cmd_node)

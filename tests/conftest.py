@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+# Test nodes never multicast on the machine's real network; mDNS tests opt in, inside
+# network namespaces of their own.
+os.environ["SHOAL_MDNS"] = "off"
 sys.path.insert(0, str(Path(__file__).parent))
 from nodes import NodeProcess, home_with  # noqa: E402
 from tiny import make_tiny_model  # noqa: E402

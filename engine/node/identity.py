@@ -35,3 +35,14 @@ def load_identity(home: Path) -> Identity:
     tmp.write_text(json.dumps(asdict(ident)))
     os.replace(tmp, path)
     return ident
+
+
+def regenerate_identity(home: Path, old: Identity) -> Identity:
+    """A new id (same name) for a node whose state folder was copied from another."""
+    ident = Identity(id=uuid.uuid4().hex[:12], name=old.name)
+    tmp = home / "node.json.tmp"
+    tmp.write_text(json.dumps(asdict(ident)))
+    os.replace(tmp, home / "node.json")
+    log.warning("another node has this node's id %s (a copied state folder): this node is "
+                "now %s", old.id, ident.id)
+    return ident

@@ -14,7 +14,9 @@ from engine.errors import ShoalError
 from engine.cluster.auth import Verifier
 from engine.cluster.secret import SecretStore
 from engine.node.cluster import Cluster
-from engine.node.identity import load_identity
+from engine import __version__
+from engine.cluster.discovery import Discovery
+from engine.node.identity import load_identity, regenerate_identity
 from engine.node.peers import Peers
 from engine.node.server import build_app
 from engine.node.service import Node
@@ -41,7 +43,8 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 async def run_node(host: str, port: int, home: Path, model: str | None,
                    api_key: str | None = None, peers: list[str] | None = None,
-                   secret: str | None = None) -> None:
+                   secret: str | None = None, mdns: bool = True,
+                   mdns_interfaces: list[str] | None = None) -> None:
     check_bind(host, api_key)
     ensure(home)
     ensure(logs_dir(home))
@@ -56,7 +59,33 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
     cluster_secret = await asyncio.to_thread(store.ensure, secret)
     log.info("cluster secret kept in %s", store.where)
     peer_set = Peers(home, peers or [], cluster_secret, ident.id)
-    cluster = Cluster(node, ident.id, ident.name, peer_set, _advertised(host))
+    me = _advertised(host)
+    peer_set.self_url = f"http://{me}:{port}"
+    cluster = Cluster(node, ident.id, ident.name, peer_set, me)
+
+    def same_id(other_url: str) -> None:
+        nonlocal ident
+        # Both sides notice; only the one with the larger address changes, so exactly
+        # one of them does.
+        if peer_set.self_url > other_url:
+            ident = regenerate_identity(home, ident)
+            cluster.id = peer_set.node_id = ident.id
+            if discovery is not None:
+                discovery.close()
+                start_discovery()
+    peer_set.on_same_id = same_id
+    discovery: Discovery | None = None
+
+    def start_discovery() -> None:
+        nonlocal discovery
+        discovery = Discovery(ident.id, ident.name, me, port, __version__,
+                              lambda url, fields: peer_set.add_discovered(url),
+                              mdns_interfaces or None)
+        try:
+            discovery.start()
+        except OSError as e:
+            log.warning("mDNS discovery is off: %s. Add peers with --peer.", e)
+            discovery = None
     app = build_app(node, api_key, cluster, Verifier(cluster_secret))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -69,6 +98,8 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
                          "(maybe another Shoal node) uses that port: stop it, or start this "
                          "node with --port and a free port.") from None
     await peer_set.start()
+    if mdns:
+        await asyncio.to_thread(start_discovery)
     log.info("node serving http://%s:%d/v1 (home %s)", host, port, home)
     stop: asyncio.Event = app["stop"]
     loop = asyncio.get_running_loop()
@@ -80,6 +111,8 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
         await stop.wait()
     finally:
         log.info("node stopping")
+        if discovery is not None:
+            await asyncio.to_thread(discovery.close)
         await cluster.close()
         await node.close()
         await peer_set.close()

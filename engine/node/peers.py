@@ -30,6 +30,7 @@ def normalize(addr: str) -> str:
 @dataclass(frozen=True)
 class Peer:
     url: str
+    discovered: bool = False  # heard over mDNS (not remembered across restarts)
     id: str | None = None
     name: str | None = None
     version: str | None = None
@@ -51,6 +52,9 @@ class Peers:
                  node_id: str = ""):
         self.secret = secret
         self.node_id = node_id
+        self.self_url = ""
+        self.on_same_id: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._file = home / "peers.json"
         self._peers: dict[str, Peer] = {}
         for a in self._remembered() + addresses:
@@ -71,15 +75,28 @@ class Peers:
 
     def _save(self) -> None:
         tmp = self._file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sorted(self._peers)))
+        tmp.write_text(json.dumps(sorted(u for u, p in self._peers.items()
+                                         if not p.discovered)))
         os.replace(tmp, self._file)
 
     def add(self, addr: str) -> Peer:
         url = normalize(addr)
-        if url not in self._peers:
-            self._peers[url] = Peer(url)
+        if url not in self._peers or self._peers[url].discovered:
+            self._peers[url] = replace(self._peers.get(url) or Peer(url), discovered=False)
             self._save()
         return self._peers[url]
+
+    def add_discovered(self, url: str) -> None:
+        """A node heard over mDNS; thread-safe (zeroconf calls from its own thread)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._add_discovered, normalize(url))
+
+    def _add_discovered(self, url: str) -> None:
+        if url not in self._peers and url != self.self_url:
+            log.info("discovered node %s", url)
+            self._peers[url] = Peer(url, discovered=True)
+            if self._session is not None:
+                asyncio.get_running_loop().create_task(self._poll(url))
 
     def all(self) -> list[Peer]:
         return list(self._peers.values())
@@ -101,6 +118,7 @@ class Peers:
         return sign(self.secret, self.node_id, method, path, body) if self.secret else {}
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._session = aiohttp.ClientSession()
         self._task = asyncio.create_task(self._poll_forever())
 
@@ -121,6 +139,9 @@ class Peers:
             info = await self.call(url, "GET", "/shoal/node", timeout=POLL_S)
             if not isinstance(info, dict) or "id" not in info:
                 raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
+            if info["id"] == self.node_id and self.on_same_id is not None:
+                self.on_same_id(url)  # a copied state folder: one side must change
+                return
             self._peers[url] = replace(peer, id=str(info["id"]), name=info.get("name"),
                                        version=info.get("version"), reachable=True,
                                        trusted=True, last_seen=time.monotonic(), error=None,
