@@ -169,6 +169,9 @@ class Cluster:
                 if peer is not None and peer.reachable and not peer.trusted:
                     raise BadRequest(f"nodes[{i}]: '{ref}' is not in this cluster (it holds "
                                      "another cluster secret).", param=f"nodes[{i}].node")
+                if peer is not None and peer.trusted and peer.warning:
+                    raise BadRequest(f"nodes[{i}]: '{ref}' {peer.warning}.",
+                                     param=f"nodes[{i}].node")
                 if peer is None or not peer.reachable or not peer.id:
                     known = ", ".join(p.name or p.url for p in self.peers.all()) or "none"
                     raise BadRequest(f"nodes[{i}]: no reachable node '{ref}' (known peers: "

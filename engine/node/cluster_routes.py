@@ -12,6 +12,7 @@ from aiohttp import web
 from engine import __version__
 from engine.errors import BadRequest, PeerUnreachable
 from engine.node.cluster import Cluster
+from engine.telemetry.versions import mlx_version
 
 routes = web.RouteTableDef()
 
@@ -30,19 +31,31 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _mlx_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+PROBE_CHUNK = b"\0" * 65536
+
+
+@routes.get("/shoal/peer/probe")
+async def probe(request: web.Request) -> web.StreamResponse:
+    """N bytes of zeros, for measuring a link's bandwidth (at most 64 MiB)."""
     try:
-        return version("mlx")
-    except PackageNotFoundError:
-        return None
+        n = min(int(request.query.get("bytes", "0")), 64 * 2**20)
+    except ValueError:
+        raise BadRequest("bytes must be a number", param="bytes") from None
+    resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    resp.content_length = n
+    await resp.prepare(request)
+    while n > 0:
+        await resp.write(PROBE_CHUNK[:n])
+        n -= len(PROBE_CHUNK)
+    await resp.write_eof()
+    return resp
 
 
 @routes.get("/shoal/node")
 async def node_info(request: web.Request) -> web.Response:
     c = _cluster(request)
     return web.json_response({**c.describe(), "version": __version__,
-                              "mlx_version": _mlx_version(),
+                              "mlx_version": mlx_version(),
                               "state": c.node.status()["state"],
                               "models": [m.id for m in c.node.local_models()]})
 

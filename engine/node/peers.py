@@ -19,6 +19,27 @@ from engine.errors import PeerUnreachable, ShoalError
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0
+LINK_PROBE_S = 60.0  # re-measure each link this often
+PROBE_BYTES = 4 * 2**20
+
+
+def _major_minor(v: Any) -> tuple[str, ...]:
+    return tuple(str(v or "?").split(".")[:2])
+
+
+def incompatibility(info: dict[str, Any]) -> str | None:
+    """Why a peer can't share an instance with this node (Shoal or MLX versions), or None.
+    MLX's wire format between ranks is only promised within one version."""
+    from engine import __version__
+    from engine.telemetry.versions import mlx_version
+    theirs, ours = info.get("version"), __version__
+    if _major_minor(theirs) != _major_minor(ours):
+        return (f"runs Shoal {theirs}, this node runs {ours}: update both to the same "
+                "version before running a model on them together")
+    if info.get("mlx_version") and mlx_version() and info["mlx_version"] != mlx_version():
+        return (f"runs MLX {info['mlx_version']}, this node runs {mlx_version()}: install "
+                "the same MLX on both")
+    return None
 
 
 def normalize(addr: str) -> str:
@@ -39,10 +60,14 @@ class Peer:
     last_seen: float = 0.0
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    warning: str | None = None  # e.g. versions that can't run one model together
+    link: dict[str, Any] = field(default_factory=dict)  # type, rtt_ms, bandwidth_MBps
 
     def public(self) -> dict[str, Any]:
         return {"url": self.url, "id": self.id, "name": self.name, "version": self.version,
                 "reachable": self.reachable, "trusted": self.trusted, "error": self.error,
+                "warning": self.warning, "link": self.link,
+                "mlx_version": self.info.get("mlx_version"),
                 "seen_s_ago": round(time.monotonic() - self.last_seen, 1)
                 if self.last_seen else None}
 
@@ -54,6 +79,7 @@ class Peers:
         self.node_id = node_id
         self.self_url = ""
         self.on_same_id: Any = None
+        self._probing: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._file = home / "peers.json"
         self._peers: dict[str, Peer] = {}
@@ -142,10 +168,13 @@ class Peers:
             if info["id"] == self.node_id and self.on_same_id is not None:
                 self.on_same_id(url)  # a copied state folder: one side must change
                 return
+            first = not peer.trusted
             self._peers[url] = replace(peer, id=str(info["id"]), name=info.get("name"),
                                        version=info.get("version"), reachable=True,
                                        trusted=True, last_seen=time.monotonic(), error=None,
-                                       info=info)
+                                       info=info, warning=incompatibility(info))
+            if first or time.monotonic() - peer.link.get("at", 0) > LINK_PROBE_S:
+                self._probe_later(url)
         except NotInCluster as e:
             if peer.trusted or peer.error is None:
                 log.warning("peer %s is not in this cluster: %s", url, e.message)
@@ -157,6 +186,46 @@ class Peers:
                 log.warning("peer %s is unreachable: %s", url, e.message)
             self._peers[url] = replace(peer, reachable=False, trusted=False,
                                        error=e.message)
+
+    def _probe_later(self, url: str) -> None:
+        if url not in self._probing:
+            self._probing.add(url)
+            asyncio.get_running_loop().create_task(self._probe(url))
+
+    async def _probe(self, url: str) -> None:
+        """Round-trip latency (best of 5 small requests) and bandwidth (one bulk read)."""
+        try:
+            rtts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                await self.call(url, "GET", "/health", timeout=5)
+                rtts.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            n = await self._bulk(url, PROBE_BYTES)
+            dt = time.perf_counter() - t0 - min(rtts)
+            link = {"type": link_type(url), "rtt_ms": round(min(rtts) * 1000, 3),
+                    "bandwidth_MBps": round(n / max(dt, 1e-6) / 1e6, 1),
+                    "at": time.monotonic()}
+            if url in self._peers:
+                self._peers[url] = replace(self._peers[url], link=link)
+        except ShoalError as e:
+            log.info("link probe to %s failed: %s", url, e.message)
+        finally:
+            self._probing.discard(url)
+
+    async def _bulk(self, url: str, nbytes: int) -> int:
+        path = f"/shoal/peer/probe?bytes={nbytes}"
+        try:
+            async with self.session.get(url + path, headers=self.sign("GET", path),
+                                        timeout=aiohttp.ClientTimeout(total=30)) as r:
+                if r.status != 200:
+                    raise PeerUnreachable(f"{url} refused the bandwidth probe ({r.status})")
+                got = 0
+                async for chunk in r.content.iter_any():
+                    got += len(chunk)
+                return got
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise PeerUnreachable(f"bandwidth probe to {url} failed: {e}") from None
 
     async def call(self, url: str, method: str, path: str, json_body: Any = None,
                    timeout: float = 10.0) -> Any:
@@ -184,3 +253,16 @@ class Peers:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             raise PeerUnreachable(f"The node at {url} did not answer {path}: "
                                   f"{e or type(e).__name__}") from None
+
+
+def link_type(url: str) -> str:
+    """What kind of link reaches a peer. Loopback is certain; otherwise the platform probes
+    (Thunderbolt/Ethernet/Wi-Fi interface kinds) refine 'network'."""
+    import ipaddress
+    host = url.split("://", 1)[-1].rsplit(":", 1)[0]
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return "loopback"
+    except ValueError:
+        pass
+    return "network"
