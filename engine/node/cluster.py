@@ -95,8 +95,14 @@ class Cluster:
         self.host = host
         self.instance: Instance | None = None
         self.followers: dict[str, Follower] = {}
+        self.facts: Any = None  # engine.node.facts.NodeFacts, set by the node's main
 
     # --- what other nodes and the GUI see ----------------------------------------------
+    def links(self) -> list[dict[str, Any]]:
+        """This node's measured links to its trusted peers."""
+        return [{"to": p.id, "url": p.url, **{k: v for k, v in p.link.items() if k != "at"}}
+                for p in self.peers.all() if p.trusted and p.link]
+
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name,
                 "instances": [self.instance.public()] if self.instance else [],

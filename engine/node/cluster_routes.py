@@ -54,10 +54,29 @@ async def probe(request: web.Request) -> web.StreamResponse:
 @routes.get("/shoal/node")
 async def node_info(request: web.Request) -> web.Response:
     c = _cluster(request)
-    return web.json_response({**c.describe(), "version": __version__,
-                              "mlx_version": mlx_version(),
-                              "state": c.node.status()["state"],
-                              "models": [m.id for m in c.node.local_models()]})
+    return web.json_response(_self_info(c))
+
+
+def _self_info(c: Cluster) -> dict[str, Any]:
+    return {**c.describe(), "version": __version__, "mlx_version": mlx_version(),
+            "state": c.node.status()["state"],
+            "models": [m.id for m in c.node.local_models()],
+            "links": c.links(), **(c.facts.describe() if c.facts else {})}
+
+
+@routes.get("/shoal/topology")
+async def topology(request: web.Request) -> web.Response:
+    """Every node this one knows (itself first) with its facts, and every measured link
+    (each node measures its own; peers report theirs)."""
+    c = _cluster(request)
+    me = _self_info(c)
+    nodes = [{**me, "self": True, "reachable": True, "trusted": True}]
+    links = [{"from": c.id, **lk} for lk in me["links"]]
+    for p in c.peers.all():
+        nodes.append({**p.info, **p.public(), "self": False})
+        if p.trusted:
+            links += [{"from": p.id, **lk} for lk in p.info.get("links") or []]
+    return web.json_response({"nodes": nodes, "links": links})
 
 
 @routes.get("/shoal/peers")

@@ -14,6 +14,7 @@ from engine.errors import ShoalError
 from engine.cluster.auth import Verifier
 from engine.cluster.secret import SecretStore
 from engine.node.cluster import Cluster
+from engine.node.facts import NodeFacts
 from engine import __version__
 from engine.cluster.discovery import Discovery
 from engine.node.identity import load_identity, regenerate_identity
@@ -98,6 +99,9 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
                          "(maybe another Shoal node) uses that port: stop it, or start this "
                          "node with --port and a free port.") from None
     await peer_set.start()
+    facts = NodeFacts()
+    cluster.facts = facts
+    await facts.start()
     if mdns:
         await asyncio.to_thread(start_discovery)
     log.info("node serving http://%s:%d/v1 (home %s)", host, port, home)
@@ -114,6 +118,7 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
         if discovery is not None:
             await asyncio.to_thread(discovery.close)
         await cluster.close()
+        await facts.close()
         await node.close()
         await peer_set.close()
         await runner.cleanup()

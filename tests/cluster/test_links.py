@@ -91,3 +91,28 @@ def test_added_delay_shows_in_the_measured_latency(tmp_path):
             p.wait(10)
         sh("ip", "link", "del", va)
         sh("ip", "netns", "del", ns)
+
+
+def test_topology_lists_nodes_with_their_facts_and_links(tmp_path, tiny_model_dir):
+    a, b = start_cluster(tmp_path, tiny_model_dir, 2)
+    try:
+        def topo() -> dict:
+            return a.client._call("GET", "/shoal/topology")
+        wait_until(lambda: len(topo()["links"]) >= 2 and
+                   all(n.get("machine") for n in topo()["nodes"]), 20)
+        t = topo()
+        me, other = t["nodes"]
+        assert me["self"] and not other["self"] and other["trusted"]
+        for n in (me, other):
+            m = n["machine"]
+            assert m["memory"]["total_bytes"] > 0 and m["memory"]["available_bytes"] > 0
+            assert m["os_name"] and m["mlx_version"] and m["mlx_backend"] == "cpu"
+            assert "tiny-llama" in n["models"]
+            power = n["power"]
+            assert power["watts"] is not None or power["unavailable"]  # a reason, not silence
+        pairs = {(lk["from"], lk["to"]) for lk in t["links"]}
+        assert (me["id"], other["id"]) in pairs and (other["id"], me["id"]) in pairs
+        assert all(lk["type"] == "loopback" and lk["rtt_ms"] > 0 for lk in t["links"])
+    finally:
+        a.stop()
+        b.stop()

@@ -1,0 +1,61 @@
+"""What this node tells others about itself: machine (chip, OS, GPU, MLX, memory),
+platform (Thunderbolt cabling, RDMA, interfaces, warnings) and power. Slow probes run off
+the event loop and are refreshed in the background; describe() never blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import replace
+from typing import Any
+
+log = logging.getLogger(__name__)
+MEMORY_EVERY_S = 5.0
+PLATFORM_EVERY_S = 60.0  # cables get plugged and pulled
+
+
+class NodeFacts:
+    def __init__(self) -> None:
+        self.machine: Any = None
+        self.platform: Any = None
+        self._sampler: Any = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        from engine.telemetry.power import PowerSampler
+        self._sampler = PowerSampler().start()
+        self._task = asyncio.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        from engine.cluster.probes import probe_platform
+        from engine.telemetry.memory import machine_info, memory_info
+        since_platform = PLATFORM_EVERY_S
+        while True:
+            try:
+                if self.machine is None:
+                    self.machine = await asyncio.to_thread(machine_info)
+                else:
+                    mem = await asyncio.to_thread(memory_info)
+                    self.machine = replace(self.machine, memory=mem)
+                if since_platform >= PLATFORM_EVERY_S:
+                    self.platform = await asyncio.to_thread(probe_platform)
+                    since_platform = 0.0
+            except Exception:  # a probe must never take the node down
+                log.exception("refreshing this node's facts failed")
+            await asyncio.sleep(MEMORY_EVERY_S)
+            since_platform += MEMORY_EVERY_S
+
+    def describe(self) -> dict[str, Any]:
+        power = self._sampler.latest().to_dict() if self._sampler else None
+        return {"machine": self.machine.to_dict() if self.machine else None,
+                "platform": self.platform.to_dict() if self.platform else None,
+                "power": power}
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._sampler:
+            await asyncio.to_thread(self._sampler.stop)

@@ -1,0 +1,197 @@
+"""Memory and machine facts for a node's description.
+
+On Linux, available = MemAvailable. On macOS, memory is unified and "free" is misleading, so
+available means what the GPU may wire: Metal's recommended working set when MLX has Metal,
+else the iogpu.wired_limit_mb sysctl when set, else macOS's default rule. Every value says
+which rule produced it. mlx is imported inside functions: the GUI reads this without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.cluster.probes import CommandResult, run_command
+
+log = logging.getLogger(__name__)
+GB = 1024 ** 3
+Sysctl = Callable[[str], str | None]
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    total_bytes: int | None
+    available_bytes: int | None
+    rule: str                        # how available_bytes was found
+    free_percent: int | None = None  # macOS memory pressure (kern.memorystatus_level)
+    unavailable: str | None = None
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    chip: str | None          # "Apple M3 Ultra", "AMD EPYC 7763 64-Core Processor"
+    os_name: str              # "macOS", "Ubuntu 22.04.4 LTS"
+    os_version: str           # "26.2", kernel release on Linux
+    gpu: str | None           # "Apple M3 Ultra (80-core GPU)", "NVIDIA H200", None
+    mlx_version: str | None
+    mlx_backend: str | None   # "metal" | "cuda" | "cpu" | None (mlx unusable)
+    memory: MemoryInfo
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_meminfo(text: str) -> MemoryInfo:
+    """/proc/meminfo → total and MemAvailable (kB in the file)."""
+    fields = {m.group(1): int(m.group(2)) * 1024
+              for m in re.finditer(r"^(\w+):\s+(\d+)\s*kB", text, re.M)}
+    total = fields.get("MemTotal")
+    if total is None:
+        return MemoryInfo(None, None, "", unavailable="unavailable: /proc/meminfo has no MemTotal")
+    if "MemAvailable" in fields:
+        return MemoryInfo(total, fields["MemAvailable"], "MemAvailable from /proc/meminfo")
+    # Kernels before 3.14 lack MemAvailable; free + page cache is the usual estimate.
+    est = sum(fields.get(k, 0) for k in ("MemFree", "Buffers", "Cached"))
+    return MemoryInfo(total, est, "MemFree + Buffers + Cached (no MemAvailable)")
+
+
+def mac_gpu_budget(total: int, working_set: int | None, wired_limit_mb: int | None
+                   ) -> tuple[int, str]:
+    """What Metal may wire on a Mac with `total` bytes, and the rule used."""
+    if working_set:
+        return working_set, "Metal max_recommended_working_set_size"
+    if wired_limit_mb:  # 0 means "macOS default"
+        return wired_limit_mb * 1024 * 1024, "iogpu.wired_limit_mb sysctl"
+    if total <= 36 * GB:
+        return int(total * 0.75), "macOS default: 75% of RAM (36 GB or less)"
+    return total - 8 * GB, "macOS default: RAM minus 8 GB (above 36 GB)"
+
+
+def _sysctl(name: str) -> str | None:
+    r: CommandResult = run_command(["sysctl", "-n", name], 3.0)
+    return r.stdout.strip() if r.stdout is not None and r.stdout.strip() else None
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v is not None and v.isdigit() else None
+
+
+def memory_info(system: str | None = None, sysctl: Sysctl = _sysctl,
+                meminfo: Path = Path("/proc/meminfo")) -> MemoryInfo:
+    """This machine's memory; never raises."""
+    system = system or sys.platform
+    if system == "darwin":
+        total = _int(sysctl("hw.memsize"))
+        if total is None:
+            return MemoryInfo(None, None, "", unavailable="unavailable: sysctl hw.memsize failed")
+        avail, rule = mac_gpu_budget(total, metal_working_set(),
+                                     _int(sysctl("iogpu.wired_limit_mb")))
+        return MemoryInfo(total, avail, rule, _int(sysctl("kern.memorystatus_level")))
+    try:
+        return parse_meminfo(meminfo.read_text())
+    except OSError as e:
+        return MemoryInfo(None, None, "", unavailable=f"unavailable: can't read {meminfo} ({e})")
+
+
+def metal_working_set() -> int | None:
+    info = _mlx_device_info("metal")
+    v = info.get("max_recommended_working_set_size") if info else None
+    return int(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def _mlx_device_info(backend: str) -> dict[str, Any] | None:
+    try:
+        import mlx.core as mx
+        if backend == "metal" and not mx.metal.is_available():
+            return None
+        # mx.device_info() is the newer name; mx.metal.device_info() the older one.
+        fn = getattr(mx, "device_info", None) or mx.metal.device_info
+        return dict(fn())
+    except Exception as e:  # mlx missing or broken: a fact to report, not a crash
+        log.debug("mlx device info unavailable: %s", e)
+        return None
+
+
+def mlx_backend() -> tuple[str | None, str | None]:
+    """(mlx version, backend): metal, cuda or cpu; (None, None) when mlx can't load."""
+    try:
+        import mlx.core as mx
+    except Exception as e:
+        log.warning("mlx can't be imported: %s", e)
+        return None, None
+    version = getattr(mx, "__version__", None)
+    if mx.metal.is_available():
+        return version, "metal"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return version, "cuda"
+    return version, "cpu"
+
+
+def parse_cpuinfo(text: str) -> str | None:
+    """/proc/cpuinfo → the first "model name" (x86) or "Model"/"Hardware" (ARM boards)."""
+    for key in ("model name", "Model", "Hardware"):
+        m = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
+        if m:
+            return m.group(1).strip()
+    return None
+
+
+def parse_os_release(text: str) -> str | None:
+    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
+    return m.group(1) if m else None
+
+
+def mac_gpu_name(profiler_json: str) -> str | None:
+    """`system_profiler SPDisplaysDataType -json` → "Apple M3 Ultra (80-core GPU)"."""
+    import json
+    try:
+        gpus = json.loads(profiler_json).get("SPDisplaysDataType") or []
+        g = next(x for x in gpus if isinstance(x, dict) and x.get("sppci_model"))
+    except (ValueError, AttributeError, StopIteration):
+        return None
+    cores = g.get("sppci_cores")
+    return f"{g['sppci_model']} ({cores}-core GPU)" if cores else str(g["sppci_model"])
+
+
+def nvidia_gpu_names(root: Path = Path("/proc/driver/nvidia/gpus")) -> list[str]:
+    names = []
+    for info in sorted(root.glob("*/information")):
+        m = re.search(r"^Model:\s*(.+)$", info.read_text(errors="replace"), re.M)
+        if m:
+            names.append(m.group(1).strip())
+    return names
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def machine_info(system: str | None = None) -> MachineInfo:
+    """Chip, OS, GPU, MLX and memory of this machine; slow parts bounded; never raises."""
+    system = system or sys.platform
+    version, backend = mlx_backend()
+    if system == "darwin":
+        chip = _sysctl("machdep.cpu.brand_string")
+        r = run_command(["system_profiler", "SPDisplaysDataType", "-json"], 10.0)
+        gpu = (mac_gpu_name(r.stdout) if r.stdout else None) or chip
+        return MachineInfo(chip, "macOS", platform.mac_ver()[0] or platform.release(), gpu,
+                           version, backend, memory_info(system))
+    chip = parse_cpuinfo(_read(Path("/proc/cpuinfo")))
+    os_name = parse_os_release(_read(Path("/etc/os-release")))
+    try:
+        gpu = ", ".join(nvidia_gpu_names()) or None
+    except OSError:
+        gpu = None
+    if gpu is None and backend == "cuda":
+        gpu = str((_mlx_device_info("cuda") or {}).get("device_name") or "CUDA GPU")
+    return MachineInfo(chip or platform.processor() or None, os_name or platform.system(),
+                       platform.release(), gpu, version, backend, memory_info(system))

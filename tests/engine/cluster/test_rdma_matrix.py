@@ -1,0 +1,131 @@
+"""RDMA state and the jaccl device matrix from recorded macOS output
+(tests/fixtures/macos/, see its README)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.cluster.rdma import (ENABLE_HELP, RdmaReport, device_matrix, link_type,
+                                 needed_pairs, pair_link_types, parse_ibv_devices,
+                                 parse_rdma_ctl, rdma_report)
+from engine.cluster.thunderbolt import ProbeParseError, cable_graph, thunderbolt_report
+
+MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
+
+
+def load(scenario: str):
+    tb, rdma = {}, {}
+    for d in sorted((MAC / scenario).iterdir()):
+        tb[d.name] = thunderbolt_report(
+            (d / "system_profiler_SPThunderboltDataType.json").read_text(),
+            (d / "networksetup_listallhardwareports.txt").read_text())
+        rdma[d.name] = rdma_report((d / "rdma_ctl_status.txt").read_text(),
+                                   (d / "ibv_devices.txt").read_text())
+    return cable_graph(tb), rdma
+
+
+def test_rdma_ctl_and_ibv_devices():
+    assert parse_rdma_ctl("enabled\n") is True
+    assert parse_rdma_ctl("disabled\n") is False
+    assert parse_ibv_devices((MAC / "mesh3/studio-a/ibv_devices.txt").read_text()) == (
+        "rdma_en2", "rdma_en3", "rdma_en4", "rdma_en6", "rdma_en7")
+    assert parse_ibv_devices((MAC / "pair/macbook/ibv_devices.txt").read_text()) == ()
+    assert parse_ibv_devices((MAC / "malformed/ibv_devices_none.txt").read_text()) == ()
+
+
+def test_unknown_rdma_ctl_output_is_unavailable_not_a_crash():
+    text = (MAC / "malformed/rdma_ctl_unknown.txt").read_text()
+    for bad in (text, "", "RDMA is not enabled", "enabled? disabled?"):
+        with pytest.raises(ProbeParseError):
+            parse_rdma_ctl(bad)
+    r = rdma_report(text, None)
+    assert r.enabled is None and "rdma_ctl status printed" in (r.unavailable or "")
+    assert r.explanation == r.unavailable
+
+
+def test_disabled_rdma_explains_how_to_enable_it():
+    r = rdma_report((MAC / "pair/macbook/rdma_ctl_status.txt").read_text(),
+                    (MAC / "pair/macbook/ibv_devices.txt").read_text())
+    assert r == RdmaReport(False)
+    assert r.explanation == ENABLE_HELP
+    for step in ("Recovery", "Terminal", "`rdma_ctl enable`", "restart"):
+        assert step in ENABLE_HELP
+    missing = rdma_report(None, None, status_reason="unavailable: `rdma_ctl` is not installed")
+    assert missing.enabled is None and "not installed" in (missing.explanation or "")
+
+
+def test_full_mesh_gives_the_matrix():
+    cables, rdma = load("mesh3")
+    m = device_matrix(["studio-a", "studio-b", "studio-c"], cables, rdma)
+    assert m.ok and m.problems == ()
+    assert m.to_json() == [[None, "rdma_en2", "rdma_en3"],
+                           ["rdma_en2", None, "rdma_en3"],
+                           ["rdma_en2", "rdma_en3", None]]
+    json.dumps(m.to_json())  # what MLX_IBV_DEVICES holds
+    # Rank order is the caller's: rows and columns follow it.
+    m2 = device_matrix(["studio-c", "studio-a"], cables, rdma)
+    assert m2.to_json() == [[None, "rdma_en2"], ["rdma_en3", None]]
+
+
+def test_chain_can_not_run_jaccl_and_names_every_missing_pair():
+    cables, rdma = load("chain4")
+    m = device_matrix(["studio-a", "studio-b", "studio-c", "studio-d"], cables, rdma,
+                      names={"studio-a": "Studio A"})
+    assert not m.ok and m.matrix is None
+    text = "\n".join(m.problems)
+    assert "no Thunderbolt cable between Studio A (rank 0) and studio-c (rank 2)" in text
+    assert "Studio A (rank 0) and studio-d (rank 3)" in text
+    assert "studio-b (rank 1) and studio-d (rank 3)" in text
+    # The C-D cable is on D's port 4 (en5), which has no RDMA device.
+    assert ("studio-d (rank 3): the cable to studio-c (rank 2) is on Thunderbolt port 4 "
+            "(en5, Up to 80 Gb/s), which has no RDMA device rdma_en5") in text
+    with pytest.raises(ValueError):
+        m.to_json()
+
+
+def test_ring_needs_neighbours_only_including_the_wraparound():
+    cables, rdma = load("chain4")
+    ring = device_matrix(["studio-a", "studio-b"], cables, rdma, ring=True)
+    assert ring.ok and ring.backend == "jaccl-ring"
+    assert ring.to_json() == [[None, "rdma_en2"], ["rdma_en2", None]]
+    three = device_matrix(["studio-a", "studio-b", "studio-c"], cables, rdma, ring=True)
+    assert three.problems == ("no Thunderbolt cable between studio-a (rank 0) and "
+                              "studio-c (rank 2)",)
+    assert needed_pairs(4, ring=True) == [(0, 1), (0, 3), (1, 2), (2, 3)]
+    assert needed_pairs(2, ring=True) == [(0, 1)]
+    assert len(needed_pairs(4, ring=False)) == 6
+
+
+def test_a_mac_with_rdma_disabled_blocks_jaccl_with_the_fix():
+    cables, rdma = load("pair")
+    m = device_matrix(["studio", "macbook"], cables, rdma)
+    assert m.problems == (f"macbook (rank 1): {ENABLE_HELP}",)
+    m = device_matrix(["studio", "ghost"], cables, rdma)
+    assert "ghost (rank 1): no RDMA report from this node" in m.problems
+    assert device_matrix(["studio"], cables, rdma).problems[0].startswith(
+        "jaccl needs at least two nodes")
+
+
+def test_link_types_per_pair():
+    cables, rdma = load("chain4")
+    assert pair_link_types("studio-a", "studio-b", cables, rdma) == ("thunderbolt-rdma",)
+    assert pair_link_types("studio-c", "studio-d", cables, rdma) == ("thunderbolt-ip",)
+    assert pair_link_types("studio-a", "studio-d", cables, rdma) == ()
+    assert pair_link_types("studio-a", "studio-a", cables, rdma) == ("loopback",)
+    cables, rdma = load("pair")
+    assert pair_link_types("studio", "macbook", cables, rdma) == ("thunderbolt-ip",)
+    assert [link_type(k) for k in ("ethernet", "wifi", "loopback", "thunderbolt-bridge",
+                                   "other")] == ["ethernet", "wifi", "loopback",
+                                                 "thunderbolt-ip", None]
+    assert link_type("thunderbolt", rdma=True) == "thunderbolt-rdma"
+
+
+def test_rdma_report_round_trips_and_tolerates_garbage():
+    r = RdmaReport(True, ("rdma_en2",))
+    assert RdmaReport.from_dict(r.to_dict()) == r
+    assert RdmaReport.from_dict({**r.to_dict(), "future": 1}) == r
+    assert RdmaReport.from_dict(None).enabled is None
+    assert RdmaReport.from_dict({"enabled": "yes"}).enabled is None
