@@ -13,6 +13,11 @@ class PlacementError(ValueError):
     """The placement can't run; the message says exactly why."""
 
 
+class NotEnoughMemory(PlacementError):
+    """A node would need more memory than it may use (the message has the numbers);
+    force=True runs it anyway, with a warning."""
+
+
 @dataclass(frozen=True)
 class ModelShape:
     layers: int

@@ -1,0 +1,118 @@
+"""The performance model: seconds per decoded token and per prompt, from bytes, FLOPs,
+latencies and bandwidths. Every term is monotone: more bandwidth or compute never makes a
+prediction slower, more latency never makes it faster.
+
+Decode reads every active weight once per token (routed experts only, for mixture-of-
+experts) plus the KV cache so far, so a rank takes max(bytes / bandwidth, FLOPs / compute)
+plus a fixed cost per layer. A pipeline runs its stages one after another for a single
+sequence, so their times add, plus one hop per stage boundary and the hop that brings the
+token back to rank 0. Tensor parallel ranks run together (the slowest counts) and
+all-reduce the hidden state twice per layer. Prefill is the same sum over the prompt's
+chunks, where every stored weight is read once per chunk and compute usually dominates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
+from engine.placement.tables import DEFAULT, Assumptions, kv_tokens, table
+
+
+@dataclass(frozen=True)
+class Stage:
+    node: NodeSpec
+    layers: tuple[int, int]
+    last: bool  # holds the output head
+
+
+@dataclass(frozen=True)
+class Prediction:
+    decode_tps: float  # one sequence, right after a prompt of Assumptions.prefill_tokens
+    decode_tps_full: float  # one sequence, with the whole context in the cache
+    prefill_tps: float  # a prompt of Assumptions.prefill_tokens tokens
+
+
+def hop_s(link: LinkSpec, nbytes: float) -> float:
+    return link.latency_s + nbytes / link.bandwidth_Bps
+
+
+def allreduce_s(nbytes: float, ring: Sequence[LinkSpec]) -> float:
+    """Ring all-reduce over len(ring) ranks: 2(n-1) steps of bytes/n, each paced by the
+    slowest link (reduce-scatter, then all-gather)."""
+    n = len(ring)
+    if n < 2:
+        return 0.0
+    lat = max(link.latency_s for link in ring)
+    bw = min(link.bandwidth_Bps for link in ring)
+    return 2 * (n - 1) * (lat + nbytes / n / bw)
+
+
+class _Rates:
+    """Per-layer sums for one model at one cached position, looked up once per step."""
+
+    def __init__(self, model: ModelSpec, position: int):
+        self.model, self.t = model, table(model)
+        self.kv = kv_tokens(model, position) if position else None
+
+
+def _rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bool, tokens: int,
+            shards: int, a: Assumptions) -> float:
+    """One rank's time for `tokens` new tokens over the cached ones."""
+    s, e = layers
+    model, t = r.model, r.t
+    active = (t.active[e] - t.active[s]) / shards
+    cached = r.kv[e] - r.kv[s] if r.kv else 0
+    kv = cached * model.kv_per_token * model.kv_bytes / (shards if model.kv_sharded else 1)
+    head_params = model.head_params if head and tokens == 1 else 0
+    if tokens == 1:  # decode: the routed experts only, and the head for the one token
+        nbytes = (active + head_params) * model.bytes_per_param + kv
+    else:  # a prefill chunk touches nearly every expert; only its last token needs the head
+        nbytes = (t.weights[e] - t.weights[s]) / shards * model.bytes_per_param + kv
+    flops = 2 * tokens * (active + head_params)
+    flops += 2 * tokens * model.heads / shards * model.score_per_head * cached
+    moe = t.moe[e] - t.moe[s]
+    fixed = moe * a.moe_layer_overhead_s + (e - s - moe) * a.layer_overhead_s
+    return max(nbytes / (node.memory_bandwidth_Bps * a.bandwidth_efficiency),
+               flops / (node.compute_flops * a.compute_efficiency)) + fixed
+
+
+def pipeline_step_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
+                    tokens: int, position: int, a: Assumptions = DEFAULT) -> float:
+    """Stages one after another, `ring[i]` joining stage i to i+1 (the last one brings
+    the token back to rank 0)."""
+    r = _Rates(model, position)
+    total = sum(_rank_s(r, st.node, st.layers, st.last, tokens, 1, a) for st in stages)
+    if len(stages) > 1:
+        act = tokens * model.hidden * a.act_bytes
+        total += sum(hop_s(link, act) for link in ring[:len(stages) - 1])
+        total += hop_s(ring[len(stages) - 1], 4)  # the sampled token id
+    return total
+
+
+def tensor_step_s(model: ModelSpec, nodes: Sequence[NodeSpec], ring: Sequence[LinkSpec],
+                  tokens: int, position: int, a: Assumptions = DEFAULT) -> float:
+    """All ranks together on 1/n of every layer; two all-reduces per layer."""
+    n, r = len(nodes), _Rates(model, position)
+    compute = max(_rank_s(r, nd, (0, model.layers), True, tokens, n, a) for nd in nodes)
+    comms = 2 * model.layers * allreduce_s(tokens * model.hidden * a.act_bytes, ring)
+    return compute + comms
+
+
+def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
+            ring: Sequence[LinkSpec], context: int, a: Assumptions = DEFAULT) -> Prediction:
+    """Decode and prefill tokens/s for a pipeline (or single node) or tensor placement."""
+    def step(tokens: int, position: int) -> float:
+        if strategy == "tensor":
+            return tensor_step_s(model, [s.node for s in stages], ring, tokens, position, a)
+        return pipeline_step_s(model, stages, ring, tokens, position, a)
+
+    prompt = min(a.prefill_tokens, context)
+    chunk = min(a.prefill_chunk, prompt)
+    chunks = math.ceil(prompt / chunk)
+    # each chunk attends to what came before it: on average half the prompt
+    prefill = chunks * step(chunk, prompt // 2)
+    return Prediction(decode_tps=1 / step(1, prompt), decode_tps_full=1 / step(1, context),
+                      prefill_tps=prompt / prefill)

@@ -1,0 +1,23 @@
+"""Reads the machine, link and model profiles shipped in resources/profiles/. Kept out of
+engine/placement, which does no I/O; this module only reads two JSON files."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+PROFILES = Path(__file__).resolve().parent.parent / "resources" / "profiles"
+
+
+@lru_cache(maxsize=None)
+def machines() -> dict[str, Any]:
+    """{"machines": {name: profile}, "links": {preset: link}, "wired_fraction": ...}."""
+    return json.loads((PROFILES / "machines.json").read_text())
+
+
+@lru_cache(maxsize=None)
+def models() -> dict[str, Any]:
+    """{"models": {name: {"config", "card", "source", ...}}}."""
+    return json.loads((PROFILES / "models.json").read_text())

@@ -1,0 +1,92 @@
+"""Model shapes from config.json files and the shipped profiles: parameter counts that
+match the model cards, weight formats, and the KV cache of each attention kind."""
+
+from __future__ import annotations
+
+import pytest
+from placement_support import LLAMA_CONFIG
+
+from engine import placement_profiles
+from engine.placement.model import ModelSpec, quantized_bytes_per_param
+from engine.placement.profiles import profile_model
+from engine.placement.tables import kv_tokens
+from engine.placement.validate import PlacementError
+
+PROFILES = placement_profiles.models()["models"]
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_profiles_derive_the_parameter_counts_their_model_cards_state(name):
+    prof = PROFILES[name]
+    assert prof["source"].startswith("https://huggingface.co/") and prof["card"]["source"]
+    m = profile_model(prof, name, prof["default_quant"])
+    assert m.total_params == pytest.approx(prof["card"]["total_params"], rel=0.03)
+    if "active_params" in prof["card"]:  # cards count the embedding table too
+        assert m.active_params == pytest.approx(prof["card"]["active_params"], rel=0.10)
+    layers = sum(m.layer_params(i) for i in range(m.layers))
+    assert layers + m.edge_params == pytest.approx(m.total_params)
+
+
+def test_every_machine_figure_names_its_source():
+    doc = placement_profiles.machines()
+    for name, m in doc["machines"].items():
+        assert m["memory_gb"] and m["memory_bandwidth_gbs"] > 0 and m["fp16_tflops"] > 0
+        assert all(m["sources"].values()), name
+    assert doc["machines"]["mac-studio-m3-ultra"]["memory_bandwidth_gbs"] == 819
+    assert 512 in doc["machines"]["mac-studio-m3-ultra"]["memory_gb"]
+    assert all(link["source"] for link in doc["links"].values())
+    assert doc["links"]["thunderbolt5"]["bandwidth_gbit"] == 80
+
+
+@pytest.mark.parametrize("quant, dtype, expected", [
+    ({"bits": 4, "group_size": 64}, "bfloat16", 0.5 + 4 / 64),
+    ({"bits": 8, "group_size": 32}, "bfloat16", 1 + 4 / 32),
+    ({"bits": 4, "group_size": 32, "mode": "mxfp4"}, "bfloat16", 0.5 + 1 / 32),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "bfloat16", 1.0),
+    (None, "bfloat16", 2.0),
+    (None, "float32", 4.0),
+])
+def test_bytes_per_parameter_include_the_quantization_scales(quant, dtype, expected):
+    assert quantized_bytes_per_param(quant, dtype) == pytest.approx(expected)
+
+
+def test_a_quantized_config_sets_the_weight_size():
+    m = ModelSpec.from_config({**LLAMA_CONFIG, "quantization": {"bits": 4, "group_size": 64}})
+    assert m.bytes_per_param == pytest.approx(0.5625)
+    assert m.total_params * m.bytes_per_param / 1e9 == pytest.approx(39.7, abs=0.1)
+    with pytest.raises(PlacementError, match="bits and group_size must be positive"):
+        quantized_bytes_per_param({"bits": "four", "group_size": 64})
+
+
+def test_latent_attention_caches_the_latent_once_for_all_heads():
+    ds = profile_model(PROFILES["DeepSeek-V3.1"], "DeepSeek-V3.1", "4bit")
+    assert ds.kv_per_token == 512 + 64 and not ds.kv_sharded
+    assert ds.dense_layers == 3 and ds.is_moe(3) and not ds.is_moe(2)
+    kimi = profile_model(PROFILES["Kimi-K2"], "Kimi-K2", "4bit")
+    assert kimi.shardable  # mlx-lm runs kimi_k2 as deepseek_v3, which has shard()
+
+
+def test_sliding_window_layers_cache_only_their_window():
+    oss = profile_model(PROFILES["gpt-oss-120b"], "gpt-oss-120b", "mxfp4")
+    cached = kv_tokens(oss, 131072)[-1]
+    assert cached == 18 * 131072 + 18 * 128
+
+
+def test_a_model_by_numbers_spreads_its_stated_parameters_over_its_layers():
+    m = ModelSpec(name="x", layers=61, hidden=7168, heads=128, kv_heads=128, head_dim=128,
+                  intermediate=0, vocab=129280, experts=256, active_experts=8,
+                  bytes_per_param=0.5625, total_params=671_000_000_000,
+                  active_params=37_000_000_000)
+    assert sum(m.layer_params(i) for i in range(61)) + m.edge_params == pytest.approx(671e9)
+    assert sum(m.layer_active_params(i) for i in range(61)) + m.head_params == \
+        pytest.approx(37e9)
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"num_attention_heads": 8, "num_hidden_layers": 2, "vocab_size": 10},
+     "config.json has no hidden_size"),
+    ({**LLAMA_CONFIG, "num_hidden_layers": 0}, "layers must be a positive whole number"),
+])
+def test_configs_missing_a_field_are_refused_by_name(config, reason):
+    with pytest.raises(PlacementError, match=reason):
+        ModelSpec.from_config(config)
