@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from engine.errors import ShoalError
 from engine.paths import default_home, ensure, logs_dir, models_dir
@@ -25,13 +26,15 @@ def _setup_logging(home: Path | None, name: str, verbose: bool) -> None:
 
 
 def _cmd_node(a: argparse.Namespace) -> int:
-    from engine.node.main import run_node
+    from engine.node.main import NodeConfig, run_node
     home = Path(a.home).expanduser() if a.home else default_home()
     _setup_logging(home, "node", a.verbose)
-    asyncio.run(run_node(a.host, a.port, home, a.model,
-                         a.api_key or os.environ.get("SHOAL_API_KEY"), a.peer,
-                         a.secret or os.environ.get("SHOAL_SECRET"),
-                         a.mdns == "on", a.mdns_interface))
+    asyncio.run(run_node(NodeConfig(
+        host=a.host, port=a.port, home=home, model=a.model,
+        api_key=a.api_key or os.environ.get("SHOAL_API_KEY"), peers=a.peer,
+        secret=a.secret or os.environ.get("SHOAL_SECRET"), cluster_host=a.cluster_host,
+        cluster_port=a.cluster_port, mdns=a.mdns == "on",
+        mdns_interfaces=a.mdns_interface)))
     return 0
 
 
@@ -77,6 +80,16 @@ def _cmd_secret(a: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_inputs(url: str) -> "Callable[[str], tuple]":
+    """What `shoal plan` needs from the running cluster, asked of the local node."""
+    def fetch(model: str) -> tuple:
+        from engine.client import NodeClient
+        with NodeClient(url) as c:
+            src = c._call("GET", "/shoal/plan/inputs", params={"model": model})
+        return src["nodes"], src["links"], src["config"]
+    return fetch
+
+
 def _cmd_chat(a: argparse.Namespace) -> int:
     from engine.client import NodeClient
     with NodeClient(a.url) as c:
@@ -112,6 +125,11 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--model", help="model to load at start ('none' to load nothing; "
                    "default: the bundled SmolLM2, imported on first run)")
     n.add_argument("--api-key", help="require this key (needed off loopback)")
+    n.add_argument("--cluster-host", default=os.environ.get("SHOAL_CLUSTER_HOST", "0.0.0.0"),
+                   help="where other nodes reach this one (only signed requests are served "
+                   "there; default all interfaces)")
+    n.add_argument("--cluster-port", type=int, default=0,
+                   help="port for other nodes (default: --port + 1)")
     n.add_argument("--secret", help="the cluster secret to join (stored; default: the "
                    "stored one, or a new cluster)")
     n.add_argument("--mdns", choices=["on", "off"], default=os.environ.get("SHOAL_MDNS", "on"),
@@ -137,6 +155,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("value", nargs="?")
     s.add_argument("--home", default=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_secret)
+
+    from engine.placement_cli import add_plan_parser, cmd_plan
+    pl = add_plan_parser(sub)
+    pl.set_defaults(func=lambda a: cmd_plan(a, cluster=_plan_inputs(a.url)))
 
     c = sub.add_parser("chat", help="ask a running node")
     c.add_argument("prompt")

@@ -12,6 +12,7 @@ import pytest
 # Test nodes never multicast on the machine's real network; mDNS tests opt in, inside
 # network namespaces of their own.
 os.environ["SHOAL_MDNS"] = "off"
+os.environ["SHOAL_CLUSTER_HOST"] = "127.0.0.1"  # and open no port beyond loopback
 sys.path.insert(0, str(Path(__file__).parent))
 from nodes import NodeProcess, home_with  # noqa: E402
 from tiny import make_tiny_model  # noqa: E402

@@ -25,10 +25,13 @@ def free_port() -> int:
 class NodeProcess:
     """`shoal node` in its own process group, so stopping it reaps its workers too."""
 
-    def __init__(self, home: Path, model: str = "none", *extra: str, port: int | None = None):
+    def __init__(self, home: Path, model: str = "none", *extra: str, port: int | None = None,
+                 cluster_port: int | None = None):
         self.home = home
         self.port = port or free_port()
+        self.cluster_port = cluster_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.cluster_url = f"http://127.0.0.1:{self.cluster_port}"  # where peers reach it
         self.log = home / "node-test.log"
         home.mkdir(parents=True, exist_ok=True)
         self._logf = self.log.open("ab")
@@ -36,7 +39,8 @@ class NodeProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHOAL_KEYRING": "0"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.cli", "node", "--host", "127.0.0.1",
-             "--port", str(self.port), "--home", str(home), "--model", model, *extra],
+             "--port", str(self.port), "--home", str(home), "--model", model,
+             "--cluster-host", "127.0.0.1", "--cluster-port", str(self.cluster_port), *extra],
             cwd=ROOT, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
             start_new_session=True)
         from engine.client import NodeClient
@@ -114,15 +118,15 @@ def start_cluster(root: Path, model_dir: Path, n: int,
     """n nodes on loopback, each told about the others with --peer, each holding the model;
     returns once every node sees every other as reachable."""
     from tests_support import wait_until
-    ports = [free_port() for _ in range(n)]
+    cports = [free_port() for _ in range(n)]  # peers meet on their cluster ports
     nodes = []
     try:
         for i in range(n):
-            peers = [a for j, p in enumerate(ports) if j != i
+            peers = [a for j, p in enumerate(cports) if j != i
                      for a in ("--peer", f"127.0.0.1:{p}")]
             home = home_with(root / f"node{i}", model_dir)
             nodes.append(NodeProcess(home, "none", *peers, "--secret", secret,
-                                     port=ports[i]))
+                                     cluster_port=cports[i]))
         for nd in nodes:
             nd.wait_healthy()
         for nd in nodes:

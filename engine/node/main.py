@@ -1,4 +1,10 @@
-"""`shoal node`: run a headless node until SIGTERM/SIGINT or a local shutdown request."""
+"""`shoal node`: run a headless node until SIGTERM/SIGINT or a local shutdown request.
+
+A node listens twice: the user API (OpenAI routes, the GUI's control) on --host:--port,
+127.0.0.1 by default; and the cluster port (--cluster-host:--cluster-port) where only
+requests signed with the cluster secret are served, so other nodes can reach it without
+the user API being exposed.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,19 @@ import asyncio
 import ipaddress
 import logging
 import signal
+import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
-from engine.errors import ShoalError
+from engine import __version__
 from engine.cluster.auth import Verifier
+from engine.cluster.discovery import Discovery
 from engine.cluster.secret import SecretStore
+from engine.errors import ShoalError
 from engine.node.cluster import Cluster
 from engine.node.facts import NodeFacts
-from engine import __version__
-from engine.cluster.discovery import Discovery
 from engine.node.identity import load_identity, regenerate_identity
 from engine.node.peers import Peers
 from engine.node.server import build_app
@@ -24,6 +32,21 @@ from engine.node.service import Node
 from engine.paths import ensure, logs_dir, models_dir
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8421
+    home: Path = Path(".")
+    model: str | None = None
+    api_key: str | None = None
+    peers: list[str] = field(default_factory=list)
+    secret: str | None = None
+    cluster_host: str = "0.0.0.0"
+    cluster_port: int = 0  # 0: port + 1
+    mdns: bool = True
+    mdns_interfaces: list[str] = field(default_factory=list)
 
 
 def _is_loopback(host: str) -> bool:
@@ -36,82 +59,84 @@ def _is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, api_key: str | None) -> None:
-    """The API is reachable from the network only with a key."""
+    """The user API is reachable from the network only with a key."""
     if not _is_loopback(host) and not api_key:
         raise ShoalError(f"Serving on {host} exposes the API to the network: give an API "
                          "key with --api-key (or SHOAL_API_KEY), or use --host 127.0.0.1.")
 
 
-async def run_node(host: str, port: int, home: Path, model: str | None,
-                   api_key: str | None = None, peers: list[str] | None = None,
-                   secret: str | None = None, mdns: bool = True,
-                   mdns_interfaces: list[str] | None = None) -> None:
-    check_bind(host, api_key)
-    ensure(home)
+async def _listen(runner: web.AppRunner, host: str, port: int, what: str) -> None:
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        raise ShoalError(f"Can't listen on {host}:{port} for the {what} ({e.strerror or e}). "
+                         "Another program (maybe another Shoal node) uses that port: stop "
+                         "it, or start this node with a free --port/--cluster-port.") from None
+
+
+async def run_node(cfg: NodeConfig) -> None:
+    check_bind(cfg.host, cfg.api_key)
+    cport = cfg.cluster_port or _default_cluster_port(cfg.cluster_host, cfg.port + 1)
+    home = ensure(cfg.home)
     ensure(logs_dir(home))
     mdir = ensure(models_dir(home))
-    if model in (None, "default"):
+    if cfg.model in (None, "default"):
         default = await asyncio.to_thread(_default_model, mdir)
     else:
-        default = None if model == "none" else model
-    node = Node(home, mdir, default_model=default, port=port)
+        default = None if cfg.model == "none" else cfg.model
+    node = Node(home, mdir, default_model=default, port=cport)
     ident = load_identity(home)
     store = SecretStore(home)
-    cluster_secret = await asyncio.to_thread(store.ensure, secret)
+    secret = await asyncio.to_thread(store.ensure, cfg.secret)
     log.info("cluster secret kept in %s", store.where)
-    peer_set = Peers(home, peers or [], cluster_secret, ident.id)
-    me = _advertised(host)
-    peer_set.self_url = f"http://{me}:{port}"
-    cluster = Cluster(node, ident.id, ident.name, peer_set, me)
-
-    def same_id(other_url: str) -> None:
-        nonlocal ident
-        # Both sides notice; only the one with the larger address changes, so exactly
-        # one of them does.
-        if peer_set.self_url > other_url:
-            ident = regenerate_identity(home, ident)
-            cluster.id = peer_set.node_id = ident.id
-            if discovery is not None:
-                discovery.close()
-                start_discovery()
-    peer_set.on_same_id = same_id
+    me = _advertised(cfg.cluster_host, cfg.mdns_interfaces)
+    peers = Peers(home, cfg.peers, secret, ident.id)
+    peers.self_url = f"http://{me}:{cport}"
+    cluster = Cluster(node, ident.id, ident.name, peers, me)
     discovery: Discovery | None = None
 
     def start_discovery() -> None:
         nonlocal discovery
-        discovery = Discovery(ident.id, ident.name, me, port, __version__,
-                              lambda url, fields: peer_set.add_discovered(url),
-                              mdns_interfaces or None)
+        discovery = Discovery(ident.id, ident.name, me, cport, __version__,
+                              lambda url, fields: peers.add_discovered(url, fields["id"]),
+                              cfg.mdns_interfaces or None)
         try:
             discovery.start()
         except OSError as e:
             log.warning("mDNS discovery is off: %s. Add peers with --peer.", e)
             discovery = None
-    app = build_app(node, api_key, cluster, Verifier(cluster_secret))
+
+    def same_id(other_url: str) -> None:
+        nonlocal ident
+        # Both sides notice; only the one with the larger address changes.
+        if peers.self_url > other_url:
+            ident = regenerate_identity(home, ident)
+            cluster.id = peers.node_id = ident.id
+            if discovery is not None:
+                discovery.close()
+                start_discovery()
+    peers.on_same_id = same_id
+
+    app = build_app(node, cfg.api_key, cluster, Verifier(secret), cluster_port=cport)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as e:
-        await runner.cleanup()
-        raise ShoalError(f"Can't listen on {host}:{port} ({e.strerror or e}). Another program "
-                         "(maybe another Shoal node) uses that port: stop it, or start this "
-                         "node with --port and a free port.") from None
-    await peer_set.start()
     facts = NodeFacts()
-    cluster.facts = facts
-    await facts.start()
-    if mdns:
-        await asyncio.to_thread(start_discovery)
-    log.info("node serving http://%s:%d/v1 (home %s)", host, port, home)
-    stop: asyncio.Event = app["stop"]
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if default:
-        node.load_in_background(default)
     try:
+        await _listen(runner, cfg.host, cfg.port, "API")
+        await _listen(runner, cfg.cluster_host, cport, "cluster port")
+        await peers.start()
+        cluster.facts = facts
+        await facts.start()
+        if cfg.mdns:
+            await asyncio.to_thread(start_discovery)
+        log.info("node serving http://%s:%d/v1, cluster port %s:%d (home %s)", cfg.host,
+                 cfg.port, cfg.cluster_host, cport, home)
+        stop: asyncio.Event = app["stop"]
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if default:
+            node.load_in_background(default)
         await stop.wait()
     finally:
         log.info("node stopping")
@@ -120,19 +145,37 @@ async def run_node(host: str, port: int, home: Path, model: str | None,
         await cluster.close()
         await facts.close()
         await node.close()
-        await peer_set.close()
+        await peers.close()
         await runner.cleanup()
 
 
-def _advertised(host: str) -> str:
-    """The address other nodes reach this one at (for MLX's ring and the doorbells)."""
-    if host in ("0.0.0.0", "::", ""):
-        import socket
+def _default_cluster_port(host: str, wanted: int) -> int:
+    """port + 1 when free; else any free port (announced over mDNS, shown in the status),
+    so a busy neighbour port doesn't stop a node that only runs on its own."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
         try:
-            return socket.gethostbyname(socket.gethostname())
+            s.bind((host, wanted))
+            return wanted
         except OSError:
-            return "127.0.0.1"
-    return "127.0.0.1" if host == "localhost" else host
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    log.warning("port %d is taken; other nodes reach this one on port %d", wanted, port)
+    return port
+
+
+def _advertised(host: str, interfaces: list[str]) -> str:
+    """The address other nodes reach this one at (for MLX's ring and the doorbells)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return "127.0.0.1" if host == "localhost" else host
+    if interfaces:
+        return interfaces[0]
+    try:  # the address of the interface that holds the default route
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET: nothing is sent by connect()
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
 
 
 def _default_model(mdir: Path) -> str | None:

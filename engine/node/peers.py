@@ -112,12 +112,16 @@ class Peers:
             self._save()
         return self._peers[url]
 
-    def add_discovered(self, url: str) -> None:
+    def add_discovered(self, url: str, node_id: str = "") -> None:
         """A node heard over mDNS; thread-safe (zeroconf calls from its own thread)."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._add_discovered, normalize(url))
+            self._loop.call_soon_threadsafe(self._add_discovered, normalize(url), node_id)
 
-    def _add_discovered(self, url: str) -> None:
+    def _add_discovered(self, url: str, node_id: str = "") -> None:
+        # A known node back at another address replaces its old entry (no ghost).
+        for old in [p for p in self._peers.values() if node_id and p.id == node_id
+                    and p.url != url and p.discovered]:
+            del self._peers[old.url]
         if url not in self._peers and url != self.self_url:
             log.info("discovered node %s", url)
             self._peers[url] = Peer(url, discovered=True)

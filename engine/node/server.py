@@ -49,14 +49,16 @@ def is_peer_route(path: str) -> bool:
     return path == "/shoal/node" or path.startswith("/shoal/peer/")
 
 
-def auth(api_key: str | None, verifier: Any = None) -> Any:
+def auth(api_key: str | None, verifier: Any = None, cluster_port: int = 0) -> Any:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path == "/health":
             return await handler(request)
         signed = "X-Shoal-Signature" in request.headers
-        if verifier is not None and (signed or is_peer_route(path)):
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
+        on_cluster_port = bool(cluster_port and sock and sock[1] == cluster_port)
+        if verifier is not None and (signed or is_peer_route(path) or on_cluster_port):
             # raises NotInCluster: unsigned, another secret, stale or replayed
             verifier.verify(request.method, request.path_qs, dict(request.headers),
                             await request.read())
@@ -81,7 +83,8 @@ async def health(request: web.Request) -> web.Response:
 @routes.get("/shoal/status")
 async def status(request: web.Request) -> web.Response:
     cluster = request.app.get("cluster")
-    extra = {"cluster": cluster.describe()} if cluster is not None else {}
+    extra = {"cluster": {**cluster.describe(), "url": cluster.peers.self_url}} \
+        if cluster is not None else {}
     return web.json_response({**_node(request).status(), **extra})
 
 
@@ -141,9 +144,9 @@ async def shutdown(request: web.Request) -> web.Response:
 
 
 def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
-              verifier: Any = None) -> web.Application:
+              verifier: Any = None, cluster_port: int = 0) -> web.Application:
     from engine.node.cluster_routes import routes as cluster_routes
-    app = web.Application(middlewares=[errors, auth(api_key, verifier)],
+    app = web.Application(middlewares=[errors, auth(api_key, verifier, cluster_port)],
                           client_max_size=64 * 2**20)
     app["node"] = node
     app["cluster"] = cluster
@@ -151,5 +154,7 @@ def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
     app.add_routes(routes)
     app.add_routes(openai_routes)
     if cluster is not None:
+        from engine.node.plan_routes import routes as plan_routes
         app.add_routes(cluster_routes)
+        app.add_routes(plan_routes)
     return app

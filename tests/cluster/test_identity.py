@@ -26,8 +26,8 @@ def test_a_copied_state_folder_is_detected(tmp_path):
     a.stop()
     shutil.copytree(tmp_path / "a", tmp_path / "b")  # the user copied the whole folder
     pa, pb = free_port(), free_port()
-    a = NodeProcess(tmp_path / "a", "none", "--peer", f"127.0.0.1:{pb}", port=pa)
-    b = NodeProcess(tmp_path / "b", "none", "--peer", f"127.0.0.1:{pa}", port=pb)
+    a = NodeProcess(tmp_path / "a", "none", "--peer", f"127.0.0.1:{pb}", cluster_port=pa)
+    b = NodeProcess(tmp_path / "b", "none", "--peer", f"127.0.0.1:{pa}", cluster_port=pb)
     try:
         a.wait_healthy(), b.wait_healthy()
         ids = lambda: (a.client.status()["cluster"]["id"], b.client.status()["cluster"]["id"])

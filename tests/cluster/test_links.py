@@ -68,11 +68,12 @@ def test_added_delay_shows_in_the_measured_latency(tmp_path):
             pytest.skip(f"this kernel has no netem qdisc: {r.stderr.strip()}")
         env = {**os.environ, "SHOAL_KEYRING": "0"}
         for i, prefix in ((1, []), (2, ["ip", "netns", "exec", ns])):
-            other = f"{net}.{3 - i}:8421"
+            other = f"{net}.{3 - i}:8422"
             procs.append(subprocess.Popen(
                 [*prefix, sys.executable, "-m", "engine.cli", "node", "--host", f"{net}.{i}",
                  "--port", "8421", "--home", str(tmp_path / f"h{i}"), "--model", "none",
-                 "--api-key", "k", "--secret", "s", "--peer", other],
+                 "--api-key", "k", "--secret", "s", "--peer", other,
+                 "--cluster-host", f"{net}.{i}"],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True))
 

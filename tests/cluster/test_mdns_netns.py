@@ -69,6 +69,7 @@ class NsNode:
     def __init__(self, ns: str, ip: str, home: Path):
         self.ns, self.ip, self.home = ns, ip, home
         self.url = f"http://{ip}:8421"
+        self.cluster_url = f"http://{ip}:8422"  # the peers' view of it
         self.start()
 
     def start(self) -> None:
@@ -78,7 +79,8 @@ class NsNode:
             ["ip", "netns", "exec", self.ns, sys.executable, "-m", "engine.cli", "node",
              "--host", self.ip, "--port", "8421", "--home", str(self.home), "--model", "none",
              "--secret", "lan-secret", "--mdns", "on", "--mdns-interface", self.ip,
-             "--api-key", "lan-key"],  # off loopback, the user API needs a key
+             "--api-key", "lan-key",  # off loopback, the user API needs a key
+             "--cluster-host", self.ip],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
 
@@ -112,13 +114,13 @@ def test_nodes_find_each_other_notice_a_leaver_and_see_it_rejoin(lan, tmp_path):
         old_id = leaver.node_id()
         leaver.kill()
         t0 = time.monotonic()
-        wait_until(lambda: not nodes[0].peers()[leaver.url]["reachable"], 10)
+        wait_until(lambda: not nodes[0].peers()[leaver.cluster_url]["reachable"], 10)
         assert time.monotonic() - t0 < 10
         leaver.start()  # same home: the same node comes back
         wait_until(lambda: _answers(leaver), 30)
-        wait_until(lambda: nodes[0].peers()[leaver.url]["trusted"], 15)
+        wait_until(lambda: nodes[0].peers()[leaver.cluster_url]["trusted"], 15)
         assert leaver.node_id() == old_id
-        assert nodes[0].peers()[leaver.url]["id"] == old_id
+        assert nodes[0].peers()[leaver.cluster_url]["id"] == old_id
         assert len(nodes[0].peers()) == 2  # no ghost beside the returning node
     finally:
         for n in nodes:

@@ -16,18 +16,18 @@ def test_nodes_with_another_secret_are_not_in_the_cluster(tmp_path, tiny_model_d
     a, b = start_cluster(tmp_path / "one", tiny_model_dir, 2, secret="secret-one")
     (stranger,) = start_cluster(tmp_path / "two", tiny_model_dir, 1, secret="secret-two")
     try:
-        httpx.post(a.url + "/shoal/peers", json={"address": f"127.0.0.1:{stranger.port}"},
+        httpx.post(a.url + "/shoal/peers", json={"address": f"127.0.0.1:{stranger.cluster_port}"},
                    timeout=10).raise_for_status()
 
         def view() -> dict:
             return {p["url"]: p for p in a.client._call("GET", "/shoal/peers")}
-        wait_until(lambda: view()[stranger.url]["error"] is not None, 10)
+        wait_until(lambda: view()[stranger.cluster_url]["error"] is not None, 10)
         peers = view()
-        assert peers[b.url]["trusted"] is True
-        assert peers[stranger.url]["trusted"] is False
-        assert "not in this cluster" in peers[stranger.url]["error"]
+        assert peers[b.cluster_url]["trusted"] is True
+        assert peers[stranger.cluster_url]["trusted"] is False
+        assert "not in this cluster" in peers[stranger.cluster_url]["error"]
         # It can't be placed, and it can't drive a's workers.
-        sid = f"127.0.0.1:{stranger.port}"  # its id is private to its own cluster
+        sid = f"127.0.0.1:{stranger.cluster_port}"  # its id is private to its own cluster
         r = httpx.post(a.url + "/shoal/instances", timeout=30, json={
             "model": "tiny-llama", "strategy": "pipeline",
             "nodes": [{"node": "self", "layers": [0, 2]}, {"node": sid, "layers": [2, 4]}]})
@@ -62,5 +62,8 @@ def test_control_requests_need_a_fresh_valid_signature(tmp_path, tiny_model_dir)
         assert post(tampered).status_code == 401  # signature covers the body
         # A peer route can't be read without the secret either (it lists models, instances).
         assert httpx.get(a.url + "/shoal/node", timeout=10).status_code == 401
+        # The cluster port serves nothing unsigned, not even the user API.
+        for route in ("/v1/models", "/shoal/status"):
+            assert httpx.get(a.cluster_url + route, timeout=10).status_code == 401
     finally:
         a.stop()

@@ -1,0 +1,44 @@
+"""Planning on a live two-node cluster: the API and `shoal plan` rank placements from what
+the nodes report, and a hand-made placement gets its prediction or the exact reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+
+from nodes import ROOT, start_cluster
+from tests_support import wait_until
+
+
+def test_plan_api_and_cli_on_a_live_cluster(tmp_path, tiny_model_dir):
+    a, b = start_cluster(tmp_path, tiny_model_dir, 2)
+    try:
+        wait_until(lambda: len(a.client._call("GET", "/shoal/topology")["links"]) >= 2, 20)
+        r = httpx.post(a.url + "/shoal/plan", json={"model": "tiny-llama", "context": 1024},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+        rep = r.json()
+        assert rep["placements"], rep
+        best = rep["placements"][0]
+        assert best["decode_tps"] > 0 if "decode_tps" in best else best
+        # A hand-made pipeline split over both nodes: a prediction for it.
+        ids = [a.client.status()["cluster"]["id"], b.client.status()["cluster"]["id"]]
+        one = httpx.post(a.url + "/shoal/plan", timeout=30, json={
+            "model": "tiny-llama", "context": 1024, "strategy": "pipeline",
+            "nodes": [{"node": ids[0], "layers": [0, 3]}, {"node": ids[1], "layers": [3, 4]}]})
+        assert one.status_code == 200, one.text
+        assert len(one.json()["placements"]) == 1
+        bad = httpx.post(a.url + "/shoal/plan", timeout=30, json={
+            "model": "tiny-llama", "strategy": "pipeline",
+            "nodes": [{"node": ids[0], "layers": [0, 3]}, {"node": ids[1], "layers": [2, 4]}]})
+        assert bad.status_code == 400 and "overlap" in bad.text
+        cli = subprocess.run([sys.executable, "-m", "app.cli", "plan", "tiny-llama",
+                              "--url", a.url, "--context", "1024"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert "pipeline" in cli.stdout or "tensor" in cli.stdout
+    finally:
+        a.stop()
+        b.stop()
