@@ -13,6 +13,7 @@ import pytest
 # network namespaces of their own.
 os.environ["SHOAL_MDNS"] = "off"
 os.environ["SHOAL_CLUSTER_HOST"] = "127.0.0.1"  # and open no port beyond loopback
+os.environ["SHOAL_CALIBRATE"] = "0"  # a second of full CPU per node start; tests opt in
 sys.path.insert(0, str(Path(__file__).parent))
 from nodes import NodeProcess, home_with  # noqa: E402
 from tiny import make_tiny_model  # noqa: E402

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +17,9 @@ PLATFORM_EVERY_S = 60.0  # cables get plugged and pulled
 
 
 class NodeFacts:
-    def __init__(self) -> None:
+    def __init__(self, home: Any = None) -> None:
+        self.home = home
+        self.calibration: dict[str, Any] | None = None
         self.machine: Any = None
         self.platform: Any = None
         self._sampler: Any = None
@@ -35,6 +38,11 @@ class NodeFacts:
             try:
                 if self.machine is None:
                     self.machine = await asyncio.to_thread(machine_info)
+                    if self.home is not None and os.environ.get("SHOAL_CALIBRATE") != "0":
+                        from engine.telemetry.calibrate import calibration
+                        key = f"{self.machine.chip}|{self.machine.mlx_version}"
+                        self.calibration = await asyncio.to_thread(calibration, self.home,
+                                                                   key)
                 else:
                     mem = await asyncio.to_thread(memory_info)
                     self.machine = replace(self.machine, memory=mem)
@@ -48,7 +56,10 @@ class NodeFacts:
 
     def describe(self) -> dict[str, Any]:
         power = self._sampler.latest().to_dict() if self._sampler else None
+        cal = self.calibration or {}
         return {"machine": self.machine.to_dict() if self.machine else None,
+                "speed": {k: cal[k] for k in ("memory_bandwidth_Bps", "compute_flops")
+                          if k in cal},
                 "platform": self.platform.to_dict() if self.platform else None,
                 "power": power}
 

@@ -120,7 +120,7 @@ async def run_node(cfg: NodeConfig) -> None:
     app = build_app(node, cfg.api_key, cluster, Verifier(secret), cluster_port=cport)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    facts = NodeFacts()
+    facts = NodeFacts(home)
     try:
         await _listen(runner, cfg.host, cfg.port, "API")
         await _listen(runner, cfg.cluster_host, cport, "cluster port")

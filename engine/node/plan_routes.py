@@ -22,7 +22,9 @@ def _node_info(info: dict[str, Any]) -> dict[str, Any]:
     return {"id": info.get("id"), "name": info.get("name"),
             "memory_usable_bytes": memory.get("available_bytes"),
             "memory_bytes": memory.get("total_bytes"), "chip": machine.get("chip"),
-            "models": info.get("models") or [], "rdma": bool(rdma)}
+            "models": info.get("models") or [], "rdma": bool(rdma),
+            # measured on the machine itself (engine/telemetry/calibrate.py), when known
+            **(info.get("speed") or {})}
 
 
 def plan_inputs(c: Cluster, model: str) -> dict[str, Any]:

@@ -12,10 +12,15 @@ from nodes import ROOT, start_cluster
 from tests_support import wait_until
 
 
-def test_plan_api_and_cli_on_a_live_cluster(tmp_path, tiny_model_dir):
+def test_plan_api_and_cli_on_a_live_cluster(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("SHOAL_CALIBRATE", "1")  # the planner uses each node's measured speed
     a, b = start_cluster(tmp_path, tiny_model_dir, 2)
     try:
-        wait_until(lambda: len(a.client._call("GET", "/shoal/topology")["links"]) >= 2, 20)
+        def topo() -> dict:
+            return a.client._call("GET", "/shoal/topology")
+        wait_until(lambda: len(topo()["links"]) >= 2 and
+                   all(n.get("speed") for n in topo()["nodes"]), 30)
+        assert all(n["speed"]["memory_bandwidth_Bps"] > 1e8 for n in topo()["nodes"])
         r = httpx.post(a.url + "/shoal/plan", json={"model": "tiny-llama", "context": 1024},
                        timeout=30)
         assert r.status_code == 200, r.text

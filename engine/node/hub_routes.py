@@ -1,0 +1,223 @@
+"""HTTP routes for models from the Hugging Face Hub: the catalog and search, background
+downloads (progress, cancel), removing a model, and the two peer routes that let a
+neighbour copy files from this node's Hugging Face cache instead of the internet.
+
+`setup_hub(app)` adds the routes and the download registry; it is idempotent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
+
+log = logging.getLogger(__name__)
+routes = web.RouteTableDef()
+_REGISTRIES: dict[int, "Downloads"] = {}  # when setup_hub was not called
+
+
+@dataclass
+class Download:
+    id: str
+    repo: str
+    revision: str
+    layers: tuple[int, int] | None
+    state: str = "running"  # running, done, failed, cancelled
+    progress: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    path: str | None = None
+    started: float = field(default_factory=time.time)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def public(self) -> dict[str, Any]:
+        return {"id": self.id, "repo": self.repo, "revision": self.revision,
+                "layers": list(self.layers) if self.layers else None, "state": self.state,
+                "progress": self.progress, "error": self.error, "path": self.path,
+                "started": self.started}
+
+
+class Downloads:
+    """This node's downloads. Each runs in a daemon thread, so a node that stops never
+    waits for one: its finished bytes stay in the cache and the next pull resumes."""
+
+    def __init__(self) -> None:
+        self.all: dict[str, Download] = {}
+
+    def start(self, request: web.Request, repo: str, revision: str,
+              layers: tuple[int, int] | None) -> tuple[Download, bool]:
+        for d in self.all.values():
+            if d.state == "running" and (d.repo, d.revision, d.layers) == (repo, revision,
+                                                                         layers):
+                return d, False
+        d = Download(uuid.uuid4().hex[:12], repo, revision, layers)
+        self.all[d.id] = d
+        node, cluster = request.app["node"], request.app.get("cluster")
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._run, args=(d, node, cluster, loop), daemon=True,
+                         name=f"pull-{repo}").start()
+        return d, True
+
+    def _run(self, d: Download, node: Any, cluster: Any,
+             loop: asyncio.AbstractEventLoop) -> None:
+        from engine.hub.download import pull
+        from engine.hub.neighbour import NeighbourSource
+        from engine.hub.token import TokenStore
+        try:
+            sources = [NeighbourSource(cluster.peers, loop)] if cluster is not None else []
+            path = pull(d.repo, d.revision, token=TokenStore(node.home).get(),
+                        progress_cb=lambda p: setattr(d, "progress", p.to_json()),
+                        cancel_event=d.cancel, layers=d.layers, sources=sources)
+            d.path, d.state = str(path), "done"
+        except Cancelled as e:
+            d.state, d.error = "cancelled", e.to_openai()["error"]
+        except ShoalError as e:
+            d.state, d.error = "failed", e.to_openai()["error"]
+        except Exception as e:  # a bug must still end the download visibly
+            log.exception("download of %s failed", d.repo)
+            d.state = "failed"
+            d.error = ShoalError(f"Internal error: {e}").to_openai()["error"]
+        log.info("download %s of %s: %s", d.id, d.repo, d.state)
+
+    def stop_all(self) -> None:
+        for d in self.all.values():
+            d.cancel.set()
+
+
+def setup_hub(app: web.Application) -> web.Application:
+    """Add the hub routes and the download registry to a node's app (before it starts)."""
+    if "hub_downloads" not in app:
+        app["hub_downloads"] = Downloads()
+        app.add_routes(routes)
+
+        async def stop(app: web.Application) -> None:
+            app["hub_downloads"].stop_all()
+        app.on_shutdown.append(stop)
+    return app
+
+
+def _downloads(request: web.Request) -> Downloads:
+    found = request.app.get("hub_downloads")
+    return found if found is not None else _REGISTRIES.setdefault(id(request.app),
+                                                                   Downloads())
+
+
+# --- peer routes (signed with the cluster secret by the auth middleware) ----------------
+@routes.get("/shoal/peer/files-index")
+async def files_index(request: web.Request) -> web.Response:
+    from engine.hub.local import default_hf_cache
+    from engine.hub.neighbour import cache_index
+    repo = request.query.get("repo") or None
+    if repo is not None and repo.count("/") != 1:
+        raise BadRequest("repo must be owner/name", param="repo")
+    return web.json_response(await asyncio.to_thread(cache_index, default_hf_cache(), repo))
+
+
+@routes.get("/shoal/peer/files/{owner}/{name}/{revision}/{path:.+}")
+async def peer_file(request: web.Request) -> web.StreamResponse:
+    from engine.hub.local import default_hf_cache
+    from engine.hub.neighbour import cached_file
+    m = request.match_info
+    repo = f"{m['owner']}/{m['name']}"
+    blob = await asyncio.to_thread(cached_file, default_hf_cache(), repo, m["revision"],
+                                   m["path"])
+    if blob is None:
+        raise ModelNotFound(f"This node has no {m['path']} of {repo}@{m['revision']}.")
+    # FileResponse answers Range requests (206) itself, with sendfile
+    return web.FileResponse(blob, headers={"X-Linked-Etag": blob.name,
+                                           "Cache-Control": "no-store"})
+
+
+# --- user routes ------------------------------------------------------------------------
+@routes.get("/shoal/hub/catalog")
+async def catalog(request: web.Request) -> web.Response:
+    """{"models": [...], "hub_error": null}: the curated catalog and the models on disk."""
+    from engine.hub.catalog import browse
+    node = request.app["node"]
+    return web.json_response(await asyncio.to_thread(
+        lambda: browse(node.models_dir, None, _cluster_memory(request))))
+
+
+@routes.get("/shoal/hub/search")
+async def search(request: web.Request) -> web.Response:
+    """The catalog, models on disk and the Hub's MLX models matching q."""
+    from engine.hub.catalog import browse
+    q = request.query.get("q", "").strip()
+    node, token = request.app["node"], await _token(request)
+    return web.json_response(await asyncio.to_thread(
+        lambda: browse(node.models_dir, q, _cluster_memory(request), True, token)))
+
+
+@routes.post("/shoal/hub/pull")
+async def start_pull(request: web.Request) -> web.Response:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("repo"), str):
+        raise BadRequest('Send {"repo": "owner/name", "revision": "main", '
+                         '"layers": [start, end]} (revision and layers optional).',
+                         param="repo")
+    revision = body.get("revision") or "main"
+    layers = body.get("layers")
+    if layers is not None:
+        if not (isinstance(layers, list) and len(layers) == 2 and
+                all(isinstance(v, int) for v in layers) and 0 <= layers[0] < layers[1]):
+            raise BadRequest("layers must be [start, end) with 0 <= start < end.",
+                             param="layers")
+        layers = (layers[0], layers[1])
+    if not isinstance(revision, str):
+        raise BadRequest("revision must be a string", param="revision")
+    d, new = _downloads(request).start(request, body["repo"].strip(), revision, layers)
+    return web.json_response(d.public(), status=202 if new else 200)
+
+
+@routes.get("/shoal/hub/downloads")
+async def list_downloads(request: web.Request) -> web.Response:
+    return web.json_response([d.public() for d in _downloads(request).all.values()])
+
+
+@routes.delete("/shoal/hub/downloads/{id}")
+async def cancel_download(request: web.Request) -> web.Response:
+    d = _downloads(request).all.get(request.match_info["id"])
+    if d is None:
+        raise BadRequest(f"There is no download {request.match_info['id']} on this node.")
+    d.cancel.set()
+    return web.json_response(d.public())
+
+
+@routes.delete("/shoal/models/{id:.+}")
+async def remove_model(request: web.Request) -> web.Response:
+    model_id = request.match_info["id"]
+    node = request.app["node"]
+    if getattr(node.runner, "model", None) == model_id:
+        raise Busy(f"{model_id} is loaded on this node: unload it first.")
+    if any(d.state == "running" and d.repo == model_id
+           for d in _downloads(request).all.values()):
+        raise Busy(f"{model_id} is downloading: cancel the download first.")
+    from engine.hub.catalog import remove_model as remove
+    freed = await asyncio.to_thread(remove, node.models_dir, model_id)
+    return web.json_response({"deleted": model_id, "freed_bytes": freed})
+
+
+async def _token(request: web.Request) -> str | None:
+    from engine.hub.token import TokenStore
+    return await asyncio.to_thread(TokenStore(request.app["node"].home).get)
+
+
+def _cluster_memory(request: web.Request) -> int | None:
+    """Memory the cluster's GPUs may use: this node's plus what trusted peers report."""
+    from engine.telemetry.memory import memory_info
+    total = memory_info().available_bytes
+    cluster = request.app.get("cluster")
+    for p in cluster.peers.all() if cluster is not None else []:
+        mem = (p.info.get("memory") or {}) if p.trusted else {}
+        if isinstance(mem.get("available_bytes"), int):
+            total = (total or 0) + mem["available_bytes"]
+    return total

@@ -1,0 +1,62 @@
+"""A short measurement of this machine as MLX sees it: memory bandwidth (streaming a large
+float32 matrix through a matrix-vector product, which is what decoding does) and compute
+(a large matmul). Run once in a worker-like subprocess (same BLAS preload) and cached."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_MEASURE = r"""
+import json, time
+import mlx.core as mx
+def best(f, n=5):
+    f(); ts = []
+    for _ in range(n):
+        t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
+    return min(ts)
+w = mx.random.normal((8192, 4096)); x = mx.random.normal((1, 4096)); mx.eval(w, x)
+gemv = best(lambda: mx.eval(x @ w.T))
+a = mx.random.normal((1024, 1024)); b = mx.random.normal((1024, 1024)); mx.eval(a, b)
+gemm = best(lambda: mx.eval(a @ b))
+print(json.dumps({"memory_bandwidth_Bps": w.nbytes / gemv,
+                  "compute_flops": 2 * 1024 ** 3 / gemm,
+                  "device": str(mx.default_device())}))
+"""
+
+
+def measure(env: dict[str, str] | None = None, timeout: float = 120.0) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", _MEASURE], env=env, capture_output=True,
+                         text=True, timeout=timeout, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def calibration(home: Path, key: str) -> dict[str, Any] | None:
+    """The cached measurement for `key` (machine + MLX version), measuring when missing.
+    None (logged) when it can't be measured."""
+    from engine.runtime.cpu import worker_env
+    path = home / "calibration.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            return cached
+    except (OSError, ValueError):
+        pass
+    t0 = time.perf_counter()
+    try:
+        result = {**measure(worker_env()), "key": key}
+    except (subprocess.SubprocessError, OSError, ValueError) as e:
+        log.warning("couldn't measure this machine's speed: %s", e)
+        return None
+    path.write_text(json.dumps(result))
+    log.info("measured %.1f GB/s memory bandwidth and %.0f GFLOP/s in %.1f s",
+             result["memory_bandwidth_Bps"] / 1e9, result["compute_flops"] / 1e9,
+             time.perf_counter() - t0)
+    return result
