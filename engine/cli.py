@@ -140,7 +140,7 @@ def parser() -> argparse.ArgumentParser:
                    help="another node to join (repeatable; remembered)")
     n.set_defaults(func=_cmd_node)
 
-    m = sub.add_parser("models", help="list or import models").add_subparsers(dest="mcmd")
+    m = sub.add_parser("models", help="list, import, search, pull, remove models").add_subparsers(dest="mcmd")
     ml = m.add_parser("list", help="models on this machine")
     ml.add_argument("--home", default=argparse.SUPPRESS)
     ml.set_defaults(func=_cmd_models_list)
@@ -149,6 +149,8 @@ def parser() -> argparse.ArgumentParser:
     mi.add_argument("--name", help="model id (default: from the file name)")
     mi.add_argument("--home", default=argparse.SUPPRESS)
     mi.set_defaults(func=_cmd_models_import)
+    from engine.hub.cli_models import add_models_parsers
+    add_models_parsers(m)
 
     s = sub.add_parser("secret", help="show, set or rotate the cluster secret")
     s.add_argument("action", choices=["show", "set", "rotate"], nargs="?", default="show")

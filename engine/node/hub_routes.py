@@ -2,7 +2,8 @@
 downloads (progress, cancel), removing a model, and the two peer routes that let a
 neighbour copy files from this node's Hugging Face cache instead of the internet.
 
-`setup_hub(app)` adds the routes and the download registry; it is idempotent."""
+`setup_hub(app)` adds the routes (the peer ones only when the app has a cluster, whose
+verifier signs them) and the download registry; it is idempotent."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from aiohttp import web
 from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
 
 log = logging.getLogger(__name__)
-routes = web.RouteTableDef()
+routes = web.RouteTableDef()  # for the GUI and the CLI
+peer_routes = web.RouteTableDef()  # for other nodes: only with a cluster (signed requests)
+KEEP_FINISHED = 50
 _REGISTRIES: dict[int, "Downloads"] = {}  # when setup_hub was not called
 
 
@@ -57,6 +60,9 @@ class Downloads:
                                                                          layers):
                 return d, False
         d = Download(uuid.uuid4().hex[:12], repo, revision, layers)
+        finished = [k for k, v in self.all.items() if v.state != "running"]
+        for k in finished[:max(0, len(finished) - KEEP_FINISHED)]:
+            del self.all[k]
         self.all[d.id] = d
         node, cluster = request.app["node"], request.app.get("cluster")
         loop = asyncio.get_running_loop()
@@ -95,6 +101,8 @@ def setup_hub(app: web.Application) -> web.Application:
     if "hub_downloads" not in app:
         app["hub_downloads"] = Downloads()
         app.add_routes(routes)
+        if app.get("cluster") is not None:  # the auth middleware then checks signatures
+            app.add_routes(peer_routes)
 
         async def stop(app: web.Application) -> None:
             app["hub_downloads"].stop_all()
@@ -109,7 +117,7 @@ def _downloads(request: web.Request) -> Downloads:
 
 
 # --- peer routes (signed with the cluster secret by the auth middleware) ----------------
-@routes.get("/shoal/peer/files-index")
+@peer_routes.get("/shoal/peer/files-index")
 async def files_index(request: web.Request) -> web.Response:
     from engine.hub.local import default_hf_cache
     from engine.hub.neighbour import cache_index
@@ -119,7 +127,7 @@ async def files_index(request: web.Request) -> web.Response:
     return web.json_response(await asyncio.to_thread(cache_index, default_hf_cache(), repo))
 
 
-@routes.get("/shoal/peer/files/{owner}/{name}/{revision}/{path:.+}")
+@peer_routes.get("/shoal/peer/files/{owner}/{name}/{revision}/{path:.+}")
 async def peer_file(request: web.Request) -> web.StreamResponse:
     from engine.hub.local import default_hf_cache
     from engine.hub.neighbour import cached_file
@@ -137,21 +145,47 @@ async def peer_file(request: web.Request) -> web.StreamResponse:
 # --- user routes ------------------------------------------------------------------------
 @routes.get("/shoal/hub/catalog")
 async def catalog(request: web.Request) -> web.Response:
-    """{"models": [...], "hub_error": null}: the curated catalog and the models on disk."""
+    """{"models": [...], "hub_error": null}: the curated catalog and the models on disk
+    here and on the other nodes."""
     from engine.hub.catalog import browse
     node = request.app["node"]
-    return web.json_response(await asyncio.to_thread(
-        lambda: browse(node.models_dir, None, _cluster_memory(request))))
+    found = await asyncio.to_thread(
+        lambda: browse(node.models_dir, None, _cluster_memory(request)))
+    return web.json_response(await _with_peers(request, found))
 
 
 @routes.get("/shoal/hub/search")
 async def search(request: web.Request) -> web.Response:
-    """The catalog, models on disk and the Hub's MLX models matching q."""
+    """The catalog, models on disk (here and on peers) and the Hub's MLX models
+    matching q."""
     from engine.hub.catalog import browse
     q = request.query.get("q", "").strip()
     node, token = request.app["node"], await _token(request)
-    return web.json_response(await asyncio.to_thread(
-        lambda: browse(node.models_dir, q, _cluster_memory(request), True, token)))
+    found = await asyncio.to_thread(
+        lambda: browse(node.models_dir, q, _cluster_memory(request), True, token))
+    return web.json_response(await _with_peers(request, found))
+
+
+async def _with_peers(request: web.Request, found: dict[str, Any]) -> dict[str, Any]:
+    """Add {"source": "peer", "node", "files"} to each entry a trusted peer's Hugging Face
+    cache holds, so the browser shows where files can be copied from."""
+    cluster = request.app.get("cluster")
+    peers = [p for p in cluster.peers.all() if p.trusted] if cluster is not None else []
+
+    async def index(p: Any) -> list[dict[str, Any]]:
+        try:
+            got = await cluster.peers.call(p.url, "GET", "/shoal/peer/files-index", timeout=3)
+            return got if isinstance(got, list) else []
+        except ShoalError:
+            return []
+    held: dict[str, list[dict[str, Any]]] = {}
+    for p, entries in zip(peers, await asyncio.gather(*(index(p) for p in peers))):
+        for e in entries:
+            held.setdefault(e["repo"], []).append(
+                {"source": "peer", "node": p.name or p.url, "files": len(e["files"])})
+    for m in found["models"]:
+        m["local"] = m["local"] + held.get(m["id"], [])
+    return found
 
 
 @routes.post("/shoal/hub/pull")
@@ -217,7 +251,7 @@ def _cluster_memory(request: web.Request) -> int | None:
     total = memory_info().available_bytes
     cluster = request.app.get("cluster")
     for p in cluster.peers.all() if cluster is not None else []:
-        mem = (p.info.get("memory") or {}) if p.trusted else {}
+        mem = ((p.info.get("machine") or {}).get("memory") or {}) if p.trusted else {}
         if isinstance(mem.get("available_bytes"), int):
             total = (total or 0) + mem["available_bytes"]
     return total

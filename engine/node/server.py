@@ -157,4 +157,6 @@ def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
         from engine.node.plan_routes import routes as plan_routes
         app.add_routes(cluster_routes)
         app.add_routes(plan_routes)
+    from engine.node.hub_routes import setup_hub
+    setup_hub(app)
     return app

@@ -1,0 +1,609 @@
+"""Downloads from the Hugging Face Hub into the user's Hugging Face cache, laid out as
+huggingface_hub lays it out (blobs/<etag>, snapshots/<commit>/<path> symlinks, refs/), so
+mlx-lm, `hf download` and Shoal share one copy.
+
+huggingface_hub 2.x names each partial file per process and deletes it when a download
+fails, so a crash or a pulled cable restarts the file from zero. Shoal keeps one partial
+file per blob (blobs/<etag>.incomplete, huggingface_hub's older name) under the lock
+huggingface_hub itself takes, and resumes it with a Range request. Metadata, headers,
+redirects and errors are huggingface_hub's own. Every file is checked against the Hub's
+size and hash (the blob's name) before it appears in a snapshot.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+from urllib.parse import urlsplit
+
+from engine.errors import BadRequest, Cancelled, CorruptModel, ShoalError
+from engine.hub.errors import (GatedModel, HubOffline, HubUnreachable, InsufficientDisk,
+                               bad_repo_id, hub_error, not_mlx)
+from engine.hub.local import default_hf_cache
+from engine.hub.shards import SIDE_PATTERNS, files_for_layers
+
+log = logging.getLogger(__name__)
+DEFAULT_PATTERNS = ("model*.safetensors", *SIDE_PATTERNS)
+INDEX = "model.safetensors.index.json"
+RETRIES = 5  # attempts in a row that bring no new byte, before giving up
+BACKOFF_S = 0.25  # first wait after a drop; doubles up to 8 s
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    etag: str  # sha256 of an LFS file, else its git blob sha1; also its blob's file name
+
+
+@dataclass(frozen=True)
+class Plan:
+    repo_id: str
+    revision: str
+    commit: str
+    files: tuple[RemoteFile, ...]
+
+
+class Source(Protocol):
+    """Somewhere other than the Hub that may have the files (a neighbour node)."""
+    name: str
+
+    def plan(self, repo_id: str, revision: str) -> Plan | None: ...
+
+    def fetch(self, repo_id: str, commit: str, f: RemoteFile, dest: Path,
+              on_progress: Callable[[int], None], cancel: threading.Event) -> str | None:
+        """Append f's bytes to dest from its current size; where they came from, or None
+        when this source doesn't have the file."""
+
+
+def pull(repo_id: str, revision: str | None = None, cache_dir: Path | None = None,
+         allow_patterns: Sequence[str] | None = None, token: str | None = None,
+         progress_cb: Callable[[Progress], None] | None = None,
+         cancel_event: threading.Event | None = None, *,
+         layers: tuple[int, int] | None = None, sources: Sequence[Source] = (),
+         endpoint: str | None = None) -> Path:
+    """Bring `repo_id` at `revision` into the Hugging Face cache; returns the snapshot
+    folder. Only files matching allow_patterns (default: what mlx-lm loads); with
+    `layers=(start, end)`, only the weight files holding those layers. Sources (neighbour
+    nodes) are tried before the Hub. A token of None means huggingface_hub's own (HF_TOKEN
+    or `hf auth login`). Raises ShoalErrors that say what to do; Cancelled keeps the
+    finished bytes for the next pull."""
+    if not _REPO_ID.fullmatch(repo_id or "") or ".." in repo_id:
+        raise bad_repo_id(repo_id)
+    revision = revision or "main"
+    cache = Path(cache_dir) if cache_dir else default_hf_cache()
+    hub = Hub(repo_id, endpoint, token)
+    plan = _make_plan(hub, sources, repo_id, revision, cache, allow_patterns is None)
+    patterns = tuple(allow_patterns or DEFAULT_PATTERNS)
+    files = [f for f in plan.files if any(fnmatch.fnmatch(f.path, p) for p in patterns)]
+    job = _Job(plan, cache, [*sources, hub], Tracker(repo_id, revision, progress_cb),
+               cancel_event or threading.Event())
+    if layers is not None:
+        files = job.only_layers(files, layers)
+    job.run(files)
+    missing = missing_weights(job.snapshot) if layers is None and not allow_patterns else []
+    if missing:  # a file list from the cache or a neighbour that had only part of it
+        raise HubUnreachable(f"Only part of {repo_id} could be found without the Hub "
+                             f"(missing {', '.join(missing[:3])}). Connect to the internet, "
+                             "or to a node that has all of it, and pull again.")
+    return job.snapshot
+
+
+def missing_weights(snapshot: Path) -> list[str]:
+    """The files mlx-lm would need that the snapshot lacks (config and weights)."""
+    if not (snapshot / "config.json").is_file():
+        return ["config.json"]
+    index = snapshot / INDEX
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        return [n for n in names if not (snapshot / n).is_file()]
+    return [] if any(snapshot.glob("model*.safetensors")) else ["model.safetensors"]
+
+
+def _make_plan(hub: "Hub", sources: Sequence[Source], repo_id: str, revision: str,
+               cache: Path, check_runnable: bool) -> Plan:
+    """The Hub's file list; when the Hub can't be reached, a neighbour's, else the cache's."""
+    error: ShoalError
+    try:
+        return hub.plan(revision, check_runnable)
+    except (HubUnreachable, HubOffline) as e:
+        error = e
+    for s in sources:
+        p = s.plan(repo_id, revision)
+        if p is not None:
+            log.info("the Hub is unreachable (%s); using %s's file list", error.message,
+                     s.name)
+            return p
+    p = plan_from_cache(cache, repo_id, revision)
+    if p is not None:
+        return p
+    raise error
+
+
+def plan_from_cache(cache: Path, repo_id: str, revision: str) -> Plan | None:
+    """What the cache already holds for repo_id@revision, as a Plan (blob names are
+    etags, so it can still be verified offline)."""
+    repo = repo_dir(cache, repo_id)
+    ref = repo / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    snap = repo / "snapshots" / commit
+    if not snap.is_dir():
+        return None
+    files = []
+    for p in sorted(snap.rglob("*")):
+        blob = p.resolve()
+        if p.is_symlink() and blob.is_file():
+            files.append(RemoteFile(p.relative_to(snap).as_posix(), blob.stat().st_size,
+                                    blob.name))
+    return Plan(repo_id, revision, commit, tuple(files))
+
+
+class Hub:
+    """The Hugging Face Hub at HF_ENDPOINT (read at call time), through huggingface_hub."""
+    name = "hub"
+
+    def __init__(self, repo_id: str, endpoint: str | None, token: str | None):
+        from huggingface_hub import constants, get_token
+        self.repo_id = repo_id
+        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT")
+                         or constants._HF_DEFAULT_ENDPOINT).rstrip("/")
+        self.token = token
+        self.token_given = bool(token or get_token())
+        self.offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES",
+                                                                         "TRUE")
+
+    def _error(self, e: BaseException, revision: str = "main") -> ShoalError:
+        return hub_error(e, self.repo_id, revision, self.endpoint, self.token_given)
+
+    @staticmethod
+    def _offline(what: str) -> HubOffline:
+        return HubOffline(f"HF_HUB_OFFLINE is set and {what} is not complete in the Hugging "
+                          "Face cache. Unset HF_HUB_OFFLINE to download it.")
+
+    def plan(self, revision: str, check_runnable: bool = True) -> Plan:
+        if self.offline:
+            raise self._offline(self.repo_id)
+        from huggingface_hub import HfApi
+        try:
+            info = HfApi(endpoint=self.endpoint).model_info(
+                self.repo_id, revision=revision, files_metadata=True, token=self.token)
+        except Exception as e:
+            raise self._error(e, revision) from None
+        if info.gated and not self.token_given:
+            raise GatedModel(f"{self.repo_id} is gated: accept its conditions at "
+                             f"https://huggingface.co/{self.repo_id}, then enter a Hugging "
+                             "Face token with `shoal models login` (or in the app's "
+                             "settings).")
+        if not info.sha:
+            raise ShoalError(f"The Hub did not say which commit of {self.repo_id} it "
+                             f"serves at {revision}; try again later.")
+        names = [s.rfilename for s in info.siblings or []]
+        if check_runnable:
+            _check_runnable(self.repo_id, names, (info.config or {}).get("model_type"))
+        files = []
+        for s in info.siblings or []:
+            etag = s.lfs.sha256 if s.lfs else s.blob_id
+            size = s.lfs.size if s.lfs else s.size
+            if etag is None or size is None:
+                raise ShoalError(f"The Hub did not send the size and hash of {s.rfilename} "
+                                 f"in {self.repo_id}, so it can't be verified.")
+            files.append(RemoteFile(s.rfilename, int(size), etag))
+        return Plan(self.repo_id, revision, str(info.sha), tuple(files))
+
+    def fetch(self, repo_id: str, commit: str, f: RemoteFile, dest: Path,
+              on_progress: Callable[[int], None], cancel: threading.Event) -> str:
+        """Download f into dest, resuming from its size, retrying drops with backoff."""
+        if self.offline:
+            raise self._offline(f"{f.path} of {repo_id}")
+        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+        from huggingface_hub.utils import (build_hf_headers, hf_raise_for_status,
+                                           http_stream_backoff)
+        url = hf_hub_url(repo_id, f.path, revision=commit, endpoint=self.endpoint)
+        stalls = 0
+        while True:
+            have = dest.stat().st_size if dest.exists() else 0
+            if have > f.size:
+                dest.unlink()
+                have = 0
+            if have == f.size:
+                return self.name
+            got = 0
+            try:
+                meta = get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint)
+                headers = build_hf_headers(token=self.token)
+                if _origin(meta.location) != _origin(url):  # a CDN: the token stays here
+                    headers.pop("authorization", None)
+                headers["Accept-Encoding"] = "identity"
+                if have:
+                    headers["Range"] = f"bytes={have}-"
+                with http_stream_backoff("GET", meta.location, headers=headers,
+                                         timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+                                         retry_on_exceptions=(),
+                                         retry_on_status_codes=(408, 429)) as r:
+                    hf_raise_for_status(r)
+                    if have and r.status_code != 206:  # Range ignored: start over
+                        have = 0
+                    with open(dest, "ab" if have else "wb") as out:
+                        for chunk in r.iter_bytes():
+                            if cancel.is_set():
+                                raise Cancelled(f"The download of {repo_id} was cancelled.")
+                            out.write(chunk)
+                            got += len(chunk)
+                            on_progress(have + got)
+                if have + got >= f.size:
+                    continue  # the size check at the top decides
+                raise ConnectionError(f"the body of {f.path} ended after {have + got} of "
+                                      f"{f.size} bytes")
+            except Cancelled:
+                raise
+            except Exception as e:
+                if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                    raise _disk_full(dest) from None
+                err = self._error(e)
+                stalls = 0 if got else stalls + 1
+                if not isinstance(err, HubUnreachable) or stalls > RETRIES:
+                    raise err from None
+                log.warning("%s: %s; resuming at %d bytes", f.path, e, have + got)
+                if cancel.wait(min(BACKOFF_S * 2 ** stalls, 8.0)):
+                    raise Cancelled(f"The download of {repo_id} was cancelled.") from None
+
+
+class _Job:
+    """One pull: which files, in which order, from where, verified, then committed."""
+
+    def __init__(self, plan: Plan, cache: Path, sources: list[Any], tracker: Tracker,
+                 cancel: threading.Event):
+        self.plan, self.cache, self.sources = plan, cache, sources
+        self.tracker, self.cancel = tracker, cancel
+        self.repo = repo_dir(cache, plan.repo_id)
+        self.snapshot = self.repo / "snapshots" / plan.commit
+
+    def only_layers(self, files: list[RemoteFile], layers: tuple[int, int]
+                    ) -> list[RemoteFile]:
+        """Fetch config + index first, then keep only the weight files with these layers."""
+        side = [f for f in files if f.path in ("config.json", INDEX)]
+        self.run(side, final=False)
+        if not (self.snapshot / INDEX).is_file():
+            return files  # one weights file: every rank needs it
+        config = json.loads((self.snapshot / "config.json").read_text())
+        total = config.get("num_hidden_layers") or \
+            (config.get("text_config") or {}).get("num_hidden_layers")
+        index = json.loads((self.snapshot / INDEX).read_text())
+        try:
+            if not isinstance(total, int):
+                raise ValueError("config.json has no num_hidden_layers")
+            wanted = files_for_layers(index, layers, total, layers[0] == 0,
+                                      layers[1] == total)
+        except (TypeError, ValueError) as e:
+            raise BadRequest(f"Can't pick the files for layers {list(layers)} of "
+                             f"{self.plan.repo_id}: {e}.", param="layers") from None
+        return [f for f in files if not f.path.endswith(".safetensors") or f.path in wanted]
+
+    def run(self, files: list[RemoteFile], final: bool = True) -> None:
+        # weights first, config.json last: a snapshot with a config is a finished one
+        order = sorted(files, key=lambda f: (f.path == "config.json", f.path == INDEX,
+                                             not f.path.endswith(".safetensors"), f.path))
+        self.tracker.add_files(order)
+        self._check_disk(order)
+        for f in order:
+            self._ensure(f)
+        if final and self.plan.revision != self.plan.commit:
+            write_ref(self.repo, self.plan.revision, self.plan.commit)
+        self.tracker.emit(force=True)
+
+    def _check_disk(self, files: list[RemoteFile]) -> None:
+        need = 0
+        for f in files:
+            blob = self.repo / "blobs" / f.etag
+            if not (blob.is_file() and blob.stat().st_size == f.size):
+                part = blob.with_name(f.etag + ".incomplete")
+                need += f.size - (part.stat().st_size if part.is_file() else 0)
+        where = self.repo
+        while not where.exists():
+            where = where.parent
+        free = shutil.disk_usage(where).free
+        if need > free:
+            raise InsufficientDisk(
+                f"{self.plan.repo_id} needs {_gb(need)} more on the disk holding {where}, "
+                f"which has {_gb(free)} free. Free some space, or point HF_HUB_CACHE at a "
+                "bigger disk, then pull again.")
+
+    def _ensure(self, f: RemoteFile) -> None:
+        from huggingface_hub.utils import WeakFileLock
+        if self.cancel.is_set():
+            raise Cancelled(f"The download of {self.plan.repo_id} was cancelled.")
+        blob = self.repo / "blobs" / f.etag
+        lock = self.cache / ".locks" / self.repo.name / f"{f.etag}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        with WeakFileLock(lock):  # the lock hf_hub_download takes for this blob
+            if self._cached(f, blob):
+                link_snapshot(self.repo, self.plan.commit, f.path, blob)
+                self.tracker.update(f.path, f.size, "done", "cache")
+                return
+            part = blob.with_name(f.etag + ".incomplete")
+            _adopt_partials(blob, part)
+            sources = self.sources
+            for _ in range(2):
+                source = self._fetch(f, part, sources)
+                self.tracker.update(f.path, f.size, "verifying")
+                if verify_file(part, f):
+                    os.replace(part, blob)
+                    link_snapshot(self.repo, self.plan.commit, f.path, blob)
+                    self.tracker.update(f.path, f.size, "done", source)
+                    return
+                log.warning("%s of %s from %s failed its hash check; fetching it again "
+                            "from the Hub", f.path, self.plan.repo_id, source)
+                part.unlink(missing_ok=True)
+                sources = self.sources[-1:]
+            raise CorruptModel(f"{f.path} of {self.plan.repo_id} arrived damaged twice (its "
+                               "hash doesn't match the Hub's). Try again later.")
+
+    def _cached(self, f: RemoteFile, blob: Path) -> bool:
+        if not blob.is_file():
+            return False
+        self.tracker.update(f.path, f.size, "verifying", "cache")
+        if verify_file(blob, f):
+            return True
+        log.warning("%s of %s in the cache is damaged (%s): fetching it again", f.path,
+                    self.plan.repo_id, blob)
+        blob.unlink()
+        return False
+
+    def _fetch(self, f: RemoteFile, part: Path, sources: list[Any]) -> str:
+        for s in sources:
+            have = part.stat().st_size if part.exists() else 0
+            self.tracker.start(f.path, have, s.name)
+            try:
+                got = s.fetch(self.plan.repo_id, self.plan.commit, f, part,
+                              lambda n: self.tracker.update(f.path, n), self.cancel)
+            except (Cancelled, InsufficientDisk):
+                raise
+            except ShoalError as e:
+                if s is self.sources[-1]:
+                    raise
+                log.warning("%s from %s failed (%s); trying the next source", f.path,
+                            s.name, e.message)
+                continue
+            if got is not None:
+                return got
+        raise HubUnreachable(f"No source has {f.path} of {self.plan.repo_id}.")
+
+
+@dataclass(frozen=True)
+class FileProgress:
+    path: str
+    done: int
+    total: int
+    state: str  # "waiting", "downloading", "verifying", "done"
+    source: str | None  # "cache", "hub", "peer NAME"
+    speed_Bps: float
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One snapshot of a pull, for the GUI, the API and the CLI."""
+    repo_id: str
+    revision: str
+    done: int
+    total: int
+    speed_Bps: float
+    eta_s: float | None
+    files: tuple[FileProgress, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Rate:
+    """Bytes per second over the last few seconds (fresh bytes only, not resumed ones)."""
+    WINDOW_S = 3.0
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int]] = deque()
+        self.first = 0.0
+
+    def add(self, now: float, n: int) -> None:
+        if not self.samples:
+            self.first = now
+        self.samples.append((now, n))
+
+    def speed(self, now: float) -> float:
+        while self.samples and self.samples[0][0] < now - self.WINDOW_S:
+            self.samples.popleft()
+        if not self.samples:
+            return 0.0
+        span = now - max(self.first, now - self.WINDOW_S)
+        return sum(n for _, n in self.samples) / max(span, 0.25)
+
+
+class Tracker:
+    """Thread-safe progress of one pull; calls back at most every `interval` seconds."""
+
+    def __init__(self, repo_id: str, revision: str,
+                 cb: Callable[[Progress], None] | None, interval: float = 0.2):
+        self.repo_id, self.revision, self.cb, self.interval = repo_id, revision, cb, interval
+        self._files: dict[str, dict[str, Any]] = {}
+        self._rate, self._lock, self._last = _Rate(), threading.Lock(), 0.0
+
+    def add_files(self, files: Sequence[RemoteFile]) -> None:
+        with self._lock:
+            for f in files:
+                self._files.setdefault(f.path, {"done": 0, "total": f.size, "state": "waiting",
+                                                "source": None, "rate": _Rate()})
+
+    def start(self, path: str, done: int, source: str) -> None:
+        """A file (re)starts from `done` bytes already on disk: not counted as speed."""
+        with self._lock:
+            self._files[path].update(done=done, state="downloading", source=source)
+        self.emit(force=True)
+
+    def update(self, path: str, done: int, state: str | None = None,
+               source: str | None = None) -> None:
+        now = time.monotonic()
+        with self._lock:
+            e = self._files[path]
+            if e["state"] == "downloading" and done > e["done"]:
+                e["rate"].add(now, done - e["done"])
+                self._rate.add(now, done - e["done"])
+            e.update(done=done, state=state or e["state"], source=source or e["source"])
+        self.emit(force=state is not None)
+
+    def snapshot(self) -> Progress:
+        now = time.monotonic()
+        with self._lock:
+            files = tuple(FileProgress(p, e["done"], e["total"], e["state"], e["source"],
+                                       e["rate"].speed(now), _eta(e, e["rate"].speed(now)))
+                          for p, e in self._files.items())
+            speed = self._rate.speed(now)
+        done, total = sum(f.done for f in files), sum(f.total for f in files)
+        return Progress(self.repo_id, self.revision, done, total, speed,
+                        (total - done) / speed if speed > 0 else None, files)
+
+    def emit(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.cb is None or (not force and now - self._last < self.interval):
+            return
+        self._last = now
+        self.cb(self.snapshot())
+
+
+def _eta(e: dict[str, Any], speed: float) -> float | None:
+    if e["state"] == "done":
+        return 0.0
+    return (e["total"] - e["done"]) / speed if speed > 0 else None
+
+
+def _check_runnable(repo_id: str, names: list[str], model_type: str | None) -> None:
+    if "config.json" not in names or not any(fnmatch.fnmatch(n, "model*.safetensors")
+                                             for n in names):
+        raise not_mlx(repo_id, names)
+    if model_type and _mlx_lm_knows(model_type) is False:
+        from engine.errors import UnsupportedModel
+        raise UnsupportedModel(f"{repo_id} is a '{model_type}' model, which the installed "
+                               "mlx-lm can't run. Update Shoal, or pick another model.",
+                               param="repo")
+
+
+def _mlx_lm_knows(model_type: str) -> bool | None:
+    """Whether mlx-lm has a model file for this type, found without importing mlx-lm
+    (seconds): its package folder, and MODEL_REMAPPING read from utils.py's source."""
+    import ast
+    import importlib.util
+    import sys
+    spec = importlib.util.find_spec("mlx_lm")
+    if spec is None or not spec.submodule_search_locations:
+        return None  # no mlx-lm here: the loader decides later
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    remap: dict[str, str] = getattr(sys.modules.get("mlx_lm.utils"), "MODEL_REMAPPING", {})
+    if not remap:
+        try:
+            for node in ast.parse((pkg / "utils.py").read_text()).body:
+                if isinstance(node, ast.Assign) and any(
+                        getattr(t, "id", "") == "MODEL_REMAPPING" for t in node.targets):
+                    remap = ast.literal_eval(node.value)
+        except (OSError, SyntaxError, ValueError):
+            pass
+    return (pkg / "models" / f"{remap.get(model_type, model_type)}.py").is_file()
+
+
+def verify_file(path: Path, f: RemoteFile) -> bool:
+    """True when path has f's size and the hash its etag names (sha256 or git sha1)."""
+    size = path.stat().st_size
+    if size != f.size:
+        return False
+    if len(f.etag) == 64:
+        h = hashlib.sha256()
+    elif len(f.etag) == 40:
+        h = hashlib.sha1(b"blob %d\0" % size)
+    else:
+        log.warning("%s: etag %r is not a hash; checked its size only", f.path, f.etag)
+        return True
+    with open(path, "rb") as src:
+        while chunk := src.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest() == f.etag
+
+
+def verify_snapshot(snapshot: Path) -> list[str]:
+    """The files of a cached snapshot whose content doesn't match their blob's name (the
+    Hub's hash): what a loader should refuse and a pull will fetch again. No network."""
+    bad = []
+    for p in sorted(Path(snapshot).rglob("*")):
+        blob = p.resolve()
+        if p.is_symlink() and blob.is_file():
+            rel = p.relative_to(snapshot).as_posix()
+            if not verify_file(blob, RemoteFile(rel, blob.stat().st_size, blob.name)):
+                bad.append(rel)
+    return bad
+
+
+def repo_dir(cache: Path, repo_id: str) -> Path:
+    return Path(cache) / ("models--" + repo_id.replace("/", "--"))
+
+
+def link_snapshot(repo: Path, commit: str, path: str, blob: Path) -> None:
+    """snapshots/<commit>/<path> -> ../../blobs/<etag> (relative, as huggingface_hub)."""
+    pointer = repo / "snapshots" / commit / path
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(blob, pointer.parent)
+    if pointer.is_symlink() and os.readlink(pointer) == target:
+        return
+    tmp = pointer.with_name(f".{pointer.name}.{uuid.uuid4().hex[:8]}.tmp")
+    os.symlink(target, tmp)
+    os.replace(tmp, pointer)  # atomic: a reader sees the old link or the new one
+
+
+def write_ref(repo: Path, revision: str, commit: str) -> None:
+    if _COMMIT.fullmatch(revision):
+        return
+    ref = repo / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    if ref.is_file() and ref.read_text() == commit:
+        return
+    tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(commit)
+    os.replace(tmp, ref)
+
+
+def _adopt_partials(blob: Path, part: Path) -> None:
+    """Reuse what a killed hf_hub_download left (blobs/<etag>.<id>.incomplete): under the
+    blob's lock nobody else is writing it, and its bytes are a prefix of the blob."""
+    best = part.stat().st_size if part.exists() else 0
+    for p in blob.parent.glob(f"{blob.name}.*.incomplete"):
+        if p.stat().st_size > best:
+            os.replace(p, part)
+            best = part.stat().st_size
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _origin(url: str) -> tuple[str, str]:
+    u = urlsplit(url)
+    return u.scheme, u.netloc.lower()
+
+
+def _disk_full(where: Path) -> InsufficientDisk:
+    return InsufficientDisk(f"The disk holding {where.parent} is full. Free some space, or "
+                            "point HF_HUB_CACHE at a bigger disk, then pull again: the "
+                            "finished part is kept.")
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"

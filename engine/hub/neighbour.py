@@ -1,0 +1,185 @@
+"""Model files from a neighbour node instead of the internet.
+
+Serving side: what this node's Hugging Face cache holds (an index of repo, commit, files,
+sizes and hashes) and the safe way from a request to a blob. Fetching side: a download
+Source (see engine.hub.download) that copies a file from the peer with the fastest link,
+signed with the cluster secret; the download job then checks its hash and commits it into
+the cache exactly where huggingface_hub would, falling back to the Hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import re
+import threading
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import quote
+
+from engine.errors import Cancelled, PeerUnreachable, ShoalError
+from engine.hub.download import Plan, RemoteFile, repo_dir
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 20
+_NAME = re.compile(r"[\w][\w.-]*")
+
+
+def cache_index(cache: Path, repo_id: str | None = None) -> list[dict[str, Any]]:
+    """Every complete file in the cache, per repo and commit: [{"repo", "revision", "refs",
+    "files": [{"path", "size", "etag", "sha256"}]}]. Blob names are the Hub's etags, so this
+    reads no file contents."""
+    out: list[dict[str, Any]] = []
+    repos = [repo_dir(cache, repo_id)] if repo_id else sorted(Path(cache).glob("models--*"))
+    for repo in repos:
+        snaps = repo / "snapshots"
+        if not snaps.is_dir():
+            continue
+        name = repo.name.removeprefix("models--").replace("--", "/", 1)
+        refs: dict[str, list[str]] = {}
+        for ref in (repo / "refs").rglob("*") if (repo / "refs").is_dir() else []:
+            if ref.is_file():
+                refs.setdefault(ref.read_text().strip(), []).append(
+                    ref.relative_to(repo / "refs").as_posix())
+        for snap in sorted(p for p in snaps.iterdir() if p.is_dir()):
+            files = []
+            for p in sorted(snap.rglob("*")):
+                blob = p.resolve()
+                if p.is_symlink() and blob.is_file() and blob.parent == repo / "blobs":
+                    etag = blob.name
+                    files.append({"path": p.relative_to(snap).as_posix(),
+                                  "size": blob.stat().st_size, "etag": etag,
+                                  "sha256": etag if len(etag) == 64 else None})
+            out.append({"repo": name, "revision": snap.name, "refs": refs.get(snap.name, []),
+                        "files": files})
+    return out
+
+
+def cached_file(cache: Path, repo_id: str, revision: str, path: str) -> Path | None:
+    """The blob behind snapshots/<revision>/<path>, or None. Refuses anything that would
+    leave the repository's blobs folder (.., absolute paths, odd links)."""
+    parts = repo_id.split("/") + [revision] + path.split("/")
+    if any(not _NAME.fullmatch(p) or p.startswith("..") for p in parts) \
+            or len(repo_id.split("/")) != 2:
+        return None
+    repo = repo_dir(cache, repo_id)
+    ref = repo / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    pointer = repo / "snapshots" / commit / path
+    try:
+        blob = pointer.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return blob if blob.parent == (repo / "blobs").resolve() and blob.is_file() else None
+
+
+class NeighbourSource:
+    """Files from the other nodes of the cluster, for engine.hub.download.pull.
+
+    pull runs in a worker thread; the peers' aiohttp session lives on the node's event
+    loop, so each request is run there and waited for here."""
+    name = "neighbours"
+
+    def __init__(self, peers: Any, loop: asyncio.AbstractEventLoop):
+        self.peers = peers
+        self.loop = loop
+        self._index: dict[str, dict[str, list[dict[str, Any]]]] = {}  # repo -> url -> entries
+
+    # --- plumbing ----------------------------------------------------------------------
+    def _run(self, coro: Any, cancel: threading.Event | None = None) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        while True:
+            try:
+                return fut.result(timeout=0.2)
+            except concurrent.futures.TimeoutError:
+                if cancel is not None and cancel.is_set():
+                    fut.cancel()
+                    raise Cancelled("The download was cancelled.") from None
+
+    def _peers(self) -> list[Any]:
+        """Trusted, reachable peers, the fastest link first."""
+        ok = [p for p in self.peers.all() if p.trusted and p.reachable]
+        return sorted(ok, key=lambda p: -float(p.link.get("bandwidth_MBps") or 0))
+
+    def _entries(self, repo_id: str) -> dict[str, list[dict[str, Any]]]:
+        if repo_id not in self._index:
+            async def ask(url: str) -> list[dict[str, Any]]:
+                try:
+                    got = await self.peers.call(url, "GET",
+                                                f"/shoal/peer/files-index?repo={repo_id}")
+                    return got if isinstance(got, list) else []
+                except ShoalError as e:  # an older peer, or gone: just not a source
+                    log.info("no file index from %s: %s", url, e.message)
+                    return []
+
+            async def ask_all() -> dict[str, list[dict[str, Any]]]:
+                urls = [p.url for p in self._peers()]
+                answers = await asyncio.gather(*(ask(u) for u in urls))
+                return dict(zip(urls, answers))
+            self._index[repo_id] = self._run(ask_all())
+        return self._index[repo_id]
+
+    # --- Source ------------------------------------------------------------------------
+    def plan(self, repo_id: str, revision: str) -> Plan | None:
+        """The file list of the peer with the most files of repo_id@revision."""
+        best: dict[str, Any] | None = None
+        for entries in self._entries(repo_id).values():
+            for e in entries:
+                if revision in (e["revision"], *e.get("refs", [])) and \
+                        (best is None or len(e["files"]) > len(best["files"])):
+                    best = e
+        if best is None:
+            return None
+        files = tuple(RemoteFile(f["path"], int(f["size"]), f["etag"]) for f in best["files"])
+        return Plan(repo_id, revision, best["revision"], files)
+
+    def fetch(self, repo_id: str, commit: str, f: RemoteFile, dest: Path,
+              on_progress: Callable[[int], None], cancel: threading.Event) -> str | None:
+        names = {p.url: p.name or p.url for p in self._peers()}
+        for url, entries in self._entries(repo_id).items():
+            has = any(e["revision"] == commit and any(
+                x["path"] == f.path and x["etag"] == f.etag for x in e["files"])
+                for e in entries)
+            if not has or url not in names:
+                continue
+            try:
+                if self._run(self._stream(url, repo_id, commit, f, dest, on_progress,
+                                          cancel), cancel):
+                    return f"peer {names[url]}"
+            except PeerUnreachable as e:
+                log.warning("copying %s from %s failed: %s", f.path, url, e.message)
+        return None
+
+    async def _stream(self, url: str, repo_id: str, commit: str, f: RemoteFile, dest: Path,
+                      on_progress: Callable[[int], None], cancel: threading.Event) -> bool:
+        import aiohttp
+        from yarl import URL
+        path = f"/shoal/peer/files/{repo_id}/{commit}/{quote(f.path)}"
+        have = dest.stat().st_size if dest.exists() else 0
+        headers = self.peers.sign("GET", path)
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        try:
+            async with self.peers.session.get(
+                    URL(url + path, encoded=True), headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
+                                                  sock_read=30)) as r:
+                if r.status == 404:
+                    return False
+                if r.status not in (200, 206):
+                    raise PeerUnreachable(f"{url} answered {r.status} for {f.path}")
+                if r.status == 200:
+                    have = 0
+                done = have
+                with open(dest, "ab" if have else "wb") as out:
+                    async for chunk in r.content.iter_chunked(CHUNK):
+                        if cancel.is_set():
+                            raise Cancelled("The download was cancelled.")
+                        out.write(chunk)
+                        done += len(chunk)
+                        on_progress(done)
+                return done == f.size
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise PeerUnreachable(f"{url} stopped sending {f.path}: "
+                                  f"{e or type(e).__name__}") from None
