@@ -5,7 +5,6 @@ verified by hash), falling back to the Hub for what the neighbour lacks."""
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Iterator
 
