@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 import threading
-import time
-import uuid
-from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 from urllib.parse import urlsplit
@@ -33,6 +29,9 @@ from engine.errors import BadRequest, Cancelled, CorruptModel, ShoalError
 from engine.hub.errors import (GatedModel, HubOffline, HubUnreachable, InsufficientDisk,
                                bad_repo_id, hub_error, not_mlx)
 from engine.hub.local import default_hf_cache
+from engine.hub.hfcache import (_adopt_partials, link_snapshot, repo_dir, verify_file,
+                                verify_snapshot, write_ref)  # noqa: F401 (re-exported)
+from engine.hub.progress import FileProgress, Progress, Tracker  # noqa: F401
 from engine.hub.shards import SIDE_PATTERNS, files_for_layers
 
 log = logging.getLogger(__name__)
@@ -385,111 +384,6 @@ class _Job:
         raise HubUnreachable(f"No source has {f.path} of {self.plan.repo_id}.")
 
 
-@dataclass(frozen=True)
-class FileProgress:
-    path: str
-    done: int
-    total: int
-    state: str  # "waiting", "downloading", "verifying", "done"
-    source: str | None  # "cache", "hub", "peer NAME"
-    speed_Bps: float
-    eta_s: float | None
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One snapshot of a pull, for the GUI, the API and the CLI."""
-    repo_id: str
-    revision: str
-    done: int
-    total: int
-    speed_Bps: float
-    eta_s: float | None
-    files: tuple[FileProgress, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class _Rate:
-    """Bytes per second over the last few seconds (fresh bytes only, not resumed ones)."""
-    WINDOW_S = 3.0
-
-    def __init__(self) -> None:
-        self.samples: deque[tuple[float, int]] = deque()
-        self.first = 0.0
-
-    def add(self, now: float, n: int) -> None:
-        if not self.samples:
-            self.first = now
-        self.samples.append((now, n))
-
-    def speed(self, now: float) -> float:
-        while self.samples and self.samples[0][0] < now - self.WINDOW_S:
-            self.samples.popleft()
-        if not self.samples:
-            return 0.0
-        span = now - max(self.first, now - self.WINDOW_S)
-        return sum(n for _, n in self.samples) / max(span, 0.25)
-
-
-class Tracker:
-    """Thread-safe progress of one pull; calls back at most every `interval` seconds."""
-
-    def __init__(self, repo_id: str, revision: str,
-                 cb: Callable[[Progress], None] | None, interval: float = 0.2):
-        self.repo_id, self.revision, self.cb, self.interval = repo_id, revision, cb, interval
-        self._files: dict[str, dict[str, Any]] = {}
-        self._rate, self._lock, self._last = _Rate(), threading.Lock(), 0.0
-
-    def add_files(self, files: Sequence[RemoteFile]) -> None:
-        with self._lock:
-            for f in files:
-                self._files.setdefault(f.path, {"done": 0, "total": f.size, "state": "waiting",
-                                                "source": None, "rate": _Rate()})
-
-    def start(self, path: str, done: int, source: str) -> None:
-        """A file (re)starts from `done` bytes already on disk: not counted as speed."""
-        with self._lock:
-            self._files[path].update(done=done, state="downloading", source=source)
-        self.emit(force=True)
-
-    def update(self, path: str, done: int, state: str | None = None,
-               source: str | None = None) -> None:
-        now = time.monotonic()
-        with self._lock:
-            e = self._files[path]
-            if e["state"] == "downloading" and done > e["done"]:
-                e["rate"].add(now, done - e["done"])
-                self._rate.add(now, done - e["done"])
-            e.update(done=done, state=state or e["state"], source=source or e["source"])
-        self.emit(force=state is not None)
-
-    def snapshot(self) -> Progress:
-        now = time.monotonic()
-        with self._lock:
-            files = tuple(FileProgress(p, e["done"], e["total"], e["state"], e["source"],
-                                       e["rate"].speed(now), _eta(e, e["rate"].speed(now)))
-                          for p, e in self._files.items())
-            speed = self._rate.speed(now)
-        done, total = sum(f.done for f in files), sum(f.total for f in files)
-        return Progress(self.repo_id, self.revision, done, total, speed,
-                        (total - done) / speed if speed > 0 else None, files)
-
-    def emit(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.cb is None or (not force and now - self._last < self.interval):
-            return
-        self._last = now
-        self.cb(self.snapshot())
-
-
-def _eta(e: dict[str, Any], speed: float) -> float | None:
-    if e["state"] == "done":
-        return 0.0
-    return (e["total"] - e["done"]) / speed if speed > 0 else None
-
-
 def _check_runnable(repo_id: str, names: list[str], model_type: str | None) -> None:
     if "config.json" not in names or not any(fnmatch.fnmatch(n, "model*.safetensors")
                                              for n in names):
@@ -521,77 +415,6 @@ def _mlx_lm_knows(model_type: str) -> bool | None:
         except (OSError, SyntaxError, ValueError):
             pass
     return (pkg / "models" / f"{remap.get(model_type, model_type)}.py").is_file()
-
-
-def verify_file(path: Path, f: RemoteFile) -> bool:
-    """True when path has f's size and the hash its etag names (sha256 or git sha1)."""
-    size = path.stat().st_size
-    if size != f.size:
-        return False
-    if len(f.etag) == 64:
-        h = hashlib.sha256()
-    elif len(f.etag) == 40:
-        h = hashlib.sha1(b"blob %d\0" % size)
-    else:
-        log.warning("%s: etag %r is not a hash; checked its size only", f.path, f.etag)
-        return True
-    with open(path, "rb") as src:
-        while chunk := src.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest() == f.etag
-
-
-def verify_snapshot(snapshot: Path) -> list[str]:
-    """The files of a cached snapshot whose content doesn't match their blob's name (the
-    Hub's hash): what a loader should refuse and a pull will fetch again. No network."""
-    bad = []
-    for p in sorted(Path(snapshot).rglob("*")):
-        blob = p.resolve()
-        if p.is_symlink() and blob.is_file():
-            rel = p.relative_to(snapshot).as_posix()
-            if not verify_file(blob, RemoteFile(rel, blob.stat().st_size, blob.name)):
-                bad.append(rel)
-    return bad
-
-
-def repo_dir(cache: Path, repo_id: str) -> Path:
-    return Path(cache) / ("models--" + repo_id.replace("/", "--"))
-
-
-def link_snapshot(repo: Path, commit: str, path: str, blob: Path) -> None:
-    """snapshots/<commit>/<path> -> ../../blobs/<etag> (relative, as huggingface_hub)."""
-    pointer = repo / "snapshots" / commit / path
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    target = os.path.relpath(blob, pointer.parent)
-    if pointer.is_symlink() and os.readlink(pointer) == target:
-        return
-    tmp = pointer.with_name(f".{pointer.name}.{uuid.uuid4().hex[:8]}.tmp")
-    os.symlink(target, tmp)
-    os.replace(tmp, pointer)  # atomic: a reader sees the old link or the new one
-
-
-def write_ref(repo: Path, revision: str, commit: str) -> None:
-    if _COMMIT.fullmatch(revision):
-        return
-    ref = repo / "refs" / revision
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    if ref.is_file() and ref.read_text() == commit:
-        return
-    tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(commit)
-    os.replace(tmp, ref)
-
-
-def _adopt_partials(blob: Path, part: Path) -> None:
-    """Reuse what a killed hf_hub_download left (blobs/<etag>.<id>.incomplete): under the
-    blob's lock nobody else is writing it, and its bytes are a prefix of the blob."""
-    best = part.stat().st_size if part.exists() else 0
-    for p in blob.parent.glob(f"{blob.name}.*.incomplete"):
-        if p.stat().st_size > best:
-            os.replace(p, part)
-            best = part.stat().st_size
-        else:
-            p.unlink(missing_ok=True)
 
 
 def _origin(url: str) -> tuple[str, str]:

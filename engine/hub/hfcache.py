@@ -1,0 +1,90 @@
+"""The Hugging Face cache layout (blobs/<etag>, snapshots/<commit>/<path> symlinks, refs/)
+and the checks that a file is the one the Hub describes."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.hub.download import RemoteFile
+
+log = logging.getLogger(__name__)
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def verify_file(path: Path, f: RemoteFile) -> bool:
+    """True when path has f's size and the hash its etag names (sha256 or git sha1)."""
+    size = path.stat().st_size
+    if size != f.size:
+        return False
+    if len(f.etag) == 64:
+        h = hashlib.sha256()
+    elif len(f.etag) == 40:
+        h = hashlib.sha1(b"blob %d\0" % size)
+    else:
+        log.warning("%s: etag %r is not a hash; checked its size only", f.path, f.etag)
+        return True
+    with open(path, "rb") as src:
+        while chunk := src.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest() == f.etag
+
+
+def verify_snapshot(snapshot: Path) -> list[str]:
+    """The files of a cached snapshot whose content doesn't match their blob's name (the
+    Hub's hash): what a loader should refuse and a pull will fetch again. No network."""
+    from engine.hub.download import RemoteFile  # the two modules describe one cache
+    bad = []
+    for p in sorted(Path(snapshot).rglob("*")):
+        blob = p.resolve()
+        if p.is_symlink() and blob.is_file():
+            rel = p.relative_to(snapshot).as_posix()
+            if not verify_file(blob, RemoteFile(rel, blob.stat().st_size, blob.name)):
+                bad.append(rel)
+    return bad
+
+
+def repo_dir(cache: Path, repo_id: str) -> Path:
+    return Path(cache) / ("models--" + repo_id.replace("/", "--"))
+
+
+def link_snapshot(repo: Path, commit: str, path: str, blob: Path) -> None:
+    """snapshots/<commit>/<path> -> ../../blobs/<etag> (relative, as huggingface_hub)."""
+    pointer = repo / "snapshots" / commit / path
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(blob, pointer.parent)
+    if pointer.is_symlink() and os.readlink(pointer) == target:
+        return
+    tmp = pointer.with_name(f".{pointer.name}.{uuid.uuid4().hex[:8]}.tmp")
+    os.symlink(target, tmp)
+    os.replace(tmp, pointer)  # atomic: a reader sees the old link or the new one
+
+
+def write_ref(repo: Path, revision: str, commit: str) -> None:
+    if _COMMIT.fullmatch(revision):
+        return
+    ref = repo / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    if ref.is_file() and ref.read_text() == commit:
+        return
+    tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(commit)
+    os.replace(tmp, ref)
+
+
+def _adopt_partials(blob: Path, part: Path) -> None:
+    """Reuse what a killed hf_hub_download left (blobs/<etag>.<id>.incomplete): under the
+    blob's lock nobody else is writing it, and its bytes are a prefix of the blob."""
+    best = part.stat().st_size if part.exists() else 0
+    for p in blob.parent.glob(f"{blob.name}.*.incomplete"):
+        if p.stat().st_size > best:
+            os.replace(p, part)
+            best = part.stat().st_size
+        else:
+            p.unlink(missing_ok=True)
