@@ -1,0 +1,200 @@
+"""The doorbell: one-byte op codes between ring neighbours, so no rank ever waits inside MLX.
+
+A rank waiting in an MLX recv or collective busy-spins a core. So before rank i sends a
+tensor to rank i+1 over MLX it writes one op byte on a plain TCP connection; the receiver
+sleeps in recv() on that socket (no CPU) and enters the MLX recv only once the byte arrives,
+i.e. when the tensor is about to. Only op bytes travel here; tensors go over MLX.
+
+Each rank listens on its `bells[rank]` address, connects to its successor and accepts its
+predecessor. An EOF on either connection means that neighbour died: reported at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import struct
+import threading
+import time
+from typing import Callable
+
+from engine.errors import PeerUnreachable
+from engine.runtime.distributed import DistConfig
+
+log = logging.getLogger(__name__)
+
+REQUEST, STEP, TOKEN, END, QUIT, LOADED = b"R", b"S", b"T", b"E", b"Q", b"L"
+HELLO = b"SHOALBELL1"
+_HELLO_LEN = len(HELLO) + 4 + 16
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Doorbell:
+    """`ring(op)` to the successor, `wait()` for the predecessor's next op.
+
+    `on_lost(peer, why)` runs (on a reader thread) when a neighbour's connection ends
+    unexpectedly; `on_quit(peer)` when a neighbour says the group is shutting down. After
+    `quit()` both are expected and `closed` is set instead."""
+
+    def __init__(self, cfg: DistConfig, on_lost: Callable[[int, str], None],
+                 on_quit: Callable[[int], None]):
+        self.cfg = cfg
+        self._on_lost = on_lost
+        self._on_quit = on_quit
+        self._ops: "queue.Queue[bytes]" = queue.Queue()
+        self._succ: socket.socket | None = None
+        self._pred: socket.socket | None = None
+        self._closing = False
+        self.closed = threading.Event()
+
+    # -- connecting ---------------------------------------------------------------------
+    def open(self) -> None:
+        """Listen, connect to the successor, accept the predecessor; bounded by timeout_s.
+        Raises PeerUnreachable naming the neighbour that didn't come."""
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.timeout_s
+        host, port = _split(cfg.bells[cfg.rank])
+        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, port))
+        except OSError as e:
+            raise PeerUnreachable(f"Rank {cfg.rank} can't listen on {cfg.bells[cfg.rank]} "
+                                  f"({e}); is another instance using that port?") from e
+        listener.listen(8)
+        accepted: list[socket.socket] = []
+        t = threading.Thread(target=self._accept, args=(listener, deadline, accepted),
+                             daemon=True)
+        t.start()
+        try:
+            self._succ = self._connect(deadline)
+            t.join(max(0.0, deadline - time.monotonic()) + 1)
+        finally:
+            listener.close()
+        if not accepted:
+            p = cfg.predecessor
+            raise PeerUnreachable(f"Rank {cfg.rank}: {cfg.where(p)} never rang its doorbell "
+                                  f"at {cfg.bells[cfg.rank]} within {cfg.timeout_s:.0f} s.")
+        self._pred = accepted[0]
+        for s in (self._succ, self._pred):
+            s.settimeout(None)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=self._read_pred, name="bell-pred", daemon=True).start()
+        threading.Thread(target=self._watch_succ, name="bell-succ", daemon=True).start()
+
+    def _hello(self) -> bytes:
+        return HELLO + struct.pack("<HH", self.cfg.rank, self.cfg.world) + self.cfg.group_id
+
+    def _connect(self, deadline: float) -> socket.socket:
+        cfg, peer = self.cfg, self.cfg.successor
+        why = "no answer"
+        while time.monotonic() < deadline:
+            s = socket.socket(socket.AF_INET6 if ":" in _split(cfg.bells[peer])[0]
+                              else socket.AF_INET)
+            s.settimeout(2.0)
+            try:
+                s.connect(_split(cfg.bells[peer]))
+                s.sendall(self._hello())
+                if s.recv(1) == b"K":
+                    return s
+                why = "it belongs to another group"
+            except OSError as e:
+                why = str(e)
+            s.close()
+            time.sleep(0.1)
+        raise PeerUnreachable(f"Rank {cfg.rank} couldn't reach {cfg.where(peer)} at its "
+                              f"doorbell {cfg.bells[peer]} within {cfg.timeout_s:.0f} s "
+                              f"({why}).")
+
+    def _accept(self, listener: socket.socket, deadline: float,
+                out: list[socket.socket]) -> None:
+        want = HELLO + struct.pack("<HH", self.cfg.predecessor, self.cfg.world) \
+            + self.cfg.group_id
+        while (left := deadline - time.monotonic()) > 0:
+            listener.settimeout(left)
+            try:
+                s, _ = listener.accept()
+            except OSError:
+                return
+            s.settimeout(2.0)
+            try:
+                got = b""
+                while len(got) < _HELLO_LEN and (chunk := s.recv(_HELLO_LEN - len(got))):
+                    got += chunk
+                if got == want:
+                    s.sendall(b"K")
+                    out.append(s)
+                    return
+                s.sendall(b"X")  # someone else's rank, or another group on our port
+            except OSError:
+                pass
+            s.close()
+
+    # -- running ------------------------------------------------------------------------
+    def ring(self, op: bytes) -> None:
+        """Tell the successor what comes next."""
+        assert self._succ is not None
+        try:
+            self._succ.sendall(op)
+        except OSError as e:
+            if not self._closing:
+                self._on_lost(self.cfg.successor, f"its doorbell failed ({e})")
+
+    def wait(self) -> bytes:
+        """The predecessor's next op; sleeps without using the CPU."""
+        return self._ops.get()
+
+    def quit(self) -> None:
+        """Tell both neighbours the group is closing; they pass it on."""
+        self._closing = True
+        for s in (self._succ, self._pred):
+            if s is not None:
+                try:
+                    s.sendall(QUIT)
+                except OSError:
+                    pass
+
+    def _read_pred(self) -> None:
+        assert self._pred is not None
+        while True:
+            try:
+                data = self._pred.recv(256)
+            except OSError:
+                data = b""
+            if not data:
+                return self._ended(self.cfg.predecessor)
+            for i in range(len(data)):
+                op = data[i:i + 1]
+                if op == QUIT:
+                    return self._quit_from(self.cfg.predecessor)
+                self._ops.put(op)
+
+    def _watch_succ(self) -> None:
+        # The successor only ever writes QUIT back; anything else is ignored.
+        assert self._succ is not None
+        while True:
+            try:
+                data = self._succ.recv(256)
+            except OSError:
+                data = b""
+            if not data:
+                return self._ended(self.cfg.successor)
+            if QUIT in data:
+                return self._quit_from(self.cfg.successor)
+
+    def _ended(self, peer: int) -> None:
+        if self._closing:
+            self.closed.set()
+        else:
+            self._on_lost(peer, "its connection closed (the process exited or was killed)")
+
+    def _quit_from(self, peer: int) -> None:
+        if self._closing:
+            self.closed.set()
+        else:
+            self._on_quit(peer)

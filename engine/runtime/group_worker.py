@@ -1,0 +1,182 @@
+"""One rank of a model served by a group of workers (`worker --dist CONFIG.json`).
+
+Every rank: doorbell ring up, MLX group up (both bounded by timeout_s), load its share,
+wait until every rank has loaded, emit `ready`. Rank 0 then serves its node exactly like a
+one-process worker; the others sleep on the doorbell and follow. A broken group takes every
+rank down with a `fatal` event; shutdown (or stdin EOF) on any rank closes the whole group.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from engine.errors import ShoalError
+
+log = logging.getLogger(__name__)
+
+
+def peak_rss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def _follow_stdin(quit_group: Callable[[], None]) -> None:
+    """Ranks other than 0 take no requests: shutdown or EOF on stdin closes the group."""
+    for raw in sys.stdin.buffer:
+        try:
+            op = json.loads(raw).get("op")
+        except (ValueError, AttributeError):
+            op = None
+        if op == "shutdown":
+            break
+        log.warning("rank > 0 ignores commands other than shutdown: %r", raw[:200])
+    quit_group()
+
+
+def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
+             serve: Callable[..., None]) -> int:
+    import mlx.core as mx
+
+    from engine.runtime.distributed import DistConfig, Fatal, Watchdog, init_group
+    from engine.runtime.doorbell import LOADED, Doorbell
+    from engine.runtime.load import context_length
+    from engine.runtime.lockstep import Link
+
+    t0 = time.perf_counter()
+    try:
+        cfg = DistConfig.from_file(config_path)
+    except ShoalError as e:
+        emit("fatal", code=e.code, message=e.message)
+        return 1
+    fatal = Fatal(emit, cfg, close=emit.close)
+
+    def quit_group() -> None:
+        bell.quit()
+        os._exit(0)
+
+    def on_quit(peer: int) -> None:
+        if cfg.rank == 0:  # the group can't serve without that rank
+            bell.quit()
+            fatal("peer_lost", f"{cfg.where(peer)} of the model's group shut down; the "
+                  "instance must be restarted.", peer=peer)
+        quit_group()
+
+    def on_expire(what: str, peer: int | None) -> None:
+        fatal("peer_lost", f"Rank {cfg.rank}: nothing happened for {cfg.timeout_s:.0f} s while "
+              f"{what}; the group is stuck or a peer is frozen.", peer=peer)
+
+    bell = Doorbell(cfg, on_lost=fatal.peer_lost, on_quit=on_quit)
+    watchdog = Watchdog(cfg.timeout_s, on_expire)
+    try:
+        bell.open()
+        tmp = Path(tempfile.mkdtemp(prefix="shoal-rank-"))
+        try:  # MLX reads its files during init only
+            group = init_group(cfg, watchdog, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if cfg.rank != 0:
+            threading.Thread(target=_follow_stdin, args=(quit_group,), daemon=True).start()
+        model, tokenizer, config, info = _load(Path(model_path), cfg, group, emit)
+        # Ranks load at their own pace: wait on the doorbell (asleep), not in MLX.
+        if cfg.rank == 0:
+            bell.ring(LOADED)
+        if bell.wait() != LOADED:
+            raise RuntimeError("the group is out of step while loading")
+        if cfg.rank != 0:
+            bell.ring(LOADED)
+        with watchdog.watch("checking the group", cfg.successor):
+            total = mx.distributed.all_sum(mx.array(1), group=group).item()
+        if total != cfg.world:
+            raise RuntimeError(f"the group check summed to {total}, not {cfg.world}")
+    except ShoalError as e:
+        fatal(e.code, e.message)
+    except Exception as e:  # anything mlx-lm or MLX raises on a model or group it can't use
+        log.exception("starting rank %d failed", cfg.rank)
+        fatal("load_failed", f"Rank {cfg.rank} couldn't load {model_path}: {e}")
+
+    ctx = context_length(config)
+    emit("ready", model=model_id, context_length=ctx, pid=os.getpid(),
+         load_s=round(time.perf_counter() - t0, 3), rank=cfg.rank, world=cfg.world,
+         strategy=cfg.strategy, layers=list(info.layers), files=list(info.files),
+         bytes_read=info.bytes_read, peak_rss=peak_rss_bytes())
+    link = Link(cfg, group, bell, watchdog, on_broken=fatal.peer_lost)
+    if cfg.rank != 0:
+        _follower(cfg.strategy, model, link).serve()  # never returns: ends by quit or fatal
+    runner = _leader(cfg.strategy, model, link)
+
+    def generate(_model: Any, tok: Any, prompt: list[int], sampling: Any,
+                 cancel: threading.Event | None) -> Iterator[Any]:
+        from engine.runtime.lockstep import generate as lockstep_generate
+        try:
+            yield from lockstep_generate(runner, tok, prompt, sampling, cancel)
+        except Exception as e:  # the group's state is unknown now: take it down
+            log.exception("generation failed on rank 0")
+            fatal("group_failed", f"Generation failed in the model's group: {e}")
+
+    def on_request(rid: str | None) -> None:
+        fatal.inflight = rid
+
+    serve(model, tokenizer, ctx, emit, gen=generate, on_request=on_request)
+    bell.quit()  # QUIT travels round the ring; every rank leaves with exit code 0
+    bell.closed.wait(5)
+    # Leave now: the stdin reader may still be blocked, and MLX's group teardown after
+    # the peers are gone is not worth waiting for.
+    logging.shutdown()
+    os._exit(0)
+
+
+def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict, Any]:
+    """(model or stage, tokenizer on rank 0, config, ShardInfo)."""
+    import mlx.core as mx
+    from mlx_lm.utils import load_tokenizer
+
+    from engine.runtime.distributed import check_layer_ranges
+    from engine.runtime.load import read_config
+    from engine.runtime.shard_load import load_pipeline_stage, load_tensor_shard
+
+    def progress(done: int, total: int) -> None:
+        emit("loading", done=done, total=total, rank=cfg.rank)
+
+    if cfg.strategy == "pipeline":
+        config = read_config(folder)
+        total = config.get("num_hidden_layers") or \
+            (config.get("text_config") or {}).get("num_hidden_layers")
+        if total:  # a split that doesn't match the model fails before anything is read
+            check_layer_ranges(cfg.layers, cfg.world, int(total))
+        start, end = cfg.layers[cfg.rank]
+        model, config, info = load_pipeline_stage(folder, start, end, progress)
+        if model.first:
+            probe = model.embed(mx.array([[0]]))
+            model.hidden, model.dtype = probe.shape[-1], str(probe.dtype).split(".")[-1]
+    else:
+        model, config, info = load_tensor_shard(folder, group, progress)
+    tokenizer = None
+    if cfg.rank == 0:
+        tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id", None))
+    return model, tokenizer, config, info
+
+
+def _leader(strategy: str, model: Any, link: Any) -> Any:
+    if strategy == "pipeline":
+        from engine.runtime.pipeline import PipelineLeader
+        return PipelineLeader(model, link, model.hidden, model.dtype)
+    from engine.runtime.tensor import TensorLeader
+    return TensorLeader(model, link)
+
+
+def _follower(strategy: str, model: Any, link: Any) -> Any:
+    if strategy == "pipeline":
+        from engine.runtime.pipeline import PipelineFollower
+        return PipelineFollower(model, link)
+    from engine.runtime.tensor import TensorFollower
+    return TensorFollower(model, link)

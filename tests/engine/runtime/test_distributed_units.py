@@ -1,0 +1,211 @@
+"""The pieces of a distributed worker that need no second process: the group config and
+the files MLX reads, the request header, the pipeline stage adapter for every family it
+claims, and which weights a pipeline rank reads."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tiny import LLAMA, make_tiny_model  # noqa: E402
+
+from engine.errors import ModelNotFound, ShardMismatch, UnsupportedModel
+from engine.runtime.distributed import (BadDistConfig, DistConfig, Watchdog,
+                                        check_layer_ranges, mlx_environment)
+from engine.runtime.generate import Sampling
+from engine.runtime.lockstep import Header, prefill_chunks
+
+CONFIG = {"rank": 1, "world": 3, "backend": "ring", "strategy": "pipeline",
+          "hosts": ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002"],
+          "bells": ["127.0.0.1:6000", "127.0.0.1:6001", "127.0.0.1:6002"],
+          "layers": [[0, 3], [3, 4], [4, 6]], "timeout_s": 7}
+
+
+def test_ring_config_becomes_mlx_hostfile_and_rank(tmp_path):
+    cfg = DistConfig.from_dict(CONFIG)
+    assert (cfg.predecessor, cfg.successor) == (0, 2)
+    env = mlx_environment(cfg, tmp_path)
+    assert env["MLX_RANK"] == "1"
+    assert json.loads(Path(env["MLX_HOSTFILE"]).read_text()) == [[h] for h in CONFIG["hosts"]]
+
+
+@pytest.mark.parametrize("backend,ring", [("jaccl", False), ("jaccl-ring", True)])
+def test_jaccl_config_writes_device_matrix_and_coordinator(tmp_path, backend, ring):
+    devices = [[None, "rdma_en3", "rdma_en4"], ["rdma_en3", None, "rdma_en5"],
+               ["rdma_en4", "rdma_en5", None]]
+    cfg = DistConfig.from_dict({**CONFIG, "backend": backend, "devices": devices,
+                                "coordinator": "10.0.0.1:7000"})
+    env = mlx_environment(cfg, tmp_path)
+    assert json.loads(Path(env["MLX_IBV_DEVICES"]).read_text()) == devices
+    assert env["MLX_JACCL_COORDINATOR"] == "10.0.0.1:7000" and env["MLX_RANK"] == "1"
+    assert ("MLX_JACCL_RING" in env) is ring
+    with pytest.raises(BadDistConfig):  # a rank's own cell must be null
+        DistConfig.from_dict({**CONFIG, "backend": backend, "coordinator": "10.0.0.1:7000",
+                              "devices": [["x"] * 3] * 3})
+
+
+@pytest.mark.parametrize("change", [
+    {"rank": 3}, {"world": 1, "rank": 0}, {"bells": ["127.0.0.1:1"]}, {"hosts": ["nope"] * 3},
+    {"strategy": "magic"}, {"layers": [[0, 3], [4, 6], [6, 7]]}, {"layers": [[0, 3], [3, 3],
+                                                                           [3, 6]]},
+])
+def test_bad_configs_are_refused_with_a_reason(change):
+    with pytest.raises(BadDistConfig) as e:
+        DistConfig.from_dict({**CONFIG, **change})
+    assert e.value.message
+
+
+def test_layer_ranges_must_cover_the_model():
+    check_layer_ranges(((0, 3), (3, 6)), 2, 6)
+    with pytest.raises(BadDistConfig):
+        check_layer_ranges(((0, 3), (3, 5)), 2, 6)
+
+
+def test_header_round_trip():
+    s = Sampling(max_tokens=77, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
+                 repetition_penalty=1.2, seed=2**62 + 12345)
+    h = Header(513, 576, "bfloat16", s)
+    assert Header.decode(h.encode()) == Header(513, 576, "bfloat16", Sampling(
+        max_tokens=77, temperature=pytest.approx(0.7), top_p=pytest.approx(0.9), top_k=40,
+        min_p=pytest.approx(0.05), repetition_penalty=pytest.approx(1.2), seed=2**62 + 12345))
+    plain = Header.decode(Header(5, 64, "float32", Sampling()).encode()).sampling
+    assert plain.repetition_penalty is None and plain.seed is None
+
+
+def test_prefill_chunks_follow_mlx_lm():
+    assert prefill_chunks(1) == []
+    assert prefill_chunks(7) == [6]
+    assert prefill_chunks(4100, 2048) == [2048, 2048, 3]
+
+
+def test_watchdog_fires_only_when_a_watched_wait_overruns():
+    fired = threading.Event()
+    dog = Watchdog(0.3, lambda what, peer: fired.set())
+    with dog.watch("a quick step", 1):
+        pass
+    assert not fired.wait(0.6)
+    with dog.watch("a stuck step", 1):
+        assert fired.wait(3)
+
+
+# -- the pipeline stage adapter ---------------------------------------------------------
+BASE = {"hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "vocab_size": 300, "head_dim": 16, "max_position_embeddings": 512,
+        "rope_theta": 10000.0, "tie_word_embeddings": False}
+FAMILIES = {
+    "llama": {"layer_types": ["sliding_attention", "full_attention"] * 3, "sliding_window": 4},
+    "llama-tied": {"model_type": "llama", "tie_word_embeddings": True},
+    "qwen2": {}, "qwen3": {}, "phi3": {}, "gemma": {}, "olmo2": {},
+    "gemma2": {"query_pre_attn_scalar": 16, "final_logit_softcapping": 30.0,
+               "attn_logit_softcapping": 50.0, "sliding_window": 4},
+    "gemma3_text": {"sliding_window": 4, "sliding_window_pattern": 3,
+                    "query_pre_attn_scalar": 16},
+    "granite": {"logits_scaling": 2.0, "embedding_multiplier": 3.0, "attention_bias": False,
+                "attention_multiplier": 0.5, "residual_multiplier": 0.7, "mlp_bias": False},
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_stages_chained_give_the_models_own_logits(name):
+    """Three uneven stages, chained in one process, through a prompt longer than the
+    sliding windows and several decode steps: exactly the model's logits."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import _get_classes
+
+    from engine.runtime.pipeline import Stage
+
+    config = {**BASE, "model_type": name, **FAMILIES[name]}
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(0)
+    model = model_cls(args_cls.from_dict(config))
+    mx.eval(model.parameters())
+    stages = [Stage(model, s, e) for s, e in ((0, 2), (2, 5), (5, 6))]
+    cache, caches = make_prompt_cache(model), [s.make_cache() for s in stages]
+    for x in [mx.array([[5, 9, 33, 71, 2, 8, 100, 4, 5, 6]])] + \
+             [mx.array([[t]]) for t in (3, 77, 12, 5, 6, 7)]:
+        h = x
+        for stage, c in zip(stages, caches):
+            h = stage(h, c)
+        assert mx.array_equal(model(x, cache=cache), stages[-1].logits(h)).item()
+
+
+def test_unknown_family_is_refused():
+    from engine.runtime.pipeline import Stage
+
+    class Model:  # not an mlx-lm family the adapter knows
+        pass
+
+    with pytest.raises(UnsupportedModel):
+        Stage(Model(), 0, 1)
+
+
+# -- which weights a pipeline rank reads --------------------------------------------------
+def split_into_files(folder: Path) -> None:
+    """Rewrite a one-file model as three files and an index, like a Hub checkpoint."""
+    import mlx.core as mx
+
+    weights = mx.load(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    parts = {"model-1.safetensors": lambda k: "layers" not in k or ".layers.0." in k
+             or ".layers.1." in k,
+             "model-2.safetensors": lambda k: any(f".layers.{i}." in k for i in (2, 3)),
+             "model-3.safetensors": lambda k: any(f".layers.{i}." in k for i in (4, 5))}
+    wmap = {}
+    for name, want in parts.items():
+        part = {k: v for k, v in weights.items() if want(k)}
+        mx.save_safetensors(str(folder / name), part)
+        wmap.update({k: name for k in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wmap}))
+
+
+def test_a_middle_rank_reads_only_its_layers(tmp_path):
+    from engine.runtime.shard_load import load_pipeline_stage
+
+    folder = make_tiny_model(tmp_path / "m", LLAMA, num_hidden_layers=6, hidden_size=256,
+                             intermediate_size=1024)
+    split_into_files(folder)
+    whole = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    (folder / "model-3.safetensors").unlink()  # a rank needs only the files it uses
+    stage, _, info = load_pipeline_stage(folder, 2, 4)
+    assert info.files == ("model-2.safetensors",)
+    assert (folder / "model-2.safetensors").stat().st_size * 0.9 < info.bytes_read < whole / 2
+    assert len(stage.layers) == 2 and "embed_tokens" not in stage.modules
+    with pytest.raises(ModelNotFound, match="model-3"):  # gone: named, not guessed
+        load_pipeline_stage(folder, 4, 6)
+
+
+def test_missing_layers_in_the_checkpoint_are_named():
+    from engine.runtime.shard_load import files_for_layers
+
+    wmap = {"model.layers.0.mlp.weight": "a", "model.layers.2.mlp.weight": "b",
+            "model.norm.weight": "b"}
+    assert files_for_layers(wmap, 2, 3, 3, ends=True) == ["b"]
+    assert files_for_layers(wmap, 0, 1, 3, ends=False) == ["a"]
+    with pytest.raises(ShardMismatch, match=r"\[1\]"):
+        files_for_layers(wmap, 0, 3, 3, ends=False)
+
+
+def test_tensor_split_needs_heads_divisible():
+    from engine.runtime.shard_load import check_tensor_split
+
+    check_tensor_split({"num_attention_heads": 8, "num_key_value_heads": 2}, 2)
+    with pytest.raises(ShardMismatch, match="divide by 3"):
+        check_tensor_split({"num_attention_heads": 8, "num_key_value_heads": 2}, 3)
+    with pytest.raises(ShardMismatch):
+        check_tensor_split({"num_attention_heads": 8, "num_key_value_heads": 2}, 4)
+
+
+def test_unreadable_config_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "rank.json"
+    bad.write_text("{not json")
+    with pytest.raises(BadDistConfig, match="rank.json"):
+        DistConfig.from_file(bad)
+    bad.write_text(json.dumps(CONFIG))
+    assert DistConfig.from_file(bad).rank == 1
