@@ -112,6 +112,7 @@ def main() -> None:
             rs[args.strategy].append(timed_round(group.leader, f"p{i}", args.tokens))
         rss = [peak_rss(w) for w in (*group.ranks, single)]
         group.shutdown()
+        stats = [rank_stats(w.log)[-args.rounds:] for w in group.ranks]  # before cleanup
     finally:
         group.kill()
         single.kill()
@@ -135,7 +136,7 @@ def main() -> None:
           "ms/step | bytes read | of weights | peak RSS |")
     print("|---|---|---|---|---|---|---|---|")
     for r, ev in enumerate(ready):
-        st = rank_stats(group.ranks[r].log)[-args.rounds:]  # the timed rounds
+        st = stats[r]  # the timed rounds
         c, m, w = (statistics.median(s[i] for s in st) for i in (1, 2, 3))
         print(f"| {r} | {ev['layers']} | {c:.2f} | {m:.3f} | {w:.2f} | "
               f"{ev['bytes_read'] / 1e6:.0f} MB | {ev['bytes_read'] / weights:.0%} | "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from engine import placement_profiles
+from engine.placement.tables import DEFAULT
 from engine.placement.memory import context_label, gb
 from engine.placement.model import QUANTIZATIONS, LinkSpec, ModelSpec, NodeSpec
 from engine.placement.planner import Placement, Rejection, evaluate, explain, plan
@@ -190,6 +191,10 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
         raise PlacementError(f"node {name} reports no memory size")
     bw = info.get("memory_bandwidth_Bps") or (prof or {}).get("memory_bandwidth_gbs", 0) * 1e9
     flops = info.get("compute_flops") or (prof or {}).get("fp16_tflops", 0) * 1e12
+    if info.get("measured_bandwidth_Bps"):  # measured figures are what a step really gets:
+        bw = info["measured_bandwidth_Bps"] / DEFAULT.bandwidth_efficiency  # undo the
+    if info.get("measured_flops"):  # efficiency factors the model applies to peak figures
+        flops = info["measured_flops"] / DEFAULT.compute_efficiency
     if not bw or not flops:
         bw, flops = bw or 100e9, flops or 2e12
         notes.append(f"{name}: no bandwidth/compute figures for chip {info.get('chip')!r}; "

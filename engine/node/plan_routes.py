@@ -24,7 +24,8 @@ def _node_info(info: dict[str, Any]) -> dict[str, Any]:
             "memory_bytes": memory.get("total_bytes"), "chip": machine.get("chip"),
             "models": info.get("models") or [], "rdma": bool(rdma),
             # measured on the machine itself (engine/telemetry/calibrate.py), when known
-            **(info.get("speed") or {})}
+            "measured_bandwidth_Bps": (info.get("speed") or {}).get("memory_bandwidth_Bps"),
+            "measured_flops": (info.get("speed") or {}).get("compute_flops")}
 
 
 def plan_inputs(c: Cluster, model: str) -> dict[str, Any]:
