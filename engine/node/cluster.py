@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import BadRequest, PeerUnreachable, ShoalError, WorkerFailed
+from engine.errors import (BadRequest, InsufficientMemory, PeerUnreachable, ShoalError,
+                           WorkerFailed)
 from engine.node.peers import Peers
 from engine.node.service import Node
 from engine.node.state import Failed, Loading, Ready
@@ -119,7 +120,20 @@ class Cluster:
 
     # --- launching (owner side) ----------------------------------------------------------
     async def launch(self, body: Any) -> dict[str, Any]:
+        if isinstance(body, dict) and isinstance(body.get("model"), str) \
+                and not body.get("nodes"):
+            body = {**body, **self._best_placement(body)}  # the planner's first choice
         model, strategy, ranks = self._parse(body)
+        if len(ranks) == 1:  # one node: a plain single-process model there
+            if ranks[0]["url"] is not None:
+                return await self.peers.call(ranks[0]["url"], "POST", "/shoal/instances",
+                                             {**body, "nodes": [{"node": "self"}]},
+                                             timeout=900)
+            self._check_memory(body, model, "pipeline", ranks)
+            await self.stop_instance("replaced by a new launch")
+            await self.node.start_worker(model, self.node.resolve(model))
+            return {"model": model, "strategy": "single", "state": "ready",
+                    "ranks": [{"rank": 0, "node": self.id, "layers": None}]}
         if ranks[0]["url"] is not None:  # rank 0 lives on its owner: hand the job over
             return await self.peers.call(ranks[0]["url"], "POST", "/shoal/instances",
                                          {**body, "nodes": [
@@ -134,6 +148,7 @@ class Cluster:
                 check_tensor(shape, len(ranks), mtype)
         except PlacementError as e:
             raise BadRequest(f"This placement can't run: {e}.", param="nodes") from None
+        warning = self._check_memory(body, model, strategy, ranks)
         await self.stop_instance("replaced by a new launch")
         inst = Instance(uuid.uuid4().hex[:12], model, strategy, ranks)
         self.instance = inst
@@ -145,7 +160,51 @@ class Cluster:
             raise
         inst.state = "ready"
         inst.watch = asyncio.create_task(self._watch(inst))
-        return inst.public()
+        return {**inst.public(), **({"warning": warning} if warning else {})}
+
+    def _best_placement(self, body: dict[str, Any]) -> dict[str, Any]:
+        """strategy/backend/nodes of the best feasible placement for body["model"]."""
+        from engine.node.plan_routes import plan_inputs
+        from engine.placement_cli import plan_from_cluster
+        src = plan_inputs(self, body["model"])
+        report = plan_from_cluster(src["nodes"], src["config"], body.get("context"),
+                                   src["links"], body["model"])
+        ring = [p for p in report.placements if p.backend in ("ring", "-", None)
+                or len(p.ranks) == 1]
+        if not ring:
+            why = "; ".join(r.reason for r in report.rejected[:3]) or "no node can hold it"
+            raise InsufficientMemory(f"{body['model']} fits no placement on this cluster: "
+                                     f"{why}", param="model")
+        # Among the (nearly) fastest, the one led by this node: it is the one asked.
+        top = [p for p in ring if p.decode_tps >= 0.99 * ring[0].decode_tps]
+        mine = [p for p in top if p.ranks[0].node == self.id]
+        launch = (mine or ring)[0].to_launch(body["model"])
+        return {"strategy": launch["strategy"], "backend": "ring", "nodes": launch["nodes"]}
+
+    def _check_memory(self, body: dict[str, Any], model: str, strategy: str,
+                      ranks: list[dict[str, Any]]) -> str | None:
+        """Refuse a placement that would swap, with the numbers, unless forced (then the
+        numbers come back as a warning)."""
+        from engine.node.plan_routes import plan_inputs
+        from engine.placement.validate import NotEnoughMemory
+        from engine.placement_cli import plan_from_cluster
+        src = plan_inputs(self, model)
+        layout = (strategy, "ring",
+                  [{"node": r["node"], **({"layers": r["layers"]} if r["layers"] else {})}
+                   for r in ranks])
+        force = bool(body.get("force"))
+        try:
+            report = plan_from_cluster(src["nodes"], src["config"], body.get("context"),
+                                       src["links"], model, force, layout)
+        except NotEnoughMemory as e:
+            raise InsufficientMemory(f"{e}. Choose other nodes or a shorter context, or "
+                                     "launch with \"force\": true to try anyway.",
+                                     param="nodes") from None
+        except PlacementError as e:
+            log.info("memory check skipped: %s", e)
+            return None
+        warnings = [w for p in report.placements for w in getattr(p, "warnings", ())]
+        return "; ".join(warnings) or None
 
     def _parse(self, body: Any) -> tuple[str, str, list[dict[str, Any]]]:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
@@ -208,7 +267,9 @@ class Cluster:
         base = {"world": len(inst.ranks), "backend": "ring", "strategy": inst.strategy,
                 "hosts": [f"{p['host']}:{p['ports'][0]}" for p in preps],
                 "bells": [f"{p['host']}:{p['ports'][1]}" for p in preps],
-                "layers": [r["layers"] for r in inst.ranks], "timeout_s": 30}
+                "layers": [r["layers"] for r in inst.ranks],
+                # one token or one 2048-token prefill chunk round the whole group
+                "timeout_s": 120}
         # 2. start every rank at once (MLX's init needs them all)
         starts = [self.peers.call(r["url"], "POST", "/shoal/peer/start",
                                   {"instance": inst.id, "model": inst.model,

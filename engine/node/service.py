@@ -83,7 +83,8 @@ class Node:
             w = self.worker
             if w is not None and w.alive and w.model_id == model_id:
                 return w
-            if w is not None and w.dist_config is not None and w.model_id == model_id:
+            if w is not None and w.dist_config is not None and w.model_id == model_id \
+                    and w.dead_reason != "stopped":
                 raise WorkerFailed(f"The distributed instance of {model_id} is not running "
                                    f"({w.dead_reason}). Launch it again.")
             return await self._start(model_id, self.resolve(model_id), None)

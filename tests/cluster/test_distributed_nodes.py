@@ -164,3 +164,27 @@ def _worker_pids(n: NodeProcess) -> list[int]:
         if int(stat[2]) == n.proc.pid and b"engine.runtime.worker" in cmd and stat[0] != "Z":
             pids.append(int(d.name))
     return pids
+
+
+def test_memory_is_checked_before_launch_and_force_overrides(trio):
+    a, b, _ = trio
+    body = {"model": "tiny-llama", "strategy": "pipeline", "context": 2**31,
+            "nodes": [{"node": "self", "layers": [0, 2]}, {"node": node_id(b), "layers": [2, 4]}]}
+    r = launch(a, body)  # a KV cache for 2G tokens fits nowhere
+    assert r.status_code == 507, r.text
+    msg = r.json()["error"]["message"]
+    assert "needs" in msg and "usable" in msg and "force" in msg
+    assert a.client.status()["worker_pid"] is None  # nothing was started
+    forced = launch(a, {**body, "force": True})
+    assert forced.status_code == 201, forced.text
+    assert "forced beyond the memory check" in forced.json()["warning"]
+    httpx.delete(a.url + f"/shoal/instances/{forced.json()['id']}", timeout=60)
+
+
+def test_launch_without_nodes_takes_the_planners_best(trio):
+    a = trio[0]
+    r = launch(a, {"model": "tiny-llama"})
+    assert r.status_code == 201, r.text
+    assert r.json()["state"] == "ready"
+    assert a.client.complete(HELLO, model="tiny-llama", max_tokens=3)["usage"][
+        "completion_tokens"] == 3
