@@ -31,6 +31,7 @@ from engine.placement.validate import (STRATEGIES, ModelShape, PlacementError, c
                                        check_tensor)
 
 log = logging.getLogger(__name__)
+BACKENDS = ("ring", "jaccl", "jaccl-ring")
 WATCH_S = 2.0
 GONE_S = 6.0  # a rank's node silent this long is gone (liveness within 10 s)
 
@@ -54,6 +55,8 @@ class Instance:
     ranks: list[dict[str, Any]]  # {"node", "url" (None = self), "layers"}
     state: str = "starting"
     reason: str | None = None
+    backend: str = "ring"
+    devices: list[list[str | None]] | None = None  # jaccl: RDMA device per rank pair
     watch: asyncio.Task | None = field(default=None, repr=False)
 
     def public(self) -> dict[str, Any]:
@@ -140,6 +143,8 @@ class Cluster:
                                              {**n, "node": r["node"]} for n, r in
                                              zip(body["nodes"], ranks)]}, timeout=900)
         path = self.node.resolve(model)
+        backend = body.get("backend", "ring")
+        rdma = self._rdma_matrix(ranks, backend) if backend != "ring" else None
         shape, mtype = model_shape(json.loads((path / "config.json").read_text()))
         try:
             if strategy == "pipeline":
@@ -151,6 +156,7 @@ class Cluster:
         warning = self._check_memory(body, model, strategy, ranks)
         await self.stop_instance("replaced by a new launch")
         inst = Instance(uuid.uuid4().hex[:12], model, strategy, ranks)
+        inst.backend, inst.devices = backend, rdma
         self.instance = inst
         try:
             await self._start(inst, path)
@@ -206,6 +212,32 @@ class Cluster:
         warnings = [w for p in report.placements for w in getattr(p, "warnings", ())]
         return "; ".join(warnings) or None
 
+    def _rdma_matrix(self, ranks: list[dict[str, Any]], backend: str
+                     ) -> list[list[str | None]]:
+        """The jaccl device matrix from every rank node's Thunderbolt and RDMA report, or
+        BadRequest naming the pair that lacks a cable or RDMA."""
+        from engine.cluster.probes import PlatformReport
+        from engine.cluster.rdma import device_matrix
+        from engine.cluster.thunderbolt import cable_graph
+        reports = {}
+        for r in ranks:
+            if r["url"] is None:
+                plat = self.facts.platform.to_dict() if self.facts and self.facts.platform \
+                    else None
+            else:
+                peer = self.peers.find(r["url"])
+                plat = peer.info.get("platform") if peer else None
+            reports[r["node"]] = PlatformReport.from_dict(plat)
+        m = device_matrix([r["node"] for r in ranks],
+                          cable_graph({k: v.thunderbolt for k, v in reports.items()}),
+                          {k: v.rdma for k, v in reports.items()},
+                          ring=backend == "jaccl-ring")
+        if not m.ok:
+            raise BadRequest(f"{backend} can't run on these nodes: "
+                             f"{'; '.join(m.problems)}. Use the ring backend (TCP).",
+                             param="backend")
+        return [list(row) for row in m.matrix or []]
+
     def _parse(self, body: Any) -> tuple[str, str, list[dict[str, Any]]]:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             raise BadRequest("Send {\"model\", \"strategy\", \"nodes\": [{\"node\", "
@@ -214,9 +246,9 @@ class Cluster:
         if strategy not in STRATEGIES:
             raise BadRequest(f"strategy must be one of {', '.join(STRATEGIES)}.",
                              param="strategy")
-        if body.get("backend", "ring") != "ring":
-            raise BadRequest("Only the ring backend can be launched on these nodes "
-                             "(RDMA needs Thunderbolt 5 Macs).", param="backend")
+        if body.get("backend", "ring") not in BACKENDS:
+            raise BadRequest(f"backend must be one of {', '.join(BACKENDS)}.",
+                             param="backend")
         nodes = body.get("nodes")
         if not isinstance(nodes, list) or not nodes:
             raise BadRequest("'nodes' must list the nodes of the instance, rank 0 first.",
@@ -264,7 +296,9 @@ class Cluster:
         for r, p in zip(inst.ranks, preps):
             if isinstance(p, BaseException):
                 raise _blame(r, p)
-        base = {"world": len(inst.ranks), "backend": "ring", "strategy": inst.strategy,
+        base = {"world": len(inst.ranks), "backend": inst.backend, "strategy": inst.strategy,
+                **({"devices": inst.devices, "coordinator":
+                    f"{preps[0]['host']}:{preps[0]['ports'][0]}"} if inst.devices else {}),
                 "hosts": [f"{p['host']}:{p['ports'][0]}" for p in preps],
                 "bells": [f"{p['host']}:{p['ports'][1]}" for p in preps],
                 "layers": [r["layers"] for r in inst.ranks],

@@ -188,3 +188,13 @@ def test_launch_without_nodes_takes_the_planners_best(trio):
     assert r.json()["state"] == "ready"
     assert a.client.complete(HELLO, model="tiny-llama", max_tokens=3)["usage"][
         "completion_tokens"] == 3
+
+
+def test_rdma_backend_is_refused_with_the_reason_where_there_is_none(trio):
+    a, b, _ = trio
+    r = launch(a, {"model": "tiny-llama", "strategy": "pipeline", "backend": "jaccl",
+                   "nodes": [{"node": "self", "layers": [0, 2]},
+                             {"node": node_id(b), "layers": [2, 4]}]})
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    assert msg.startswith("jaccl can't run on these nodes") and "ring backend" in msg
