@@ -39,8 +39,8 @@ class ShoalError(Exception):
         return e
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
+def _all_subclasses(cls: type[ShoalError]) -> list[type[ShoalError]]:
+    out: list[type[ShoalError]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))

@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.errors import (BadRequest, InsufficientMemory, PeerUnreachable, ShoalError,
                            WorkerFailed)
@@ -178,7 +178,7 @@ class Cluster:
         ring = [p for p in report.placements if p.backend in ("ring", "-", None)
                 or len(p.ranks) == 1]
         if not ring:
-            why = "; ".join(r.reason for r in report.rejected[:3]) or "no node can hold it"
+            why = "; ".join(r.reason for r in report.rejections[:3]) or "no node can hold it"
             raise InsufficientMemory(f"{body['model']} fits no placement on this cluster: "
                                      f"{why}", param="model")
         # Among the (nearly) fastest, the one led by this node: it is the one asked.
@@ -296,11 +296,12 @@ class Cluster:
         for r, p in zip(inst.ranks, preps):
             if isinstance(p, BaseException):
                 raise _blame(r, p)
+        got = cast(list[dict[str, Any]], preps)  # no exceptions past this point
         base = {"world": len(inst.ranks), "backend": inst.backend, "strategy": inst.strategy,
                 **({"devices": inst.devices, "coordinator":
-                    f"{preps[0]['host']}:{preps[0]['ports'][0]}"} if inst.devices else {}),
-                "hosts": [f"{p['host']}:{p['ports'][0]}" for p in preps],
-                "bells": [f"{p['host']}:{p['ports'][1]}" for p in preps],
+                    f"{got[0]['host']}:{got[0]['ports'][0]}"} if inst.devices else {}),
+                "hosts": [f"{p['host']}:{p['ports'][0]}" for p in got],
+                "bells": [f"{p['host']}:{p['ports'][1]}" for p in got],
                 "layers": [r["layers"] for r in inst.ranks],
                 # one token or one 2048-token prefill chunk round the whole group
                 "timeout_s": 120}

@@ -99,7 +99,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         if total != cfg.world:
             raise RuntimeError(f"the group check summed to {total}, not {cfg.world}")
     except ShoalError as e:
-        fatal(e.code, e.message)
+        fatal(e.code or "group_failed", e.message)
     except Exception as e:  # anything mlx-lm or MLX raises on a model or group it can't use
         log.exception("starting rank %d failed", cfg.rank)
         fatal("load_failed", f"Rank {cfg.rank} couldn't load {model_path}: {e}")

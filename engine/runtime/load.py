@@ -70,7 +70,7 @@ def load_model(folder: Path, progress: Callable[[int, int], None] | None = None
         raise ModelNotFound(f"{folder} holds no .safetensors weights.")
     for f in files:
         check_safetensors(f)
-    model, tokenizer = load(str(folder), lazy=True)
+    model, tokenizer = load(str(folder), lazy=True)[:2]  # (model, tokenizer[, config])
     layers = list(getattr(getattr(model, "model", model), "layers", []) or [])
     total = len(layers)
     for i, layer in enumerate(layers):

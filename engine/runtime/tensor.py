@@ -37,6 +37,7 @@ class TensorLeader:
     def __init__(self, model: Any, link: Link):
         self.model, self.link = model, link
         self.cache: list[Any] = []
+        self.history: Any = None  # tokens so far, for the logits processors
 
     def _step(self, tokens: Any) -> int:
         import mlx.core as mx
