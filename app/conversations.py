@@ -39,11 +39,14 @@ class Conversation:
     created: float = field(default_factory=time.time)
     model: str | None = None
     messages: list[Message] = field(default_factory=list)
+    system: str = ""  # the system prompt, sent first with every request
 
     def history(self) -> list[dict[str, str]]:
-        """The messages to send to the node: errors and empty replies left out."""
-        return [{"role": m.role, "content": m.content} for m in self.messages
-                if m.error is None and m.content]
+        """The messages to send to the node: the system prompt, then the conversation
+        with errors and empty replies left out."""
+        head = [{"role": "system", "content": self.system}] if self.system.strip() else []
+        return head + [{"role": m.role, "content": m.content} for m in self.messages
+                       if m.error is None and m.content]
 
 
 def _conversation_from(d: dict[str, Any]) -> Conversation:
@@ -52,7 +55,7 @@ def _conversation_from(d: dict[str, Any]) -> Conversation:
             for m in d.get("messages", [])]
     return Conversation(id=str(d["id"]), title=str(d.get("title") or "Conversation"),
                         created=float(d.get("created") or 0.0), model=d.get("model"),
-                        messages=msgs)
+                        messages=msgs, system=str(d.get("system") or ""))
 
 
 class ConversationStore:

@@ -45,15 +45,18 @@ class LocalNode:
     """The node on this machine. start() blocks (run it through Tasks); stop() is bounded."""
 
     def __init__(self, home: Path, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
-                 command: list[str] | None = None, start_timeout: float = 60.0):
+                 command: list[str] | None = None, start_timeout: float = 60.0,
+                 api_key: str | None = None):
         self.home = Path(home)
-        self.host, self.port = host, port
-        self.url = f"http://{host}:{port}"
+        self.host, self.port = host, port  # host: where the node serves its API
+        # A node serving on every interface is reached on loopback from this machine.
+        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
         self.command = command or node_command(host, port, self.home)
+        self.api_key = api_key
         self.start_timeout = start_timeout
         self.log_path = logs_dir(self.home) / LOG_NAME
         self.proc: subprocess.Popen | None = None
-        self.client = NodeClient(self.url)
+        self.client = NodeClient(self.url, api_key=api_key)
         self._lock = threading.Lock()  # guards proc against a stop() during start()
         self._stopping = threading.Event()
 
@@ -82,8 +85,11 @@ class LocalNode:
             log.info("Starting the local node: %s", " ".join(self.command))
             with open(self.log_path, "wb") as out:
                 # Its own process group, so a stuck worker can be stopped with the node.
+                # The key goes by environment, not argv, so `ps` doesn't show it.
+                env = {**os.environ, **({"SHOAL_API_KEY": self.api_key} if self.api_key
+                                        else {})}
                 self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL,
+                                             stdin=subprocess.DEVNULL, env=env,
                                              start_new_session=os.name == "posix")
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
@@ -121,7 +127,7 @@ class LocalNode:
             proc = self.proc
         if proc is not None and proc.poll() is None:
             try:
-                with NodeClient(self.url, timeout=2.0) as c:
+                with NodeClient(self.url, api_key=self.api_key, timeout=2.0) as c:
                     c.shutdown()
                 proc.wait(timeout=max(timeout - 5.0, 1.0))
             except ShoalError as e:

@@ -25,10 +25,11 @@ STATES = ("starting", "idle", "loading", "generating", "error", "stopped", "unre
 
 
 def poll_status(url: str, stop: threading.Event, interval: float = 1.0,
-                timeout: float = 2.0) -> Iterator[dict[str, Any]]:
+                timeout: float = 2.0, api_key: str | None = None
+                ) -> Iterator[dict[str, Any]]:
     """Yield the node's status whenever it changes, until `stop` is set."""
     last: dict[str, Any] | None = None
-    with NodeClient(url, timeout=timeout) as client:
+    with NodeClient(url, api_key=api_key, timeout=timeout) as client:
         while not stop.is_set():
             try:
                 status = client.status()
@@ -47,9 +48,10 @@ class StatusMonitor(QObject):
     changed = Signal(object)
 
     def __init__(self, tasks: Tasks, url: str, interval: float = 1.0,
-                 parent: QObject | None = None):
+                 parent: QObject | None = None, api_key: str | None = None):
         super().__init__(parent)
         self._tasks, self._url, self._interval = tasks, url, interval
+        self._api_key = api_key
         self._stop = threading.Event()
         self._task: StreamTask | None = None
         self.status: dict[str, Any] = {"state": "starting"}
@@ -57,7 +59,8 @@ class StatusMonitor(QObject):
     def start(self) -> None:
         self._stop.clear()
         self._task = self._tasks.stream(poll_status, self._url, self._stop, self._interval,
-                                        on_items=self._on_items, on_error=self._on_error)
+                                        2.0, self._api_key, on_items=self._on_items,
+                                        on_error=self._on_error)
 
     def stop(self) -> None:
         self._stop.set()

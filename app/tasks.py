@@ -4,14 +4,20 @@
 callback on the GUI thread. `Tasks.stream` iterates something blocking (a chat stream, a
 status poll) on a worker thread and hands the items to the GUI thread in batches, at most
 one batch per `interval_ms`, so a fast token stream costs one repaint per batch.
+
+Workers never hold a Qt object of a task: they report through one long-lived dispatcher
+by number, and the GUI thread owns (and so destroys) everything else. A QObject whose last
+Python reference dies on a worker thread is destroyed there, which crashes Qt.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from typing import Any, Callable, Iterable
 
+import shiboken6
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, QTimer, Signal, Slot
 
 log = logging.getLogger(__name__)
@@ -29,38 +35,66 @@ def _call(fn: Callback, *args: Any) -> None:
         log.exception("Callback %r failed", fn)
 
 
-class _Relay(QObject):
-    """Lives on the GUI thread; signals emitted by a worker are queued to it."""
+class _Dispatcher(QObject):
+    """Lives on the GUI thread (a child of Tasks); workers emit to it, queued."""
 
-    finished = Signal(object, object)  # (result, exception)
+    finished = Signal(int, object, object)  # (job number, result, exception)
 
-    def __init__(self, on_done: Callback, on_error: Callback, release: Callable):
+
+class _Job(QRunnable):
+    """Runs fn on a worker and reports the outcome by job number."""
+
+    def __init__(self, fn: Callable[[], Any], key: int, dispatcher: _Dispatcher):
         super().__init__()
-        self._on_done, self._on_error, self._release = on_done, on_error, release
-        self.finished.connect(self._deliver)
+        self._fn, self._key, self._signal = fn, key, dispatcher.finished
 
-    @Slot(object, object)
-    def _deliver(self, result: Any, error: BaseException | None) -> None:
-        self._release(self)
+    def run(self) -> None:
+        fn, self._fn = self._fn, None
+        try:
+            result, error = fn(), None
+        except Exception as e:  # noqa: BLE001 - every failure goes to the callback
+            result, error = None, e
+        del fn
+        self._signal.emit(self._key, result, error)
+
+
+def _gone(owner: QObject | None) -> bool:
+    return owner is not None and not shiboken6.isValid(owner)
+
+
+class _Call:
+    """A pending Tasks.run: its callbacks, until the result is delivered."""
+
+    def __init__(self, on_done: Callback, on_error: Callback, owner: QObject | None):
+        self.on_done, self.on_error, self.owner = on_done, on_error, owner
+
+    def finish(self, result: Any, error: BaseException | None) -> None:
+        if _gone(self.owner):
+            return  # the widget that asked was closed meanwhile
         if error is None:
-            _call(self._on_done, result)
-        elif self._on_error is not None:
-            _call(self._on_error, error)
+            _call(self.on_done, result)
+        elif self.on_error is not None:
+            _call(self.on_error, error)
         else:
             log.error("Background task failed", exc_info=error)
 
 
-class _Job(QRunnable):
-    def __init__(self, fn: Callable[[], Any], relay: _Relay):
-        super().__init__()
-        self._fn, self._relay = fn, relay
+class _Feed:
+    """What a stream's worker and the GUI thread share: plain Python, no Qt."""
 
-    def run(self) -> None:
-        try:
-            result, error = self._fn(), None
-        except Exception as e:  # noqa: BLE001 - every failure goes to the callback
-            result, error = None, e
-        self._relay.finished.emit(result, error)
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.lock = threading.Lock()
+        self.buffer: list[Any] = []
+
+    def push(self, item: Any) -> None:  # worker thread
+        with self.lock:
+            self.buffer.append(item)
+
+    def take(self) -> list[Any]:
+        with self.lock:
+            items, self.buffer = self.buffer, []
+        return items
 
 
 class StreamTask(QObject):
@@ -69,50 +103,42 @@ class StreamTask(QObject):
     the source, since closing a socket from another thread does not wake a blocked read."""
 
     def __init__(self, on_items: Callback, on_done: Callback, on_error: Callback,
-                 interval_ms: int, release: Callable):
+                 interval_ms: int, owner: QObject | None = None):
         super().__init__()
-        self.cancelled = threading.Event()
-        self._lock = threading.Lock()
-        self._buffer: list[Any] = []
+        self.owner = owner
+        self._feed = _Feed()
+        self.cancelled = self._feed.cancelled
         self._callbacks = (on_items, on_done, on_error)
-        self._release = release
         self.done = False
         self._timer = QTimer(self, interval=interval_ms)
         self._timer.timeout.connect(self._flush)
-        self._relay = _Relay(self._finish, self._fail, lambda _relay: None)
 
     def cancel(self) -> None:
         self.cancelled.set()
 
-    def _push(self, item: Any) -> None:  # worker thread
-        with self._lock:
-            self._buffer.append(item)
-
     @Slot()
     def _flush(self) -> None:
-        with self._lock:
-            items, self._buffer = self._buffer, []
-        if items and not self.cancelled.is_set():
+        items = self._feed.take()
+        if _gone(self.owner):
+            self.cancel()
+        elif items and not self.cancelled.is_set():
             _call(self._callbacks[0], items)
 
-    def _finish(self, _result: Any = None) -> None:
-        self._end(None)
-
-    def _fail(self, error: BaseException) -> None:
-        self._end(error)
-
-    def _end(self, error: BaseException | None) -> None:
+    def finish(self, _result: Any, error: BaseException | None) -> None:
         self._timer.stop()
         self._flush()
         self.done = True
-        self._release(self)
+        _, on_done, on_error = self._callbacks
+        self._callbacks = (None, None, None)  # no closures kept alive past the stream
+        if _gone(self.owner):
+            return
         if error is not None and not self.cancelled.is_set():
-            if self._callbacks[2] is not None:
-                _call(self._callbacks[2], error)
+            if on_error is not None:
+                _call(on_error, error)
             else:
                 log.error("Background stream failed", exc_info=error)
         else:
-            _call(self._callbacks[1])
+            _call(on_done)
 
 
 class Tasks(QObject):
@@ -122,32 +148,45 @@ class Tasks(QObject):
         super().__init__(parent)
         self.pool = QThreadPool(self)
         self.pool.setMaxThreadCount(max_threads)
-        self._live: set[QObject] = set()  # keeps relays alive until they deliver
+        self._dispatcher = _Dispatcher(self)
+        self._dispatcher.finished.connect(self._finished)
+        self._keys = itertools.count()
+        self._live: dict[int, _Call | StreamTask] = {}  # until their outcome is delivered
+
+    @Slot(int, object, object)
+    def _finished(self, key: int, result: Any, error: BaseException | None) -> None:
+        job = self._live.pop(key, None)
+        if job is not None:
+            job.finish(result, error)
 
     def run(self, fn: Callable[..., Any], *args: Any, on_done: Callback = None,
-            on_error: Callback = None, **kwargs: Any) -> None:
+            on_error: Callback = None, owner: QObject | None = None, **kwargs: Any) -> None:
         """Call fn(*args, **kwargs) on a worker; on_done(result) or on_error(exc) follows
-        on the GUI thread. Without on_error, failures are logged."""
-        relay = _Relay(on_done, on_error, self._live.discard)
-        self._live.add(relay)
-        self.pool.start(_Job(lambda: fn(*args, **kwargs), relay))
+        on the GUI thread, unless `owner` (the widget asking) was deleted meanwhile.
+        Without on_error, failures are logged."""
+        key = next(self._keys)
+        self._live[key] = _Call(on_done, on_error, owner)
+        self.pool.start(_Job(lambda: fn(*args, **kwargs), key, self._dispatcher))
 
     def stream(self, fn: Callable[..., Iterable[Any]], *args: Any, on_items: Callback = None,
                on_done: Callback = None, on_error: Callback = None,
-               interval_ms: int = 50) -> StreamTask:
+               interval_ms: int = 50, owner: QObject | None = None) -> StreamTask:
         """Iterate fn(*args) on a worker. on_items(list) gets batches on the GUI thread,
-        then exactly one of on_done() / on_error(exc) (on_done after a cancel)."""
-        task = StreamTask(on_items, on_done, on_error, interval_ms, self._live.discard)
-        self._live.add(task)
+        then exactly one of on_done() / on_error(exc) (on_done after a cancel); nothing
+        once `owner` is deleted (the stream is then cancelled)."""
+        task = StreamTask(on_items, on_done, on_error, interval_ms, owner)
+        key = next(self._keys)
+        self._live[key] = task
+        feed = task._feed
 
         def work() -> None:
             source = fn(*args)
             iterator = iter(source)
             try:
                 for item in iterator:
-                    if task.cancelled.is_set():
+                    if feed.cancelled.is_set():
                         break
-                    task._push(item)
+                    feed.push(item)
             finally:
                 # Closing here, on the reading thread, is what tells the node to stop.
                 for obj in (iterator, source):
@@ -156,7 +195,7 @@ class Tasks(QObject):
                         close()
 
         task._timer.start()
-        self.pool.start(_Job(work, task._relay))
+        self.pool.start(_Job(work, key, self._dispatcher))
         return task
 
     def wait(self, timeout_ms: int) -> bool:
@@ -164,6 +203,6 @@ class Tasks(QObject):
         return self.pool.waitForDone(timeout_ms)
 
     def cancel_streams(self) -> None:
-        for obj in list(self._live):
-            if isinstance(obj, StreamTask):
-                obj.cancel()
+        for job in list(self._live.values()):
+            if isinstance(job, StreamTask):
+                job.cancel()

@@ -1,4 +1,6 @@
-"""The tray / menubar icon: its colour shows what the node is doing; menu Show window, Quit.
+"""The tray / menubar icon: its colour shows what Shoal is doing (idle, downloading,
+loading, generating, error); its menu sums up the cluster and the running model, and
+opens the window, stops the model or quits.
 
 Icons are drawn with QPainter so there is nothing to ship or find at run time.
 """
@@ -11,9 +13,12 @@ from PySide6.QtCore import QObject, QPointF, Qt, Signal
 from PySide6.QtGui import QAction, QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
+from app.common import fmt_tps
+
 # Grey for anything without a colour of its own (stopped, starting, unreachable).
 COLOURS = {
     "idle": "#2e9d57",
+    "downloading": "#8e5bd0",
     "loading": "#e0a020",
     "generating": "#2f7fd8",
     "error": "#d03b3b",
@@ -47,6 +52,8 @@ class Tray(QObject):
 
     show_requested = Signal()
     quit_requested = Signal()
+    stop_requested = Signal()
+    settings_requested = Signal()
 
     def __init__(self, parent: QObject | None = None, available: bool | None = None):
         super().__init__(parent)
@@ -55,15 +62,30 @@ class Tray(QObject):
         # only shown where a tray really exists.
         self.available = real if available is None else available
         self.state: str | None = None
+        self.status: dict[str, Any] = {}
+        self.downloading = False
+        self.speed: float | None = None  # decode tokens/s of the last reply
         self.icons = {s: draw_icon(s) for s in (*COLOURS, None)}
         self.menu = QMenu()
-        self.show_action = QAction("Show window", self.menu)
+        self.cluster_action = QAction("Cluster: starting…", self.menu)
+        self.model_action = QAction("No model running", self.menu)
+        for a in (self.cluster_action, self.model_action):
+            a.setEnabled(False)  # information, not commands
+        self.show_action = QAction("Open Shoal", self.menu)
+        self.stop_action = QAction("Stop model", self.menu)
+        self.stop_action.setEnabled(False)
+        self.settings_action = QAction("Settings…", self.menu)
         self.quit_action = QAction("Quit Shoal", self.menu)
         self.show_action.triggered.connect(self.show_requested)
+        self.stop_action.triggered.connect(self.stop_requested)
+        self.settings_action.triggered.connect(self.settings_requested)
         self.quit_action.triggered.connect(self.quit_requested)
-        self.menu.addAction(self.show_action)
-        self.menu.addSeparator()
-        self.menu.addAction(self.quit_action)
+        for a in (self.cluster_action, self.model_action, None, self.show_action,
+                  self.stop_action, self.settings_action, None, self.quit_action):
+            if a is None:
+                self.menu.addSeparator()
+            else:
+                self.menu.addAction(a)
         self.icon = QSystemTrayIcon(self.icons[None], self)
         self.icon.setContextMenu(self.menu)
         self.icon.setToolTip("Shoal")
@@ -73,12 +95,43 @@ class Tray(QObject):
 
     def set_status(self, status: dict[str, Any]) -> None:
         """Follow the node's status (connect to StatusMonitor.changed)."""
-        state = status.get("state")
+        self.status = status
+        self._show()
+
+    def set_downloading(self, on: bool) -> None:
+        self.downloading = on
+        self._show()
+
+    def set_speed(self, stats: dict[str, Any]) -> None:
+        """The last reply's figures (ChatPane.reply_finished)."""
+        self.speed = stats.get("generation_tps")
+        self._show()
+
+    def set_cluster(self, nodes: int, reachable: int) -> None:
+        self.cluster_action.setText(
+            f"Cluster: {nodes} machine{'s' if nodes != 1 else ''}"
+            + (f" ({reachable} reachable)" if reachable != nodes else ""))
+
+    def _show(self) -> None:
+        node_state = self.status.get("state")
+        # A download shows unless the node has something more urgent to say.
+        state = "downloading" if self.downloading and node_state in (None, "idle", "stopped") \
+            else node_state
         self.state = state
         self.icon.setIcon(self.icons.get(state if state in COLOURS else None))
+        model = self.status.get("model")
+        running = bool(model) and (self.status.get("runner") or {}).get("type") in (
+            "Ready", "Loading")
+        text = f"Model: {model}" if model else "No model running"
+        if model and self.speed:
+            text += f" · {fmt_tps(self.speed)} tokens/s"
+        if model and node_state == "loading":
+            text += " · loading"
+        self.model_action.setText(text)
+        self.stop_action.setEnabled(running)
         tip = f"Shoal — {state or 'unknown'}"
-        if status.get("model"):
-            tip += f" · {status['model']}"
+        if model:
+            tip += f" · {model}"
         self.icon.setToolTip(tip)
 
     def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:

@@ -1,15 +1,17 @@
-"""The main window: a start-up page until the node answers, then the chat pane."""
+"""The main window: a start-up page until the node answers, then the views in tabs
+(Chat, Models, Topology, Placement, Charts)."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QFontDatabase, QKeySequence
 from PySide6.QtWidgets import (QLabel, QMainWindow, QPlainTextEdit, QPushButton,
-                               QStackedWidget, QVBoxLayout, QWidget)
+                               QStackedWidget, QTabWidget, QVBoxLayout, QWidget)
 
+from app.settings import KEEP_IN_TRAY
 from app.status import StatusLabel, StatusMonitor
 
-KEEP_IN_TRAY = "tray/keep_running_on_close"
+__all__ = ["KEEP_IN_TRAY", "MainWindow", "StartPage"]
 
 
 class StartPage(QWidget):
@@ -54,19 +56,23 @@ class MainWindow(QMainWindow):
     in it (default off, so closing never leaves an invisible process behind)."""
 
     quit_requested = Signal()
+    settings_requested = Signal()
 
     def __init__(self, monitor: StatusMonitor, settings: QSettings, tray_available: bool,
                  parent: QWidget | None = None):
         super().__init__(parent)
         self.settings, self.tray_available = settings, tray_available
         self.setWindowTitle("Shoal")
-        self.resize(960, 640)
+        self.resize(1100, 760)
         self.pages = QStackedWidget()
         self.start_page = StartPage()
         self.pages.addWidget(self.start_page)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.pages.addWidget(self.tabs)
         self.setCentralWidget(self.pages)
         self.statusBar().addWidget(StatusLabel(monitor), 1)
-        self.chat = None
+        self.views: dict[str, QWidget] = {}
         self._build_menu()
 
     def _build_menu(self) -> None:
@@ -78,6 +84,11 @@ class MainWindow(QMainWindow):
         self.keep_action.toggled.connect(
             lambda on: self.settings.setValue(KEEP_IN_TRAY, bool(on)))
         menu.addAction(self.keep_action)
+        self.settings_action = QAction("&Settings…", self)
+        self.settings_action.setShortcut(QKeySequence("Ctrl+,"))
+        self.settings_action.setMenuRole(QAction.MenuRole.PreferencesRole)
+        self.settings_action.triggered.connect(self.settings_requested)
+        menu.addAction(self.settings_action)
         menu.addSeparator()
         self.quit_action = QAction("&Quit Shoal", self)
         # Explicit: StandardKey.Quit is empty on some platforms. "Ctrl" is Cmd on macOS.
@@ -91,10 +102,19 @@ class MainWindow(QMainWindow):
         return self.tray_available and str(self.settings.value(KEEP_IN_TRAY, False)).lower() in (
             "true", "1")
 
-    def show_chat(self, chat: QWidget) -> None:
-        self.chat = chat
-        self.pages.addWidget(chat)
-        self.pages.setCurrentWidget(chat)
+    def sync_keep(self) -> None:
+        """After the settings dialog changed the same setting."""
+        self.keep_action.blockSignals(True)
+        self.keep_action.setChecked(self.keep_in_tray())
+        self.keep_action.blockSignals(False)
+
+    def add_view(self, title: str, view: QWidget) -> None:
+        self.views[title] = view
+        self.tabs.addTab(view, title)
+
+    def show_view(self, title: str) -> None:
+        self.tabs.setCurrentWidget(self.views[title])
+        self.pages.setCurrentWidget(self.tabs)
 
     def show_start_page(self) -> None:
         self.pages.setCurrentWidget(self.start_page)

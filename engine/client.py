@@ -110,6 +110,70 @@ class NodeClient:
         """Ask the node to stop (it stops its workers first). Only honoured from loopback."""
         self._call("POST", "/shoal/shutdown")
 
+    # --- cluster --------------------------------------------------------------------------
+    def topology(self) -> dict[str, Any]:
+        """{"nodes": [...], "links": [...]}: every node this one knows (itself first, with
+        "self": true) with its machine, platform and power facts, and every measured link."""
+        return self._call("GET", "/shoal/topology")
+
+    def peers(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/shoal/peers")
+
+    def add_peer(self, address: str) -> dict[str, Any]:
+        """Tell the node about another node at host:port (its cluster port); remembered."""
+        return self._call("POST", "/shoal/peers", json={"address": address})
+
+    def plan(self, model: str, context: int | None = None, strategy: str | None = None,
+             nodes: list[dict[str, Any]] | None = None, backend: str | None = None,
+             force: bool = False) -> dict[str, Any]:
+        """Ranked placements for `model` on the live cluster; with `strategy` and `nodes`
+        ([{"node": id, "layers"?: [start, end]}, ...], rank 0 first) the prediction for
+        that one placement, or a ShoalError saying why it can't run."""
+        body: dict[str, Any] = {"model": model}
+        if context:
+            body["context"] = context
+        if strategy:
+            body["strategy"], body["nodes"] = strategy, nodes or []
+            if backend:
+                body["backend"] = backend
+        if force:
+            body["force"] = True
+        return self._call("POST", "/shoal/plan", json=body)
+
+    def instances(self) -> dict[str, Any]:
+        return self._call("GET", "/shoal/instances")
+
+    def launch(self, model: str, strategy: str, nodes: list[dict[str, Any]],
+               backend: str = "ring", timeout: float | None = 900.0) -> dict[str, Any]:
+        """Start a model over several nodes; returns when every rank has loaded (or raises
+        a ShoalError naming the node that failed)."""
+        return self._call("POST", "/shoal/instances", json={
+            "model": model, "strategy": strategy, "backend": backend, "nodes": nodes},
+            timeout=timeout)
+
+    def stop_instance(self, instance_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/shoal/instances/{instance_id}", timeout=60.0)
+
+    # --- models from the Hub (404 from a node without the hub routes) ----------------------
+    def hub_catalog(self) -> dict[str, Any]:
+        return self._call("GET", "/shoal/hub/catalog", timeout=30.0)
+
+    def hub_search(self, query: str) -> dict[str, Any]:
+        return self._call("GET", "/shoal/hub/search", params={"q": query}, timeout=30.0)
+
+    def hub_pull(self, repo: str, revision: str | None = None) -> dict[str, Any]:
+        body = {"repo": repo, **({"revision": revision} if revision else {})}
+        return self._call("POST", "/shoal/hub/pull", json=body)
+
+    def hub_downloads(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/shoal/hub/downloads")
+
+    def hub_cancel(self, download_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/shoal/hub/downloads/{download_id}")
+
+    def remove_model(self, model_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/shoal/models/{model_id}")
+
     def events(self, timeout: float = 30.0) -> Iterator[dict[str, Any]]:
         """Status snapshots as they change (server-sent events). Blocks; run off the GUI
         thread. The node sends a keep-alive at least every 10 s, so a silent node for

@@ -7,6 +7,7 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before any QApplication exists
 
+import gc  # noqa: E402
 import shutil  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
@@ -32,6 +33,15 @@ def no_qt_warnings(qtlog):
            and not any(s in r.message for s in IGNORED_QT_MESSAGES)]
     if bad:
         pytest.fail("Unexpected Qt warnings:\n" + "\n".join(r.message for r in bad))
+
+
+@pytest.fixture(autouse=True)
+def collect_on_gui_thread():
+    """Python's cycle collector runs on whichever thread happens to allocate; run it here
+    after each test, so Qt objects a test leaves in reference cycles are destroyed on the
+    GUI thread and not later, on some worker thread of the next test."""
+    yield
+    gc.collect()
 
 
 def pytest_configure(config: pytest.Config) -> None:

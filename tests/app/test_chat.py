@@ -55,10 +55,10 @@ def test_send_streams_a_reply_with_its_speed(qtbot, make_pane, tiny_node, home):
     type_and_send(qtbot, pane, "Hello there")
 
     you, reply = pane.view.widgets()
-    assert you.text_label.text() == "Hello there" and pane.prompt.toPlainText() == ""
+    assert you.text() == "Hello there" and pane.prompt.toPlainText() == ""
     assert pane.stop_button.isEnabled() and not pane.send_button.isEnabled()
     qtbot.waitUntil(lambda: not pane.streaming, timeout=60000)
-    assert reply.text_label.text() != "" and not reply.error_label.isVisible()
+    assert reply.text() != "" and not reply.error_label.isVisible()
     stats = reply.stats_label.text()
     assert "tokens/s" in stats and "first token" in stats and "8 tokens" in stats
     assert pane.send_button.isEnabled()
@@ -67,7 +67,7 @@ def test_send_streams_a_reply_with_its_speed(qtbot, make_pane, tiny_node, home):
     # The conversation, reply and figures are there after a restart.
     conv = ConversationStore(home).conversations[0]
     assert [m.role for m in conv.messages] == ["user", "assistant"]
-    assert conv.messages[1].content == reply.text_label.text()
+    assert conv.messages[1].content == reply.text()
     assert conv.messages[1].stats["completion_tokens"] == 8
 
 
@@ -76,16 +76,16 @@ def test_stop_ends_a_long_generation(qtbot, make_pane, tiny_node):
     pane.chat_params = {"max_tokens": 4096}
     type_and_send(qtbot, pane, "Tell me a long story")
     reply = last_reply(pane)
-    qtbot.waitUntil(lambda: reply.text_label.text() != "", timeout=60000)
+    qtbot.waitUntil(lambda: reply.text() != "", timeout=60000)
     assert pane.streaming
 
     qtbot.mouseClick(pane.stop_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: pane.send_button.isEnabled(), timeout=10000)
-    shown = reply.text_label.text()
+    shown = reply.text()
     assert "Stopped" in reply.stats_label.text() and not reply.error_label.isVisible()
     # The node stopped too, long before 4096 pieces.
     qtbot.waitUntil(lambda: tiny_node.client.status()["state"] != "generating", timeout=10000)
-    assert reply.text_label.text() == shown
+    assert reply.text() == shown
     assert len(shown.split()) < 4096
 
 
@@ -137,10 +137,10 @@ def test_conversations_new_select_delete(qtbot, make_pane, home, dead_url):
     pane = make_pane(url=dead_url)
     titles = [pane.conversation_list.item(i).text() for i in range(pane.conversation_list.count())]
     assert titles == ["Newer", "Older"]
-    assert [w.text_label.text() for w in pane.view.widgets()] == ["second question", "answer"]
+    assert [w.text() for w in pane.view.widgets()] == ["second question", "answer"]
 
     pane.conversation_list.setCurrentRow(1)
-    assert [w.text_label.text() for w in pane.view.widgets()] == ["first question"]
+    assert [w.text() for w in pane.view.widgets()] == ["first question"]
 
     qtbot.mouseClick(pane.delete_button, Qt.MouseButton.LeftButton)
     assert pane.conversation_list.count() == 1 and pane.current().title == "Newer"
@@ -157,3 +157,78 @@ def test_corrupt_conversations_file_is_reported_in_the_pane(qtbot, make_pane, ho
     pane = make_pane(url=dead_url)
     assert pane.error_label.isVisible() and "couldn't be read" in pane.error_label.text()
     assert list(home.glob("conversations.json.corrupt-*"))
+
+
+def test_code_blocks_are_rendered_apart_and_copied(qtbot, make_pane, dead_url):
+    from PySide6.QtGui import QFontDatabase, QGuiApplication
+    from app.messages import CodeBlock, MessageWidget
+    text = "Try this:\n```python\nprint('hi')\n```\nThen run it."
+    w = MessageWidget(Message("assistant", text))
+    qtbot.addWidget(w)
+    kinds = [(type(s).__name__, s.text()) for s in w.segments]
+    assert kinds == [("QLabel", "Try this:"), ("CodeBlock", "print('hi')"),
+                     ("QLabel", "Then run it.")]
+    (block,) = w.code_blocks()
+    assert isinstance(block, CodeBlock)
+    assert block.label.font() == QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    qtbot.mouseClick(block.copy_button, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == "print('hi')"
+    qtbot.mouseClick(w.copy_button, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == text
+
+    # A reply still streaming: the open fence is code up to the end, and it grows there.
+    w.message.content = "Look:\n```\nx = 1"
+    w.refresh()
+    assert [type(s).__name__ for s in w.segments] == ["QLabel", "CodeBlock"]
+    w.message.content += "\ny = 2\n```\n"
+    w.refresh()
+    assert w.code_blocks()[0].text() == "x = 1\ny = 2"
+
+
+class Recording:
+    """A NodeClient that remembers what each chat request sent."""
+
+    def __init__(self, client):
+        self.client, self.sent = client, []
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def chat(self, messages, model=None, **params):
+        self.sent.append({"messages": messages, "model": model, **params})
+        return self.client.chat(messages, model=model, **params)
+
+
+def test_system_prompt_sampling_and_regenerate(qtbot, make_pane, tiny_node, home):
+    pane = make_pane(tiny_node)
+    pane.client = Recording(tiny_node.client)
+    assert pane.chat_params == {}  # every box starts at the node's default
+    pane.max_tokens.setValue(4)
+    pane.temperature.setValue(0.0)
+    pane.top_p.setValue(0.9)
+    assert pane.chat_params == {"max_tokens": 4, "temperature": 0.0, "top_p": 0.9}
+    pane.top_p.setValue(pane.top_p.minimum())
+    assert "top_p" not in pane.chat_params and pane.top_p.text() == "node default"
+    pane.system_edit.setText("Answer in one word.")
+
+    type_and_send(qtbot, pane, "Hello")
+    qtbot.waitUntil(lambda: not pane.streaming, timeout=30000)
+    first = last_reply(pane)
+    assert first.text() != "" and "4 tokens" in first.stats_label.text()
+    first_text = first.text()
+    sent = pane.client.sent[-1]
+    assert sent["messages"] == [{"role": "system", "content": "Answer in one word."},
+                                {"role": "user", "content": "Hello"}]
+    assert sent["max_tokens"] == 4 and sent["temperature"] == 0.0
+    assert pane.regenerate_button.isEnabled()
+
+    qtbot.mouseClick(pane.regenerate_button, Qt.MouseButton.LeftButton)
+    assert pane.streaming
+    qtbot.waitUntil(lambda: not pane.streaming, timeout=30000)
+    conv = pane.current()
+    assert [m.role for m in conv.messages] == ["user", "assistant"]  # replaced, not added
+    assert pane.client.sent[-1]["messages"] == sent["messages"]
+    assert conv.messages[1].content == first_text  # greedy: the same answer again
+    assert last_reply(pane).text() == first_text and "4 tokens" in \
+        last_reply(pane).stats_label.text()
+    assert ConversationStore(home).conversations[0].system == "Answer in one word."

@@ -38,7 +38,9 @@ def status_text(shoal) -> str:
 
 
 def chatting(qtbot, shoal) -> None:
-    qtbot.waitUntil(lambda: shoal.window.pages.currentWidget() is shoal.chat, timeout=20000)
+    qtbot.waitUntil(lambda: shoal.chat is not None
+                    and shoal.window.pages.currentWidget() is shoal.window.tabs
+                    and shoal.window.tabs.currentWidget() is shoal.chat, timeout=20000)
 
 
 def test_starts_its_node_and_stops_it_on_quit(qtbot, make_app, port, node_command):
@@ -50,6 +52,11 @@ def test_starts_its_node_and_stops_it_on_quit(qtbot, make_app, port, node_comman
     assert f"v{__version__}" in status_text(shoal)
     assert shoal.tray.state == "idle"
     qtbot.waitUntil(lambda: shoal.chat.model_picker.findText("tiny-llama") >= 0)
+    tabs = shoal.window.tabs
+    assert [tabs.tabText(i) for i in range(tabs.count())] == [
+        "Chat", "Models", "Topology", "Placement", "Charts"]
+    qtbot.waitUntil(lambda: len(shoal.topology.cards) == 1, timeout=10000)
+    assert shoal.tray.cluster_action.text() == "Cluster: 1 machine"
 
     proc, worker_pid = shoal.node.proc, shoal.node.client.status()["worker_pid"]
     assert running(proc.pid) and running(worker_pid)
@@ -126,6 +133,14 @@ def test_tray_and_status_follow_a_generation(qtbot, make_app, port, node_command
     assert "Node: generating · tiny-llama" in status_text(shoal)
     shoal.chat.stop()
     qtbot.waitUntil(lambda: shoal.tray.state == "idle", timeout=10000)
+    assert shoal.tray.model_action.text().startswith("Model: tiny-llama")
+
+    # The tray's Stop model unloads it.
+    assert shoal.tray.stop_action.isEnabled()
+    shoal.tray.stop_action.trigger()
+    qtbot.waitUntil(lambda: shoal.tray.model_action.text() == "No model running",
+                    timeout=10000)
+    assert not shoal.tray.stop_action.isEnabled()
 
 
 def test_ctrl_q_quits_and_stops_the_node(qtbot, make_app, port, node_command):

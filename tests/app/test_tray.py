@@ -37,3 +37,32 @@ def test_menu_actions_emit_requests(qapp, qtbot):
         tray.show_action.trigger()
     with qtbot.waitSignal(tray.quit_requested):
         tray.quit_action.trigger()
+
+
+def test_downloading_shows_unless_the_node_is_busy(qapp):
+    tray = Tray(available=False)
+    tray.set_status({"state": "idle"})
+    tray.set_downloading(True)
+    assert tray.state == "downloading"
+    assert centre_colour(tray.icon.icon()).name() == "#8e5bd0"
+    tray.set_status({"state": "generating", "model": "tiny"})
+    assert tray.state == "generating"  # what the node does wins over a download
+    tray.set_downloading(False)
+    tray.set_status({"state": "idle"})
+    assert tray.state == "idle"
+
+
+def test_menu_sums_up_the_cluster_and_the_model(qapp, qtbot):
+    tray = Tray(available=False)
+    assert not tray.stop_action.isEnabled()
+    tray.set_cluster(3, 2)
+    assert tray.cluster_action.text() == "Cluster: 3 machines (2 reachable)"
+    tray.set_status({"state": "idle", "model": "tiny",
+                     "runner": {"type": "Ready", "model": "tiny"}})
+    tray.set_speed({"generation_tps": 41.25})
+    assert tray.model_action.text() == "Model: tiny · 41.2 tokens/s"
+    assert tray.stop_action.isEnabled()
+    with qtbot.waitSignal(tray.stop_requested):
+        tray.stop_action.trigger()
+    with qtbot.waitSignal(tray.settings_requested):
+        tray.settings_action.trigger()

@@ -1,0 +1,270 @@
+"""Launch and Stop for the placement shown: per-node loading progress, then Ready; a
+failed launch names the node and why, with the log one click away.
+
+Progress comes from the snapshots ClusterState already polls (polled faster while a
+launch runs): this node's runner reports layers loaded / total, the other nodes report
+their rank's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton,
+                               QVBoxLayout, QWidget)
+
+from app.cluster_state import TOPOLOGY_EVERY_S, ClusterState
+from app.common import message_of
+from app.logs import LogDialog
+from app.tasks import Tasks
+from engine.client import NodeClient
+
+log = logging.getLogger(__name__)
+LAUNCH_POLL_S = 0.5
+NODE_IN_MESSAGE = re.compile(r"node ([0-9a-f]{6,}|[\w.-]+:\d+)")
+
+
+class NodeProgress(QWidget):
+    def __init__(self, name: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.name = QLabel(name)
+        self.name.setMinimumWidth(140)
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 100)
+        self.bar.setValue(0)
+        self.text = QLabel("Waiting")
+        self.text.setMinimumWidth(200)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.name)
+        row.addWidget(self.bar, 1)
+        row.addWidget(self.text)
+
+    def show_state(self, text: str, done: int | None, total: int | None,
+                   failed: bool = False) -> None:
+        self.text.setText(text)
+        self.text.setStyleSheet("color: #d03b3b;" if failed else "")
+        if total:
+            self.bar.setRange(0, total)
+            self.bar.setValue(done or 0)
+        elif done is None:
+            self.bar.setRange(0, 0)  # busy: the node doesn't report layers
+        else:
+            self.bar.setRange(0, 1)
+            self.bar.setValue(done)
+
+
+class LaunchPanel(QWidget):
+    """state_text: "", "Launching…", "Ready", "Failed", "Stopped" (tests wait on it)."""
+
+    launched = Signal(dict)
+
+    def __init__(self, client: NodeClient, tasks: Tasks, state: ClusterState,
+                 logs_dir: Path | None = None, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.client, self.tasks, self.state = client, tasks, state
+        self.logs_dir = Path(logs_dir) if logs_dir else None
+        self.placement: tuple[str, str, str, list[tuple[str, tuple[int, int]]]] | None = None
+        self.instance: dict[str, Any] | None = None  # the instance this node owns
+        self.launching: dict[str, Any] | None = None
+        self.failed_node: str | None = None
+        self.state_text = ""
+        self.rows: dict[str, NodeProgress] = {}
+        self.log_dialog: LogDialog | None = None
+
+        self.launch_button = QPushButton("Launch")
+        self.launch_button.setEnabled(False)
+        self.launch_button.clicked.connect(self.start)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop)
+        self.headline = QLabel()
+        self.headline.setObjectName("launchState")
+        self.headline.setWordWrap(True)
+        self.log_button = QPushButton("Show log")
+        self.log_button.hide()
+        self.log_button.clicked.connect(self.show_log)
+        self.grid = QGridLayout()
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.launch_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.headline, 1)
+        buttons.addWidget(self.log_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(buttons)
+        layout.addLayout(self.grid)
+        state.changed.connect(self._follow)
+
+    def set_placement(self, model: str | None, strategy: str = "pipeline",
+                      backend: str = "ring",
+                      ranks: list[tuple[str, tuple[int, int]]] | None = None) -> None:
+        """What Launch would start (None: the shown placement can't run)."""
+        self.placement = (model, strategy, backend, ranks or []) if model else None
+        self._buttons()
+
+    def _buttons(self) -> None:
+        self.launch_button.setEnabled(self.placement is not None and self.launching is None)
+        self.stop_button.setEnabled(self.launching is None and self.instance is not None)
+
+    def _set_headline(self, state: str, text: str, error: bool = False) -> None:
+        self.state_text = state
+        self.headline.setText(text)
+        self.headline.setStyleSheet("color: #d03b3b; font-weight: bold;" if error else
+                                    "font-weight: bold;")
+
+    # --- launching ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.placement is None or self.launching is not None:
+            return
+        model, strategy, backend, ranks = self.placement
+        me = self.state.self_id
+        nodes = [{"node": "self" if nid == me else nid,
+                  **({"layers": list(layers)} if strategy == "pipeline" else {})}
+                 for nid, layers in ranks]
+        self.launching = {"model": model, "ranks": [nid for nid, _ in ranks]}
+        self.failed_node = None
+        self.log_button.hide()
+        self._make_rows([nid for nid, _ in ranks])
+        self._set_headline("Launching…", f"Launching {model} on {len(ranks)} "
+                           f"node{'s' if len(ranks) > 1 else ''}…")
+        self.state.poller.interval = LAUNCH_POLL_S
+        self.state.refresh()
+        self._buttons()
+        self.tasks.run(self.client.launch, model, strategy, nodes, backend,
+                       on_done=self._launched, on_error=self._launch_failed, owner=self)
+
+    def _make_rows(self, ids: list[str]) -> None:
+        for row in self.rows.values():
+            self.grid.removeWidget(row)
+            row.deleteLater()
+        self.rows = {}
+        for i, nid in enumerate(ids):
+            row = self.rows[nid] = NodeProgress(self.state.node_name(nid))
+            self.grid.addWidget(row, i, 0)
+
+    def _launched(self, instance: dict[str, Any]) -> None:
+        self.launching = None
+        self.instance = instance
+        self.state.poller.interval = TOPOLOGY_EVERY_S
+        for row in self.rows.values():
+            row.show_state("Loaded", 1, 1)
+        self._set_headline("Ready", f"Ready: {instance['model']} runs on "
+                           f"{len(instance['ranks'])} node(s) ({instance['strategy']}). "
+                           "Chat with it in the Chat tab.")
+        self.state.set_planned({})  # what was planned is now in use
+        self.state.refresh()
+        self._buttons()
+        self.launched.emit(instance)
+
+    def _launch_failed(self, error: BaseException) -> None:
+        self.launching = None
+        self.state.poller.interval = TOPOLOGY_EVERY_S
+        reason = message_of(error)
+        match = NODE_IN_MESSAGE.search(reason)
+        self.failed_node = match.group(1) if match else None
+        for nid, row in self.rows.items():
+            if self.failed_node in (nid, self.state.node_name(nid)):
+                row.show_state("Failed", 0, 1, failed=True)
+            elif row.text.text() != "Loaded":
+                row.show_state("Stopped", 0, 1)
+        who = f" on {self.state.node_name(self.failed_node)}" if self.failed_node else ""
+        self._set_headline("Failed", f"Launch failed{who}: {reason}", error=True)
+        self.log_button.setVisible(self.logs_dir is not None)
+        self.state.refresh()
+        self._buttons()
+
+    # --- following progress and the running instance ----------------------------------------
+    def _follow(self) -> None:
+        own = self.state.own_instance()
+        if self.launching is None:
+            if own is not None and own.get("state") == "ready":
+                if self.instance is None or self.instance.get("id") != own.get("id"):
+                    self.instance = own  # running before the app started, or after a relaunch
+                    self._make_rows([r["node"] for r in own.get("ranks") or []])
+                    for row in self.rows.values():
+                        row.show_state("Loaded", 1, 1)
+                    self._set_headline("Ready", f"Running: {own['model']} on "
+                                       f"{len(own.get('ranks') or [])} node(s).")
+            elif self.instance is not None:
+                ended = self._ended(self.instance.get("id"))
+                if ended is not None:
+                    self.instance = None
+                    if self.state_text == "Ready":
+                        state, reason = ended
+                        failed = state == "failed"
+                        self._set_headline("Stopped", f"Stopped: {reason}" if failed else
+                                           "Stopped", error=failed)
+            self._buttons()
+            return
+        runner = self.state.status.get("runner") or {}
+        me = self.state.self_id
+        for nid, row in self.rows.items():
+            if nid == me:
+                if runner.get("type") == "Loading":
+                    done, total = runner.get("layers_done"), runner.get("layers_total")
+                    row.show_state(f"Loading layers {done}/{total}" if total else
+                                   "Starting the worker…", done if total else None, total)
+                elif runner.get("type") == "Ready":
+                    row.show_state("Loaded", 1, 1)
+                continue
+            st = self._follower_state(nid)
+            if st == "ready":
+                row.show_state("Loaded", 1, 1)
+            elif st == "starting":
+                row.show_state("Loading its layers…", None, None)
+
+    def _follower_state(self, node_id: str) -> str | None:
+        for n in self.state.topology.get("nodes") or []:
+            if n.get("id") == node_id:
+                states = [f.get("state") for f in n.get("followers") or []]
+                return states[-1] if states else None
+        return None
+
+    def _ended(self, instance_id: str | None) -> tuple[str, str | None] | None:
+        """(state, reason) once this node reports the instance stopped or failed."""
+        for inst in (self.state.status.get("cluster") or {}).get("instances") or []:
+            if inst.get("id") == instance_id and inst.get("state") in ("stopped", "failed"):
+                return inst["state"], inst.get("reason")
+        return None
+
+    # --- stopping and logs ----------------------------------------------------------------
+    def stop(self) -> None:
+        inst = self.instance
+        if inst is None:
+            return
+        self.stop_button.setEnabled(False)
+        self._set_headline("Stopping…", f"Stopping {inst['model']}…")
+        self.tasks.run(self.client.stop_instance, inst["id"], on_done=self._stopped,
+                       on_error=lambda e: self._set_headline(
+                           "Ready", f"Couldn't stop it: {message_of(e)}", error=True), owner=self)
+
+    def _stopped(self, _result: Any = None) -> None:
+        self.instance = None
+        for row in self.rows.values():
+            row.show_state("Stopped", 0, 1)
+        self._set_headline("Stopped", "Stopped")
+        self.state.refresh()
+        self._buttons()
+
+    def log_path(self) -> Path | None:
+        """The local log that tells most about the failure: this node's worker when it
+        failed here, else this node's own log (it records what the others answered)."""
+        if self.logs_dir is None:
+            return None
+        if self.failed_node in (self.state.self_id, None):
+            worker = self.logs_dir / "worker.log"
+            if worker.exists():
+                return worker
+        return self.logs_dir / "node.log"
+
+    def show_log(self) -> None:
+        path = self.log_path()
+        if path is None:
+            return
+        self.log_dialog = LogDialog(path, self)
+        self.log_dialog.show()

@@ -1,0 +1,106 @@
+"""The figures the charts show, kept for the last few minutes: speed and time to first
+token per request (from the chat's replies), memory and watts per node (from the topology
+snapshots), joules per token (the cluster's watts over the request's decode speed)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, Signal
+
+from app.snapshots import NodeCard
+
+WINDOW_S = 300.0
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float
+    decode_tps: float | None
+    ttft_s: float | None
+    joules_per_token: float | None
+
+
+class Series:
+    """(time, value) points no older than the window."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self.points: deque[tuple[float, float]] = deque()
+
+    def add(self, at: float, value: float) -> None:
+        self.points.append((at, value))
+        while self.points and self.points[0][0] < at - self.window_s:
+            self.points.popleft()
+
+    def xs(self) -> list[float]:
+        return [p[0] for p in self.points]
+
+    def ys(self) -> list[float]:
+        return [p[1] for p in self.points]
+
+    @property
+    def last(self) -> float | None:
+        return self.points[-1][1] if self.points else None
+
+
+class Metrics(QObject):
+    changed = Signal()
+
+    def __init__(self, window_s: float = WINDOW_S, clock: Callable[[], float] = time.time,
+                 parent: QObject | None = None):
+        super().__init__(parent)
+        self.window_s, self.clock = window_s, clock
+        self.requests: deque[Request] = deque()
+        self.live_tps: tuple[float, float] | None = None  # (time, tokens/s) of a reply
+        self.memory: dict[str, Series] = {}  # node name -> GB used
+        self.watts: dict[str, Series] = {}  # node name -> W
+        self.cluster_watts = Series(window_s)
+        self.power_unavailable: dict[str, str] = {}  # node name -> why
+
+    def _trim(self, now: float) -> None:
+        while self.requests and self.requests[0].at < now - self.window_s:
+            self.requests.popleft()
+
+    def add_request(self, stats: dict[str, Any]) -> None:
+        """A finished reply's figures (generation_tps, ttft_s), as the chat shows them."""
+        now = self.clock()
+        tps, ttft = stats.get("generation_tps"), stats.get("ttft_s")
+        watts = self.cluster_watts.last
+        jpt = watts / tps if watts and tps else None
+        self.requests.append(Request(now, tps, ttft, jpt))
+        self.live_tps = None
+        self._trim(now)
+        self.changed.emit()
+
+    def add_live(self, tokens: int, seconds: float) -> None:
+        """A reply still streaming: tokens so far over the time since its first token."""
+        if seconds > 0.2 and tokens > 1:
+            self.live_tps = (self.clock(), (tokens - 1) / seconds)
+            self.changed.emit()
+
+    def add_cards(self, cards: list[NodeCard]) -> None:
+        """One topology snapshot: memory used and watts of every reachable node."""
+        now = self.clock()
+        total, any_watts = 0.0, False
+        for c in cards:
+            if c.kind in ("offline", "unpaired"):
+                continue
+            if c.memory is not None:
+                used = c.memory.others + c.memory.shoal
+                self.memory.setdefault(c.name, Series(self.window_s)).add(now, used / 1e9)
+            if c.watts is not None:
+                self.watts.setdefault(c.name, Series(self.window_s)).add(now, float(c.watts))
+                self.power_unavailable.pop(c.name, None)
+                total += float(c.watts)
+                any_watts = True
+            else:
+                self.power_unavailable[c.name] = (c.power_unavailable or
+                                                  "unavailable: the node reports no power")
+        if any_watts:
+            self.cluster_watts.add(now, total)
+        self._trim(now)
+        self.changed.emit()

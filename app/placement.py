@@ -1,0 +1,425 @@
+"""The placement view: for a model and a context length, which nodes hold which layers,
+what that needs in memory per node, and how fast it would run, as the planner predicts.
+
+Every number comes from the node's planner (POST /shoal/plan): the best placement, an
+automatic split for a chosen set of nodes, or the prediction for the exact layout the user
+dragged. Requests run off the GUI thread, are debounced while dragging, and a late answer
+never overwrites a newer one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (QComboBox, QFormLayout, QHBoxLayout, QHeaderView, QLabel,
+                               QListWidget, QListWidgetItem, QPushButton, QSpinBox,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.cluster_state import ClusterState
+from app.common import fmt_bytes, fmt_tps, message_of
+from app.launch import LaunchPanel
+from app.strips import LayerStrips
+from app.tasks import Tasks
+from engine.client import NodeClient
+
+log = logging.getLogger(__name__)
+DEBOUNCE_MS = 120
+STRATEGIES = (("pipeline", "Pipeline (layers split across nodes)"),
+              ("tensor", "Tensor (every layer split across nodes)"))
+BACKENDS = (("ring", "Ring (TCP)"), ("jaccl", "RDMA (jaccl, Thunderbolt 5)"))
+
+
+def merge_notes(notes: list[str]) -> list[str]:
+    """The planner's notes, one per node ("a: no figures for chip X"), said once for all
+    the nodes they apply to ("a, b: no figures for chip X")."""
+    by_text: dict[str, list[str]] = {}
+    for note in notes:
+        who, sep, text = note.partition(": ")
+        if not sep or " " in who:
+            who, text = "", note
+        names = by_text.setdefault(text, [])
+        if who and who not in names:
+            names.append(who)
+    return [f"{', '.join(names)}: {text}" if names else text
+            for text, names in by_text.items()]
+
+
+class PlacementView(QWidget):
+    """`prediction` holds the planner's last answer for the layout shown (None when it
+    can't run: `reason` says why); `last_request` is what was last asked."""
+
+    prediction_changed = Signal()
+
+    def __init__(self, client: NodeClient, tasks: Tasks, state: ClusterState,
+                 logs_dir: Any = None, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.client, self.tasks, self.state = client, tasks, state
+        self.models: dict[str, dict[str, Any]] = {}
+        self.node_ids: list[str] = []  # rank order: this node first
+        self.ranges: list[tuple[int, int]] = []
+        self.layers = 0
+        self.prediction: dict[str, Any] | None = None
+        self.reason: str | None = None
+        self.last_request: dict[str, Any] | None = None
+        self._seq = 0  # newest request sent
+        self._busy = False
+        self._again: tuple[dict[str, Any], bool] | None = None  # waits for the one in flight
+        self._best_pending = False
+        self._known: tuple[tuple[str, bool], ...] = ()  # nodes, and whether memory is known
+        self._build(logs_dir)
+        state.changed.connect(self._follow_cluster)
+
+    # --- layout ---------------------------------------------------------------------------
+    def _build(self, logs_dir: Any) -> None:
+        self.model_box = QComboBox()
+        self.model_box.setMinimumContentsLength(20)
+        self.model_box.currentTextChanged.connect(self._model_changed)
+        self.context_spin = QSpinBox()
+        self.context_spin.setRange(256, 1_048_576)
+        self.context_spin.setSingleStep(1024)
+        self.context_spin.setSuffix(" tokens")
+        self.context_spin.setValue(4096)
+        self.context_spin.editingFinished.connect(self._context_edited)
+        self._context_chosen = False  # else the planner's default for the model
+        self.strategy_box = QComboBox()
+        for key, text in STRATEGIES:
+            self.strategy_box.addItem(text, key)
+        self.strategy_box.currentIndexChanged.connect(lambda _i: self.request(False))
+        self.backend_box = QComboBox()
+        for key, text in BACKENDS:
+            self.backend_box.addItem(text, key)
+        self.backend_box.currentIndexChanged.connect(lambda _i: self.request(True))
+        self.best_button = QPushButton("Planner's best")
+        self.best_button.setToolTip("Ask the planner for the fastest placement that "
+                                    "includes this node")
+        self.best_button.clicked.connect(self.best)
+        self.node_list = QListWidget()
+        self.node_list.setFixedHeight(28)
+        self.node_list.itemChanged.connect(self._nodes_edited)
+
+        form = QFormLayout()
+        row = QHBoxLayout()
+        row.addWidget(self.model_box, 1)
+        row.addWidget(QLabel("Context:"))
+        row.addWidget(self.context_spin)
+        form.addRow("Model:", row)
+        row = QHBoxLayout()
+        row.addWidget(self.strategy_box, 1)
+        row.addWidget(QLabel("Backend:"))
+        row.addWidget(self.backend_box, 1)
+        row.addWidget(self.best_button)
+        form.addRow("Strategy:", row)
+        form.addRow("Nodes:", self.node_list)
+
+        self.strips = LayerStrips()
+        self.strips.ranges_changed.connect(self._dragged)
+        self.headline = QLabel("Choose a model")
+        self.headline.setObjectName("prediction")
+        self.headline.setStyleSheet("font-size: 13pt; font-weight: bold;")
+        self.reason_label = QLabel()
+        self.reason_label.setObjectName("placementReason")
+        self.reason_label.setWordWrap(True)
+        self.reason_label.setStyleSheet("color: #d03b3b; font-weight: bold;")
+        self.reason_label.hide()
+        self.notes = QLabel()
+        self.notes.setWordWrap(True)
+        self.notes.setStyleSheet("color: gray;")
+        self.table = QTableWidget(0, 6)
+        self.table.setHorizontalHeaderLabels(["Node", "Layers", "Weights", "KV cache",
+                                              "Total / usable", "Fits"])
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().hide()
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setMaximumHeight(130)
+        self.launch = LaunchPanel(self.client, self.tasks, self.state, logs_dir)
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(QLabel("Drag the boundary between two nodes to move layers:"))
+        layout.addWidget(self.strips)
+        layout.addWidget(self.headline)
+        layout.addWidget(self.reason_label)
+        layout.addWidget(self.table)
+        layout.addWidget(self.notes)
+        layout.addWidget(self.launch)
+        layout.addStretch(1)
+        self._debounce = QTimer(self, singleShot=True, interval=DEBOUNCE_MS)
+        self._debounce.timeout.connect(lambda: self.request(keep_ranges=True))
+
+    # --- inputs ---------------------------------------------------------------------------
+    @property
+    def model(self) -> str:
+        return self.model_box.currentText().strip()
+
+    @property
+    def strategy(self) -> str:
+        return self.strategy_box.currentData()
+
+    @property
+    def backend(self) -> str:
+        return self.backend_box.currentData()
+
+    def set_models(self, models: list[dict[str, Any]]) -> None:
+        """The models this node can plan (GET /v1/models)."""
+        current = self.model
+        self.models = {str(m.get("id")): m.get("shoal") or {} for m in models}
+        self.model_box.blockSignals(True)
+        self.model_box.clear()
+        self.model_box.addItems(list(self.models))
+        self.model_box.blockSignals(False)
+        if current in self.models:
+            self.model_box.setCurrentText(current)
+        elif self.models:
+            self.best()
+
+    def choose_model(self, model: str) -> None:
+        if self.model_box.findText(model) < 0:
+            self.model_box.addItem(model)
+        self.model_box.setCurrentText(model)
+
+    def refresh_models(self) -> None:
+        self.tasks.run(self.client.models, on_done=self.set_models,
+                       on_error=lambda e: self._show_reason(
+                           f"Couldn't list models: {message_of(e)}"), owner=self)
+
+    def _follow_cluster(self) -> None:
+        """Keep the node list in step with the cluster (new, gone and unusable nodes)."""
+        usable = [c for c in self.state.cards() if c.usable]
+        ids = [c.id for c in usable]
+        known = {self.node_list.item(i).data(Qt.ItemDataRole.UserRole): self.node_list.item(i)
+                 for i in range(self.node_list.count())}
+        if set(ids) != set(known):
+            checked = set(self.node_ids)
+            self.node_list.blockSignals(True)
+            self.node_list.clear()
+            for c in usable:
+                item = QListWidgetItem(c.name + ("  (this node, rank 0)" if c.is_self else ""))
+                item.setData(Qt.ItemDataRole.UserRole, c.id)
+                if c.is_self:  # the app's node holds rank 0 and serves the chat
+                    item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsUserCheckable)
+                    item.setCheckState(Qt.CheckState.Checked)
+                else:
+                    item.setCheckState(Qt.CheckState.Checked if c.id in checked or not
+                                       self.node_ids else Qt.CheckState.Unchecked)
+                self.node_list.addItem(item)
+            self.node_list.blockSignals(False)
+            self.node_list.setFixedHeight(min(6 + 22 * max(len(usable), 1), 160))
+            gone = [n for n in self.node_ids if n not in ids]
+            if gone and self.model:
+                self._nodes_edited()
+        self._update_backends()
+        if self.node_ids:
+            self.strips.set_layout(self._names(), self.ranges, self.layers, self.strategy)
+        if self._best_pending and self.state.self_id is not None:
+            self.best()
+        # A node that just started reports its memory a moment later: ask again then.
+        known = tuple((c.id, c.memory is not None) for c in usable)
+        if known != self._known and self.model and self.prediction is None and \
+                not self._best_pending:
+            if self.node_ids:
+                self.request(keep_ranges=True)
+            else:
+                self.best()
+        self._known = known
+
+    def _update_backends(self) -> None:
+        cards = {c.id: c for c in self.state.cards()}
+        chosen = [cards[n] for n in self._checked() if n in cards]
+        rdma = len(chosen) > 1 and all(c.rdma for c in chosen)
+        item = self.backend_box.model().item(1)
+        item.setEnabled(rdma)
+        item.setToolTip("" if rdma else "Needs every chosen node on Thunderbolt 5 with RDMA "
+                        "enabled (see the topology view)")
+        if not rdma and self.backend == "jaccl":
+            self.backend_box.setCurrentIndex(0)
+
+    def _checked(self) -> list[str]:
+        out = []
+        for i in range(self.node_list.count()):
+            item = self.node_list.item(i)
+            if item.checkState() == Qt.CheckState.Checked:
+                out.append(item.data(Qt.ItemDataRole.UserRole))
+        return out
+
+    def _names(self) -> list[str]:
+        return [self.state.node_name(n) for n in self.node_ids]
+
+    def _nodes_edited(self, _item: QListWidgetItem | None = None) -> None:
+        self._update_backends()
+        self.request(keep_ranges=False)
+
+    def _model_changed(self, _model: str) -> None:
+        self._context_chosen = False
+        self.best()
+
+    def _context_edited(self) -> None:
+        self._context_chosen = True
+        self.request(keep_ranges=True)
+
+    def _dragged(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = list(ranges)
+        self._debounce.start()
+
+    # --- asking the planner ---------------------------------------------------------------
+    def best(self) -> None:
+        """The running placement of this model, else the planner's fastest placement that
+        has this node as rank 0, else its split over the checked nodes."""
+        if not self.model:
+            return
+        if self.state.self_id is None:  # the cluster isn't known yet: ask once it is
+            self._best_pending = True
+            return
+        self._best_pending = False
+        self.layers = int(self.models.get(self.model, {}).get("layers") or 0)
+        own = self.state.own_instance()
+        if own is not None and own.get("model") == self.model and own.get("ranks"):
+            pipeline = own.get("strategy") == "pipeline"
+            self._send({"model": self.model, "context": None,
+                        "strategy": own.get("strategy"), "backend": "ring",
+                        "nodes": [{"node": r["node"],
+                                   **({"layers": r["layers"]} if pipeline else {})}
+                                  for r in own["ranks"]]})
+            return
+        context = self.context_spin.value() if self._context_chosen else None
+        self._send({"model": self.model, "context": context}, best=True)
+
+    def request(self, keep_ranges: bool = True) -> None:
+        """Ask for the layout shown: the dragged ranges (keep_ranges) or the planner's split
+        of the checked nodes."""
+        if not self.model:
+            return
+        nodes = self._checked()
+        keep = (keep_ranges and self.strategy == "pipeline" and nodes == self.node_ids
+                and len(self.ranges) == len(nodes))
+        entries = [{"node": n, **({"layers": list(r)} if keep else {})}
+                   for n, r in zip(nodes, self.ranges if keep else [None] * len(nodes))]
+        self._send({"model": self.model, "context": self.context_spin.value(),
+                    "strategy": self.strategy, "backend": self.backend, "nodes": entries})
+
+    def _send(self, body: dict[str, Any], best: bool = False) -> None:
+        if self._busy:  # one request at a time; only the newest waiting one is sent
+            self._again = (body, best)
+            return
+        self._busy = True
+        self._seq += 1
+        seq = self._seq
+        self.last_request = body
+        self.tasks.run(self.client.plan, body["model"], body.get("context"),
+                       body.get("strategy"), body.get("nodes"), body.get("backend"),
+                       on_done=lambda r: self._answered(seq, body, r, None, best),
+                       on_error=lambda e: self._answered(seq, body, None, e, best), owner=self)
+
+    def _answered(self, seq: int, body: dict[str, Any], report: dict[str, Any] | None,
+                  error: BaseException | None, best: bool) -> None:
+        self._busy = False
+        if self._again is not None:
+            again, self._again = self._again, None
+            self._send(*again)
+            return  # a newer question is on its way; this answer is already stale
+        if error is not None:
+            self._infeasible(message_of(error), body)
+            return
+        placements = report.get("placements") or []
+        if best:
+            me = self.state.self_id
+            placements = [p for p in placements if p["ranks"][0]["node"] == me]
+            if not placements:  # e.g. this node is the slowest: split over the checked
+                self.request(keep_ranges=False)
+                return
+        self._show(report, placements[0])
+
+    # --- showing the answer ---------------------------------------------------------------
+    def _show(self, report: dict[str, Any], placement: dict[str, Any]) -> None:
+        ranks = placement["ranks"]
+        self.prediction, self.reason = placement, None
+        self.node_ids = [r["node"] for r in ranks]
+        self.layers = max(r["layers"][1] for r in ranks)
+        self.ranges = [tuple(r["layers"]) for r in ranks]
+        strategy = "tensor" if placement["strategy"] == "tensor" else "pipeline"
+        for box, value in ((self.strategy_box, strategy), (self.backend_box,
+                                                            placement["backend"])):
+            box.blockSignals(True)
+            box.setCurrentIndex(max(box.findData(value), 0))
+            box.blockSignals(False)
+        self.context_spin.blockSignals(True)
+        self.context_spin.setValue(int(report.get("context") or self.context_spin.value()))
+        self.context_spin.blockSignals(False)
+        self._check_nodes(self.node_ids)
+        self.strips.set_layout(self._names(), self.ranges, self.layers, self.strategy)
+        self.strips.set_feasible(True)
+        self.headline.setText(
+            f"Predicted: {fmt_tps(placement['decode_tps'])} tokens/s decode · "
+            f"{fmt_tps(placement['prefill_tps'])} tokens/s prefill"
+            + (f" · {fmt_tps(full)} tokens/s at full context"
+               if (full := placement.get("decode_tps_full_context")) and
+               abs(full - placement["decode_tps"]) > 0.01 * placement["decode_tps"] else ""))
+        self.reason_label.setVisible(bool(placement.get("warnings")))
+        self.reason_label.setText("\n".join(placement.get("warnings") or []))
+        self._fill_table(ranks)
+        self.notes.setText("\n".join(f"Note: {n}" for n in merge_notes(
+            report.get("notes") or [])))
+        own = self.state.own_instance()
+        running = own is not None and own.get("model") == self.model and [
+            (r["node"], r.get("layers")) for r in own.get("ranks") or []] == [
+            (r["node"], r["layers"]) for r in ranks]
+        # What already runs is in use, not planned (the memory bars show it once).
+        self.state.set_planned({} if running else
+                               {r["node"]: int(r["memory"]["total"]) for r in ranks})
+        self.launch.set_placement(self.model, self.strategy, self.backend,
+                                  [(r["node"], tuple(r["layers"])) for r in ranks])
+        self.prediction_changed.emit()
+
+    def _check_nodes(self, ids: list[str]) -> None:
+        self.node_list.blockSignals(True)
+        for i in range(self.node_list.count()):
+            item = self.node_list.item(i)
+            if item.flags() & Qt.ItemFlag.ItemIsUserCheckable:
+                item.setCheckState(Qt.CheckState.Checked
+                                   if item.data(Qt.ItemDataRole.UserRole) in ids
+                                   else Qt.CheckState.Unchecked)
+        self.node_list.blockSignals(False)
+        self._update_backends()
+
+    def _fill_table(self, ranks: list[dict[str, Any]]) -> None:
+        self.table.setRowCount(len(ranks))
+        for i, r in enumerate(ranks):
+            mem = r["memory"]
+            fits = mem["total"] <= mem["usable"]
+            s, e = r["layers"]
+            layers = (f"1/{len(ranks)} of all {e}" if self.strategy == "tensor" and
+                      len(ranks) > 1 else f"{s}–{e - 1}" if e > s + 1 else
+                      str(s) if e > s else "none")
+            cells = [self.state.node_name(r["node"]), layers, fmt_bytes(mem["weights"]),
+                     fmt_bytes(mem["kv_cache"]),
+                     f"{fmt_bytes(mem['total'])} / {fmt_bytes(mem['usable'])}",
+                     "yes" if fits else "NO"]
+            for j, text in enumerate(cells):
+                cell = QTableWidgetItem(text)
+                if not fits:
+                    cell.setForeground(Qt.GlobalColor.red)
+                self.table.setItem(i, j, cell)
+
+    def _infeasible(self, reason: str, body: dict[str, Any]) -> None:
+        """The layout can't run: red strips, the planner's reason, nothing to launch."""
+        self.prediction, self.reason = None, reason
+        nodes = body.get("nodes") or []
+        if nodes and all("layers" in n for n in nodes):
+            self.node_ids = [n["node"] for n in nodes]
+            self.ranges = [tuple(n["layers"]) for n in nodes]
+        elif nodes and body.get("strategy") == "tensor":
+            self.node_ids = [n["node"] for n in nodes]
+            self.ranges = [(0, self.layers)] * len(nodes)
+        self.strips.set_layout(self._names(), self.ranges, self.layers, self.strategy)
+        self.strips.set_feasible(False)
+        self.headline.setText("This placement can't run")
+        self._show_reason(reason.removeprefix("This placement can't run: "))
+        self.table.setRowCount(0)
+        self.state.set_planned({})
+        self.launch.set_placement(None)
+        self.prediction_changed.emit()
+
+    def _show_reason(self, text: str) -> None:
+        self.reason_label.setText(text)
+        self.reason_label.show()

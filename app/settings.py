@@ -1,0 +1,352 @@
+"""The settings dialog: the cluster secret (show, copy, rotate), peers, the API the node
+the app starts serves (address, port, key; kept in HOME/app.ini and applied at that node's
+next start), the models folder, the Hugging Face token, and running in the background.
+
+The secret and the token are read and written by the `shoal` CLI run in a subprocess with
+the app's home (the app never imports the engine's cluster code); every call goes through
+Tasks, so a slow keyring never freezes the window.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QSettings, Qt, QUrl
+from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout,
+                               QLabel, QLineEdit, QListWidget, QMessageBox, QPushButton,
+                               QSpinBox, QTabWidget, QVBoxLayout, QWidget)
+
+from app.common import message_of
+from app.tasks import Tasks
+from engine.cli import DEFAULT_PORT
+from engine.client import NodeClient
+from engine.errors import ShoalError
+
+KEEP_IN_TRAY = "tray/keep_running_on_close"
+NODE_HOST, NODE_PORT, NODE_API_KEY = "node/host", "node/port", "node/api_key"
+CLI_TIMEOUT_S = 30.0
+
+
+# --- the API settings of the node the app starts -------------------------------------------
+@dataclass(frozen=True)
+class NodeSettings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    api_key: str | None = None
+
+
+def node_settings(settings: QSettings) -> NodeSettings:
+    try:
+        port = int(settings.value(NODE_PORT, DEFAULT_PORT))
+    except (TypeError, ValueError):
+        port = DEFAULT_PORT
+    key = str(settings.value(NODE_API_KEY, "") or "").strip()
+    host = str(settings.value(NODE_HOST, "127.0.0.1") or "127.0.0.1").strip()
+    return NodeSettings(host or "127.0.0.1", port, key or None)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_api(host: str, key: str) -> str | None:
+    """Why these API settings can't be used, or None."""
+    if not host:
+        return "Give the address to serve the API on (127.0.0.1 keeps it on this machine)."
+    if not is_loopback(host) and not key:
+        return (f"Serving the API on {host} opens it to the network: set an API key, or "
+                "use 127.0.0.1.")
+    return None
+
+
+# --- the shoal CLI, for the secret and the token ----------------------------------------------
+def run_cli(home: Path, *args: str, stdin: str | None = None) -> str:
+    """Run `shoal ARGS --home HOME`; its output, or ShoalError with what it printed."""
+    cmd = [sys.executable, "-m", "engine.cli", *args, "--home", str(home)]
+    try:
+        p = subprocess.run(cmd, input=stdin, capture_output=True, text=True,
+                           timeout=CLI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ShoalError(f"`shoal {' '.join(args)}` didn't finish in {CLI_TIMEOUT_S:.0f} s "
+                         "(a locked keyring?).") from None
+    if p.returncode != 0:
+        err = (p.stderr or p.stdout).strip().splitlines()
+        raise ShoalError(err[-1].removeprefix("shoal: ") if err else
+                         f"`shoal {' '.join(args)}` failed (exit {p.returncode}).")
+    return p.stdout
+
+
+def parse_secret(text: str) -> dict[str, str]:
+    """`shoal secret show` output → {"secret", "pairing", "where"}."""
+    keys = {"cluster secret": "secret", "pairing code": "pairing", "kept in": "where"}
+    out = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in keys:
+            out[keys[name.strip()]] = value.strip()
+    if "secret" not in out:
+        raise ShoalError(f"Unexpected output from `shoal secret`: {text.strip()[:200]}")
+    return out
+
+
+def secret(home: Path, action: str = "show") -> dict[str, str]:
+    return parse_secret(run_cli(home, "secret", action))
+
+
+def hf_login(home: Path, token: str) -> str:
+    try:
+        return run_cli(home, "models", "login", stdin=token + "\n").strip()
+    except ShoalError as e:
+        if "invalid choice" in e.message or "usage:" in e.message:
+            raise ShoalError("Storing a Hugging Face token needs a newer Shoal "
+                             "(`shoal models login`).") from None
+        raise
+
+
+# --- the dialog -----------------------------------------------------------------------------
+class SettingsDialog(QDialog):
+    def __init__(self, home: Path, settings: QSettings, client: NodeClient, tasks: Tasks,
+                 tray_available: bool, models_dir: str | None = None,
+                 parent: QWidget | None = None):
+        super().__init__(parent)
+        self.home, self.settings, self.client, self.tasks = home, settings, client, tasks
+        self.setWindowTitle("Shoal settings")
+        self.resize(640, 440)
+        self.secret_value: str | None = None
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self._cluster_tab(), "Cluster")
+        self.tabs.addTab(self._api_tab(), "API")
+        self.tabs.addTab(self._models_tab(models_dir), "Models")
+        self.tabs.addTab(self._general_tab(tray_available), "General")
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.tabs)
+        layout.addWidget(buttons)
+        self.load_secret()
+        self.refresh_peers()
+
+    # --- cluster: secret and peers --------------------------------------------------------
+    def _cluster_tab(self) -> QWidget:
+        self.secret_edit = QLineEdit()
+        self.secret_edit.setReadOnly(True)
+        self.secret_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.secret_edit.setPlaceholderText("reading…")
+        self.show_secret = QPushButton("Show")
+        self.show_secret.setCheckable(True)
+        self.show_secret.toggled.connect(self._reveal)
+        self.copy_secret = QPushButton("Copy")
+        self.copy_secret.clicked.connect(self._copy_secret)
+        self.rotate_secret = QPushButton("Rotate…")
+        self.rotate_secret.clicked.connect(self._ask_rotate)
+        self.secret_info = QLabel()
+        self.secret_info.setWordWrap(True)
+        self.secret_info.setStyleSheet("color: gray;")
+        row = QHBoxLayout()
+        for w in (self.secret_edit, self.show_secret, self.copy_secret, self.rotate_secret):
+            row.addWidget(w)
+        self.peer_list = QListWidget()
+        self.peer_edit = QLineEdit()
+        self.peer_edit.setPlaceholderText("host:port of another node (its cluster port)")
+        self.peer_edit.returnPressed.connect(self.add_peer)
+        self.add_peer_button = QPushButton("Add")
+        self.add_peer_button.clicked.connect(self.add_peer)
+        self.peer_message = QLabel()
+        self.peer_message.setWordWrap(True)
+        add = QHBoxLayout()
+        add.addWidget(self.peer_edit, 1)
+        add.addWidget(self.add_peer_button)
+        tab = QWidget()
+        form = QFormLayout(tab)
+        form.addRow("Cluster secret:", row)
+        form.addRow("", self.secret_info)
+        form.addRow("Peers:", self.peer_list)
+        form.addRow("", add)
+        form.addRow("", self.peer_message)
+        return tab
+
+    def load_secret(self, action: str = "show") -> None:
+        self.tasks.run(secret, self.home, action, on_done=self._show_secret,
+                       on_error=lambda e: self.secret_info.setText(
+                           f"Couldn't read the cluster secret: {message_of(e)}"), owner=self)
+
+    def _show_secret(self, found: dict[str, str]) -> None:
+        self.secret_value = found["secret"]
+        self.secret_edit.setText(found["secret"])
+        self.secret_info.setText(
+            f"Pairing code {found.get('pairing', '?')}; kept in {found.get('where', '?')}. "
+            "Every node of a cluster holds the same secret; a node reads it when it starts.")
+
+    def _reveal(self, on: bool) -> None:
+        self.secret_edit.setEchoMode(QLineEdit.EchoMode.Normal if on else
+                                     QLineEdit.EchoMode.Password)
+        self.show_secret.setText("Hide" if on else "Show")
+
+    def _copy_secret(self) -> None:
+        if self.secret_value:
+            QGuiApplication.clipboard().setText(self.secret_value)
+
+    def _ask_rotate(self) -> None:
+        answer = QMessageBox.question(
+            self, "Rotate the cluster secret?",
+            "A new secret takes effect when the node restarts, and every other node must "
+            "be given it (shoal secret set ...) or it leaves the cluster. Rotate now?")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.rotate()
+
+    def rotate(self) -> None:
+        self.secret_info.setText("Rotating…")
+        self.load_secret("rotate")
+
+    def refresh_peers(self) -> None:
+        self.tasks.run(self.client.peers, on_done=self._fill_peers,
+                       on_error=lambda e: self.peer_message.setText(
+                           f"Couldn't list peers: {message_of(e)}"), owner=self)
+
+    def _fill_peers(self, peers: list[dict[str, Any]]) -> None:
+        self.peer_list.clear()
+        for p in peers:
+            state = ("in the cluster" if p.get("trusted") else
+                     p.get("error") or ("not answering" if not p.get("reachable") else "?"))
+            self.peer_list.addItem(f"{p.get('name') or '?'} — {p.get('url')} — {state}")
+        if not peers:
+            self.peer_list.addItem("No peers yet: nodes on this network with the same "
+                                   "secret appear by themselves, others can be added here.")
+
+    def add_peer(self) -> None:
+        address = self.peer_edit.text().strip()
+        if ":" not in address:
+            self.peer_message.setText("Give host:port, e.g. 192.168.1.20:8422.")
+            return
+        self.add_peer_button.setEnabled(False)
+
+        def done(_peer: Any) -> None:
+            self.add_peer_button.setEnabled(True)
+            self.peer_edit.clear()
+            self.peer_message.setText(f"Added {address}; it shows in the topology once it "
+                                      "answers.")
+            self.refresh_peers()
+
+        def failed(e: BaseException) -> None:
+            self.add_peer_button.setEnabled(True)
+            self.peer_message.setText(f"Couldn't add {address}: {message_of(e)}")
+        self.tasks.run(self.client.add_peer, address, on_done=done, on_error=failed, owner=self)
+
+    # --- API ------------------------------------------------------------------------------
+    def _api_tab(self) -> QWidget:
+        current = node_settings(self.settings)
+        self.host_edit = QLineEdit(current.host)
+        self.port_spin = QSpinBox()
+        self.port_spin.setRange(1, 65535)
+        self.port_spin.setValue(current.port)
+        self.key_edit = QLineEdit(current.api_key or "")
+        self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.key_edit.setPlaceholderText("none (only allowed on 127.0.0.1)")
+        self.api_message = QLabel("Applied the next time Shoal starts its node. The cluster "
+                                  "port (for other nodes) is this port + 1.")
+        self.api_message.setWordWrap(True)
+        save = QPushButton("Save")
+        save.clicked.connect(self.save_api)
+        tab = QWidget()
+        form = QFormLayout(tab)
+        form.addRow("Bind address:", self.host_edit)
+        form.addRow("Port:", self.port_spin)
+        form.addRow("API key:", self.key_edit)
+        form.addRow("", save)
+        form.addRow("", self.api_message)
+        return tab
+
+    def save_api(self) -> bool:
+        host, key = self.host_edit.text().strip(), self.key_edit.text().strip()
+        problem = check_api(host, key)
+        if problem:
+            self.api_message.setText(problem)
+            self.api_message.setStyleSheet("color: #d03b3b;")
+            return False
+        self.settings.setValue(NODE_HOST, host)
+        self.settings.setValue(NODE_PORT, self.port_spin.value())
+        self.settings.setValue(NODE_API_KEY, key)
+        self.settings.sync()
+        self.api_message.setStyleSheet("")
+        self.api_message.setText(f"Saved in {self.settings.fileName()}; applied the next "
+                                 "time Shoal starts its node.")
+        return True
+
+    # --- models ---------------------------------------------------------------------------
+    def _models_tab(self, models_dir: str | None) -> QWidget:
+        folder = models_dir or str(self.home / "models")
+        self.models_dir = QLineEdit(folder)
+        self.models_dir.setReadOnly(True)
+        open_button = QPushButton("Open")
+        open_button.clicked.connect(
+            lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(self.models_dir.text())))
+        row = QHBoxLayout()
+        row.addWidget(self.models_dir, 1)
+        row.addWidget(open_button)
+        self.token_edit = QLineEdit()
+        self.token_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token_edit.setPlaceholderText("hf_… (for gated models; kept in the keyring)")
+        self.token_button = QPushButton("Save token")
+        self.token_button.clicked.connect(self.save_token)
+        self.token_message = QLabel()
+        self.token_message.setWordWrap(True)
+        token_row = QHBoxLayout()
+        token_row.addWidget(self.token_edit, 1)
+        token_row.addWidget(self.token_button)
+        tab = QWidget()
+        form = QFormLayout(tab)
+        form.addRow("Models folder:", row)
+        form.addRow("", QLabel("Models imported or downloaded by Shoal live here (and in "
+                               "the Hugging Face cache)."))
+        form.addRow("Hugging Face token:", token_row)
+        form.addRow("", self.token_message)
+        return tab
+
+    def save_token(self) -> None:
+        token = self.token_edit.text().strip()
+        if not token:
+            self.token_message.setText("Paste a token from huggingface.co/settings/tokens.")
+            return
+        self.token_button.setEnabled(False)
+        self.token_message.setText("Checking and storing the token…")
+
+        def done(text: str) -> None:
+            self.token_button.setEnabled(True)
+            self.token_edit.clear()
+            self.token_message.setText(text or "Stored.")
+
+        def failed(e: BaseException) -> None:
+            self.token_button.setEnabled(True)
+            self.token_message.setText(message_of(e))
+        self.tasks.run(hf_login, self.home, token, on_done=done, on_error=failed, owner=self)
+
+    # --- general --------------------------------------------------------------------------
+    def _general_tab(self, tray_available: bool) -> QWidget:
+        self.keep_box = QCheckBox("Keep running in the background (in the tray) when the "
+                                  "window closes")
+        self.keep_box.setEnabled(tray_available)
+        self.keep_box.setChecked(tray_available and str(
+            self.settings.value(KEEP_IN_TRAY, False)).lower() in ("true", "1"))
+        self.keep_box.toggled.connect(lambda on: self.settings.setValue(KEEP_IN_TRAY,
+                                                                        bool(on)))
+        note = QLabel("" if tray_available else "This desktop has no tray, so closing the "
+                      "window quits Shoal.")
+        note.setStyleSheet("color: gray;")
+        tab = QWidget()
+        layout = QVBoxLayout(tab)
+        layout.addWidget(self.keep_box)
+        layout.addWidget(note)
+        layout.addStretch(1)
+        layout.setAlignment(Qt.AlignmentFlag.AlignTop)
+        return tab

@@ -1,0 +1,174 @@
+"""Engine snapshots (the JSON of /shoal/topology and /shoal/status) turned into the plain
+values the views draw: one NodeCard per machine, one LinkEdge per measured pair. Qt-free,
+so the adapters are tested without a window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+LINK_NAMES = {"thunderbolt-rdma": "Thunderbolt RDMA", "thunderbolt-ip": "Thunderbolt IP",
+              "ethernet": "Ethernet", "wifi": "Wi-Fi", "loopback": "Loopback"}
+
+
+@dataclass(frozen=True)
+class MemoryBar:
+    """A machine's memory in four parts that add up to `total` (bytes)."""
+    total: int
+    others: int  # used by other programs
+    shoal: int  # used by Shoal's model shards (predicted for the running placement)
+    planned: int  # what the selected placement would add
+    free: int
+    overflow: int = 0  # planned beyond what is available
+    rule: str = ""  # how the OS figure was read (e.g. "MemAvailable from /proc/meminfo")
+
+
+@dataclass(frozen=True)
+class NodeCard:
+    id: str
+    name: str  # unique among the cards (a short id is added to repeated names)
+    url: str | None
+    is_self: bool
+    kind: str  # "ok" | "offline" | "unpaired" | "mismatch"
+    detail: str | None  # why it is offline / unpaired / mismatched
+    chip: str | None = None
+    os: str | None = None
+    version: str | None = None
+    state: str | None = None
+    memory: MemoryBar | None = None
+    watts: float | None = None
+    power_unavailable: str | None = None
+    warnings: tuple[str, ...] = ()
+    rdma: bool | None = None
+    models: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        """Can run a shard of a model with this node now."""
+        return self.kind == "ok"
+
+
+@dataclass(frozen=True)
+class LinkEdge:
+    a: str
+    b: str
+    type: str | None
+    rtt_ms: float | None
+    bandwidth_MBps: float | None
+    extra: tuple[str, ...] = field(default=())
+
+    @property
+    def label(self) -> str:
+        parts = [LINK_NAMES.get(self.type or "", self.type or "link")]
+        if self.rtt_ms is not None:
+            parts.append(f"{self.rtt_ms:.1f} ms" if self.rtt_ms < 10 else f"{self.rtt_ms:.0f} ms")
+        if self.bandwidth_MBps is not None:
+            bw = self.bandwidth_MBps
+            parts.append(f"{bw / 1000:.1f} GB/s" if bw >= 1000 else f"{bw:.0f} MB/s")
+        return " · ".join(parts)
+
+
+def _kind(node: Mapping[str, Any]) -> tuple[str, str | None]:
+    if node.get("self"):
+        return "ok", None
+    if not node.get("reachable"):
+        return "offline", node.get("error") or "not answering"
+    if not node.get("trusted"):
+        return "unpaired", node.get("error") or "not in this cluster"
+    if node.get("warning"):
+        return "mismatch", str(node["warning"])
+    return "ok", None
+
+
+def platform_warnings(node: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the user must fix on this machine (Thunderbolt Bridge loops, RDMA off), with
+    the fix the platform report gives; "unavailable" notes (Linux) are not warnings."""
+    platform = node.get("platform") or {}
+    out = [str(w) for w in platform.get("warnings") or []]
+    rdma = platform.get("rdma") or {}
+    explanation = rdma.get("explanation")
+    if explanation and not str(explanation).startswith("unavailable"):
+        out.append(f"RDMA: {explanation}")
+    return tuple(out)
+
+
+def memory_bar(node: Mapping[str, Any], shoal: int = 0, planned: int = 0) -> MemoryBar | None:
+    mem = ((node.get("machine") or {}).get("memory") or {})
+    total, available = mem.get("total_bytes"), mem.get("available_bytes")
+    if not isinstance(total, int) or total <= 0:
+        return None
+    available = min(available if isinstance(available, int) else total, total)
+    used = total - available
+    shoal = min(max(shoal, 0), used)
+    fits = min(max(planned, 0), available)
+    return MemoryBar(total=total, others=used - shoal, shoal=shoal, planned=fits,
+                     free=available - fits, overflow=max(planned - available, 0),
+                     rule=str(mem.get("rule") or ""))
+
+
+def node_cards(topology: Mapping[str, Any], shoal_use: Mapping[str, int] | None = None,
+               planned: Mapping[str, int] | None = None) -> list[NodeCard]:
+    """One card per node, this node first. shoal_use / planned: bytes per node id."""
+    shoal_use, planned = shoal_use or {}, planned or {}
+    nodes = list(topology.get("nodes") or [])
+    names = [str(n.get("name") or n.get("url") or n.get("id") or "?") for n in nodes]
+    cards = []
+    for node, name in zip(nodes, names):
+        nid = str(node.get("id") or node.get("url") or name)
+        if names.count(name) > 1 and node.get("id"):
+            name = f"{name} · {str(node['id'])[:4]}"
+        kind, detail = _kind(node)
+        machine = node.get("machine") or {}
+        os_text = " ".join(str(x) for x in (machine.get("os_name"), machine.get("os_version"))
+                           if x) or None
+        power = node.get("power") or {}
+        rdma = ((node.get("platform") or {}).get("rdma") or {}).get("enabled")
+        cards.append(NodeCard(
+            id=nid, name=name, url=node.get("url"), is_self=bool(node.get("self")),
+            kind=kind, detail=detail, chip=machine.get("chip"), os=os_text,
+            version=node.get("version"), state=node.get("state"),
+            memory=memory_bar(node, shoal_use.get(nid, 0), planned.get(nid, 0)),
+            watts=power.get("watts"), power_unavailable=power.get("unavailable"),
+            warnings=platform_warnings(node), rdma=rdma if isinstance(rdma, bool) else None,
+            models=tuple(str(m) for m in node.get("models") or ())))
+    cards.sort(key=lambda c: not c.is_self)
+    return cards
+
+
+def link_edges(topology: Mapping[str, Any]) -> list[LinkEdge]:
+    """One edge per pair of nodes that measured a link (either side's measurement)."""
+    known = {str(n.get("id")) for n in topology.get("nodes") or [] if n.get("id")}
+    seen: dict[frozenset[str], LinkEdge] = {}
+    for lk in topology.get("links") or []:
+        a, b = str(lk.get("from")), str(lk.get("to"))
+        if a == b or a not in known or b not in known:
+            continue
+        key = frozenset((a, b))
+        if key not in seen:
+            seen[key] = LinkEdge(a, b, lk.get("type"), lk.get("rtt_ms"),
+                                 lk.get("bandwidth_MBps"))
+    return list(seen.values())
+
+
+def running_instances(topology: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Instances any node reports as starting or ready (each once)."""
+    found: dict[str, dict[str, Any]] = {}
+    for n in topology.get("nodes") or []:
+        for inst in n.get("instances") or []:
+            if inst.get("state") in ("starting", "ready") and inst.get("id"):
+                found.setdefault(str(inst["id"]), inst)
+    return list(found.values())
+
+
+def fit_label(size_bytes: int | None, cards: list[NodeCard]) -> str:
+    """Whether a model's weights fit in what the usable nodes have free: on one node,
+    only across the cluster, or not at all (the planner has the exact answer)."""
+    free = [c.memory.free + c.memory.planned for c in cards if c.usable and c.memory]
+    if not size_bytes or not free:
+        return "?"
+    need = size_bytes * 1.1  # weights plus a little for the cache and activations
+    if need <= max(free):
+        return "fits one node"
+    if need <= sum(free):
+        return "fits the cluster"
+    return "too big"

@@ -1,0 +1,69 @@
+"""The live charts: per-request speed and time to first token from the chat's figures,
+memory and watts per node from the topology, joules per token, power "unavailable" with
+the reason, and a time axis that follows the clock."""
+
+from app.charts import ChartsView
+from app.metrics import Metrics
+from app.snapshots import node_cards
+
+GB = 10**9
+
+
+def topology(watts_a, watts_b=None, used_a=10 * GB):
+    def node(nid, name, watts, used, me=False):
+        return {"id": nid, "name": name, "self": me, "reachable": True, "trusted": True,
+                "machine": {"memory": {"total_bytes": 64 * GB,
+                                       "available_bytes": 64 * GB - used}},
+                "power": {"watts": watts,
+                          "unavailable": None if watts else "unavailable: no RAPL counters"}}
+    return {"nodes": [node("a", "studio", watts_a, used_a, True),
+                      node("b", "mini", watts_b, 5 * GB)], "links": []}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_000_000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_charts_follow_requests_and_nodes(qtbot):
+    clock = Clock()
+    metrics = Metrics(window_s=120, clock=clock)
+    view = ChartsView(metrics)
+    qtbot.addWidget(view)
+    view.resize(900, 700)
+    view.show()
+
+    metrics.add_cards(node_cards(topology(None)))
+    metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.2})
+    clock.now += 5
+    metrics.add_cards(node_cards(topology(30.0, 12.0, used_a=20 * GB)))
+    metrics.add_live(tokens=11, seconds=0.5)
+    view.tick()
+    assert list(view.live_curve.getData()[1]) == [20.0]  # 10 tokens after the first in 0.5 s
+    metrics.add_request({"generation_tps": 50.0, "ttft_s": 0.1})
+    view.tick()
+
+    assert list(view.tps_curve.getData()[1]) == [40.0, 50.0]
+    assert list(view.ttft_curve.getData()[1]) == [0.2, 0.1]
+    assert view.live_curve.getData()[1] is None or len(view.live_curve.getData()[1]) == 0
+    assert list(view.node_curves[("memory", "studio")].getData()[1]) == [10.0, 20.0]
+    assert list(view.node_curves[("watts", "mini")].getData()[1]) == [12.0]
+    assert list(view.cluster_curve.getData()[1]) == [42.0]
+    # The first request ran before any node reported watts; the second used 42 W.
+    assert list(view.energy_curve.getData()[1]) == [42.0 / 50.0]
+    assert view.power_note.text() == ""
+
+    metrics.add_cards(node_cards(topology(None)))
+    view.tick()
+    assert "Power unavailable on mini, studio: no RAPL counters" in view.power_note.text()
+    low, high = view.tps.viewRange()[0]
+    assert abs(high - clock.now) < 1 and abs(high - low - 120) < 1
+
+    # Figures older than the window scroll out.
+    clock.now += 200
+    metrics.add_request({"generation_tps": 45.0, "ttft_s": 0.3})
+    view.tick()
+    assert list(view.tps_curve.getData()[1]) == [45.0]

@@ -1,0 +1,70 @@
+"""The settings dialog: the cluster secret through the real `shoal secret` CLI (show, copy,
+rotate), the API the app's node will serve (checked, kept in app.ini, used at its next
+start), and the background setting the window shares."""
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QGuiApplication
+
+from app.node import LocalNode
+from app.settings import (KEEP_IN_TRAY, SettingsDialog, node_settings, parse_secret, run_cli)
+from app.tasks import Tasks
+from engine.client import NodeClient
+
+
+@pytest.fixture
+def dialog(qtbot, home, port, monkeypatch):
+    monkeypatch.setenv("SHOAL_KEYRING", "0")  # the CLI keeps the secret in the home
+    tasks = Tasks()
+    client = NodeClient(f"http://127.0.0.1:{port}", timeout=1)  # no node: peers fail
+    settings = QSettings(str(home / "app.ini"), QSettings.Format.IniFormat)
+    d = SettingsDialog(home, settings, client, tasks, tray_available=True)
+    qtbot.addWidget(d)
+    d.show()
+    yield d
+    assert tasks.wait(20000)
+    client.close()
+
+
+def test_secret_is_shown_copied_and_rotated(qtbot, dialog, home):
+    qtbot.waitUntil(lambda: dialog.secret_value is not None, timeout=20000)
+    stored = parse_secret(run_cli(home, "secret", "show"))["secret"]
+    assert dialog.secret_value == stored and dialog.secret_edit.text() == stored
+    assert dialog.secret_edit.echoMode() == dialog.secret_edit.EchoMode.Password
+    qtbot.mouseClick(dialog.show_secret, Qt.MouseButton.LeftButton)
+    assert dialog.secret_edit.echoMode() == dialog.secret_edit.EchoMode.Normal
+    qtbot.mouseClick(dialog.copy_secret, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == stored
+    assert "Pairing code" in dialog.secret_info.text()
+
+    dialog.rotate()
+    qtbot.waitUntil(lambda: dialog.secret_value != stored, timeout=20000)
+    assert parse_secret(run_cli(home, "secret", "show"))["secret"] == dialog.secret_value
+    # Without a node the peer list says so instead of hanging.
+    qtbot.waitUntil(lambda: "Couldn't list peers" in dialog.peer_message.text(),
+                    timeout=10000)
+
+
+def test_api_settings_are_checked_and_used_at_the_next_start(qtbot, dialog, home):
+    dialog.host_edit.setText("0.0.0.0")
+    dialog.key_edit.setText("")
+    assert not dialog.save_api()
+    assert "API key" in dialog.api_message.text()
+
+    dialog.key_edit.setText("s3cret")
+    dialog.port_spin.setValue(9123)
+    assert dialog.save_api()
+    saved = node_settings(QSettings(str(home / "app.ini"), QSettings.Format.IniFormat))
+    assert (saved.host, saved.port, saved.api_key) == ("0.0.0.0", 9123, "s3cret")
+    node = LocalNode(home, saved.port, host=saved.host, api_key=saved.api_key)
+    assert node.url == "http://127.0.0.1:9123"  # reached on loopback from here
+    assert node.command[node.command.index("--host") + 1] == "0.0.0.0"
+    node.client.close()
+
+
+def test_keep_running_in_the_background(qtbot, dialog):
+    qtbot.mouseClick(dialog.keep_box, Qt.MouseButton.LeftButton)
+    assert dialog.settings.value(KEEP_IN_TRAY) in (True, "true")
+    dialog.token_edit.setText("")
+    dialog.save_token()
+    assert "Paste a token" in dialog.token_message.text()

@@ -1,0 +1,134 @@
+"""What the topology view draws from a node's snapshot: machines that are unpaired, offline
+or on another version look different, memory bars add up, links are labelled, and the
+platform's fixes are shown (the snapshot is shaped like a real /shoal/topology answer)."""
+
+import pytest
+
+from app.cluster_state import ClusterState
+from app.snapshots import fit_label, link_edges, memory_bar, node_cards
+from app.tasks import Tasks
+from app.topology import TopologyView
+from engine.client import NodeClient
+
+GB = 10**9
+BRIDGE = ("The Thunderbolt Bridge (bridge0) includes en2, which is cabled to other Macs: "
+          "bridged Thunderbolt ports loop traffic between Macs and keep RDMA (jaccl) from "
+          "using them. To fix it, disable the Thunderbolt Bridge service in System Settings "
+          "› Network")
+RDMA_OFF = "RDMA is disabled: run `rdma_ctl enable` in Recovery, then restart."
+
+
+def machine(total, available, chip="Apple M3 Ultra"):
+    return {"chip": chip, "os_name": "macOS", "os_version": "15.5",
+            "memory": {"total_bytes": total, "available_bytes": available,
+                       "rule": "GPU working set"}}
+
+
+def platform(warnings=(), rdma_enabled=None, explanation=None):
+    return {"warnings": list(warnings),
+            "rdma": {"enabled": rdma_enabled, "explanation": explanation}}
+
+
+TOPOLOGY = {
+    "nodes": [
+        {"id": "aaaa1111", "name": "studio", "self": True, "reachable": True, "trusted": True,
+         "version": "0.1.0", "state": "idle", "machine": machine(192 * GB, 150 * GB),
+         "platform": platform([BRIDGE], False, RDMA_OFF),
+         "power": {"watts": 41.5, "unavailable": None}, "models": ["m"],
+         "links": [{"to": "bbbb2222", "type": "thunderbolt-ip", "rtt_ms": 0.21,
+                    "bandwidth_MBps": 4200.0}]},
+        {"id": "bbbb2222", "name": "mini", "url": "http://10.0.0.2:8422", "self": False,
+         "reachable": True, "trusted": True, "version": "0.1.0", "warning": None,
+         "machine": machine(64 * GB, 40 * GB, "Apple M4 Pro"),
+         "platform": platform(rdma_enabled=None,
+                              explanation="unavailable: read on macOS only"),
+         "power": {"watts": None, "unavailable": "unavailable: no IOReport"},
+         "links": [{"to": "aaaa1111", "type": "thunderbolt-ip", "rtt_ms": 0.25,
+                    "bandwidth_MBps": 4100.0}]},
+        {"id": "cccc3333", "name": "laptop", "url": "http://10.0.0.3:8422", "self": False,
+         "reachable": True, "trusted": True, "version": "0.2.0",
+         "warning": "runs Shoal 0.2.0, this node runs 0.1.0: update both",
+         "machine": machine(32 * GB, 20 * GB)},
+        {"url": "http://10.0.0.4:8422", "self": False, "reachable": True, "trusted": False,
+         "error": "not in this cluster: the signature doesn't match"},
+        {"id": "eeee5555", "name": "old", "url": "http://10.0.0.5:8422", "self": False,
+         "reachable": False, "trusted": False, "error": "Can't reach 10.0.0.5"},
+    ],
+    "links": [{"from": "aaaa1111", "to": "bbbb2222", "type": "thunderbolt-ip",
+               "rtt_ms": 0.21, "bandwidth_MBps": 4200.0},
+              {"from": "bbbb2222", "to": "aaaa1111", "type": "thunderbolt-ip",
+               "rtt_ms": 0.25, "bandwidth_MBps": 4100.0}],
+}
+
+
+def test_each_kind_of_machine_is_told_apart():
+    cards = {c.name: c for c in node_cards(TOPOLOGY)}
+    assert cards["studio"].is_self and cards["studio"].kind == "ok"
+    assert cards["mini"].kind == "ok" and cards["mini"].usable
+    assert cards["laptop"].kind == "mismatch" and "0.2.0" in cards["laptop"].detail
+    unpaired = cards["http://10.0.0.4:8422"]
+    assert unpaired.kind == "unpaired" and "not in this cluster" in unpaired.detail
+    assert cards["old"].kind == "offline" and not cards["old"].usable
+    # The bridge loop and RDMA fixes come from the platform report; Linux's "unavailable"
+    # notes are not problems.
+    assert cards["studio"].warnings == (BRIDGE, f"RDMA: {RDMA_OFF}")
+    assert cards["mini"].warnings == ()
+    assert cards["mini"].power_unavailable == "unavailable: no IOReport"
+
+
+def test_memory_bar_parts_add_up():
+    node = TOPOLOGY["nodes"][0]
+    bar = memory_bar(node, shoal=30 * GB, planned=100 * GB)
+    assert (bar.others, bar.shoal, bar.planned, bar.free) == (12 * GB, 30 * GB, 100 * GB,
+                                                              50 * GB)
+    assert bar.others + bar.shoal + bar.planned + bar.free == bar.total
+    too_big = memory_bar(node, planned=200 * GB)
+    assert too_big.planned == 150 * GB and too_big.overflow == 50 * GB and too_big.free == 0
+
+
+def test_links_are_one_edge_per_pair_with_a_label():
+    (edge,) = link_edges(TOPOLOGY)
+    assert edge.label == "Thunderbolt IP · 0.2 ms · 4.2 GB/s"
+
+
+def test_fit_label():
+    cards = node_cards(TOPOLOGY)
+    assert fit_label(10 * GB, cards) == "fits one node"
+    assert fit_label(170 * GB, cards) == "fits the cluster"
+    assert fit_label(500 * GB, cards) == "too big"
+
+
+@pytest.fixture
+def state(qapp):
+    tasks = Tasks()
+    client = NodeClient("http://127.0.0.1:9")  # never asked: the snapshot is set by hand
+    yield ClusterState(tasks, client)
+    client.close()
+
+
+def test_topology_view_draws_the_snapshot(qtbot, state):
+    view = TopologyView(state)
+    qtbot.addWidget(view)
+    view.resize(1000, 700)
+    view.show()
+    state.set_topology(TOPOLOGY)
+    qtbot.waitUntil(lambda: len(view.cards) == 5)
+    lines = {nid: item.lines() for nid, item in view.cards.items()}
+    assert lines["aaaa1111"][0] == "studio  (this node)"
+    assert "Version mismatch: runs Shoal 0.2.0" in lines["cccc3333"][1]
+    assert lines["http://10.0.0.4:8422"][1].startswith("Not in this cluster")
+    assert lines["eeee5555"][1].startswith("Offline")
+    assert view.cards["eeee5555"].opacity() < 1
+    studio = "\n".join(lines["aaaa1111"])
+    assert "42.0 GB of 192.0 GB used" in studio and "42 W" in studio
+    assert "⚠ 2 to fix" in studio
+    assert [e.label.text() for e in view.edges.values()] == [
+        "Thunderbolt IP · 0.2 ms · 4.2 GB/s"]
+    assert view.problems.isVisible()
+    assert f"studio: {BRIDGE}" in view.problems.text() and "rdma_ctl enable" in \
+        view.problems.text()
+
+    # A machine that leaves the snapshot leaves the view, with its link.
+    state.set_topology({"nodes": TOPOLOGY["nodes"][:1], "links": []})
+    qtbot.waitUntil(lambda: list(view.cards) == ["aaaa1111"])
+    assert view.edges == {}
