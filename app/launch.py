@@ -212,18 +212,23 @@ class LaunchPanel(QWidget):
                 elif runner.get("type") == "Ready":
                     row.show_state("Loaded", 1, 1)
                 continue
-            st = self._follower_state(nid)
+            st, progress = self._follower_state(nid)
             if st == "ready":
                 row.show_state("Loaded", 1, 1)
             elif st == "starting":
-                row.show_state("Loading its layers…", None, None)
+                done, total = progress or (0, 0)
+                row.show_state(f"Loading layers {done}/{total}" if total else
+                               "Loading its layers…", done if total else None,
+                               total or None)
 
-    def _follower_state(self, node_id: str) -> str | None:
+    def _follower_state(self, node_id: str) -> tuple[str | None, list[int] | None]:
+        """The node's rank state and [layers loaded, total], as it reports them."""
         for n in self.state.topology.get("nodes") or []:
             if n.get("id") == node_id:
-                states = [f.get("state") for f in n.get("followers") or []]
-                return states[-1] if states else None
-        return None
+                followers = n.get("followers") or []
+                if followers:
+                    return followers[-1].get("state"), followers[-1].get("progress")
+        return None, None
 
     def _ended(self, instance_id: str | None) -> tuple[str, str | None] | None:
         """(state, reason) once this node reports the instance stopped or failed."""

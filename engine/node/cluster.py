@@ -45,6 +45,7 @@ class Follower:
     worker: WorkerHandle | None = None
     state: str = "starting"  # starting | ready | failed | stopped
     reason: str | None = None
+    progress: list[int] = field(default_factory=lambda: [0, 0])  # layers loaded, total
 
 
 @dataclass
@@ -62,8 +63,8 @@ class Instance:
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "strategy": self.strategy,
                 "state": self.state, "reason": self.reason,
-                "ranks": [{"rank": i, "node": r["node"], "layers": r.get("layers")}
-                          for i, r in enumerate(self.ranks)]}
+                "ranks": [{"rank": i, "node": r["node"], "layers": r.get("layers"),
+                           "progress": r.get("progress")} for i, r in enumerate(self.ranks)]}
 
 
 def free_port(host: str) -> int:
@@ -108,10 +109,14 @@ class Cluster:
                 for p in self.peers.all() if p.trusted and p.link]
 
     def describe(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name,
-                "instances": [self.instance.public()] if self.instance else [],
+        instances = [self.instance.public()] if self.instance else []
+        run = self.node.runner
+        if instances and isinstance(run, Loading) and run.model == instances[0]["model"]:
+            instances[0]["ranks"][0]["progress"] = [run.layers_done, run.layers_total]
+        return {"id": self.id, "name": self.name, "instances": instances,
                 "followers": [{"instance": f.instance, "rank": f.rank, "state": f.state,
-                               "reason": f.reason} for f in self.followers.values()]}
+                               "reason": f.reason, "progress": f.progress}
+                              for f in self.followers.values()]}
 
     def owner_of(self, model: str) -> str | None:
         """URL of the peer that serves `model` as a distributed instance, if any."""
@@ -333,6 +338,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             st = await self._follower_state(r["url"], inst.id)
+            r["progress"] = st.get("progress")  # shown per rank while the instance starts
             if st["state"] == "ready":
                 return
             if st["state"] in ("failed", "stopped"):
@@ -443,6 +449,8 @@ class Cluster:
             self.node.keep(task)
         elif ev["ev"] == "fatal":
             f.reason = ev.get("message")
+        elif ev["ev"] == "loading":
+            f.progress = [int(ev.get("done", 0)), int(ev.get("total", 0))]
 
     async def _tell_owner(self, f: Follower) -> None:
         with contextlib.suppress(ShoalError):
@@ -455,7 +463,7 @@ class Cluster:
         f = self.followers.get(inst_id)
         if f is None:
             return {"state": "stopped", "reason": "this node runs no such instance"}
-        return {"state": f.state, "reason": f.reason, "rank": f.rank}
+        return {"state": f.state, "reason": f.reason, "rank": f.rank, "progress": f.progress}
 
     async def stop_follower(self, inst_id: str, reason: str) -> None:
         f = self.followers.get(inst_id)

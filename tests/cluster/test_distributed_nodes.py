@@ -198,3 +198,15 @@ def test_rdma_backend_is_refused_with_the_reason_where_there_is_none(trio):
     assert r.status_code == 400, r.text
     msg = r.json()["error"]["message"]
     assert msg.startswith("jaccl can't run on these nodes") and "ring backend" in msg
+
+
+def test_each_rank_reports_its_loading_progress(trio):
+    a, b, _ = trio
+    r = launch(a, {"model": "tiny-llama", "strategy": "pipeline",
+                   "nodes": [{"node": "self", "layers": [0, 3]},
+                             {"node": node_id(b), "layers": [3, 4]}]})
+    assert r.status_code == 201, r.text
+    ranks = r.json()["ranks"]
+    assert ranks[1]["progress"] == [1, 1]  # the follower's layers, all loaded
+    follower = b.client.status()["cluster"]["followers"][0]
+    assert follower["state"] == "ready"
