@@ -37,6 +37,16 @@ def _bounded(fn: Callable[[], Any], timeout: float | None = None) -> Any:
     return box.get("value")
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only this user can read, atomically (a temp file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def new_secret() -> str:
     return secrets.token_urlsafe(24)
 
@@ -80,12 +90,7 @@ class SecretStore:
                 return
             except Exception as e:
                 self._fallback_note(e)
-        self.home.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(value)
-        os.replace(tmp, self.file)
+        write_private(self.file, value)
         self.where = f"{self.file} (readable only by you)"
 
     def ensure(self, given: str | None = None) -> str:

@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from engine.cluster.secret import SERVICE, _bounded
+from engine.cluster.secret import SERVICE, _bounded, write_private
 
 log = logging.getLogger(__name__)
 ACCOUNT = "huggingface-token"
@@ -55,12 +55,7 @@ class TokenStore:
                 return
             except Exception as e:
                 self._fallback(e)
-        self.home.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        os.replace(tmp, self.file)
+        write_private(self.file, token)
         self.where = f"{self.file} (readable only by you)"
 
     def clear(self) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
 from engine.runtime.distributed import DistConfig, Watchdog
-from engine.runtime.doorbell import Doorbell
+from engine.runtime.doorbell import END, Doorbell
 from engine.runtime.generate import Record, Sampling
 from engine.runtime.stops import StopMatcher
 
@@ -176,6 +176,15 @@ class Link:
 
     def end_request(self) -> None:
         log.info(self.stats.line(self.cfg.rank))
+
+    def end_round(self) -> None:
+        """Rank 0 ends a request: END goes round the ring and comes back once every rank
+        has dropped it."""
+        import mlx.core as mx
+        self.bell.ring(END)
+        self.expect(END)
+        mx.clear_cache()
+        self.end_request()
 
 
 class Runner(Protocol):

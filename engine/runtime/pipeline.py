@@ -172,13 +172,8 @@ class PipelineLeader:
 
     def end(self) -> None:
         """Every rank drops the request; END comes back round the ring when all have."""
-        import mlx.core as mx
-
-        self.link.bell.ring(END)
-        self.link.expect(END)
         self.cache = []
-        mx.clear_cache()
-        self.link.end_request()
+        self.link.end_round()
 
 
 class PipelineFollower:
