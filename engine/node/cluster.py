@@ -424,6 +424,9 @@ class Cluster:
         if old and old.worker:
             await old.worker.stop()
         f = Follower(inst_id, str(body["owner"]), int(config["rank"]))
+        for old_id in [k for k, v in self.followers.items()
+                       if v.state in ("stopped", "failed")][:-4]:
+            del self.followers[old_id]  # keep only the last few ended ones, for their reasons
         self.followers[inst_id] = f
         cfg = self._write_config(inst_id, config)
         f.worker = WorkerHandle(str(body["model"]), path,

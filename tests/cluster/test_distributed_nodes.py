@@ -208,5 +208,6 @@ def test_each_rank_reports_its_loading_progress(trio):
     assert r.status_code == 201, r.text
     ranks = r.json()["ranks"]
     assert ranks[1]["progress"] == [1, 1]  # the follower's layers, all loaded
-    follower = b.client.status()["cluster"]["followers"][0]
-    assert follower["state"] == "ready"
+    follower = next(f for f in b.client.status()["cluster"]["followers"]
+                    if f["instance"] == r.json()["id"])
+    assert follower["state"] == "ready" and follower["progress"] == [1, 1]
