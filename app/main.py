@@ -77,6 +77,11 @@ class ShoalApp(QObject):
         app.aboutToQuit.connect(self.shutdown)
 
     def start(self) -> None:
+        from app.autostart import set_menubar_only
+        from app.settings import MENUBAR_ONLY
+        if self.tray.available and str(self.settings.value(MENUBAR_ONLY, False)).lower() \
+                in ("true", "1"):
+            set_menubar_only(True)  # macOS: the tray icon is the app; no-op elsewhere
         self.window.show()
         self.start_node()
 

@@ -10,6 +10,7 @@ Tasks, so a slow keyring never freezes the window.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ from engine.cli import DEFAULT_PORT
 from engine.client import NodeClient
 from engine.errors import ShoalError
 
+log = logging.getLogger(__name__)
 KEEP_IN_TRAY = "tray/keep_running_on_close"
+MENUBAR_ONLY = "tray/menubar_only"  # macOS: no Dock icon
 NODE_HOST, NODE_PORT, NODE_API_KEY = "node/host", "node/port", "node/api_key"
 CLI_TIMEOUT_S = 30.0
 
@@ -332,6 +335,21 @@ class SettingsDialog(QDialog):
         self.tasks.run(hf_login, self.home, token, on_done=done, on_error=failed, owner=self)
 
     # --- general --------------------------------------------------------------------------
+    def _set_login(self, on: bool) -> None:
+        from app import autostart
+        try:
+            autostart.enable(self.home) if on else autostart.disable()
+        except OSError as e:
+            log.warning("can't change the login item: %s", e)
+            self.login_box.blockSignals(True)
+            self.login_box.setChecked(autostart.enabled())
+            self.login_box.blockSignals(False)
+
+    def _set_menubar_only(self, on: bool) -> None:
+        from app import autostart
+        self.settings.setValue(MENUBAR_ONLY, bool(on))
+        autostart.set_menubar_only(on)
+
     def _general_tab(self, tray_available: bool) -> QWidget:
         self.keep_box = QCheckBox("Keep running in the background (in the tray) when the "
                                   "window closes")
@@ -340,12 +358,23 @@ class SettingsDialog(QDialog):
             self.settings.value(KEEP_IN_TRAY, False)).lower() in ("true", "1"))
         self.keep_box.toggled.connect(lambda on: self.settings.setValue(KEEP_IN_TRAY,
                                                                         bool(on)))
+        from app import autostart
+        self.login_box = QCheckBox("Start Shoal when I log in")
+        self.login_box.setChecked(autostart.enabled())
+        self.login_box.toggled.connect(self._set_login)
+        self.menubar_box = QCheckBox("Menubar only: no Dock icon (macOS)")
+        self.menubar_box.setEnabled(sys.platform == "darwin" and tray_available)
+        self.menubar_box.setChecked(str(self.settings.value(MENUBAR_ONLY, False)).lower()
+                                    in ("true", "1"))
+        self.menubar_box.toggled.connect(self._set_menubar_only)
         note = QLabel("" if tray_available else "This desktop has no tray, so closing the "
                       "window quits Shoal.")
         note.setStyleSheet("color: gray;")
         tab = QWidget()
         layout = QVBoxLayout(tab)
         layout.addWidget(self.keep_box)
+        layout.addWidget(self.login_box)
+        layout.addWidget(self.menubar_box)
         layout.addWidget(note)
         layout.addStretch(1)
         layout.setAlignment(Qt.AlignmentFlag.AlignTop)
