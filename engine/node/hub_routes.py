@@ -151,6 +151,7 @@ async def catalog(request: web.Request) -> web.Response:
     node = request.app["node"]
     found = await asyncio.to_thread(
         lambda: browse(node.models_dir, None, _cluster_memory(request)))
+    await asyncio.to_thread(_planner_fit, request, found)
     return web.json_response(await _with_peers(request, found))
 
 
@@ -163,7 +164,32 @@ async def search(request: web.Request) -> web.Response:
     node, token = request.app["node"], await _token(request)
     found = await asyncio.to_thread(
         lambda: browse(node.models_dir, q, _cluster_memory(request), True, token))
+    await asyncio.to_thread(_planner_fit, request, found)
     return web.json_response(await _with_peers(request, found))
+
+
+def _planner_fit(request: web.Request, found: dict[str, Any]) -> None:
+    """For models whose config is on disk here, "fits" comes from the planner (weights,
+    KV cache, activations and overhead on the live cluster) with its reason; others keep
+    the size estimate ("fit_basis": "size")."""
+    from engine.node.plan_routes import plan_inputs
+    from engine.placement_cli import plan_from_cluster
+    cluster = request.app.get("cluster")
+    for entry in found.get("models") or []:
+        entry["fit_basis"] = "size"
+        if cluster is None or not entry.get("local"):
+            continue
+        try:
+            src = plan_inputs(cluster, entry["id"])
+            report = plan_from_cluster(src["nodes"], src["config"], None, src["links"],
+                                       entry["id"])
+        except Exception as e:  # an odd config must not break the list
+            log.info("no plan for %s: %s", entry["id"], e)
+            continue
+        entry["fits"] = bool(report.placements)
+        entry["fit_basis"] = "planner"
+        if not report.placements and report.rejections:
+            entry["fit_reason"] = report.rejections[0].reason
 
 
 async def _with_peers(request: web.Request, found: dict[str, Any]) -> dict[str, Any]:

@@ -47,3 +47,16 @@ def test_plan_api_and_cli_on_a_live_cluster(tmp_path, tiny_model_dir, monkeypatc
     finally:
         a.stop()
         b.stop()
+
+
+def test_catalog_fit_for_models_on_disk_comes_from_the_planner(tmp_path, tiny_model_dir):
+    (a,) = start_cluster(tmp_path, tiny_model_dir, 1)
+    try:
+        r = httpx.get(a.url + "/shoal/hub/catalog", timeout=60)
+        assert r.status_code == 200, r.text
+        tiny = next(m for m in r.json()["models"] if m["id"] == "tiny-llama")
+        assert tiny["fit_basis"] == "planner" and tiny["fits"] is True
+        remote = [m for m in r.json()["models"] if not m.get("local")]
+        assert remote and all(m["fit_basis"] == "size" for m in remote)
+    finally:
+        a.stop()
