@@ -32,12 +32,11 @@ async def list_models(request: web.Request) -> web.Response:
     cluster = request.app.get("cluster")
     if cluster is not None:  # models served by distributed instances on other nodes
         have = {c["id"] for c in cards}
-        for p in cluster.peers.all():
-            for inst in p.info.get("instances") or [] if p.trusted else []:
-                if inst.get("state") == "ready" and inst["model"] not in have:
-                    have.add(inst["model"])
-                    cards.append({"id": inst["model"], "object": "model", "created": 0,
-                                  "owned_by": "shoal", "shoal": {"instance": inst}})
+        for _, inst in cluster.remote_instances():
+            if inst["model"] not in have:
+                have.add(inst["model"])
+                cards.append({"id": inst["model"], "object": "model", "created": 0,
+                              "owned_by": "shoal", "shoal": {"instance": inst}})
     return web.json_response({"object": "list", "data": cards})
 
 

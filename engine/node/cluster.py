@@ -24,7 +24,7 @@ from engine.errors import (BadRequest, InsufficientMemory, PeerUnreachable, Shoa
                            WorkerFailed)
 from engine.node.peers import Peers
 from engine.node.service import Node
-from engine.node.state import Failed, Loading, Ready
+from engine.node.state import Loading
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
 from engine.placement.validate import (STRATEGIES, ModelShape, PlacementError, check_pipeline,
@@ -118,13 +118,15 @@ class Cluster:
                                "reason": f.reason, "progress": f.progress}
                               for f in self.followers.values()]}
 
+    def remote_instances(self) -> list[tuple[str, dict[str, Any]]]:
+        """(owner URL, instance) for every ready instance a trusted peer owns."""
+        return [(p.url, inst) for p in self.peers.all() if p.trusted
+                for inst in p.info.get("instances") or [] if inst.get("state") == "ready"]
+
     def owner_of(self, model: str) -> str | None:
         """URL of the peer that serves `model` as a distributed instance, if any."""
-        for p in self.peers.all():
-            for inst in (p.info.get("instances") or []) if p.trusted else []:
-                if inst.get("model") == model and inst.get("state") == "ready":
-                    return p.url
-        return None
+        return next((url for url, inst in self.remote_instances()
+                     if inst.get("model") == model), None)
 
     # --- launching (owner side) ----------------------------------------------------------
     async def launch(self, body: Any) -> dict[str, Any]:

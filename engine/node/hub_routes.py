@@ -172,17 +172,17 @@ def _planner_fit(request: web.Request, found: dict[str, Any]) -> None:
     """For models whose config is on disk here, "fits" comes from the planner (weights,
     KV cache, activations and overhead on the live cluster) with its reason; others keep
     the size estimate ("fit_basis": "size")."""
-    from engine.node.plan_routes import plan_inputs
+    from engine.node.plan_routes import cluster_view, model_config
     from engine.placement_cli import plan_from_cluster
     cluster = request.app.get("cluster")
+    view = cluster_view(cluster) if cluster is not None else None  # once, not per model
     for entry in found.get("models") or []:
         entry["fit_basis"] = "size"
-        if cluster is None or not entry.get("local"):
+        if view is None or not entry.get("local"):
             continue
         try:
-            src = plan_inputs(cluster, entry["id"])
-            report = plan_from_cluster(src["nodes"], src["config"], None, src["links"],
-                                       entry["id"])
+            report = plan_from_cluster(view["nodes"], model_config(cluster, entry["id"]),
+                                       None, view["links"], entry["id"])
         except Exception as e:  # an odd config must not break the list
             log.info("no plan for %s: %s", entry["id"], e)
             continue

@@ -30,8 +30,16 @@ def _node_info(info: dict[str, Any]) -> dict[str, Any]:
 
 def plan_inputs(c: Cluster, model: str) -> dict[str, Any]:
     """Nodes (this one first, then trusted compatible peers), links and the model's config."""
+    return {**cluster_view(c), "config": model_config(c, model)}
+
+
+def model_config(c: Cluster, model: str) -> dict[str, Any]:
+    return json.loads((c.node.resolve(model) / "config.json").read_text())
+
+
+def cluster_view(c: Cluster) -> dict[str, Any]:
+    """What the planner needs of the cluster: {"nodes", "links"} (no model)."""
     from engine.node.cluster_routes import _self_info
-    config = json.loads((c.node.resolve(model) / "config.json").read_text())
     infos = [_self_info(c)] + [p.info for p in c.peers.all() if p.trusted and not p.warning]
     links = []
     for info in infos:
@@ -41,7 +49,7 @@ def plan_inputs(c: Cluster, model: str) -> dict[str, Any]:
                               "latency_s": lk["rtt_ms"] / 2000,  # one way
                               "bandwidth_Bps": lk["bandwidth_MBps"] * 1e6, "rdma": False})
     ids = {i["id"] for i in infos}
-    return {"nodes": [_node_info(i) for i in infos], "config": config,
+    return {"nodes": [_node_info(i) for i in infos],
             "links": [lk for lk in links if lk["b"] in ids]}
 
 
