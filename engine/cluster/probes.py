@@ -123,7 +123,7 @@ def _probe_macos(run: Runner) -> PlatformReport:
     else:
         tb = ThunderboltReport(unavailable=profiler.reason)
     rdma = rdma_report(status.stdout, devices.stdout, status_reason=status.reason,
-                       devices_reason=devices.reason)
+                       devices_reason=devices.reason, thunderbolt=tb.generation)
     kinds: dict[str, str] = {"lo0": "loopback"}
     if hw.stdout is not None:
         try:

@@ -3,7 +3,9 @@
 `rdma_ctl status` says enabled/disabled; `ibv_devices` lists one `rdma_enX` per Thunderbolt
 interface `enX` that can do RDMA. With the cable graph (thunderbolt.py) this gives, for an
 ordered list of ranks, the N×N matrix MLX's jaccl backend reads from MLX_IBV_DEVICES — or
-the exact pair that can't use RDMA, and why. Pure functions; no I/O here.
+the exact pair that can't use RDMA, and why. A cable carries RDMA only when it is a Thunderbolt
+5 link (80 Gb/s or more), each end has its `rdma_enX` device, and each Mac sees the other's
+RDMA service on it (system_profiler's `services_title`). Pure functions; no I/O here.
 """
 
 from __future__ import annotations
@@ -18,8 +20,14 @@ ENABLE_HELP = ("RDMA over Thunderbolt is disabled on this Mac. To enable it (onc
                "down, start up into Recovery (hold the power button, then Options), open "
                "Utilities › Terminal, run `rdma_ctl enable`, and restart. It needs macOS 26.2 "
                "or later and Thunderbolt 5 cables; every Mac should run the same macOS version.")
+TB4_FINAL = ("This Mac's Thunderbolt ports are Thunderbolt 4 (up to 40 Gb/s), which has no RDMA: "
+             "ibv_devices lists no devices on this hardware, and no cable, setting or restart "
+             "changes that. RDMA needs a Mac with Thunderbolt 5; this Mac joins over TCP "
+             "(Thunderbolt IP, Ethernet or Wi-Fi).")
+MIN_RDMA_GBPS = 80.0  # a Thunderbolt 5 link; 40 Gb/s and below is Thunderbolt 4 or a TB3 dock
 NO_RDMA_PORT_HINT = ("on Mac Studio the Thunderbolt port next to the Ethernet port has no RDMA, "
                      "and Thunderbolt 4 links have none: move the cable to another port")
+ENABLE_STEP = "run `rdma_ctl enable` in Recovery and restart"
 LINK_TYPES = ("thunderbolt-rdma", "thunderbolt-ip", "ethernet", "wifi", "loopback")
 
 
@@ -28,31 +36,37 @@ class RdmaReport:
     enabled: bool | None
     devices: tuple[str, ...] = ()
     unavailable: str | None = None   # why the state is unknown
+    thunderbolt: int | None = None   # Thunderbolt generation of this Mac (4, 5), if known
 
     @property
     def explanation(self) -> str | None:
         """What a user should read about this Mac's RDMA, or None when it is ready."""
-        if self.enabled is False:
-            return ENABLE_HELP
         if self.enabled is None:
             return self.unavailable or "unavailable: RDMA state unknown"
+        if self.thunderbolt == 4 and not self.devices:
+            return TB4_FINAL  # enabled or not, this hardware never gets a device
+        if self.enabled is False:
+            return ENABLE_HELP
         if not self.devices:
             return ("RDMA is enabled but ibv_devices lists no RDMA devices: connect a "
-                    "Thunderbolt 5 cable to another Mac, or restart after `rdma_ctl enable`.")
+                    "Thunderbolt 5 cable to another Mac, or restart after `rdma_ctl enable`. "
+                    "(A Mac with only Thunderbolt 4 never lists any.)")
         return None
 
     def to_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "devices": list(self.devices),
-                "unavailable": self.unavailable, "explanation": self.explanation}
+                "unavailable": self.unavailable, "thunderbolt": self.thunderbolt,
+                "explanation": self.explanation}
 
     @classmethod
     def from_dict(cls, d: Any) -> "RdmaReport":
         try:
             enabled = d.get("enabled")
             devices = tuple(str(x) for x in d.get("devices") or ())
-            why = d.get("unavailable")
+            why, gen = d.get("unavailable"), d.get("thunderbolt")
             return cls(enabled if isinstance(enabled, bool) else None, devices,
-                       why if isinstance(why, str) else None)
+                       why if isinstance(why, str) else None,
+                       gen if isinstance(gen, int) and not isinstance(gen, bool) else None)
         except (AttributeError, TypeError) as e:
             return cls(None, (), f"unreadable RDMA report from peer: {e}")
 
@@ -80,20 +94,23 @@ def parse_ibv_devices(text: str) -> tuple[str, ...]:
 
 
 def rdma_report(status: str | None, devices: str | None, *, status_reason: str | None = None,
-                devices_reason: str | None = None) -> RdmaReport:
+                devices_reason: str | None = None, thunderbolt: int | None = None
+                ) -> RdmaReport:
     """Outputs of `rdma_ctl status` and `ibv_devices` (None where the command failed, with
-    its reason) → a report; never raises."""
+    its reason) and the Mac's Thunderbolt generation → a report; never raises."""
     if status is None:
-        return RdmaReport(None, (), status_reason or "unavailable: rdma_ctl did not run")
+        return RdmaReport(None, (), status_reason or "unavailable: rdma_ctl did not run",
+                          thunderbolt)
     try:
         enabled = parse_rdma_ctl(status)
     except ProbeParseError as e:
-        return RdmaReport(None, (), f"unavailable: {e}")
+        return RdmaReport(None, (), f"unavailable: {e}", thunderbolt)
     if not enabled:
-        return RdmaReport(False)
+        return RdmaReport(False, thunderbolt=thunderbolt)
     if devices is None:
-        return RdmaReport(True, (), devices_reason or "unavailable: ibv_devices did not run")
-    return RdmaReport(True, parse_ibv_devices(devices))
+        return RdmaReport(True, (), devices_reason or "unavailable: ibv_devices did not run",
+                          thunderbolt)
+    return RdmaReport(True, parse_ibv_devices(devices), thunderbolt=thunderbolt)
 
 
 @dataclass(frozen=True)
@@ -153,9 +170,10 @@ def device_matrix(ranks: Sequence[str], cables: tuple[Cable, ...],
                             + ("" if ring else f" ({backend} needs a cable between every pair"
                                "; jaccl-ring needs only neighbours)"))
             continue
-        pick = next((c for c in found if _usable(c, a, rdma) and _usable(c, b, rdma)), None)
-        if pick is None:
-            problems.append(_why_unusable(found[0], a, b, label(i), label(j), rdma))
+        reasons = [cable_problem(c, a, b, rdma, label(i), label(j)) for c in found]
+        pick = next((c for c, w in zip(found, reasons) if w is None), None)
+        if pick is None:  # every cable fails: the first one's reason says enough
+            problems.append(reasons[0] or "")
             continue
         cells[i][j] = f"rdma_{pick.end_on(a).interface}"
         cells[j][i] = f"rdma_{pick.end_on(b).interface}"
@@ -163,25 +181,38 @@ def device_matrix(ranks: Sequence[str], cables: tuple[Cable, ...],
     return JacclMatrix(backend, tuple(ranks), matrix, tuple(problems))
 
 
-def _usable(c: Cable, node: str, rdma: Mapping[str, RdmaReport]) -> bool:
-    iface = c.end_on(node).interface
-    return iface is not None and f"rdma_{iface}" in rdma[node].devices
-
-
-def _why_unusable(c: Cable, a: str, b: str, la: str, lb: str,
-                  rdma: Mapping[str, RdmaReport]) -> str:
+def cable_problem(c: Cable, a: str, b: str, rdma: Mapping[str, RdmaReport],
+                  la: str | None = None, lb: str | None = None) -> str | None:
+    """Why this cable between nodes a and b can't carry RDMA, or None when it can.
+    la / lb: how to name the nodes in the message."""
+    la, lb = la or a, lb or b
+    speed = c.speed_gbps
+    if speed is not None and speed < MIN_RDMA_GBPS:
+        via = f" through {c.via}" if c.via else ""
+        return (f"the cable between {la} and {lb}{via} links at {c.speed}, a Thunderbolt 4 "
+                "link, which has no RDMA: cable the two Macs directly with a Thunderbolt 5 "
+                "cable (80 Gb/s)")
     for node, label, other in ((a, la, lb), (b, lb, la)):
+        r = rdma.get(node)
+        if r is None or r.explanation:
+            return f"{label}: {r.explanation if r else 'no RDMA report from this node'}"
         end = c.end_on(node)
         if end.interface is None:
             return (f"{label}: Thunderbolt port {end.receptacle} (cabled to {other}) has no "
                     "network interface in `networksetup -listallhardwareports`")
-        if f"rdma_{end.interface}" not in rdma[node].devices:
-            listed = ", ".join(rdma[node].devices) or "none"
-            speed = f", {c.speed}" if c.speed else ""
+        if f"rdma_{end.interface}" not in r.devices:
+            listed = ", ".join(r.devices) or "none"
+            sp = f", {c.speed}" if c.speed else ""
             return (f"{label}: the cable to {other} is on Thunderbolt port {end.receptacle} "
-                    f"({end.interface}{speed}), which has no RDMA device rdma_{end.interface} "
+                    f"({end.interface}{sp}), which has no RDMA device rdma_{end.interface} "
                     f"(ibv_devices lists {listed}); {NO_RDMA_PORT_HINT}")
-    return f"the cable between {la} and {lb} can't be used for RDMA"
+    for node, label, other in ((a, la, lb), (b, lb, la)):
+        if c.end_on(node).sees_rdma is False:
+            return (f"{label} sees no RDMA service from {other} on this cable (its "
+                    f"Thunderbolt port {c.end_on(node).receptacle}): RDMA is not on at "
+                    f"{other}'s end; {ENABLE_STEP} on {other}, or move the cable to a port "
+                    "with RDMA")
+    return None
 
 
 def link_type(kind: str, *, rdma: bool = False) -> str | None:
@@ -197,11 +228,20 @@ def pair_link_types(a: str, b: str, cables: tuple[Cable, ...],
     """Thunderbolt link types between two nodes from the cable graph (one per cable)."""
     if a == b:
         return ("loopback",)
+    return tuple("thunderbolt-rdma" if cable_problem(c, a, b, rdma) is None
+                 else "thunderbolt-ip" for c in cables_between(cables, a, b))
 
-    def ready(n: str) -> bool:
-        return n in rdma and rdma[n].explanation is None
 
-    return tuple(
-        "thunderbolt-rdma" if ready(a) and ready(b) and _usable(c, a, rdma)
-        and _usable(c, b, rdma) else "thunderbolt-ip"
-        for c in cables_between(cables, a, b))
+def thunderbolt_links(cables: tuple[Cable, ...], rdma: Mapping[str, RdmaReport]
+                      ) -> list[dict[str, Any]]:
+    """One entry per cable for the topology: which ports, the negotiated speed, whether it
+    carries RDMA and, when not, why."""
+    out = []
+    for c in cables:
+        why = cable_problem(c, c.a.node, c.b.node, rdma)
+        out.append({"a": c.a.node, "b": c.b.node, "a_port": c.a.receptacle,
+                    "b_port": c.b.receptacle, "a_interface": c.a.interface,
+                    "b_interface": c.b.interface, "speed": c.speed, "via": c.via,
+                    "type": "thunderbolt-ip" if why else "thunderbolt-rdma",
+                    "rdma": why is None, "why": why})
+    return out

@@ -5,7 +5,11 @@ Inputs are the printed output of `system_profiler SPThunderboltDataType -json`,
 reference, shared/reference/macos.md; recordings in tests/fixtures/macos/). Every parser here is
 pure; `thunderbolt_report` never raises, it returns a report that says why it is empty.
 Combining the reports of several Macs (`cable_graph`) gives the cable graph: each port's
-own domain UUID is what the Mac at the other end lists under `_items`.
+own domain UUID is what the Mac at the other end lists under `_items`. Checked against real
+captures (tests/fixtures/macos/captured/): a connected port prints its negotiated speed
+("80 Gb/s"), an empty one its capability ("Up to 120 Gb/s"); a Mac peer's `_name` is its
+marketing name and `device_name_key` its model identifier; its `services_title` lists an RDMA
+service only while that peer has RDMA on; a Mac behind a dock sits in the dock's `_items`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+# The XDomain service a Mac peer lists only while its RDMA is on (system_profiler has no name
+# for it). Seen on real TB5 captures; the protocol id is what stays when the name is missing.
+RDMA_SERVICE_NAMES = ("unknown_xd_service",)
+RDMA_SERVICE_PROTOCOL = 64087
+MAX_DOCK_DEPTH = 3  # Macs behind docks behind docks; real chains are short
 BRIDGE_FIX = ('disable the Thunderbolt Bridge service in System Settings › Network (or run '
               '`networksetup -setnetworkserviceenabled "Thunderbolt Bridge" off`)')
 
@@ -29,15 +38,31 @@ class ThunderboltPort:
     domain_uuid: str           # this port's own domain
     receptacle: int | None     # the number N of "Thunderbolt N"
     connected: bool
-    speed: str | None          # as printed, e.g. "Up to 80 Gb/s"
+    speed: str | None          # as printed: "80 Gb/s" (negotiated), "Up to 120 Gb/s" (empty)
     remote_uuid: str | None    # domain UUID of the Mac at the other end, if a Mac
-    remote_name: str | None
+    remote_name: str | None    # "Mac Studio"
     interface: str | None = None  # "en2", from networksetup
+    remote_model: str | None = None  # "Mac15,14"
+    remote_rdma: bool | None = None  # the peer lists its RDMA service here; None: no list
+    via: str | None = None     # the dock between this port and the Mac, if any
 
     @property
     def speed_gbps(self) -> float | None:
-        m = re.search(r"([\d.]+)\s*Gb/s", self.speed or "")
-        return float(m.group(1)) if m else None
+        """The negotiated link speed; None for an empty port (it prints only its capability)."""
+        if not self.connected or (self.speed or "").lstrip().lower().startswith("up to"):
+            return None
+        return _gbps(self.speed)
+
+    @property
+    def max_gbps(self) -> float | None:
+        """What the port can do, from an empty port's "Up to N Gb/s"."""
+        return _gbps(self.speed) if (self.speed or "").lstrip().lower().startswith("up to") \
+            else None
+
+
+def _gbps(text: str | None) -> float | None:
+    m = re.search(r"([\d.]+)\s*Gb/s", text or "")
+    return float(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -49,6 +74,15 @@ class ThunderboltReport:
     bridge_service_enabled: bool | None = None
     unavailable: str | None = None        # why there are no ports, when there are none
     notes: tuple[str, ...] = field(default=())  # parts that were skipped, and why
+
+    @property
+    def generation(self) -> int | None:
+        """5 when any port links or can link at 80 Gb/s or more; 4 when an empty port says
+        "Up to 40 Gb/s" and none is faster; None when the ports don't tell."""
+        speeds = [g for p in self.ports for g in (p.speed_gbps, p.max_gbps) if g]
+        if any(g >= 80 for g in speeds):
+            return 5
+        return 4 if any(p.max_gbps for p in self.ports) else None
 
     def facing(self) -> dict[str, ThunderboltPort]:
         """Remote domain UUID → the local port cabled to it."""
@@ -76,7 +110,9 @@ class ThunderboltReport:
 _PORT_TYPES: dict[str, tuple[type, ...]] = {
     "bus": (str,), "domain_uuid": (str,), "receptacle": (int, type(None)),
     "connected": (bool,), "speed": (str, type(None)), "remote_uuid": (str, type(None)),
-    "remote_name": (str, type(None)), "interface": (str, type(None))}
+    "remote_name": (str, type(None)), "interface": (str, type(None)),
+    "remote_model": (str, type(None)), "remote_rdma": (bool, type(None)),
+    "via": (str, type(None))}
 
 
 def _port_from_dict(p: Any) -> ThunderboltPort:
@@ -97,11 +133,14 @@ def parse_system_profiler(text: str) -> tuple[tuple[ThunderboltPort, ...], tuple
         data = json.loads(text)
     except ValueError as e:
         raise ProbeParseError(f"system_profiler printed something that isn't JSON ({e})") from None
-    buses = data.get("SPThunderboltDataType") if isinstance(data, dict) else None
+    buses = data.get("SPThunderboltDataType") if isinstance(data, dict) else data
     if not isinstance(buses, list):
         raise ProbeParseError("system_profiler output has no SPThunderboltDataType list")
-    ports, notes = [], []
+    ports: list[ThunderboltPort] = []
+    notes: list[str] = []
     for i, bus in enumerate(buses):
+        if isinstance(bus, dict) and "no_hardware" in bus.values():
+            continue  # a Mac (or VM) without Thunderbolt: [{"Thunderbolt": "no_hardware"}]
         name = _str(bus.get("_name")) if isinstance(bus, dict) else None
         uuid = _str(bus.get("domain_uuid_key")) if isinstance(bus, dict) else None
         if not isinstance(bus, dict) or uuid is None:
@@ -113,19 +152,49 @@ def parse_system_profiler(text: str) -> tuple[tuple[ThunderboltPort, ...], tuple
         receptacle = int(rid) if rid and rid.isdecimal() else None
         if receptacle is None:
             notes.append(f"{name or uuid}: no usable receptacle number ({rid!r})")
-        items = bus.get("_items")
-        items = [x for x in items if isinstance(x, dict)] if isinstance(items, list) else []
-        # Displays and drives carry no domain UUID; the first item that does is a Mac.
-        remote = next((x for x in items if _str(x.get("domain_uuid_key"))), None)
+        items = _items(bus)
+        remote, via = _find_mac(items)
         status = tag.get("receptacle_status_key")
         ports.append(ThunderboltPort(
             bus=name or f"bus{i}", domain_uuid=uuid, receptacle=receptacle,
             connected=status == "receptacle_connected" or bool(items),
             speed=_str(tag.get("current_speed_key")),
             remote_uuid=remote["domain_uuid_key"] if remote else None,
-            remote_name=_str(remote.get("device_name_key") or remote.get("_name"))
-            if remote else None))
+            remote_name=_str(remote.get("_name") or remote.get("device_name_key"))
+            if remote else None,
+            remote_model=_str(remote.get("device_name_key")) if remote else None,
+            remote_rdma=_offers_rdma(remote) if remote else None, via=via))
+    if not ports and not notes and buses:
+        notes.append("system_profiler reports no Thunderbolt hardware")
     return tuple(ports), tuple(notes)
+
+
+def _items(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    items = entry.get("_items")
+    return [x for x in items if isinstance(x, dict)] if isinstance(items, list) else []
+
+
+def _find_mac(items: list[dict[str, Any]], depth: int = 0
+              ) -> tuple[dict[str, Any] | None, str | None]:
+    """The Mac on this port and the dock it sits behind (None when cabled directly).
+    Displays, drives and docks carry no domain UUID; a Mac does."""
+    mac = next((x for x in items if _str(x.get("domain_uuid_key"))), None)
+    if mac is not None or depth >= MAX_DOCK_DEPTH:
+        return mac, None
+    for dock in items:
+        found, _ = _find_mac(_items(dock), depth + 1)
+        if found is not None:
+            return found, _str(dock.get("_name")) or "a dock"
+    return None, None
+
+
+def _offers_rdma(mac: Mapping[str, Any]) -> bool | None:
+    services = mac.get("services_title")
+    if not isinstance(services, list):
+        return None  # older macOS, or a trimmed report: unknown, not "no"
+    return any(isinstance(s, dict) and (s.get("_name") in RDMA_SERVICE_NAMES
+                                        or s.get("protocol_id_key") == RDMA_SERVICE_PROTOCOL)
+               for s in services)
 
 
 def parse_hardware_ports(text: str) -> dict[str, str]:
@@ -187,10 +256,12 @@ def thunderbolt_report(profiler_json: str, hardware_ports: str | None,
             notes += (f"port → interface mapping unknown: {e}",)
     ports = tuple(_with_interface(p, hw) for p in ports)
     members, up = parse_bridge(bridge) if bridge is not None else ((), None)
+    none = "no Thunderbolt hardware on this Mac" if "no Thunderbolt hardware" in " ".join(
+        notes) else "no Thunderbolt ports reported by system_profiler"
     return ThunderboltReport(
         ports=ports, bridge=hw.get("Thunderbolt Bridge"), bridge_members=members,
         bridge_up=up, bridge_service_enabled=bridge_service_enabled, notes=notes,
-        unavailable=None if ports else "no Thunderbolt ports reported by system_profiler")
+        unavailable=None if ports else none)
 
 
 def _with_interface(p: ThunderboltPort, hw: Mapping[str, str]) -> ThunderboltPort:
@@ -221,13 +292,19 @@ class PortEnd:
     receptacle: int | None
     interface: str | None
     domain_uuid: str
+    sees_rdma: bool | None = None  # this end sees the far Mac's RDMA service on the cable
 
 
 @dataclass(frozen=True)
 class Cable:
     a: PortEnd
     b: PortEnd
-    speed: str | None
+    speed: str | None             # negotiated, e.g. "80 Gb/s"
+    via: str | None = None        # a dock on the way
+
+    @property
+    def speed_gbps(self) -> float | None:
+        return _gbps(self.speed)
 
     def end_on(self, node: str) -> PortEnd:
         return self.a if self.a.node == node else self.b
@@ -254,12 +331,14 @@ def cable_graph(reports: Mapping[str, ThunderboltReport]) -> tuple[Cable, ...]:
             if rnode == node or key in seen:
                 continue
             seen.add(key)
-            cables.append(Cable(_end(node, p), _end(rnode, rp), p.speed or rp.speed))
+            speed = next((x.speed for x in (p, rp) if x.speed_gbps is not None), None)
+            cables.append(Cable(_end(node, p), _end(rnode, rp), speed, p.via or rp.via))
     return tuple(cables)
 
 
 def _end(node: str, p: ThunderboltPort) -> PortEnd:
-    return PortEnd(node, p.receptacle, p.interface, p.domain_uuid)
+    return PortEnd(node, p.receptacle, p.interface, p.domain_uuid,
+                   p.remote_rdma if p.remote_uuid else None)
 
 
 def cables_between(cables: tuple[Cable, ...], a: str, b: str) -> list[Cable]:

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from engine.cluster.probes import (CommandResult, PlatformReport, linux_interface_kinds,
                                    probe_platform, run_command)
-from engine.cluster.rdma import device_matrix
+from engine.cluster.rdma import TB4_FINAL, device_matrix
 from engine.cluster.thunderbolt import cable_graph
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
@@ -65,6 +65,27 @@ def test_reports_from_three_nodes_make_the_jaccl_matrix_after_a_json_trip():
     m = device_matrix(nodes, cables, {n: r.rdma for n, r in reports.items()})
     assert m.to_json()[0] == [None, "rdma_en2", "rdma_en3"]
     assert all(r.warnings == () for r in reports.values())
+
+
+def test_a_thunderbolt_4_mac_learns_rdma_is_final_there():
+    # rdma_ctl and ibv_devices as captured on a TB4 Mac; its ports print "Up to 40 Gb/s".
+    report = probe_platform(system="darwin", runner=replay(MAC / "tb4/macbook-air"))
+    assert report.thunderbolt.generation == 4
+    assert report.rdma.enabled is True and report.rdma.devices == ()
+    assert report.rdma.explanation == TB4_FINAL
+    peer = PlatformReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert peer.rdma.explanation == TB4_FINAL  # what a peer and the GUI read
+
+
+def test_per_link_rdma_survives_the_json_trip():
+    nodes = ["studio", "macbook"]
+    reports = {n: PlatformReport.from_dict(json.loads(json.dumps(
+        probe_platform(system="darwin", runner=replay(MAC / "dock" / n)).to_dict())))
+        for n in nodes}
+    cables = cable_graph({n: r.thunderbolt for n, r in reports.items()})
+    assert {c.via for c in cables} == {None, "ThunderBay Flex 8"}
+    m = device_matrix(nodes, cables, {n: r.rdma for n, r in reports.items()})
+    assert m.to_json() == [[None, "rdma_en3"], ["rdma_en2", None]]
 
 
 def test_missing_or_failing_commands_become_reasons():

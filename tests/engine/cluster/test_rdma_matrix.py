@@ -1,5 +1,5 @@
-"""RDMA state and the jaccl device matrix from recorded macOS output
-(tests/fixtures/macos/, see its README)."""
+"""RDMA state and the jaccl device matrix from macOS output: real captures
+(tests/fixtures/macos/captured/) and recordings shaped like them (tests/fixtures/macos/)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.cluster.rdma import (ENABLE_HELP, RdmaReport, device_matrix, link_type,
-                                 needed_pairs, pair_link_types, parse_ibv_devices,
-                                 parse_rdma_ctl, rdma_report)
+from engine.cluster.rdma import (ENABLE_HELP, TB4_FINAL, RdmaReport, device_matrix,
+                                 link_type, needed_pairs, pair_link_types, parse_ibv_devices,
+                                 parse_rdma_ctl, rdma_report, thunderbolt_links)
 from engine.cluster.thunderbolt import ProbeParseError, cable_graph, thunderbolt_report
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
+REAL = MAC / "captured"
 
 
 def load(scenario: str):
@@ -81,7 +82,7 @@ def test_chain_can_not_run_jaccl_and_names_every_missing_pair():
     assert "studio-b (rank 1) and studio-d (rank 3)" in text
     # The C-D cable is on D's port 4 (en5), which has no RDMA device.
     assert ("studio-d (rank 3): the cable to studio-c (rank 2) is on Thunderbolt port 4 "
-            "(en5, Up to 80 Gb/s), which has no RDMA device rdma_en5") in text
+            "(en5, 80 Gb/s), which has no RDMA device rdma_en5") in text
     with pytest.raises(ValueError):
         m.to_json()
 
@@ -129,3 +130,67 @@ def test_rdma_report_round_trips_and_tolerates_garbage():
     assert RdmaReport.from_dict({**r.to_dict(), "future": 1}) == r
     assert RdmaReport.from_dict(None).enabled is None
     assert RdmaReport.from_dict({"enabled": "yes"}).enabled is None
+
+
+def test_a_thunderbolt_4_mac_with_rdma_enabled_is_told_the_state_is_final():
+    status = (REAL / "rdma/omlx3037_tb4_rdma_ctl_status.txt").read_text()
+    devices = (REAL / "rdma/omlx3037_tb4_ibv_devices_header_only.txt").read_text()
+    r = rdma_report(status, devices, thunderbolt=4)
+    assert (r.enabled, r.devices) == (True, ())
+    assert r.explanation == TB4_FINAL
+    assert "Thunderbolt 5" in TB4_FINAL and "no cable, setting or restart changes that" in \
+        TB4_FINAL
+    assert rdma_report("disabled\n", None, thunderbolt=4).explanation == TB4_FINAL
+    # Where the hardware is not known, the cable/restart advice stays, with the TB4 caveat.
+    unknown = rdma_report(status, devices).explanation or ""
+    assert "connect a Thunderbolt 5 cable" in unknown and "Thunderbolt 4" in unknown
+    assert RdmaReport.from_dict(r.to_dict()) == r
+
+
+def real_pair_with_rdma_everywhere():
+    """The captured TB5 pair, as if both Macs had said `enabled` and listed their device."""
+    tb = {"macbook": thunderbolt_report(
+              (REAL / "thunderbolt/omlx_m5max_macbookpro_tb5.json").read_text(),
+              (REAL / "networksetup/isolation_macB_mbp.txt").read_text()),
+          "studio": thunderbolt_report(
+              (REAL / "thunderbolt/omlx_m3ultra_studio_tb5.json").read_text(),
+              (MAC / "mesh3/studio-a/networksetup_listallhardwareports.txt").read_text())}
+    rdma = {"macbook": RdmaReport(True, ("rdma_en1",), thunderbolt=5),
+            "studio": RdmaReport(True, ("rdma_en3",), thunderbolt=5)}
+    return cable_graph(tb), rdma
+
+
+def test_per_link_rdma_comes_from_what_the_peer_offers_on_the_cable():
+    # On the real pair the MacBook sees only service_ip from the Studio: RDMA is off at the
+    # Studio's end of this cable, whatever a report says, so jaccl must not be promised.
+    cables, rdma = real_pair_with_rdma_everywhere()
+    m = device_matrix(["studio", "macbook"], cables, rdma)
+    assert not m.ok
+    (problem,) = m.problems
+    assert problem.startswith("macbook (rank 1) sees no RDMA service from studio (rank 0) on "
+                              "this cable (its Thunderbolt port 1)")
+    assert "RDMA is not on at studio (rank 0)'s end" in problem
+    assert pair_link_types("studio", "macbook", cables, rdma) == ("thunderbolt-ip",)
+    (link,) = thunderbolt_links(cables, rdma)
+    assert (link["speed"], link["rdma"], link["type"]) == ("80 Gb/s", False, "thunderbolt-ip")
+    assert "sees no RDMA service from studio" in link["why"]
+
+
+def test_a_thunderbolt_4_link_through_a_dock_is_skipped_for_the_direct_tb5_cable():
+    cables, rdma = load("dock")
+    m = device_matrix(["studio", "macbook"], cables, rdma)
+    assert m.ok and m.to_json() == [[None, "rdma_en3"], ["rdma_en2", None]]
+    links = {lk["via"]: lk for lk in thunderbolt_links(cables, rdma)}
+    assert (links[None]["rdma"], links[None]["type"]) == (True, "thunderbolt-rdma")
+    docked = links["ThunderBay Flex 8"]
+    assert docked["rdma"] is False and docked["speed"] == "40 Gb/s"
+    assert "through ThunderBay Flex 8 links at 40 Gb/s, a Thunderbolt 4 link" in docked["why"]
+    assert sorted(pair_link_types("studio", "macbook", cables, rdma)) == [
+        "thunderbolt-ip", "thunderbolt-rdma"]
+
+
+def test_topology_links_on_the_recorded_mesh_all_carry_rdma():
+    cables, rdma = load("mesh3")
+    links = thunderbolt_links(cables, rdma)
+    assert len(links) == 3 and all(lk["rdma"] and lk["why"] is None for lk in links)
+    assert {lk["speed"] for lk in links} == {"80 Gb/s"}

@@ -1,4 +1,5 @@
-"""Thunderbolt cabling from recorded macOS output (tests/fixtures/macos/, see its README)."""
+"""Thunderbolt cabling from macOS output: real captures (tests/fixtures/macos/captured/) and
+recordings reshaped to match them (tests/fixtures/macos/, see its README)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,19 @@ from engine.cluster.thunderbolt import (ProbeParseError, ThunderboltReport, brid
                                         parse_system_profiler, thunderbolt_report)
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
+REAL = MAC / "captured"
+
+
+def real_pair() -> dict[str, ThunderboltReport]:
+    """The captured M5 Max MacBook Pro and M3 Ultra Mac Studio, cabled to each other. The
+    MacBook's networksetup is a capture from another M5 Max MacBook Pro; the Studio's is the
+    M3 Ultra recording (Thunderbolt N → en(N+1))."""
+    return {"macbook": thunderbolt_report(
+                (REAL / "thunderbolt/omlx_m5max_macbookpro_tb5.json").read_text(),
+                (REAL / "networksetup/isolation_macB_mbp.txt").read_text()),
+            "studio": thunderbolt_report(
+                (REAL / "thunderbolt/omlx_m3ultra_studio_tb5.json").read_text(),
+                (MAC / "mesh3/studio-a/networksetup_listallhardwareports.txt").read_text())}
 
 
 def node_report(scenario: str, node: str) -> ThunderboltReport:
@@ -30,13 +44,14 @@ def test_ports_know_their_interface_and_the_mac_they_face():
     a = node_report("mesh3", "studio-a")
     assert a.unavailable is None and len(a.ports) == 6
     p1 = next(p for p in a.ports if p.receptacle == 1)
-    assert (p1.interface, p1.connected, p1.speed_gbps, p1.remote_name) == \
-        ("en2", True, 80.0, "Mac Studio")
+    assert (p1.interface, p1.connected, p1.speed_gbps, p1.remote_name, p1.remote_model) == \
+        ("en2", True, 80.0, "Mac Studio", "Mac15,14")
     b = node_report("mesh3", "studio-b")
     # studio-a's port 1 names studio-b's port 1 as the Mac at the other end.
     assert p1.remote_uuid == next(p.domain_uuid for p in b.ports if p.receptacle == 1)
     empty = next(p for p in a.ports if p.receptacle == 3)
-    assert (empty.connected, empty.remote_uuid, empty.speed) == (False, None, None)
+    assert (empty.connected, empty.remote_uuid, empty.speed_gbps, empty.max_gbps) == \
+        (False, None, None, 120.0)
 
 
 def test_a_display_is_connected_but_not_a_mac():
@@ -54,7 +69,7 @@ def test_mesh_of_three_gives_three_cables():
                                                  ("studio-b", "studio-c"))}
     bc = pairs[frozenset(("studio-b", "studio-c"))]
     assert (bc.end_on("studio-b").interface, bc.end_on("studio-c").interface) == ("en3", "en3")
-    assert bc.other("studio-b").node == "studio-c" and bc.speed == "Up to 80 Gb/s"
+    assert bc.other("studio-b").node == "studio-c" and bc.speed == "80 Gb/s"
 
 
 def test_chain_of_four_has_only_neighbour_cables():
@@ -159,9 +174,66 @@ def test_newer_fields_are_ignored():
 
 
 def test_a_mac_without_thunderbolt_says_so():
-    report = thunderbolt_report(
-        (MAC / "malformed/system_profiler_no_thunderbolt.json").read_text(), None)
-    assert report.ports == () and "no Thunderbolt ports" in (report.unavailable or "")
+    text = (MAC / "malformed/system_profiler_no_thunderbolt.json").read_text()
+    for printed in (text, '[{"Thunderbolt": "no_hardware"}]'):  # wrapped or bare
+        report = thunderbolt_report(printed, None)
+        assert report.ports == () and report.unavailable == "no Thunderbolt hardware on this Mac"
+    assert "no Thunderbolt ports" in (thunderbolt_report('{"SPThunderboltDataType": []}', None)
+                                      .unavailable or "")
+
+
+def test_real_macbook_a_connected_port_has_its_negotiated_speed_and_names_the_peer():
+    mbp = real_pair()["macbook"]
+    assert mbp.unavailable is None and len(mbp.ports) == 3
+    (link,) = [p for p in mbp.ports if p.connected]
+    assert (link.receptacle, link.interface, link.speed_gbps) == (1, "en1", 80.0)
+    assert (link.remote_name, link.remote_model) == ("Mac Studio", "Mac15,14")
+    assert link.remote_rdma is False  # the Studio lists only service_ip: its RDMA is off
+    # "Up to 120 Gb/s" is what an empty TB5 port can do, not a 120 Gb/s link.
+    for p in mbp.ports:
+        if p is not link:
+            assert (p.connected, p.speed_gbps, p.max_gbps, p.remote_uuid) == \
+                (False, None, 120.0, None)
+    assert mbp.generation == 5
+
+
+def test_real_studio_sees_the_macbook_with_rdma_and_a_drive_that_is_not_a_mac():
+    studio = real_pair()["studio"]
+    assert len(studio.ports) == 6
+    by_port = {p.receptacle: p for p in studio.ports}
+    mbp = by_port[2]
+    assert (mbp.remote_name, mbp.remote_model, mbp.remote_rdma, mbp.speed_gbps, mbp.via) == \
+        ("MacBook Pro", "Mac17,7", True, 80.0, None)
+    drive = by_port[4]  # the OWC Envoy Ultra: connected at 80 Gb/s, no domain UUID
+    assert drive.connected and drive.speed_gbps == 80.0 and drive.remote_uuid is None
+    assert [p.receptacle for p in studio.ports if not p.connected] == [6, 5, 3, 1]
+    assert set(studio.facing()) == {mbp.remote_uuid}
+
+
+def test_real_pair_makes_one_cable_and_each_end_knows_what_the_other_offers():
+    (cable,) = cable_graph(real_pair())
+    mbp, studio = cable.end_on("macbook"), cable.end_on("studio")
+    assert (mbp.receptacle, mbp.interface, studio.receptacle, studio.interface) == \
+        (1, "en1", 2, "en3")
+    assert cable.speed == "80 Gb/s" and cable.speed_gbps == 80.0 and cable.via is None
+    assert (mbp.sees_rdma, studio.sees_rdma) == (False, True)
+
+
+def test_a_mac_behind_a_dock_is_found_in_the_docks_items():
+    reports = scenario("dock")
+    docked = next(p for p in reports["studio"].ports if p.receptacle == 5)
+    assert (docked.remote_name, docked.via, docked.speed_gbps) == \
+        ("MacBook Pro", "ThunderBay Flex 8", 40.0)
+    assert docked.remote_uuid in {p.domain_uuid for p in reports["macbook"].ports}
+    cables = cable_graph(reports)
+    assert sorted((c.end_on("studio").receptacle, c.speed, c.via) for c in cables) == [
+        (2, "80 Gb/s", None), (5, "40 Gb/s", "ThunderBay Flex 8")]
+
+
+def test_thunderbolt_generation_from_the_ports():
+    assert node_report("tb4", "macbook-air").generation == 4
+    assert node_report("mesh3", "studio-a").generation == 5
+    assert ThunderboltReport().generation is None
 
 
 def test_networksetup_error_keeps_ports_without_interfaces():
@@ -175,6 +247,13 @@ def test_networksetup_error_keeps_ports_without_interfaces():
 def test_report_round_trips_through_json_and_tolerates_newer_peers():
     r = node_report("chain4", "studio-c")
     assert ThunderboltReport.from_dict(r.to_dict()) == r
+    docked = scenario("dock")["studio"]
+    assert ThunderboltReport.from_dict(docked.to_dict()) == docked
+    older = r.to_dict()  # a peer from before remote_model / remote_rdma / via
+    for port in older["ports"]:
+        for key in ("remote_model", "remote_rdma", "via"):
+            del port[key]
+    assert [p.remote_rdma for p in ThunderboltReport.from_dict(older).ports] == [None] * 6
     newer = r.to_dict()
     newer["ports"][0]["lanes"] = 2
     newer["something_new"] = True
