@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
@@ -29,6 +31,7 @@ class PowerReading:
     gpu_watts: float | None = None
     ane_watts: float | None = None
     dram_watts: float | None = None
+    gpu_sram_watts: float | None = None  # kept apart from GPU power, as macmon does
     source: str = ""                 # "ioreport" | "rapl" | "nvml" | "rapl+nvml"
     unavailable: str | None = None
     at: float = 0.0                  # time.time() when measured
@@ -202,41 +205,152 @@ class LinuxPower:
 
 
 # --- macOS: IOReport "Energy Model" ------------------------------------------------------
+# Channels publish at their own cadence (on an M1 Ultra the CPU, ANE and DRAM channels about
+# twice every 2.1 s, GPU Energy every ~120 ms), in mixed units. Dividing one sample's delta by
+# the sampling interval reads 0 W, then about twice the truth; so each channel's energy is
+# divided by its own publication span, summed over a window of recent publications.
+WINDOW_S = 2.5           # at least one full publication cycle of the slowest channel
+CLOCK_WINDOW_S = 8.0     # spans timed by our own samples: a longer window evens out the error
+STALE_S = 10.0           # a channel silent this long is dropped, not shown as live
+IDLE_AFTER_S = 5.0       # an unchanged counter this long is a channel at 0 W
+
+
 def channel_part(name: str) -> str | None:
     """Which part an Energy Model channel belongs to. Names vary by chip: "CPU Energy" or
-    "DIE_1_CPU Energy" (Ultra), "ANE"/"ANE0"/"ANE0_1", "DRAM0"; per-core channels are skipped
-    because the aggregates already hold them."""
+    "DIE_1_CPU Energy" (Ultra), "ANE"/"ANE0"/"ANE0_1", "DRAM0"/"DRAM0_0"; "GPU<n>" carries the
+    same energy as "GPU Energy" (a fallback); "GPU SRAM" is its own part. Per-core and
+    sub-channels are skipped: the aggregates already hold them."""
+    if name == "GPU Energy":
+        return "gpu"
     if name.endswith("CPU Energy"):
         return "cpu"
-    if name.endswith("GPU Energy") or name.startswith("GPU SRAM"):
-        return "gpu"
-    if name.startswith("ANE"):
-        return "ane"
-    if name.startswith("DRAM"):
-        return "dram"
+    if name.startswith("GPU SRAM"):
+        return "gpu_sram"
+    if re.fullmatch(r"GPU\d+", name):
+        return "gpu_fallback"
+    for prefix, part in (("ANE", "ane"), ("DRAM", "dram")):
+        if re.fullmatch(rf"{prefix}(\d+(_\d+)?)?", name):
+            return part
     return None
+
+
+@dataclass(frozen=True)
+class Publication:
+    """Energy one channel published: `value` in `unit` over `span_s`, the time since that
+    channel's previous publication. span_s 0 means nothing new was published."""
+    channel: str
+    unit: str
+    value: int
+    span_s: float
+
+
+@dataclass
+class _Channel:
+    part: str
+    scale: float
+    spans: deque[tuple[float, float]] = field(default_factory=deque)  # (joules, seconds)
+    carry_j: float = 0.0         # energy seen with no span yet; folds into the next one
+    last_at: float | None = None  # when it last published
+
+
+class EnergyIntegrator:
+    """Watts per part from each channel's own publications: the energy over a window of its
+    recent publication spans divided by their total length, so a short tail publication (an
+    18 ms span after a 1.7 s one) or a sample with nothing new changes nothing."""
+
+    def __init__(self, window_s: float = WINDOW_S, stale_s: float = STALE_S,
+                 source: str = "ioreport"):
+        self.window_s, self.stale_s, self.source = window_s, stale_s, source
+        self._channels: dict[str, _Channel] = {}
+        self._names: list[str] = []
+        self._bad_units: set[str] = set()
+        self._started: float | None = None
+
+    def add(self, publications: Iterable[Publication], now: float) -> None:
+        if self._started is None:
+            self._started = now
+        for pub in publications:
+            if pub.channel not in self._names:
+                self._names.append(pub.channel)
+            part, scale = channel_part(pub.channel), UNIT_JOULES.get(pub.unit.strip())
+            if part is None:
+                continue
+            if scale is None:
+                self._bad_units.add(pub.unit.strip())
+                continue
+            ch = self._channels.setdefault(pub.channel, _Channel(part, scale))
+            if pub.span_s <= 0:
+                ch.carry_j += pub.value * scale
+                continue
+            ch.spans.append((pub.value * scale + ch.carry_j, pub.span_s))
+            ch.carry_j, ch.last_at = 0.0, now
+            total = sum(dt for _, dt in ch.spans)
+            while len(ch.spans) > 1 and total - ch.spans[0][1] >= self.window_s:
+                total -= ch.spans.popleft()[1]
+
+    def reading(self, now: float) -> PowerReading:
+        live = {n: c for n, c in self._channels.items()
+                if c.last_at is not None and now - c.last_at <= self.stale_s}
+        waiting = [n for n, c in self._channels.items() if c.last_at is None]
+        if waiting and self._started is not None and now - self._started < self.stale_s:
+            return missing(f"measuring: waiting for {', '.join(waiting[:4])} to publish",
+                           self.source)
+        parts: dict[str, float] = {}
+        for c in live.values():
+            joules, seconds = (sum(x) for x in zip(*c.spans))
+            parts[c.part] = parts.get(c.part, 0.0) + joules / seconds
+        if "gpu" not in parts and "gpu_fallback" in parts:
+            parts["gpu"] = parts["gpu_fallback"]
+        main = {k: v for k, v in parts.items() if k in ("cpu", "gpu", "ane", "dram")}
+        if not main:
+            why = (f"energy units {sorted(self._bad_units)} unknown" if self._bad_units else
+                   f"no CPU/GPU/ANE channel among {self._names[:8] or 'none'}")
+            if self._channels and not live:
+                why = f"no channel published in the last {self.stale_s:g} s"
+            return missing(f"unavailable: IOReport Energy Model: {why}", self.source)
+        # DRAM counts; GPU SRAM does not (macmon and all-smi keep it out of the total).
+        return PowerReading(sum(main.values()), main.get("cpu"), main.get("gpu"),
+                            main.get("ane"), main.get("dram"), parts.get("gpu_sram"),
+                            source=self.source, at=time.time())
 
 
 def energy_reading(channels: Iterable[tuple[str, str, int]], seconds: float,
                    source: str = "ioreport") -> PowerReading:
-    """(channel name, unit label, energy in that unit) over `seconds` → watts per part."""
+    """(channel name, unit label, energy in that unit), all published over the same
+    `seconds` → watts per part."""
     if seconds <= 0:
         return missing("measuring: no interval yet", source)
-    parts: dict[str, float] = {}
-    names, bad_units = [], set()
-    for name, unit, value in channels:
-        names.append(name)
-        part, scale = channel_part(name), UNIT_JOULES.get(unit.strip())
-        if part and scale is None:
-            bad_units.add(unit.strip())
-        elif part and scale is not None:
-            parts[part] = parts.get(part, 0.0) + value * scale / seconds
-    if not parts:
-        why = (f"energy units {sorted(bad_units)} unknown" if bad_units else
-               f"no CPU/GPU/ANE channel among {names[:8] or 'none'}")
-        return missing(f"unavailable: IOReport Energy Model: {why}", source)
-    return PowerReading(sum(parts.values()), parts.get("cpu"), parts.get("gpu"),
-                        parts.get("ane"), parts.get("dram"), source=source, at=time.time())
+    acc = EnergyIntegrator(source=source)
+    acc.add((Publication(n, u, v, seconds) for n, u, v in channels), 0.0)
+    return acc.reading(0.0)
+
+
+class PublicationClock:
+    """Publications from successive sample deltas when IOReport gives no per-channel
+    timestamps: a counter that moved has published, over the time since it last moved (in
+    our own sample times). The first move only starts the clock; a counter that stays still
+    for `idle_after_s` is a channel at 0 W."""
+
+    def __init__(self, now: float, idle_after_s: float = IDLE_AFTER_S):
+        self.idle_after_s = idle_after_s
+        self._start = now
+        self._moved: dict[str, float] = {}
+
+    def publications(self, deltas: Iterable[tuple[str, str, int]], now: float
+                     ) -> list[Publication]:
+        out = []
+        for name, unit, value in deltas:
+            last = self._moved.get(name)
+            if value == 0 and now - (last if last is not None else self._start) \
+                    < self.idle_after_s:
+                continue
+            if last is None and value != 0:
+                self._moved[name] = now  # its span began at an unknown publication
+                continue
+            out.append(Publication(name, unit, value,
+                                   now - (last if last is not None else self._start)))
+            self._moved[name] = now
+        return out
 
 
 class IOReportSource:
@@ -287,6 +401,8 @@ class IOReportSource:
             raise OSError("IOReport refused the Energy Model subscription")
         self._prev, self._t = io.IOReportCreateSamples(self._sub, self._chans, None), \
             time.monotonic()
+        self._clock = PublicationClock(self._t)
+        self._energy = EnergyIntegrator(window_s=CLOCK_WINDOW_S)
 
     def _cfstr(self, s: str) -> Any:
         return self.cf.CFStringCreateWithCString(None, s.encode(), self.UTF8)
@@ -304,7 +420,7 @@ class IOReportSource:
             return missing("unavailable: IOReport returned no sample", "ioreport")
         delta = io.IOReportCreateSamplesDelta(self._prev, cur, None)
         cf.CFRelease(self._prev)
-        seconds, self._prev, self._t = t - self._t, cur, t
+        self._prev, self._t = cur, t
         if not delta:
             return missing("unavailable: IOReport returned no sample delta", "ioreport")
         try:
@@ -319,7 +435,8 @@ class IOReportSource:
                                  io.IOReportSimpleGetIntegerValue(item, None)))
         finally:
             cf.CFRelease(delta)
-        return energy_reading(channels, seconds)
+        self._energy.add(self._clock.publications(channels, t), t)
+        return self._energy.reading(t)
 
     def close(self) -> None:
         # Only what we surely own; the subscription lives until the process ends (one leak

@@ -1,11 +1,13 @@
-"""Power without root: IOReport energy maths on recorded channel deltas
-(tests/fixtures/macos/ioreport/), RAPL on a recorded powercap layout rebuilt in tmp_path,
-NVML through a stand-in for libnvidia-ml, and the sampler's bounds."""
+"""Power without root: IOReport energy maths on a real M1 Ultra trace of channel publications
+(tests/fixtures/macos/captured/ioreport/) and on recordings (tests/fixtures/macos/ioreport/),
+RAPL on a recorded powercap layout rebuilt in tmp_path, NVML through a stand-in for
+libnvidia-ml, and the sampler's bounds."""
 
 from __future__ import annotations
 
 import ctypes
 import json
+import re
 import sys
 import threading
 import time
@@ -16,22 +18,128 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests_support import wait_until  # noqa: E402
 
-from engine.telemetry.power import (RAPL_UNREADABLE, LinuxPower, NvmlSource, PowerReading,
-                                    PowerSampler, RaplSource, Unavailable, channel_part,
-                                    counter_delta, default_source, energy_reading, missing,
-                                    rapl_watts)
+from engine.telemetry.power import (RAPL_UNREADABLE, EnergyIntegrator, LinuxPower, NvmlSource,
+                                    PowerReading, PowerSampler, Publication, PublicationClock,
+                                    RaplSource, Unavailable, channel_part, counter_delta,
+                                    default_source, energy_reading, missing, rapl_watts)
 
-IOREPORT = Path(__file__).resolve().parents[2] / "fixtures" / "macos" / "ioreport"
+MACOS = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
+IOREPORT = MACOS / "ioreport"
+TRACE = MACOS / "captured/ioreport/allsmi_pr424_m1ultra_trace_excerpt.txt"
 
 
-@pytest.mark.parametrize("name", ["m1_pro_idle_mJ.json", "m3_ultra_decode_nJ.json"])
-def test_ioreport_energy_to_watts(name: str):
-    rec = json.loads((IOREPORT / name).read_text())
+def read_trace(path: Path) -> list[tuple[float, list[Publication], dict[str, float]]]:
+    """all-smi's IOReport trace: per sample its time, each channel's delta and publication
+    span, and the watts all-smi showed."""
+    rows = []
+    for line in path.read_text().splitlines():
+        m = re.match(r"\d+ t=([\d.]+)s sample=[\d.]+ms (.*) \|\| (.*)$", line)
+        if not m:
+            continue
+        fields = [re.fullmatch(r"(.+) dv=(\d+)(\w+) dts=([\d.]+)ms age=[\d.]+ms", part)
+                  for part in m.group(2).split(" | ")]
+        pubs = [Publication(c.group(1), c.group(3), int(c.group(2)), float(c.group(4)) / 1000)
+                for c in fields if c]
+        shown = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)W", m.group(3))}
+        rows.append((float(m.group(1)), pubs, shown))
+    return rows
+
+
+def test_real_m1_ultra_trace_reads_steady_watts_not_209_then_0():
+    rows = read_trace(TRACE)
+    assert len(rows) == 3 and len(rows[1][1]) == 8
+    acc = EnergyIntegrator()
+    readings = []
+    for t, pubs, _ in rows:
+        acc.add(pubs, t)
+        readings.append(acc.reading(t))
+    # Sample 053: the CPU, ANE and DRAM channels have published nothing yet; no made-up number.
+    assert readings[0].watts is None and "DIE_0_CPU Energy" in (readings[0].unavailable or "")
+    # Then each channel's energy over its own span: about 14.7 W of CPU on both samples,
+    # even across the 18 ms tail publication of sample 055.
+    for r in readings[1:]:
+        assert r.cpu_watts == pytest.approx(14.68, rel=0.01)
+        assert r.ane_watts == pytest.approx(0.18, abs=0.01)
+        assert r.dram_watts == pytest.approx(3.90, rel=0.01)
+        assert 0.13 <= (r.gpu_watts or 0) <= 0.27
+        assert r.watts == pytest.approx(sum((r.cpu_watts or 0, r.gpu_watts or 0,
+                                             r.ane_watts or 0, r.dram_watts or 0)))
+    # What dividing one sample's delta by the time between samples would have shown.
+    (t0, _, _), (t1, pubs, _) = rows[0], rows[1]
+    naive = energy_reading([(p.channel, p.unit, p.value) for p in pubs], t1 - t0)
+    assert (naive.cpu_watts or 0) > 200
+
+
+def test_readings_from_our_own_sample_clock_stay_near_the_truth():
+    # No per-channel timestamps: sample the M1 Ultra's cadence once a second. CPU publishes
+    # 14.7 W twice every 2.1 s (the second 18 ms after the first), GPU 0.26 W every 120 ms.
+    def counter(t: float, watts: float, period: float, tail: float = 0.0) -> float:
+        """Energy published by time t (mJ): cycles end at k*period, a tail `tail` later."""
+        k = int(t // period)
+        done = k * period * watts
+        if tail and t - k * period >= tail:
+            done += tail * watts
+        return done * 1000
+
+    def cumulative(t: float) -> dict[str, float]:
+        return {"DIE_0_CPU Energy": counter(t - 0.018, 14.7, 2.1, 0.018)
+                if t >= 0.018 else 0.0, "GPU Energy": counter(t, 0.26, 0.12) * 1e6}
+
+    clock, acc = PublicationClock(0.37), EnergyIntegrator(window_s=8.0)
+    prev, cpu, naive = cumulative(0.37), [], []
+    for i in range(1, 90):
+        t = 0.37 + i
+        cur = cumulative(t)
+        deltas = [("DIE_0_CPU Energy", "mJ", int(cur["DIE_0_CPU Energy"])
+                   - int(prev["DIE_0_CPU Energy"])),
+                  ("GPU Energy", "nJ", int(cur["GPU Energy"]) - int(prev["GPU Energy"]))]
+        naive.append(deltas[0][2] / 1000)
+        prev = cur
+        acc.add(clock.publications(deltas, t), t)
+        r = acc.reading(t)
+        if i > 12:
+            cpu.append(r.cpu_watts or 0.0)
+            assert r.gpu_watts == pytest.approx(0.26, rel=0.1)
+    assert min(naive) == 0 and max(naive) > 25  # the per-sample reading jumps
+    assert all(abs(w - 14.7) / 14.7 < 0.1 for w in cpu), (min(cpu), max(cpu))
+
+
+def test_a_channel_that_never_moves_reads_zero_after_a_while():
+    clock, acc = PublicationClock(0.0), EnergyIntegrator()
+    for t in range(1, 8):
+        acc.add(clock.publications([("ANE0_0", "mJ", 0), ("CPU Energy", "mJ", 1000)], t), t)
+    r = acc.reading(7.0)
+    assert (r.cpu_watts, r.ane_watts) == (pytest.approx(1.0), 0.0)
+
+
+def test_a_silent_channel_goes_stale():
+    acc = EnergyIntegrator(stale_s=10)
+    acc.add([Publication("CPU Energy", "mJ", 2000, 2.0)], 0.0)
+    assert acc.reading(5.0).cpu_watts == pytest.approx(1.0)
+    assert "no channel published in the last 10 s" in (acc.reading(11.0).unavailable or "")
+
+
+def test_ioreport_recordings_to_watts():
+    rec = json.loads((IOREPORT / "m1_pro_idle_mJ.json").read_text())
     r = energy_reading([tuple(c) for c in rec["channels"]], rec["interval_s"])
     want = rec["expected_watts"]
     assert r.unavailable is None and r.source == "ioreport"
     assert (r.cpu_watts, r.gpu_watts, r.ane_watts, r.dram_watts, r.watts) == pytest.approx(
         (want["cpu"], want["gpu"], want["ane"], want["dram"], want["total"]))
+
+
+def test_mixed_units_own_spans_and_gpu_sram_kept_apart():
+    rec = json.loads((IOREPORT / "m3_ultra_decode_mixed.json").read_text())
+    acc = EnergyIntegrator()
+    acc.add([Publication(*c) for c in rec["publications"]], 0.0)
+    r, want = acc.reading(0.0), rec["expected_watts"]
+    assert (r.cpu_watts, r.gpu_watts, r.gpu_sram_watts, r.ane_watts, r.dram_watts,
+            r.watts) == pytest.approx((want["cpu"], want["gpu"], want["gpu_sram"], want["ane"],
+                                       want["dram"], want["total"]))
+    # Without a "GPU Energy" channel, GPU<n> carries the GPU's energy.
+    acc = EnergyIntegrator()
+    acc.add([Publication("GPU0", "mJ", 3000, 1.5)], 0.0)
+    assert acc.reading(0.0).gpu_watts == pytest.approx(2.0)
 
 
 def test_unit_labels():
@@ -44,9 +152,11 @@ def test_unit_labels():
 
 def test_channel_names_across_generations():
     assert [channel_part(n) for n in ("CPU Energy", "DIE_1_CPU Energy", "GPU Energy",
-                                      "GPU SRAM0", "ANE", "ANE0_1", "DRAM0", "PCPU3", "DISP",
+                                      "GPU SRAM0", "GPU0", "GPU0_0", "ANE", "ANE0_1",
+                                      "ANE0_SRAM", "DRAM0", "DRAM0_1", "PCPU3", "DISP",
                                       "ECPU")] == \
-        ["cpu", "cpu", "gpu", "gpu", "ane", "ane", "dram", None, None, None]
+        ["cpu", "cpu", "gpu", "gpu_sram", "gpu_fallback", None, "ane", "ane", None, "dram",
+         "dram", None, None, None]
 
 
 def test_unknown_channels_or_units_fail_soft():
