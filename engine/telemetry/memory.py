@@ -2,7 +2,7 @@
 
 On Linux, available = MemAvailable. On macOS, memory is unified and "free" is misleading, so
 available means what the GPU may wire: Metal's recommended working set when MLX has Metal,
-else the iogpu.wired_limit_mb sysctl when set, else macOS's default rule. Every value says
+else the iogpu.wired_limit_mb sysctl when set, else Metal's default rule as real Macs show it. Every value says
 which rule produced it. mlx is imported inside functions: the GUI reads this without it.
 """
 
@@ -60,16 +60,25 @@ def parse_meminfo(text: str) -> MemoryInfo:
     return MemoryInfo(total, est, "MemFree + Buffers + Cached (no MemAvailable)")
 
 
+# Metal's max_recommended_working_set_size as real Macs report it (captured: 16 GB → 10.67 GiB,
+# 128 GB → 107.5 GiB). Where the rule switches between the two is documented, not captured.
+SMALL_MAC = 36 * GB
+SMALL_FRACTION = 2 / 3
+LARGE_FRACTION = 0.84
+
+
 def mac_gpu_budget(total: int, working_set: int | None, wired_limit_mb: int | None
                    ) -> tuple[int, str]:
-    """What Metal may wire on a Mac with `total` bytes, and the rule used."""
+    """What Metal may wire on a Mac with `total` bytes, and the rule used. Without Metal's
+    own figure, its default rule: below "RAM minus 8 GB" on most Macs, so a plan made from
+    it doesn't promise memory the GPU can't wire."""
     if working_set:
         return working_set, "Metal max_recommended_working_set_size"
     if wired_limit_mb:  # 0 means "macOS default"
         return wired_limit_mb * 1024 * 1024, "iogpu.wired_limit_mb sysctl"
-    if total <= 36 * GB:
-        return int(total * 0.75), "macOS default: 75% of RAM (36 GB or less)"
-    return total - 8 * GB, "macOS default: RAM minus 8 GB (above 36 GB)"
+    if total <= SMALL_MAC:
+        return int(total * SMALL_FRACTION), "Metal's default: 2/3 of RAM (36 GB or less)"
+    return int(total * LARGE_FRACTION), "Metal's default: 84% of RAM (above 36 GB)"
 
 
 def _sysctl(name: str) -> str | None:

@@ -1,8 +1,10 @@
 """Memory and machine facts from recorded /proc files and macOS sysctl output
-(tests/fixtures/linux/, tests/fixtures/macos/machine/; see their READMEs)."""
+(tests/fixtures/linux/, tests/fixtures/macos/machine/; see their READMEs), and Metal's own
+working-set figures captured on real Macs (tests/fixtures/macos/captured/sysctl/)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -49,17 +51,34 @@ def test_mac_gpu_budget_rules():
                                                      "Metal max_recommended_working_set_size")
     assert mac_gpu_budget(24 * GB, None, 20480) == (20 * GB, "iogpu.wired_limit_mb sysctl")
     small, rule = mac_gpu_budget(32 * GB, None, None)
-    assert small == 24 * GB and "75%" in rule
+    assert small == pytest.approx(21.33 * GB, rel=1e-3) and "2/3 of RAM" in rule
     big, rule = mac_gpu_budget(192 * GB, None, 0)
-    assert big == 184 * GB and "minus 8 GB" in rule
-    assert mac_gpu_budget(36 * GB, None, None)[0] == 27 * GB  # 36 GB is still "small"
+    assert big == pytest.approx(161.28 * GB, rel=1e-3) and "84% of RAM" in rule
+    assert mac_gpu_budget(36 * GB, None, None)[0] == 24 * GB  # 36 GB is still "small"
+
+
+def test_without_metal_the_budget_is_what_metal_recommends_on_real_macs():
+    samples = [json.loads(line) for line in
+               (FIX / "macos/captured/sysctl/mlx_device_info_samples.jsonl").read_text()
+               .splitlines() if line.strip()]
+    assert len(samples) == 2
+    for s in samples:
+        metal = s.get("max_recommended_working_set_size") or \
+            s["max_recommended_working_set_size_mb"] * 1024 * 1024
+        budget, rule = mac_gpu_budget(s["memory_size"], None, None)
+        assert budget == pytest.approx(metal, rel=1e-3), s["src"]
+        total = s["memory_size"]  # the old rule promised more than Metal gives:
+        assert budget < (total * 0.75 if total <= 36 * GB else total - 8 * GB)
+    assert mac_gpu_budget(16 * GB, None, None)[0] / GB == pytest.approx(10.67, abs=0.01)
+    assert mac_gpu_budget(128 * GB, None, None)[0] / GB == pytest.approx(107.5, abs=0.03)
 
 
 def test_macos_memory_from_recorded_sysctl(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(memory, "metal_working_set", lambda: None)  # no Metal on Linux
     m = memory_info("darwin", sysctl=recorded_sysctl("sysctl_m3_ultra_512gb.txt"))
-    assert (m.total_bytes, m.available_bytes, m.free_percent) == (512 * GB, 504 * GB, 91)
-    assert "RAM minus 8 GB" in m.rule  # wired_limit_mb 0 means "the default"
+    assert (m.total_bytes, m.free_percent) == (512 * GB, 91)
+    assert m.available_bytes == int(512 * GB * 0.84)
+    assert "Metal's default: 84% of RAM" in m.rule  # wired_limit_mb 0 means "the default"
     m = memory_info("darwin", sysctl=recorded_sysctl("sysctl_m4_24gb_wired_limit.txt"))
     assert (m.available_bytes, m.rule) == (20 * GB, "iogpu.wired_limit_mb sysctl")
     monkeypatch.setattr(memory, "metal_working_set", lambda: 380 * GB)
