@@ -137,7 +137,6 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
 
 def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict, Any]:
     """(model or stage, tokenizer on rank 0, config, ShardInfo)."""
-    import mlx.core as mx
     from mlx_lm.utils import load_tokenizer
 
     from engine.runtime.distributed import check_layer_ranges
@@ -156,8 +155,7 @@ def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict
         start, end = cfg.layers[cfg.rank]
         model, config, info = load_pipeline_stage(folder, start, end, progress)
         if model.first:
-            probe = model.embed(mx.array([[0]]))
-            model.hidden, model.dtype = probe.shape[-1], str(probe.dtype).split(".")[-1]
+            model.hidden, model.dtype = model.probe()
     else:
         model, config, info = load_tensor_shard(folder, group, progress)
     tokenizer = None

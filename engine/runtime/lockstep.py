@@ -188,27 +188,44 @@ class Link:
 
 
 class Runner(Protocol):
-    """Rank 0's handle on the group: the first token of a prompt, then one per call."""
+    """Rank 0's handle on the group: logits (1, vocab) for a prompt's last position, then
+    for each token fed back."""
 
-    def start(self, prompt: list[int], sampling: Sampling) -> int: ...
-    def next(self, token: int) -> int: ...
+    def start(self, prompt: list[int], sampling: Sampling) -> Any: ...
+    def next(self, token: int) -> Any: ...
     def end(self) -> None: ...
 
 
 def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampling,
              cancel: threading.Event | None = None) -> Iterator[Record]:
     """Records for `prompt`, exactly as engine.runtime.generate.generate yields them
-    (mlx-lm's stream_generate semantics: EOS ends with "stop", max_tokens with "length")."""
+    (mlx-lm's stream_generate semantics: EOS ends with "stop", max_tokens with "length").
+    Sampling happens here, on rank 0, as mlx-lm's generate_step does it."""
     import mlx.core as mx
+
+    from engine.runtime.sampling import make_sampling
 
     detok = tokenizer.detokenizer
     eos = tokenizer.eos_token_ids
     stops = StopMatcher(sampling.stop)
+    sampler, processors = make_sampling(sampling)
+    history = mx.array(prompt, dtype=mx.int32)
+
+    def sample(logits: Any) -> int:
+        nonlocal history
+        for p in processors:
+            logits = p(history, logits)
+        y = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        if processors:
+            history = mx.concat([history, y.astype(mx.int32)])
+        return int(y.item())
+
     tic = time.perf_counter()
     started = False
     try:
-        token = runner.start(prompt, sampling)
+        logits = runner.start(prompt, sampling)
         started = True
+        token = sample(logits)
         prompt_tps = len(prompt) / (time.perf_counter() - tic)
         tic = time.perf_counter()
         n = 0
@@ -236,7 +253,7 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
                          peak_memory_gb=mx.get_peak_memory() / 1e9)
             if finish is not None:
                 return
-            token = runner.next(token)
+            token = sample(runner.next(token))
             n += 1
     finally:
         if started:

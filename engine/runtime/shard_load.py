@@ -1,7 +1,7 @@
 """Loading one rank's share of a model.
 
 Pipeline: only the safetensors files holding this rank's layers (plus the embedding, norm
-and head files on the first and last ranks) are opened, found through
+and head files on rank 0, which runs the head) are opened, found through
 model.safetensors.index.json or the files' headers. mx.load is lazy per tensor, so building
 the model through mlx-lm and dropping the other layers before evaluating reads from disk
 only the tensors this rank keeps. The other files need not even be present.
@@ -71,7 +71,7 @@ def weight_map(folder: Path) -> dict[str, str]:
 def files_for_layers(wmap: dict[str, str], start: int, end: int, total: int,
                      ends: bool) -> list[str]:
     """Files holding layers [start, end), plus the non-layer tensors (embedding, final
-    norm, head) when `ends` (first or last rank)."""
+    norm, head) when `ends` (rank 0)."""
     files, seen = set(), set()
     for key, f in wmap.items():
         m = LAYER_KEY.search(key)
@@ -140,7 +140,7 @@ def _materialise(layers: list[Any], whole: Any, progress: Progress | None) -> No
 def load_pipeline_stage(folder: Path, start: int, end: int, progress: Progress | None = None
                         ) -> tuple[Any, dict[str, Any], ShardInfo]:
     """(Stage for layers [start, end), config, what was read)."""
-    from engine.runtime.pipeline import Stage
+    from engine.runtime.stage import Stage
 
     config = read_config(folder)
     before = read_bytes()
@@ -149,17 +149,19 @@ def load_pipeline_stage(folder: Path, start: int, end: int, progress: Progress |
     if total and not 0 <= start < end <= total:
         raise ShardMismatch(f"Layers [{start}, {end}) are outside this model's {total}.")
     wmap = weight_map(folder)
-    files = files_for_layers(wmap, start, end, total or end, ends=start == 0 or end == total)
+    files = files_for_layers(wmap, start, end, total or end, ends=start == 0)
     for f in files:
         if not (folder / f).is_file():
             raise ModelNotFound(f"{folder / f} holds layers of this rank's share and is "
                                 "missing; download the model again.")
         check_safetensors(folder / f)
     model, config = _lazy_model(folder, files)
-    stage = Stage(model, start, end)
-    del model  # the other layers' lazy weights go with it, unread
-    stage.modules = _unpack_if_fast(stage.modules)
-    _materialise(stage.layers, stage.modules, progress)
+    try:
+        stage = Stage(model, start, end)  # the other layers' lazy weights go, unread
+    except ValueError as e:
+        raise UnsupportedModel(f"This model can't be split into a pipeline: {e}.") from e
+    _unpack_if_fast(stage.held_modules())
+    _materialise(stage.layers, stage.held_modules(), progress)
     info = ShardInfo(tuple(files), read_bytes() - before, (start, end))
     log.info("pipeline shard: layers [%d, %d) from %s, %.1f MB read", start, end,
              ", ".join(files), info.bytes_read / 1e6)
@@ -180,6 +182,8 @@ def check_tensor_split(config: dict[str, Any], world: int) -> None:
 def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
                       ) -> tuple[Any, dict[str, Any], ShardInfo]:
     """(model sharded over `group` with mlx-lm's shard(), config, what was read)."""
+    from engine.runtime.stage import layer_list
+
     config = read_config(folder)
     check_tensor_split(config, group.size())
     before = read_bytes()
@@ -195,7 +199,6 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
     # which the unpacker would turn back into plain (unsharded) layers.
     model = _unpack_if_fast(model, group.size())
     model.shard(group)
-    inner = getattr(model, "model", model)
-    _materialise(list(inner.layers), model, progress)
-    return model, config, ShardInfo(tuple(files), read_bytes() - before,
-                                    (0, len(inner.layers)))
+    layers = layer_list(model)
+    _materialise(layers, model, progress)
+    return model, config, ShardInfo(tuple(files), read_bytes() - before, (0, len(layers)))

@@ -1,6 +1,7 @@
 """Tensor parallel: every rank holds a slice of every layer (mlx-lm's `shard()`), all ranks
 compute each step together, rank 0 samples and the token is shared with an all_sum to
-which the other ranks contribute zeros.
+which the other ranks contribute zeros. Where shard() splits the head too (an untied
+head whose logits are gathered), every rank runs it; otherwise only rank 0 does.
 
 Between steps the other ranks sleep on the doorbell while rank 0 samples and decides
 whether the request goes on, so nobody spins through the head and the sampler."""
@@ -13,7 +14,6 @@ from typing import Any
 from engine.runtime.doorbell import END, REQUEST, TOKEN
 from engine.runtime.generate import Sampling
 from engine.runtime.lockstep import HEADER_LEN, DTYPES, Header, Link, prefill_chunks
-from engine.runtime.pipeline import make_sampling
 
 log = logging.getLogger(__name__)
 
@@ -32,51 +32,53 @@ def _prefill(model: Any, link: Link, prompt: Any, cache: list[Any]) -> Any:
 
 
 class TensorLeader:
-    """Rank 0 of a tensor parallel group."""
+    """Rank 0 of a tensor parallel group: runs the whole model and returns logits."""
 
     def __init__(self, model: Any, link: Link):
         self.model, self.link = model, link
         self.cache: list[Any] = []
-        self.history: Any = None  # tokens so far, for the logits processors
 
-    def _step(self, tokens: Any) -> int:
-        import mlx.core as mx
-
+    def _step(self, tokens: Any) -> Any:
         logits = self.model(tokens[None], cache=self.cache)[:, -1, :]
-        if self.processors:
-            self.history = mx.concat([self.history, tokens])
-            for p in self.processors:
-                logits = p(self.history, logits)
-        y = self.sampler(logits - mx.logsumexp(logits, keepdims=True))
-        self.link.compute(y, collective=True)
+        self.link.compute(logits, collective=True)
         self.link.stats.steps += 1
-        return int(y.item())
+        return logits
 
-    def start(self, prompt: list[int], sampling: Sampling) -> int:
+    def start(self, prompt: list[int], sampling: Sampling) -> Any:
+        """Logits for the prompt's last position (1, vocab)."""
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
         link = self.link
         link.new_request()
         self.cache = make_prompt_cache(self.model)
-        self.sampler, self.processors = make_sampling(sampling)
         link.bell.ring(REQUEST)
         link.all_sum(Header(len(prompt), 0, DTYPES[0], sampling).encode())
         ids = link.all_sum(mx.array(prompt, dtype=mx.int32))
-        last = _prefill(self.model, link, ids, self.cache)
-        self.history = ids[:-1]
-        return self._step(last)
+        return self._step(_prefill(self.model, link, ids, self.cache))
 
-    def next(self, token: int) -> int:
+    def next(self, token: int) -> Any:
         import mlx.core as mx
 
         self.link.bell.ring(TOKEN)
-        y = self.link.all_sum(mx.array([token], dtype=mx.int32))
-        return self._step(y)
+        return self._step(self.link.all_sum(mx.array([token], dtype=mx.int32)))
 
     def end(self) -> None:
         self.cache = []
         self.link.end_round()
+
+
+def head_is_sharded(model: Any) -> bool:
+    """Does anything outside the layers hold a distributed (sharded) linear layer?"""
+    from mlx.nn.layers import distributed
+
+    from engine.runtime.stage import layer_list
+
+    kinds = tuple(v for v in vars(distributed).values()
+                  if isinstance(v, type) and v.__name__.endswith("Linear"))
+    inside = {id(m) for layer in layer_list(model) for _, m in layer.named_modules()}
+    return any(isinstance(m, kinds) and id(m) not in inside
+               for _, m in model.named_modules())
 
 
 class TensorFollower:
@@ -84,7 +86,9 @@ class TensorFollower:
 
     def __init__(self, model: Any, link: Link):
         self.model, self.link = model, link
-        self.body = getattr(model, "model", model)  # layers and norm, without the head
+        # The head's slice must run with the other ranks' where it is sharded; otherwise
+        # the body (layers and norm) is enough.
+        self.body = model if head_is_sharded(model) else getattr(model, "model", model)
 
     def serve(self) -> None:
         import mlx.core as mx
