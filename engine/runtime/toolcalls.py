@@ -102,8 +102,6 @@ class OutputSplitter:
                 self._state = nxt
                 continue
             if self._state == "tool":  # the call's text is held until its end marker
-                self._tool_text += self._buf
-                self._buf = ""
                 return out
             keep = self._partial()
             self._emit(self._buf[:len(self._buf) - keep], out)
