@@ -39,7 +39,7 @@ class NodeCard:
     watts: float | None = None
     power_unavailable: str | None = None
     warnings: tuple[str, ...] = ()
-    rdma: bool | None = None
+    rdma: bool | None = None  # RDMA ready: enabled with a device; None where unknown
     models: tuple[str, ...] = ()
 
     @property
@@ -122,7 +122,10 @@ def node_cards(topology: Mapping[str, Any], shoal_use: Mapping[str, int] | None 
         os_text = " ".join(str(x) for x in (machine.get("os_name"), machine.get("os_version"))
                            if x) or None
         power = node.get("power") or {}
-        rdma = ((node.get("platform") or {}).get("rdma") or {}).get("enabled")
+        rdma_report = (node.get("platform") or {}).get("rdma") or {}
+        rdma = rdma_report.get("enabled")
+        if rdma and rdma_report.get("explanation"):  # enabled, but no device (e.g. a TB4 Mac)
+            rdma = False
         cards.append(NodeCard(
             id=nid, name=name, url=node.get("url"), is_self=bool(node.get("self")),
             kind=kind, detail=detail, chip=machine.get("chip"), os=os_text,

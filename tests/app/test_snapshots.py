@@ -106,6 +106,16 @@ def test_a_thunderbolt_cable_types_the_edge_with_per_link_rdma():
     assert [e.label for e in link_edges(unmeasured)] == ["Thunderbolt RDMA"]
 
 
+def test_a_thunderbolt_4_mac_with_rdma_enabled_is_not_offered_for_jaccl():
+    tb4 = ("This Mac's Thunderbolt ports are Thunderbolt 4 (up to 40 Gb/s), which has no "
+           "RDMA: ibv_devices lists no devices on this hardware")
+    node = {**TOPOLOGY["nodes"][1], "platform": platform(rdma_enabled=True, explanation=tb4)}
+    (card,) = node_cards({"nodes": [node]})
+    assert card.rdma is False and card.warnings == (f"RDMA: {tb4}",)
+    ready = {**node, "platform": platform(rdma_enabled=True)}
+    assert node_cards({"nodes": [ready]})[0].rdma is True
+
+
 def test_fit_label():
     cards = node_cards(TOPOLOGY)
     assert fit_label(10 * GB, cards) == "fits one node"
