@@ -22,7 +22,8 @@ def render_png(svg: Path, size: int) -> bytes:
     from PySide6.QtGui import QGuiApplication, QImage, QPainter
     from PySide6.QtSvg import QSvgRenderer
 
-    _app = QGuiApplication.instance() or QGuiApplication(["-platform", "offscreen"])
+    _app = QGuiApplication.instance() or QGuiApplication(
+        ["shoal-icons", "-platform", "offscreen"])  # no window, so no display needed
     image = QImage(size, size, QImage.Format.Format_ARGB32)
     image.fill(Qt.GlobalColor.transparent)
     painter = QPainter(image)
