@@ -143,6 +143,7 @@ class Done(Message):
     generation_tps: float = 0.0
     peak_memory_gb: float = 0.0
     logprobs: list[dict[str, Any]] | None = None
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)

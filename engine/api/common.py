@@ -77,9 +77,9 @@ def parse(model: type[M], body: Any) -> M:
         err = e.errors()[0]
         param = _path(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
-            msg = f"'{param}' is not a parameter Shoal understands; remove it."
+            msg = f"'{param}' is not a parameter Shoal understands; remove it"
         elif err["type"] == "missing":
-            msg = f"'{param}' is required."
+            msg = f"'{param}' is required"
         else:
             msg = f"'{param}': {err['msg']}"
             if "input" in err and not isinstance(err["input"], (dict, list)):

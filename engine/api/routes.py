@@ -1,9 +1,22 @@
-"""Every protocol's routes, for the node's HTTP server: one adapter module per protocol."""
+"""Every protocol's routes, for the node's HTTP server (one adapter module per protocol), and
+the one mapping from the error tree to each protocol's error body."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
-from engine.api import openai_chat
+from engine.api import anthropic, openai_chat
+from engine.errors import ShoalError
 
-routes: list[web.RouteDef] = [*openai_chat.routes]  # type: ignore[list-item]
+routes: list[web.RouteDef] = [*openai_chat.routes, *anthropic.routes]  # type: ignore[list-item]
+
+
+def error_body(path: str, e: ShoalError) -> dict[str, Any]:
+    """The error as the client on `path` expects it (Anthropic, Ollama, else OpenAI)."""
+    if path.startswith("/v1/messages"):
+        return anthropic.error_body(e)
+    if path.startswith("/api/"):
+        return {"error": e.message}
+    return e.to_openai()

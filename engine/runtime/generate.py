@@ -46,6 +46,7 @@ class Record:
     peak_memory_gb: float
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 def build_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
@@ -84,7 +85,7 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
             finish = "cancelled"
         if finish is not None:
             text += "" if hit else stops.flush()
-            yield _record(r, text, finish, lp)
+            yield _record(r, text, finish, lp, stops.matched)
             return
         yield _record(r, text, None, lp)
     if last is None:  # stream_generate always yields; keep the one-finish promise anyway
@@ -92,8 +93,10 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
 
 
 def _record(r: Any, text: str, finish: str | None,
-            lp: tuple[float | None, tuple[tuple[int, float], ...]]) -> Record:
+            lp: tuple[float | None, tuple[tuple[int, float], ...]],
+            matched: str | None = None) -> Record:
     return Record(text=text, token=int(r.token), finish_reason=finish,
                   prompt_tokens=int(r.prompt_tokens), generation_tokens=int(r.generation_tokens),
                   prompt_tps=float(r.prompt_tps), generation_tps=float(r.generation_tps),
-                  peak_memory_gb=float(r.peak_memory), logprob=lp[0], top_logprobs=lp[1])
+                  peak_memory_gb=float(r.peak_memory), logprob=lp[0], top_logprobs=lp[1],
+                  stop_sequence=matched)

@@ -147,5 +147,6 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
             if splitter.made_calls and finish == "stop":
                 finish = "tool_calls"
             emit(Done(rid, finish, r.prompt_tokens, r.generation_tokens, r.prompt_tps,
-                      r.generation_tps, r.peak_memory_gb, lps or None))
+                      r.generation_tps, r.peak_memory_gb, lps or None,
+                      getattr(r, "stop_sequence", None)))
             return

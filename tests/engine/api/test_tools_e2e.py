@@ -6,15 +6,9 @@ sequence: <think>Checking.</think><tool_call>{get_weather Paris}</tool_call>).""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import openai
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from forcing import make_forcing_model  # noqa: E402
-from nodes import NodeProcess, home_with  # noqa: E402
 
 MODEL = "forcing"
 ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
@@ -22,17 +16,6 @@ TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
-
-
-@pytest.fixture(scope="module")
-def forcing_node(tmp_path_factory):
-    model = make_forcing_model(tmp_path_factory.mktemp("models") / MODEL)
-    node = NodeProcess(home_with(tmp_path_factory.mktemp("forcing-node"), model), MODEL)
-    try:
-        node.wait_healthy().wait_ready()
-        yield node
-    finally:
-        node.stop()
 
 
 @pytest.fixture(scope="module")
