@@ -7,10 +7,11 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.api import anthropic, openai_chat
+from engine.api import anthropic, ollama, openai_chat
 from engine.errors import ShoalError
 
-routes: list[web.RouteDef] = [*openai_chat.routes, *anthropic.routes]  # type: ignore[list-item]
+routes: list[web.RouteDef] = [  # type: ignore[list-item]
+    *openai_chat.routes, *anthropic.routes, *ollama.routes]
 
 
 def error_body(path: str, e: ShoalError) -> dict[str, Any]:
