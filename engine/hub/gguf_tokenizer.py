@@ -39,6 +39,10 @@ PRE_TOKENIZERS: dict[str, str] = {
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
     "tekken": _TEKKEN,
 }
+# llama-vocab.cpp's end-of-generation token texts (special_eog_ids).
+END_OF_GENERATION = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+    "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
 # llama.cpp tokenizes these whole words first when the word is in the vocabulary.
 _IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe"}
 
@@ -85,6 +89,9 @@ def build_tokenizer(meta: dict[str, Any], file_name: str) -> BuiltTokenizer:
 
     eos_ids = [meta[f"tokenizer.ggml.{k}_token_id"] for k in ("eos", "eot", "eom")
                if isinstance(meta.get(f"tokenizer.ggml.{k}_token_id"), int)]
+    # As llama.cpp (so LM Studio and Ollama): these texts end generation wherever they
+    # are in the vocabulary, e.g. Gemma's <end_of_turn> and Phi-3's <|end|>.
+    eos_ids += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION]
     eos_ids = list(dict.fromkeys(i for i in eos_ids if 0 <= i < len(tokens)))
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",

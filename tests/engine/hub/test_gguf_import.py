@@ -76,7 +76,7 @@ def test_config_maps_gguf_metadata(tmp_path: Path) -> None:
     assert config["tie_word_embeddings"] is True
     assert config["quantization"] == {"group_size": 32, "bits": 4,
                                       "model.embed_tokens": {"group_size": 32, "bits": 8}}
-    assert config["eos_token_id"] == 2 and config["bos_token_id"] == 1
+    assert config["eos_token_id"] == [2, 0] and config["bos_token_id"] == 1
     weights = mx.load(str(imported / "model.safetensors"))
     assert weights["model.layers.0.self_attn.q_proj.scales"].dtype == mx.float32
     assert weights["model.norm.weight"].dtype == mx.float32

@@ -141,3 +141,14 @@ def test_sentencepiece_vocabulary_matches_sentencepiece(tmp_path: Path,
         assert tok.decode(ids, skip_special_tokens=True) == text
         if not text.startswith(" "):  # mlx-lm's streaming detokenizers drop a leading space
             assert _stream(tok, ids[1:]) == text
+
+
+def test_end_of_turn_tokens_end_generation_as_in_llama_cpp() -> None:
+    meta = tiny_tokenizer_metadata()
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"] + ["<end_of_turn>", "<|end|>"]
+    meta["tokenizer.ggml.token_type"] = meta["tokenizer.ggml.token_type"] + [3, 3]
+    n = len(meta["tokenizer.ggml.tokens"])
+    built = build_tokenizer(meta, "gemma.gguf")
+    # The file's eos first (mlx-lm's tokenizer.eos_token_id), then the texts llama.cpp
+    # stops on: Gemma's <end_of_turn> and Phi-3's <|end|> among them.
+    assert built.eos_token_ids == [2, 0, n - 2, n - 1]
