@@ -44,6 +44,7 @@ class GenerateRequest:
 
     messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
+    suffix: str | None = None  # fill-in-the-middle, where the vocabulary has FIM tokens
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] = "auto"  # auto | none | required | {"name": ...}
     parallel_tool_calls: bool = True

@@ -65,6 +65,8 @@ def prepare(tokenizer: Any, req: GenerateRequest) -> tuple[list[int], str, Outpu
         prompt = req.prompt if isinstance(req.prompt, list) else \
             list(tokenizer.encode(req.prompt or ""))
         text = req.prompt if isinstance(req.prompt, str) else tokenizer.decode(prompt)
+        if req.suffix is not None:
+            prompt = _fill_in_the_middle(tokenizer, prompt, req.suffix)
         return prompt, text, OutputSplitter(), None
     msgs = _messages(req, generic=bool(tools) and not native)
     kwargs: dict[str, Any] = {"tools": tools} if native else {}
@@ -93,6 +95,22 @@ def prepare(tokenizer: Any, req: GenerateRequest) -> tuple[list[int], str, Outpu
     splitter = OutputSplitter(think=think, tools=markers, tool_specs=tools,
                               reasoning_first=reasoning_first, tool_first=forced)
     return prompt, text, splitter, constraint
+
+
+FIM_TOKENS = [("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
+              ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, SmolLM
+              ("<PRE>", "<SUF>", "<MID>")]  # Code Llama
+
+
+def _fill_in_the_middle(tokenizer: Any, prefix: list[int], suffix: str) -> list[int]:
+    """Prefix-suffix-middle order with the model's own FIM tokens, or a 400 if it has none."""
+    vocab = tokenizer.get_vocab()
+    for pre, suf, mid in FIM_TOKENS:
+        if pre in vocab and suf in vocab and mid in vocab:
+            return [vocab[pre], *prefix, vocab[suf],
+                    *tokenizer.encode(suffix, add_special_tokens=False), vocab[mid]]
+    raise BadRequest("'suffix': this model has no fill-in-the-middle tokens; send the prompt "
+                     "alone.", param="suffix")
 
 
 def _entry(tokenizer: Any, token: int, logprob: float,
