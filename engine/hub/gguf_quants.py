@@ -105,14 +105,17 @@ def dequantize(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.nd
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
     """Pack integer codes along the last axis as MLX does: a little-endian bit stream,
     element i at bit i*bits, 32 codes filling exactly `bits` uint32 words."""
-    g = q.reshape(-1, 32).astype(np.uint64)
-    words = np.zeros((len(g), bits), np.uint64)
-    for i in range(32):
-        w, s = divmod(i * bits, 32)
-        words[:, w] |= (g[:, i] << np.uint64(s)) & np.uint64(0xFFFFFFFF)
-        if s + bits > 32:  # the code straddles two words (3, 5 and 6 bits)
-            words[:, w + 1] |= g[:, i] >> np.uint64(32 - s)
-    return words.astype(np.uint32).reshape(*q.shape[:-1], q.shape[-1] * bits // 32)
+    out_shape = (*q.shape[:-1], q.shape[-1] * bits // 32)
+    if bits == 8:  # byte-aligned: the bit stream is the bytes themselves
+        return np.ascontiguousarray(q, dtype=np.uint8).view("<u4").reshape(out_shape)
+    if bits == 4:
+        b = q.astype(np.uint8).reshape(-1, 2)
+        return (b[:, 0] | (b[:, 1] << 4)).view("<u4").reshape(out_shape)
+    # Any width up to 8: 8 codes fill exactly `bits` bytes of a little-endian uint64.
+    g = q.reshape(-1, 8).astype(np.uint64) << (np.arange(8, dtype=np.uint64) * np.uint64(bits))
+    v = np.bitwise_or.reduce(g, axis=1).astype("<u8")
+    stream = np.ascontiguousarray(v.view(np.uint8).reshape(-1, 8)[:, :bits])
+    return stream.reshape(-1, 4 * bits).view("<u4").reshape(out_shape)
 
 
 def unpack(w: np.ndarray, bits: int) -> np.ndarray:
