@@ -52,7 +52,7 @@ class ToolChoice(Strict):
 
 class Thinking(Strict):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(None, ge=0)
+    budget_tokens: int | None = Field(default=None, ge=0)
     display: str | None = None
 
 
@@ -80,10 +80,10 @@ class CountTokensRequest(Strict):
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1, le=MAX_TOKENS_LIMIT)
     stream: bool = False
-    stop_sequences: list[str] | None = Field(None, max_length=16)
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    stop_sequences: list[str] | None = Field(default=None, max_length=16)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
     # Harmless: bookkeeping and routing hints a local node has no use for.
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None

@@ -15,18 +15,18 @@ from engine.errors import BadRequest
 
 
 class Options(Strict):
-    num_predict: int | None = Field(None, ge=-2, le=1_000_000)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    num_predict: int | None = Field(default=None, ge=-2, le=1_000_000)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     seed: int | None = None
-    stop: list[str] | None = Field(None, max_length=16)
+    stop: list[str] | None = Field(default=None, max_length=16)
     # llama.cpp runtime hints: the context and threads here are MLX's own
-    num_ctx: int | None = Field(None, ge=1)
+    num_ctx: int | None = Field(default=None, ge=1)
     num_batch: int | None = None
     num_gpu: int | None = None
     main_gpu: int | None = None
@@ -64,7 +64,7 @@ class Common(Strict):
     keep_alive: float | str | None = None
     think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 class ChatRequest(Common):

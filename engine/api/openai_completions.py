@@ -21,14 +21,14 @@ routes = web.RouteTableDef()
 
 
 class CompletionRequest(SamplingFields):
-    model: str | None = Field(None, min_length=1)
+    model: str | None = Field(default=None, min_length=1)
     prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=5)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
     n: int | None = None
     best_of: int | None = None
     user: str | None = None

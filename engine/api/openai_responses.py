@@ -13,7 +13,7 @@ from aiohttp import web
 
 from engine import protocol as wire
 from engine.api import common
-from engine.api.responses_schemas import ResponsesRequest, to_request
+from engine.api.responses_schemas import NamedTool, ResponsesRequest, to_request
 from engine.errors import ModelNotFound
 
 routes = web.RouteTableDef()
@@ -32,9 +32,8 @@ def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "temperature": body.temperature, "top_p": body.top_p,
         "max_output_tokens": body.max_output_tokens, "previous_response_id": None,
-        "tool_choice": body.tool_choice.model_dump() if hasattr(body.tool_choice,
-                                                                 "model_dump")
-        else (body.tool_choice or "auto"),
+        "tool_choice": body.tool_choice.model_dump()
+        if isinstance(body.tool_choice, NamedTool) else (body.tool_choice or "auto"),
         "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
         "text": {"format": {"type": "text"}}, "usage": None}
     if done is not None:

@@ -24,14 +24,14 @@ class Loose(BaseModel):
 
 
 class SamplingFields(Strict):
-    temperature: Number | None = Field(None, ge=0.0, le=2.0)
-    top_p: Number | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0, le=1_000_000)
-    min_p: Number | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: Number | None = Field(None, gt=0.0, le=10.0)
-    presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, le=1_000_000)
+    min_p: Number | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: Number | None = Field(default=None, gt=0.0, le=10.0)
+    presence_penalty: Number | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Number | None = Field(default=None, ge=-2.0, le=2.0)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     logit_bias: dict[str, Number] | None = None
 
@@ -112,7 +112,7 @@ class ChatMessage(Strict):
 class JsonSchemaSpec(Strict):
     name: str = "response"
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -127,15 +127,15 @@ class StreamOptions(Strict):
 
 
 class ChatCompletionRequest(SamplingFields):
-    model: str | None = Field(None, min_length=1)
+    model: str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
     parallel_tool_calls: bool | None = None

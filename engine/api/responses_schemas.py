@@ -37,7 +37,7 @@ class TextFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -58,16 +58,16 @@ class NamedTool(Strict):
 
 
 class ResponsesRequest(Strict):
-    model: str | None = Field(None, min_length=1)
+    model: str | None = Field(default=None, min_length=1)
     input: str | list[Item]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedTool | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool = False
     previous_response_id: str | None = None
     text: TextConfig | None = None
