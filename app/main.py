@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -212,6 +214,52 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _x_server_answers(display: str) -> bool:
+    """True when something listens on the X display `display` (":0", "localhost:10.0")."""
+    host, _, rest = display.rpartition(":")
+    try:
+        number = int(rest.split(".")[0])
+    except ValueError:
+        return False
+    if host in ("", "unix"):
+        targets = [("\0/tmp/.X11-unix/X%d" % number, socket.AF_UNIX),  # Linux abstract socket
+                   ("/tmp/.X11-unix/X%d" % number, socket.AF_UNIX)]
+    else:
+        targets = [((host, 6000 + number), socket.AF_INET)]
+    for address, family in targets:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)
+                s.connect(address)
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def missing_display(env: dict[str, str] | None = None, platform: str = sys.platform
+                    ) -> str | None:
+    """What stops Qt from opening a window here, or None. Without a display Qt aborts with
+    a message about its xcb plug-in; this says what is actually missing, before it can."""
+    env = dict(os.environ if env is None else env)
+    if not platform.startswith("linux"):
+        return None
+    wanted = [p.split(":")[0] for p in env.get("QT_QPA_PLATFORM", "").split(";") if p]
+    if any(p not in ("xcb", "wayland") for p in wanted):
+        return None  # offscreen, vnc, eglfs...: the user chose a platform that needs no display
+    x, wayland = env.get("DISPLAY", ""), env.get("WAYLAND_DISPLAY", "")
+    if "wayland" in (wanted or ["wayland"]) and wayland:
+        runtime = env.get("XDG_RUNTIME_DIR", "")
+        if Path(wayland).is_absolute() or not runtime or (Path(runtime) / wayland).exists():
+            return None
+    if "xcb" in (wanted or ["xcb"]) and x and _x_server_answers(x):
+        return None
+    if not x and not wayland:
+        return "no display (DISPLAY and WAYLAND_DISPLAY are not set)"
+    shown = ", ".join(f"{k}={v}" for k, v in (("DISPLAY", x), ("WAYLAND_DISPLAY", wayland)) if v)
+    return f"no display answers ({shown})"
+
+
 def _setup_logging(home: Path, level: str) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     try:
@@ -228,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     line like sys.argv (program name first): [prog, --home H, --port P, -v]."""
     argv = list(sys.argv if argv is None else argv)
     args = _parse(argv[1:])
+    problem = None if QApplication.instance() else missing_display()
+    if problem:
+        print(f"Shoal can't open its window: {problem}. Without a window, run the node "
+              "alone with `shoal node` (headless; chat with `shoal chat` or the /v1 API).",
+              file=sys.stderr)
+        return 2
     home = Path(args.home) if args.home else default_home()
     _setup_logging(home, args.log_level)
     qt_app = QApplication.instance() or QApplication(argv[:1] or ["shoal"])

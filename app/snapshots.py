@@ -4,7 +4,7 @@ so the adapters are tested without a window."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 LINK_NAMES = {"thunderbolt-rdma": "Thunderbolt RDMA", "thunderbolt-ip": "Thunderbolt IP",
@@ -39,7 +39,7 @@ class NodeCard:
     watts: float | None = None
     power_unavailable: str | None = None
     warnings: tuple[str, ...] = ()
-    rdma: bool | None = None
+    rdma: bool | None = None  # RDMA ready: enabled with a device; None where unknown
     models: tuple[str, ...] = ()
 
     @property
@@ -55,7 +55,7 @@ class LinkEdge:
     type: str | None
     rtt_ms: float | None
     bandwidth_MBps: float | None
-    extra: tuple[str, ...] = field(default=())
+    extra: tuple[str, ...] = field(default=())  # why a Thunderbolt cable carries no RDMA
 
     @property
     def label(self) -> str:
@@ -122,7 +122,10 @@ def node_cards(topology: Mapping[str, Any], shoal_use: Mapping[str, int] | None 
         os_text = " ".join(str(x) for x in (machine.get("os_name"), machine.get("os_version"))
                            if x) or None
         power = node.get("power") or {}
-        rdma = ((node.get("platform") or {}).get("rdma") or {}).get("enabled")
+        rdma_report = (node.get("platform") or {}).get("rdma") or {}
+        rdma = rdma_report.get("enabled")
+        if rdma and rdma_report.get("explanation"):  # enabled, but no device (e.g. a TB4 Mac)
+            rdma = False
         cards.append(NodeCard(
             id=nid, name=name, url=node.get("url"), is_self=bool(node.get("self")),
             kind=kind, detail=detail, chip=machine.get("chip"), os=os_text,
@@ -136,7 +139,8 @@ def node_cards(topology: Mapping[str, Any], shoal_use: Mapping[str, int] | None 
 
 
 def link_edges(topology: Mapping[str, Any]) -> list[LinkEdge]:
-    """One edge per pair of nodes that measured a link (either side's measurement)."""
+    """One edge per pair of nodes that measured a link (either side's measurement) or share a
+    Thunderbolt cable; a cable types the edge (Thunderbolt RDMA or Thunderbolt IP)."""
     known = {str(n.get("id")) for n in topology.get("nodes") or [] if n.get("id")}
     seen: dict[frozenset[str], LinkEdge] = {}
     for lk in topology.get("links") or []:
@@ -147,6 +151,22 @@ def link_edges(topology: Mapping[str, Any]) -> list[LinkEdge]:
         if key not in seen:
             seen[key] = LinkEdge(a, b, lk.get("type"), lk.get("rtt_ms"),
                                  lk.get("bandwidth_MBps"))
+    # A Thunderbolt cable types the edge: RDMA when one of the pair's cables carries it.
+    cables: dict[frozenset[str], list[Mapping[str, Any]]] = {}
+    for c in topology.get("thunderbolt") or []:
+        a, b = str(c.get("a")), str(c.get("b"))
+        if a != b and a in known and b in known:
+            cables.setdefault(frozenset((a, b)), []).append(c)
+    for key, found in cables.items():
+        rdma = [c for c in found if c.get("rdma")]
+        kind = "thunderbolt-rdma" if rdma else "thunderbolt-ip"
+        why = () if rdma else tuple(str(c["why"]) for c in found if c.get("why"))
+        old = seen.get(key)
+        if old is None:
+            a, b = sorted(key)
+            seen[key] = LinkEdge(a, b, kind, None, None, why)
+        elif old.type != "loopback":
+            seen[key] = replace(old, type=kind, extra=why)
     return list(seen.values())
 
 

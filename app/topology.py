@@ -160,8 +160,6 @@ class EdgeItem(QGraphicsLineItem):
     def __init__(self, edge: LinkEdge):
         super().__init__()
         self.setZValue(-1)
-        rdma = edge.type == "thunderbolt-rdma"
-        self.setPen(QPen(QColor("#2f7fd8" if rdma else "#707070"), 3 if rdma else 2))
         self.box = QGraphicsRectItem()
         self.box.setZValue(2)
         self.box.setBrush(QColor(255, 255, 255, 230))
@@ -171,6 +169,9 @@ class EdgeItem(QGraphicsLineItem):
 
     def set_edge(self, edge: LinkEdge) -> None:
         self.edge = edge
+        rdma = edge.type == "thunderbolt-rdma"
+        self.setPen(QPen(QColor("#2f7fd8" if rdma else "#707070"), 3 if rdma else 2))
+        self.box.setToolTip("\n".join(edge.extra))  # why a cable carries no RDMA
         self.label.setText(edge.label)
         r = self.label.boundingRect()
         self.box.setRect(QRectF(-4, -2, r.width() + 8, r.height() + 4))

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 RDMA_SERVICE_NAMES = ("unknown_xd_service",)
 RDMA_SERVICE_PROTOCOL = 64087
 MAX_DOCK_DEPTH = 3  # Macs behind docks behind docks; real chains are short
+NO_HARDWARE = "system_profiler reports no Thunderbolt hardware"
 BRIDGE_FIX = ('disable the Thunderbolt Bridge service in System Settings › Network (or run '
               '`networksetup -setnetworkserviceenabled "Thunderbolt Bridge" off`)')
 
@@ -165,7 +166,7 @@ def parse_system_profiler(text: str) -> tuple[tuple[ThunderboltPort, ...], tuple
             remote_model=_str(remote.get("device_name_key")) if remote else None,
             remote_rdma=_offers_rdma(remote) if remote else None, via=via))
     if not ports and not notes and buses:
-        notes.append("system_profiler reports no Thunderbolt hardware")
+        notes.append(NO_HARDWARE)
     return tuple(ports), tuple(notes)
 
 
@@ -256,8 +257,8 @@ def thunderbolt_report(profiler_json: str, hardware_ports: str | None,
             notes += (f"port → interface mapping unknown: {e}",)
     ports = tuple(_with_interface(p, hw) for p in ports)
     members, up = parse_bridge(bridge) if bridge is not None else ((), None)
-    none = "no Thunderbolt hardware on this Mac" if "no Thunderbolt hardware" in " ".join(
-        notes) else "no Thunderbolt ports reported by system_profiler"
+    none = "no Thunderbolt hardware on this Mac" if NO_HARDWARE in notes else \
+        "no Thunderbolt ports reported by system_profiler"
     return ThunderboltReport(
         ports=ports, bridge=hw.get("Thunderbolt Bridge"), bridge_members=members,
         bridge_up=up, bridge_service_enabled=bridge_service_enabled, notes=notes,

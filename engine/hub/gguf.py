@@ -1,9 +1,14 @@
 """Import a GGUF model file into an MLX model folder that `mlx_lm.load(folder)` loads.
 
+Architectures: llama, mistral, qwen2, qwen3, qwen3moe, gemma3 (text part) and phi3
+(gguf_arch.py). Tensor types (gguf_quants.py): F32, F16 and BF16 are copied; Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0, Q4_K and Q5_K are kept quantized as MLX affine groups of 32 with the
+very same values; Q6_K (sub-blocks of 16, which MLX can't hold) is dequantized and
+requantized to 8-bit affine groups of 32. What was done to each type is logged and
+recorded in config.json under shoal_import.tensor_types.
+
 The header is checked first (architecture, tensor types, names, sizes) so an unsupported or
-damaged file is refused before anything is written. Quantized Q4_0/Q4_1/Q8_0 blocks are kept
-as they are: MLX's GGUF loader returns them as affine (weight, scales, biases) triplets with
-group size 32, which is exactly what mlx-lm's quantized layers read.
+damaged file is refused, naming what it can't take, before anything is written.
 """
 
 from __future__ import annotations
@@ -20,29 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import BadRequest, CorruptModel, ShoalError, UnsupportedModel
-from engine.hub.gguf_reader import GGUFHeader, read_header
+from engine.hub.gguf_arch import (SUPPORTED_ARCHITECTURES, ArchSpec, build_config,
+                                  check_layers, layer_part, mlx_name, spec_for)
+from engine.hub.gguf_quants import GROUP_SIZE, HANDLING, SUPPORTED_TYPES, Quantized, decode, \
+    dequantize
+from engine.hub.gguf_reader import GGUFHeader, TensorInfo, read_header
 from engine.hub.gguf_tokenizer import build_tokenizer
 
 log = logging.getLogger(__name__)
 
-IMPORTER_VERSION = 1
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
-GROUP_SIZE = 32  # every supported GGUF quantization stores blocks of 32 weights
+__all__ = ["SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "build_config", "default_name",
+           "import_gguf"]
 MAX_SHARD_BYTES = 5 << 30
-ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+ per-frequency RoPE factors
-
-# GGUF tensor name (without .weight/.bias) -> mlx-lm module path.
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-                 "output": "lm_head"}
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)")
-_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_FLOATS = ("F32", "F16", "BF16")
 
 
 def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
@@ -52,8 +47,10 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
     The folder gets config.json, model*.safetensors, tokenizer.json and
     tokenizer_config.json. It is built in a hidden sibling folder and renamed into place
     at the end, so a failed import never leaves a half-written model behind.
-    Raises UnsupportedModel / CorruptModel (before writing anything) for files Shoal
-    can't import, BadRequest for a bad or taken name.
+    config.json's shoal_import.tensor_types says, per GGUF tensor type, what the folder
+    holds: kept quantized (exact) or requantized (not exact). Raises UnsupportedModel /
+    CorruptModel (before writing anything) for files Shoal can't import, naming the
+    architecture or tensor type, BadRequest for a bad or taken name.
     """
     path, dest_root = Path(path), Path(dest_root)
     started = time.monotonic()
@@ -63,8 +60,9 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
         raise BadRequest(f"A model named {name!r} already exists in {dest_root}; delete it "
                          f"or import under another name.", param="name")
     header = read_header(path)
-    arch = _check_architecture(header)
-    _check_tensors(header, arch)
+    spec = spec_for(header)
+    plan, skipped = _plan(header, spec)
+    check_layers(header, spec)
     config = build_config(header)
     tokenizer = build_tokenizer(header.metadata, path.name)
     config["bos_token_id"] = tokenizer.bos_token_id
@@ -72,8 +70,11 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
         eos = tokenizer.eos_token_ids
         config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
 
-    weights = _load_weights(header, config)
+    weights, stored = _load_weights(header, spec, config, plan)
     _add_quantization(config, weights)
+    config["shoal_import"]["tensor_types"] = stored
+    if skipped:
+        config["shoal_import"]["skipped_tensors"] = skipped
 
     tmp = dest_root / f".{name}.importing-{uuid.uuid4().hex[:8]}"
     try:
@@ -82,6 +83,7 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
         _write_json(tmp / "config.json", config)
         (tmp / "tokenizer.json").write_text(tokenizer.tokenizer_json, encoding="utf-8")
         _write_json(tmp / "tokenizer_config.json", tokenizer.config)
+        _check_loads(tmp, path.name)
         _replace(tmp, dest, overwrite)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -93,8 +95,25 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    for row in stored:
+        log.info("%s: %d %s tensors stored as %s%s", path.name, row["tensors"],
+                 row["gguf_type"], row["stored_as"], "" if row["exact"] else " (not exact)")
+    if skipped:
+        log.info("%s: skipped %d tensors of another model in the file (%s)", path.name,
+                 skipped["count"], skipped["why"])
     log.info("imported %s as %s in %.1f s", path.name, dest, time.monotonic() - started)
     return dest
+
+
+def _check_loads(folder: Path, file_name: str) -> None:
+    """Build mlx-lm's model from the folder (lazily, nothing computed) so a file whose
+    tensors don't fit its own header is refused here rather than at first launch."""
+    from mlx_lm.utils import load_model
+
+    try:
+        load_model(folder, lazy=True)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CorruptModel(f"{file_name} does not form a model mlx-lm can load: {e}") from e
 
 
 def _replace(tmp: Path, dest: Path, overwrite: bool) -> None:
@@ -131,207 +150,87 @@ def _check_name(name: str) -> str:
     return name
 
 
-def _check_architecture(header: GGUFHeader) -> str:
-    arch = header.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModel(
-            f"{header.path.name} is a {arch or 'unknown'} model; Shoal can import GGUF "
-            f"architectures {', '.join(SUPPORTED_ARCHITECTURES)}.")
-    return arch
-
-
-def _check_tensors(header: GGUFHeader, arch: str) -> None:
+def _plan(header: GGUFHeader, spec: ArchSpec
+          ) -> tuple[list[tuple[TensorInfo, str]], dict[str, Any]]:
+    """(tensor, mlx-lm name) for every tensor to import; refuses unknown types and names."""
     name = header.path.name
+    plan: list[tuple[TensorInfo, str]] = []
+    skipped = 0
     for t in header.tensors:
+        if spec.skipped_prefixes and t.name.startswith(spec.skipped_prefixes):
+            skipped += 1  # e.g. a gemma3 vision tower: Shoal imports the text model
+            continue
         if t.type_name not in SUPPORTED_TYPES:
             raise UnsupportedModel(
                 f"{name} uses quantization {t.type_name} for {t.name}; Shoal can import "
-                f"{', '.join(SUPPORTED_TYPES)}. Pick a Q4_0, Q4_1, Q8_0 or F16 file.")
-        if t.name == ROPE_FREQS:
-            continue  # becomes config.json's rope_scaling, see _llama3_rope_scaling
-        if _mlx_name(t.name) is None:
-            raise UnsupportedModel(f"{name} has tensor {t.name}, which a plain {arch} model "
-                                   f"does not have; Shoal can't import this variant.")
-    n_layers = _int(header, "block_count")
-    required = ["token_embd.weight", "output_norm.weight"] + [
-        f"blk.{i}.{part}.weight" for i in range(n_layers) for part in _LAYER_NAMES]
-    present = {t.name for t in header.tensors}
-    missing = [n for n in required if n not in present]
-    if missing:
-        raise CorruptModel(f"{name} lacks tensors its header promises, e.g. "
-                           f"{', '.join(missing[:3])} ({len(missing)} missing).")
+                f"{', '.join(SUPPORTED_TYPES)}. Pick a Q4_K_M, Q5_K_M, Q6_K, Q8_0 or F16 "
+                f"file.")
+        if t.name in spec.extra_globals:
+            continue  # read into config.json (RoPE factors)
+        target = mlx_name(spec, t.name)
+        if target is None:
+            raise UnsupportedModel(f"{name} has tensor {t.name}, which a plain "
+                                   f"{header.architecture} model does not have; Shoal "
+                                   f"can't import this variant.")
+        plan.append((t, target))
+    why = {"count": skipped, "why": "vision tower; Shoal imports the text model"}
+    return plan, why if skipped else {}
 
 
-def _mlx_name(gguf_name: str) -> str | None:
-    """The mlx-lm parameter name for a GGUF tensor name (including MLX's .scales/.biases)."""
-    base, _, suffix = gguf_name.rpartition(".")
-    if suffix not in ("weight", "bias", "scales", "biases"):
-        return None
-    if base in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[base]}.{suffix}"
-    m = _LAYER_RE.fullmatch(base)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{suffix}"
-    return None
-
-
-def _int(header: GGUFHeader, key: str, default: int | None = None) -> int:
-    full = f"{header.architecture}.{key}"
-    value = header.get(full, default)
-    if isinstance(value, list):
-        raise UnsupportedModel(f"{header.path.name} sets {full} per layer; Shoal imports "
-                               f"models whose layers all have the same shape.")
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise CorruptModel(f"{header.path.name} lacks a valid {full} ({value!r}).")
-    return value
-
-
-def build_config(header: GGUFHeader) -> dict[str, Any]:
-    """The Hugging Face / mlx-lm config.json for a llama-family GGUF header."""
-    a = arch = _check_architecture(header)
-    model_type = "qwen2" if arch == "qwen2" else "llama"
-    hidden, heads = _int(header, "embedding_length"), _int(header, "attention.head_count")
-    kv_heads = _int(header, "attention.head_count_kv", heads)
-    names = {t.name: t for t in header.tensors}
-    tokens = header.get("tokenizer.ggml.tokens")
-    vocab = header.get(f"{a}.vocab_size") or (len(tokens) if isinstance(tokens, list) else None)
-    if not vocab and "token_embd.weight" in names:
-        vocab = names["token_embd.weight"].dims[1]
-    eps = header.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
-    config: dict[str, Any] = {
-        "architectures": [_HF_CLASSES[model_type]],
-        "model_type": model_type,
-        "hidden_size": hidden,
-        "num_hidden_layers": _int(header, "block_count"),
-        "intermediate_size": _int(header, "feed_forward_length"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "rms_norm_eps": float(f"{eps:.6g}"),  # float32 in the file: 9.9999997e-06 -> 1e-05
-        # llama.cpp's default when the key is absent; mlx-lm reads rope_theta only.
-        "rope_theta": float(header.get(f"{a}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": _int(header, "context_length", 4096),
-        "vocab_size": vocab,
-        "tie_word_embeddings": "output.weight" not in names,
-        "hidden_act": "silu",
-        "shoal_import": {"importer_version": IMPORTER_VERSION, "source": header.path.name,
-                         "gguf_architecture": arch, "name": header.get("general.name")},
-    }
-    head_dim = header.get(f"{a}.attention.key_length")
-    rope_dim = header.get(f"{a}.rope.dimension_count")
-    natural = hidden // heads
-    if isinstance(head_dim, int) and head_dim != natural:
-        if model_type != "llama":
-            raise UnsupportedModel(f"{header.path.name} has head size {head_dim} != "
-                                   f"{hidden}/{heads}; Shoal imports that only for llama.")
-        config["head_dim"] = head_dim
-    if isinstance(rope_dim, int) and rope_dim != (config.get("head_dim") or natural):
-        raise UnsupportedModel(f"{header.path.name} rotates only {rope_dim} dims per head "
-                               f"(partial RoPE), which Shoal's importer does not support.")
-    scaling = header.get(f"{a}.rope.scaling.type")
-    if ROPE_FREQS in names:
-        config["rope_scaling"] = _llama3_rope_scaling(
-            header, float(config["rope_theta"]), rope_dim or config.get("head_dim") or natural)
-    elif scaling == "linear":
-        config["rope_scaling"] = {"type": "linear",
-                                  "factor": float(header.get(f"{a}.rope.scaling.factor", 1.0))}
-    elif scaling not in (None, "none"):
-        raise UnsupportedModel(f"{header.path.name} uses RoPE scaling {scaling!r}; Shoal's "
-                               f"importer supports none and linear.")
-    if model_type == "llama":
-        config["attention_bias"] = "blk.0.attn_q.bias" in names
-        config["mlp_bias"] = False
-    return config
-
-
-def _llama3_rope_scaling(header: GGUFHeader, base: float, dims: int) -> dict[str, Any]:
-    """Recover Llama 3's rope_scaling from the per-frequency factors llama.cpp stores.
-
-    mlx-lm rebuilds the factors from (factor, low/high_freq_factor, original context);
-    only their ratios matter, so the original context is fixed at 8192 and the two
-    frequency factors are fitted on the smoothly scaled band, then checked on all."""
-    import numpy as np
-
-    t = next(t for t in header.tensors if t.name == ROPE_FREQS)
-    if t.type_name != "F32" or t.n_elements != dims // 2:
-        raise UnsupportedModel(f"{header.path.name} has {t.type_name} rope_freqs with "
-                               f"{t.n_elements} values; Shoal expects {dims // 2} F32 ones.")
-    ff = np.fromfile(header.path, dtype="<f4", count=t.n_elements,
-                     offset=header.data_offset + t.offset).astype(np.float64)
-    factor, context = float(ff.max()), 8192
-    inv_wavelen = 1 / (2 * np.pi * base ** (np.arange(0, dims, 2) / dims))
-    low, high = 1.0, 4.0  # Meta's values, used when the band has under two points
-    band = (ff > 1 + 1e-4) & (ff < factor * (1 - 1e-4))
-    if factor > 1 and band.sum() >= 2:
-        smooth = (1 / ff[band] - 1 / factor) / (1 - 1 / factor)  # = (ctx/wl - low)/(high-low)
-        slope, intercept = np.polyfit(inv_wavelen[band], smooth, 1)
-        low = -intercept * context / slope
-        high = low + context / slope
-    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low),
-               "high_freq_factor": float(high), "original_max_position_embeddings": context}
-    if factor <= 1 or not np.allclose(_llama3_factors(scaling, inv_wavelen), ff, rtol=1e-3):
-        raise UnsupportedModel(f"{header.path.name} has RoPE frequency factors that don't "
-                               f"follow Llama 3's rule; Shoal can't map them to mlx-lm.")
-    return scaling
-
-
-def _llama3_factors(scaling: dict[str, Any], inv_wavelen: Any) -> Any:
-    """The per-frequency factors mlx-lm's Llama3RoPE applies (as in rope_utils.py)."""
-    import numpy as np
-
-    ctx, factor = scaling["original_max_position_embeddings"], scaling["factor"]
-    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    wl = 1 / inv_wavelen
-    smooth = (ctx / wl - low) / (high - low)
-    medium = 1 / ((1 - smooth) / factor + smooth)
-    return np.where(wl > ctx / low, factor, np.where(wl < ctx / high, 1.0, medium))
-
-
-def _load_weights(header: GGUFHeader, config: dict[str, Any]) -> dict[str, Any]:
+def _load_weights(header: GGUFHeader, spec: ArchSpec, config: dict[str, Any],
+                  plan: list[tuple[TensorInfo, str]]
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Decode every planned tensor into mlx-lm's names; also what each type became."""
     import mlx.core as mx
+    import numpy as np
 
     try:
-        raw = mx.load(str(header.path))
-    except (RuntimeError, ValueError) as e:
+        data = np.memmap(header.path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError) as e:
         raise CorruptModel(f"Could not read the tensors of {header.path.name}: {e}") from e
-    if not isinstance(raw, dict):  # mx.load of a .gguf without metadata returns a dict
-        raise CorruptModel(f"Could not read the tensors of {header.path.name}.")
-    raw.update(_read_bf16(header))
-    # llama.cpp permutes Q/K rows for its interleaved RoPE (llama only, not qwen2); undo
-    # it on rows alone, which is exact for quantized weights, scales and biases alike.
-    unpermute = config["model_type"] == "llama"
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     weights: dict[str, Any] = {}
-    for gguf_name, w in raw.items():
-        if gguf_name == ROPE_FREQS:
-            continue  # already in config.json as rope_scaling
-        target = _mlx_name(gguf_name)
-        if target is None:
-            raise UnsupportedModel(f"{header.path.name}: unexpected tensor {gguf_name}.")
-        part = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
-        if unpermute and part in heads:
-            if w.shape[0] % (2 * heads[part]):
-                raise CorruptModel(f"{header.path.name}: {gguf_name} has {w.shape[0]} rows, "
-                                   f"which {heads[part]} attention heads can't split.")
-            w = _unpermute_rows(w, heads[part])
-        if gguf_name.endswith((".scales", ".biases")):
-            w = w.astype(mx.float32)  # float16 scales run ~10x slower on the CPU
-        weights[target] = w
-    return weights
+    stored: Counter[tuple[str, str, bool]] = Counter()
+    for t, target in plan:
+        start = header.data_offset + t.offset
+        raw = data[start:start + (t.nbytes or 0)]
+        part = layer_part(t.name)
+        if len(t.shape) == 1 and t.type_name not in _FLOATS:
+            value: Any = dequantize(raw, t.type_name, t.shape)  # tiny: keep norms plain
+            how = ("float32 (dequantized)", True)
+        else:
+            value = decode(raw, t.type_name, t.shape)
+            how = (HANDLING[t.type_name].stored_as, HANDLING[t.type_name].exact)
+        if spec.norm_shift and t.name.endswith("norm.weight"):
+            value = value.astype(np.float32) - np.float32(spec.norm_shift)
+        if spec.permute_qk and part in heads:
+            # llama.cpp permuted Q/K rows for its interleaved RoPE; undoing it on rows
+            # alone is exact for quantized weights, scales and biases alike.
+            value = _unpermute(value, heads[part], header.path.name, t.name)
+        base = target.rpartition(".")[0]
+        if isinstance(value, Quantized):
+            weights[target] = mx.array(value.weight)
+            weights[f"{base}.scales"] = mx.array(value.scales)
+            weights[f"{base}.biases"] = mx.array(value.biases)
+        elif t.type_name == "BF16" and value.dtype == np.uint16:
+            weights[target] = mx.array(value).view(mx.bfloat16)
+        else:
+            weights[target] = mx.array(value)
+        stored[(t.type_name, *how)] += 1
+    rows = [{"gguf_type": k[0], "tensors": n, "stored_as": k[1], "exact": k[2]}
+            for k, n in sorted(stored.items())]
+    return weights, rows
 
 
-def _read_bf16(header: GGUFHeader) -> dict[str, Any]:
-    """BF16 tensors read straight from the file: mx.load turns them into float16, which
-    overflows above 65504 and flushes tiny values."""
-    import mlx.core as mx
-    import numpy as np
-
-    out: dict[str, Any] = {}
-    for t in header.tensors:
-        if t.type_name == "BF16":
-            bits = np.fromfile(header.path, dtype="<u2", count=t.n_elements,
-                               offset=header.data_offset + t.offset)
-            out[t.name] = mx.array(bits.reshape(t.shape)).view(mx.bfloat16)
-    return out
+def _unpermute(value: Any, n_head: int, file: str, tensor: str) -> Any:
+    if isinstance(value, Quantized):
+        return Quantized(_unpermute(value.weight, n_head, file, tensor),
+                         _unpermute(value.scales, n_head, file, tensor),
+                         _unpermute(value.biases, n_head, file, tensor), value.bits)
+    if value.shape[0] % (2 * n_head):
+        raise CorruptModel(f"{file}: {tensor} has {value.shape[0]} rows, which {n_head} "
+                           f"attention heads can't split.")
+    return _unpermute_rows(value, n_head)
 
 
 def _unpermute_rows(w: Any, n_head: int) -> Any:

@@ -10,6 +10,7 @@ import aiohttp
 from aiohttp import web
 
 from engine import __version__
+from engine.cluster.probes import cluster_cables
 from engine.errors import BadRequest, PeerUnreachable
 from engine.node.cluster import Cluster
 from engine.telemetry.versions import mlx_version
@@ -76,7 +77,10 @@ async def topology(request: web.Request) -> web.Response:
         nodes.append({**p.info, **p.public(), "self": False})
         if p.trusted:
             links += [{"from": p.id, **lk} for lk in p.info.get("links") or []]
-    return web.json_response({"nodes": nodes, "links": links})
+    # Thunderbolt cables between trusted nodes, each saying whether it carries RDMA and why not.
+    cables = cluster_cables({str(n["id"]): n.get("platform") for n in nodes
+                             if n.get("trusted") and n.get("id")})
+    return web.json_response({"nodes": nodes, "links": links, "thunderbolt": cables})
 
 
 @routes.get("/shoal/peers")

@@ -12,7 +12,9 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from engine import __version__
-from engine.api.routes import routes as openai_routes
+from engine.api import cors
+from engine.api.routes import error_body
+from engine.api.routes import routes as api_routes
 from engine.errors import BadRequest, ShoalError, Unauthorized
 from engine.node.service import Node
 
@@ -29,19 +31,20 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except ShoalError as e:
         if e.status >= 500:
             log.warning("%s %s failed: %s", request.method, request.path, e.message)
-        return web.json_response(e.to_openai(), status=e.status)
+        return web.json_response(error_body(request.path, e), status=e.status)
     except web.HTTPException as e:
         if e.status < 400:
             raise
         err = ShoalError(f"{e.reason}: {request.method} {request.path}", code=str(e.status))
         err.type = "invalid_request_error"
-        return web.json_response(err.to_openai(), status=e.status)
+        err.status = e.status
+        return web.json_response(error_body(request.path, err), status=e.status)
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except Exception as e:
         log.exception("unexpected error in %s %s", request.method, request.path)
         err = ShoalError(f"Internal error: {e}. The node keeps running; see its log.")
-        return web.json_response(err.to_openai(), status=500)
+        return web.json_response(error_body(request.path, err), status=500)
 
 
 def is_peer_route(path: str) -> bool:
@@ -62,11 +65,13 @@ def auth(api_key: str | None, verifier: Any = None, cluster_port: int = 0) -> An
             # raises NotInCluster: unsigned, another secret, stale or replayed
             verifier.verify(request.method, request.path_qs, dict(request.headers),
                             await request.read())
-        elif api_key:
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        elif api_key and not (request.method == "HEAD" and path == "/"):
+            # Bearer for OpenAI/Ollama clients, x-api-key for Anthropic's
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() \
+                or request.headers.get("x-api-key", "").strip()
             if not hmac.compare_digest(given.encode(), api_key.encode()):
                 raise Unauthorized("A valid API key is required: send it as "
-                                   "'Authorization: Bearer <key>'.")
+                                   "'Authorization: Bearer <key>' (or 'x-api-key: <key>').")
         return await handler(request)
     return check
 
@@ -144,15 +149,19 @@ async def shutdown(request: web.Request) -> web.Response:
 
 
 def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
-              verifier: Any = None, cluster_port: int = 0) -> web.Application:
+              verifier: Any = None, cluster_port: int = 0,
+              cors_origins: list[str] | tuple[str, ...] = ()) -> web.Application:
     from engine.node.cluster_routes import routes as cluster_routes
-    app = web.Application(middlewares=[errors, auth(api_key, verifier, cluster_port)],
+    origins = frozenset(o.rstrip("/") for o in cors_origins)
+    app = web.Application(middlewares=[errors, cors.middleware(origins),
+                                       auth(api_key, verifier, cluster_port)],
                           client_max_size=64 * 2**20)
+    app.on_response_prepare.append(cors.add_headers(origins))
     app["node"] = node
     app["cluster"] = cluster
     app["stop"] = asyncio.Event()
     app.add_routes(routes)
-    app.add_routes(openai_routes)
+    app.add_routes(api_routes)
     if cluster is not None:
         from engine.node.plan_routes import routes as plan_routes
         app.add_routes(cluster_routes)

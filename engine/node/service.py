@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from engine import __version__
+from engine import __version__, protocol
 from engine.errors import ModelNotFound, ShoalError, WorkerFailed
 from engine.node.state import Failed, Idle, Loading, Ready, RunnerState, status_json
 from engine.node.worker_handle import WorkerHandle
@@ -110,9 +110,8 @@ class Node:
         except ShoalError as e:
             self._set(Failed(model_id, e.message))
             raise
-        self._set(Ready(model_id, ready["context_length"], ready["pid"]))
-        log.info("model %s ready in %.1f s (worker pid %s)", model_id,
-                 ready.get("load_s", 0), ready["pid"])
+        self._set(Ready(model_id, ready.context_length, ready.pid))
+        log.info("model %s ready in %.1f s (worker pid %s)", model_id, ready.load_s, ready.pid)
         return w
 
     async def stop_worker(self, failure: str | None = None) -> None:
@@ -142,13 +141,13 @@ class Node:
                     self._set(Failed(model_id, e.message))
         self.keep(asyncio.get_running_loop().create_task(run()))
 
-    def _on_worker_event(self, ev: dict[str, Any]) -> None:
-        kind = ev["ev"]
-        if kind == "loading" and isinstance(self.runner, Loading):
-            self._set(Loading(self.runner.model, ev["done"], ev["total"]))
-        elif kind == "exited" and self.worker is not None and ev["reason"] != "stopped":
-            if self.worker.dead_reason == ev["reason"] and isinstance(self.runner, Ready):
-                self._set(Failed(self.runner.model, ev["reason"]))
+    def _on_worker_event(self, ev: protocol.Message) -> None:
+        if isinstance(ev, protocol.Loading) and isinstance(self.runner, Loading):
+            self._set(Loading(self.runner.model, ev.done, ev.total))
+        elif isinstance(ev, protocol.Exited) and self.worker is not None \
+                and ev.reason != "stopped":
+            if self.worker.dead_reason == ev.reason and isinstance(self.runner, Ready):
+                self._set(Failed(self.runner.model, ev.reason))
 
     def on_turn(self, busy: bool) -> None:
         r = self.runner

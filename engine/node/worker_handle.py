@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import sys
 import uuid
@@ -17,16 +16,16 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from engine.errors import WorkerFailed
+from engine.protocol import (TERMINAL, Cancel, Error, Event, Exited, Fatal, Generate,
+                             GenerateRequest, Loading, Message, Ready, Shutdown, decode, encode)
 from engine.runtime.cpu import worker_env
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("done", "error")
-
 
 class WorkerHandle:
     def __init__(self, model_id: str, model_path: Path, log_path: Path,
-                 on_event: Callable[[dict[str, Any]], None],
+                 on_event: Callable[[Any], None],  # takes a protocol.Message
                  token_timeout: float = 300.0, dist_config: Path | None = None):
         self.model_id = model_id
         self.dist_config = dist_config
@@ -49,7 +48,7 @@ class WorkerHandle:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None and not self.dead_reason
 
-    async def start(self, timeout: float = 600.0) -> dict[str, Any]:
+    async def start(self, timeout: float = 600.0) -> Ready:
         """Spawn the worker and wait until its model is loaded. Returns the ready event."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = self.log_path.open("ab")
@@ -84,20 +83,18 @@ class WorkerHandle:
             if not line:
                 break
             try:
-                ev = json.loads(line)
-            except ValueError:
+                ev = decode(line)
+            except (ValueError, TypeError):
                 log.warning("worker sent a malformed line: %r", line[:200])
                 continue
-            kind = ev.get("ev")
-            if kind in ("loading", "ready", "fatal"):
+            if isinstance(ev, (Loading, Ready, Fatal)):
                 self._on_event(ev)
-                if kind == "ready" and self._ready and not self._ready.done():
+                if isinstance(ev, Ready) and self._ready and not self._ready.done():
                     self._ready.set_result(ev)
-                if kind == "fatal" and self._ready and not self._ready.done():
-                    self._ready.set_exception(WorkerFailed(ev.get("message", "load failed"),
-                                                           code=ev.get("code")))
+                if isinstance(ev, Fatal) and self._ready and not self._ready.done():
+                    self._ready.set_exception(WorkerFailed(ev.message, code=ev.code))
                 continue
-            q = self._queues.get(ev.get("id", ""))
+            q = self._queues.get(getattr(ev, "id", ""))
             if q is not None:
                 q.put_nowait(ev)
         code = await self._proc.wait()
@@ -107,29 +104,28 @@ class WorkerHandle:
         failure = WorkerFailed(self.dead_reason)
         if self._ready and not self._ready.done():
             self._ready.set_exception(failure)
-        for q in self._queues.values():
-            q.put_nowait({"ev": "error", "code": failure.code, "message": failure.message,
-                          "status": failure.status, "param": None})
-        self._on_event({"ev": "exited", "code": code, "reason": self.dead_reason})
+        for rid, q in self._queues.items():
+            q.put_nowait(Error(rid, failure.code, failure.message, None, failure.status))
+        self._on_event(Exited(code, self.dead_reason))
 
-    def _send(self, cmd: dict[str, Any]) -> None:
+    def _send(self, cmd: Message) -> None:
         if not self.alive or not self._proc or not self._proc.stdin:
             raise WorkerFailed(self.dead_reason or "The worker is not running.")
-        self._proc.stdin.write(json.dumps(cmd).encode() + b"\n")
+        self._proc.stdin.write(encode(cmd))
 
     @contextlib.asynccontextmanager
-    async def generate(self, messages: list[dict[str, Any]], sampling: dict[str, Any],
+    async def generate(self, request: GenerateRequest,
                        on_turn: Callable[[bool], None] | None = None
-                       ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
-        """Context manager yielding the request's events (accepted, token…, done|error).
-        Leaving early cancels the generation in the worker."""
+                       ) -> AsyncIterator[AsyncIterator[Event]]:
+        """Context manager yielding the request's events (Accepted, Delta/ToolCall…,
+        Done | Error). Leaving early cancels the generation in the worker."""
         rid = uuid.uuid4().hex
         await self._turn.acquire()
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
         finished = False
 
-        async def events() -> AsyncIterator[dict[str, Any]]:
+        async def events() -> AsyncIterator[Event]:
             nonlocal finished
             while True:
                 try:
@@ -139,7 +135,7 @@ class WorkerHandle:
                     await self.kill(f"The worker for {self.model_id} produced nothing for "
                                     f"{self.token_timeout:.0f} s and was stopped.")
                     raise WorkerFailed(self.dead_reason or "worker stalled") from None
-                if ev["ev"] in TERMINAL:
+                if isinstance(ev, TERMINAL):
                     finished = True
                 yield ev
                 if finished:
@@ -148,8 +144,7 @@ class WorkerHandle:
         try:
             if on_turn:
                 on_turn(True)
-            self._send({"op": "generate", "id": rid, "messages": messages,
-                        "sampling": sampling})
+            self._send(Generate(rid, request))
             yield events()
         finally:
             if finished or not self.alive:
@@ -158,14 +153,14 @@ class WorkerHandle:
                 # The caller left early (client gone, Stop): cancel, and keep the worker's
                 # turn until it confirms, so the next request can't see this one's tokens.
                 with contextlib.suppress(WorkerFailed):
-                    self._send({"op": "cancel", "id": rid})
+                    self._send(Cancel(rid))
                 asyncio.get_running_loop().create_task(self._drain(rid, q, on_turn))
 
     async def _drain(self, rid: str, q: asyncio.Queue,
                      on_turn: Callable[[bool], None] | None) -> None:
         try:
             async with asyncio.timeout(15):
-                while (await q.get())["ev"] not in TERMINAL:
+                while not isinstance(await q.get(), TERMINAL):
                     pass
         except TimeoutError:
             await self.kill(f"The worker for {self.model_id} did not stop when asked.")
@@ -194,7 +189,7 @@ class WorkerHandle:
         if proc.returncode is None:
             self.dead_reason = self.dead_reason or "stopped"
             with contextlib.suppress(Exception):
-                proc.stdin.write(b'{"op": "shutdown"}\n')  # type: ignore[union-attr]
+                proc.stdin.write(encode(Shutdown()))  # type: ignore[union-attr]
                 proc.stdin.close()  # type: ignore[union-attr]
             try:
                 await asyncio.wait_for(proc.wait(), grace)

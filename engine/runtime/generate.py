@@ -22,8 +22,13 @@ class Sampling:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: none; k: the chosen token's and the top k
+    constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,9 @@ class Record:
     prompt_tps: float
     generation_tps: float
     peak_memory_gb: float
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 def build_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
@@ -58,19 +66,17 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
     with finish_reason "cancelled"."""
     import mlx.core as mx
     from mlx_lm.generate import stream_generate
-    from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-    if sampling.seed is not None:
-        mx.random.seed(sampling.seed % (2**63))  # OpenAI allows any int
-    sampler = make_sampler(temp=sampling.temperature, top_p=sampling.top_p,
-                           min_p=sampling.min_p, top_k=sampling.top_k)
-    processors = make_logits_processors(repetition_penalty=sampling.repetition_penalty)
+    from engine.runtime.sampling import make_sampling, token_logprobs
+
+    sampler, processors = make_sampling(sampling, tokenizer)
     stops = StopMatcher(sampling.stop)
     last = None
     for r in stream_generate(model, tokenizer, mx.array(prompt),
                              max_tokens=sampling.max_tokens, sampler=sampler,
                              logits_processors=processors):
         last = r
+        lp = token_logprobs(r.logprobs, r.token, sampling.logprobs)
         text, hit = stops.feed(r.text)
         finish = r.finish_reason
         if hit:
@@ -79,15 +85,18 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
             finish = "cancelled"
         if finish is not None:
             text += "" if hit else stops.flush()
-            yield _record(r, text, finish)
+            yield _record(r, text, finish, lp, stops.matched)
             return
-        yield _record(r, text, None)
+        yield _record(r, text, None, lp)
     if last is None:  # stream_generate always yields; keep the one-finish promise anyway
         yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0)
 
 
-def _record(r: Any, text: str, finish: str | None) -> Record:
+def _record(r: Any, text: str, finish: str | None,
+            lp: tuple[float | None, tuple[tuple[int, float], ...]],
+            matched: str | None = None) -> Record:
     return Record(text=text, token=int(r.token), finish_reason=finish,
                   prompt_tokens=int(r.prompt_tokens), generation_tokens=int(r.generation_tokens),
                   prompt_tps=float(r.prompt_tps), generation_tps=float(r.generation_tps),
-                  peak_memory_gb=float(r.peak_memory))
+                  peak_memory_gb=float(r.peak_memory), logprob=lp[0], top_logprobs=lp[1],
+                  stop_sequence=matched)

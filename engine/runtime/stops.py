@@ -12,6 +12,7 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, segment: str) -> tuple[str, bool]:
         if not self.stops:
@@ -19,6 +20,7 @@ class StopMatcher:
         text = self._held + segment
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
+            self.matched = min((s for s in self.stops if s in text), key=text.find)
             self._held = ""
             return text[:cut], True
         keep = self._longest_partial(text)

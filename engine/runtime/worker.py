@@ -1,15 +1,14 @@
 """The worker process: loads one model and generates, driven by its node over pipes.
 
-Protocol: JSON lines. The node writes commands to stdin ({"op": "generate" | "cancel" |
-"shutdown"}); the worker writes events to its stdout ({"ev": "loading" | "ready" |
-"accepted" | "token" | "done" | "error" | "fatal"}). Everything else the process prints
-goes to stderr, which the node sends to a log file.
+Protocol: the typed messages of engine/protocol.py, one JSON line each. The node writes
+commands to stdin (Generate, Cancel, Shutdown); the worker writes events to its stdout
+(Loading, Ready, Accepted, Delta, ToolCall, Done, Error, Fatal). Everything else the process
+prints goes to stderr, which the node sends to a log file.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import queue
@@ -19,20 +18,23 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from engine.errors import BadRequest, ContextTooLong, ShoalError
+from engine.errors import BadRequest, ShoalError
+from engine.protocol import Cancel, Error, Fatal, Generate, Loading, Message, Ready, Shutdown
+from engine.protocol import decode, encode, make
 
 log = logging.getLogger("engine.runtime.worker")
 
 
 class Emitter:
-    """Writes one JSON event per line to the node; safe from any thread."""
+    """Writes one message per line to the node; safe from any thread. Takes a Message, or
+    (for callers not yet moved to the types) a tag and its fields."""
 
     def __init__(self, out: BinaryIO):
         self._out = out
         self._lock = threading.Lock()
 
-    def __call__(self, ev: str, **fields: Any) -> None:
-        line = json.dumps({"ev": ev, **fields}, separators=(",", ":")).encode() + b"\n"
+    def __call__(self, msg: Message | str, **fields: Any) -> None:
+        line = encode(make(msg, **fields) if isinstance(msg, str) else msg)
         with self._lock:
             self._out.write(line)
             self._out.flush()
@@ -51,22 +53,22 @@ def claim_stdout() -> BinaryIO:
     return out
 
 
-def read_commands(commands: "queue.Queue[dict | None]",
+def read_commands(commands: "queue.Queue[Message | None]",
                   cancels: dict[str, threading.Event]) -> None:
     """stdin reader thread: cancels act at once, everything else is queued in order."""
     for raw in sys.stdin.buffer:
         try:
-            cmd = json.loads(raw)
-        except ValueError:
+            cmd = decode(raw)
+        except (ValueError, TypeError):
             log.warning("ignoring a malformed command line: %r", raw[:200])
             continue
-        if cmd.get("op") == "cancel":
-            ev = cancels.get(cmd.get("id", ""))
+        if isinstance(cmd, Cancel):
+            ev = cancels.get(cmd.id)
             if ev is not None:
                 ev.set()
             continue
-        if cmd.get("op") == "generate":
-            cancels[cmd["id"]] = threading.Event()
+        if isinstance(cmd, Generate):
+            cancels[cmd.id] = threading.Event()
         commands.put(cmd)
     commands.put(None)  # the node closed our stdin: it is gone or wants us gone
 
@@ -76,44 +78,28 @@ def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
           on_request: Callable[[str | None], None] = lambda rid: None) -> None:
     """Run requests one at a time. `gen` replaces the one-process generator (rank 0 of a
     group); `on_request` is told which request is in flight."""
-    from engine.runtime.generate import Sampling, build_prompt, generate
+    from engine.runtime.generate import generate
+    from engine.runtime.request import run
 
     gen = gen or generate
-    commands: "queue.Queue[dict | None]" = queue.Queue()
+    commands: "queue.Queue[Message | None]" = queue.Queue()
     cancels: dict[str, threading.Event] = {}
     threading.Thread(target=read_commands, args=(commands, cancels), daemon=True).start()
     while (cmd := commands.get()) is not None:
-        if cmd.get("op") == "shutdown":
+        if isinstance(cmd, Shutdown):
             break
-        rid = cmd["id"]
-        cancel = cancels[rid]
+        if not isinstance(cmd, Generate):
+            continue
+        rid = cmd.id
         try:
-            prompt = build_prompt(tokenizer, cmd["messages"])
-            if len(prompt) >= ctx_len:
-                raise ContextTooLong(
-                    f"The prompt is {len(prompt)} tokens; this model's context is {ctx_len} "
-                    "tokens. Shorten the conversation or start a new one.", param="messages")
-            s = cmd.get("sampling", {})
-            max_tokens = min(int(s.get("max_tokens") or 512), ctx_len - len(prompt))
-            sampling = Sampling(**{**s, "max_tokens": max_tokens,
-                                   "stop": tuple(s.get("stop") or ())})
-            emit("accepted", id=rid, prompt_tokens=len(prompt))
             on_request(rid)
-            for r in gen(model, tokenizer, prompt, sampling, cancel):
-                if r.finish_reason is None:
-                    emit("token", id=rid, text=r.text)
-                else:
-                    emit("done", id=rid, text=r.text, finish_reason=r.finish_reason,
-                         prompt_tokens=r.prompt_tokens,
-                         generation_tokens=r.generation_tokens,
-                         prompt_tps=r.prompt_tps, generation_tps=r.generation_tps,
-                         peak_memory_gb=r.peak_memory_gb)
+            run(rid, cmd.request, model, tokenizer, ctx_len, gen, cancels[rid], emit)
         except ShoalError as e:
-            emit("error", id=rid, code=e.code, message=e.message, param=e.param,
-                 status=e.status)
-        except (TypeError, ValueError) as e:
-            emit("error", id=rid, code=BadRequest.code, message=str(e), param=None,
-                 status=400)
+            emit(Error(rid, e.code, e.message, e.param, e.status))
+        except (TypeError, ValueError, KeyError) as e:  # a request the checks let through
+            log.exception("request %s failed", rid)
+            emit(Error(rid, BadRequest.code, f"The request could not be served: {e}",
+                       None, 400))
         finally:
             on_request(None)
             cancels.pop(rid, None)
@@ -152,18 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         model, tokenizer, config = load_model(
-            Path(args.model), lambda done, total: emit("loading", done=done, total=total))
+            Path(args.model), lambda done, total: emit(Loading(done, total)))
     except ShoalError as e:
-        emit("fatal", code=e.code, message=e.message)
+        emit(Fatal(e.code, e.message))
         return 1
     except Exception as e:  # anything mlx-lm raises on a model it can't build
         log.exception("loading %s failed", args.model)
-        emit("fatal", code="load_failed",
-             message=f"Couldn't load the model in {args.model}: {e}")
+        emit(Fatal("load_failed", f"Couldn't load the model in {args.model}: {e}"))
         return 1
     ctx = context_length(config)
-    emit("ready", model=args.model_id, context_length=ctx, pid=os.getpid(),
-         load_s=round(time.perf_counter() - t0, 3))
+    emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3)))
     serve(model, tokenizer, ctx, emit)
     return 0
 

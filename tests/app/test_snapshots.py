@@ -91,6 +91,31 @@ def test_links_are_one_edge_per_pair_with_a_label():
     assert edge.label == "Thunderbolt IP · 0.2 ms · 4.2 GB/s"
 
 
+def test_a_thunderbolt_cable_types_the_edge_with_per_link_rdma():
+    # "thunderbolt" as /shoal/topology gives it (engine.cluster.probes.cluster_cables).
+    cable = {"a": "aaaa1111", "b": "bbbb2222", "speed": "80 Gb/s", "via": None}
+    no_rdma = "mini sees no RDMA service from studio on this cable"
+    topo = {**TOPOLOGY, "thunderbolt": [{**cable, "rdma": False, "why": no_rdma}]}
+    (edge,) = link_edges(topo)
+    assert edge.label == "Thunderbolt IP · 0.2 ms · 4.2 GB/s" and edge.extra == (no_rdma,)
+    topo["thunderbolt"].append({**cable, "rdma": True, "why": None})
+    (edge,) = link_edges(topo)
+    assert edge.label == "Thunderbolt RDMA · 0.2 ms · 4.2 GB/s" and edge.extra == ()
+    # A cable between nodes that measured no link yet still shows.
+    unmeasured = {**TOPOLOGY, "links": [], "thunderbolt": [{**cable, "rdma": True}]}
+    assert [e.label for e in link_edges(unmeasured)] == ["Thunderbolt RDMA"]
+
+
+def test_a_thunderbolt_4_mac_with_rdma_enabled_is_not_offered_for_jaccl():
+    tb4 = ("This Mac's Thunderbolt ports are Thunderbolt 4 (up to 40 Gb/s), which has no "
+           "RDMA: ibv_devices lists no devices on this hardware")
+    node = {**TOPOLOGY["nodes"][1], "platform": platform(rdma_enabled=True, explanation=tb4)}
+    (card,) = node_cards({"nodes": [node]})
+    assert card.rdma is False and card.warnings == (f"RDMA: {tb4}",)
+    ready = {**node, "platform": platform(rdma_enabled=True)}
+    assert node_cards({"nodes": [ready]})[0].rdma is True
+
+
 def test_fit_label():
     cards = node_cards(TOPOLOGY)
     assert fit_label(10 * GB, cards) == "fits one node"

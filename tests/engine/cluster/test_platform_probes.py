@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from engine.cluster.probes import (CommandResult, PlatformReport, linux_interface_kinds,
-                                   probe_platform, run_command)
+from engine.cluster.probes import (CommandResult, PlatformReport, cluster_cables,
+                                   linux_interface_kinds, probe_platform, run_command)
 from engine.cluster.rdma import TB4_FINAL, device_matrix
 from engine.cluster.thunderbolt import cable_graph
 
@@ -86,6 +86,19 @@ def test_per_link_rdma_survives_the_json_trip():
     assert {c.via for c in cables} == {None, "ThunderBay Flex 8"}
     m = device_matrix(nodes, cables, {n: r.rdma for n, r in reports.items()})
     assert m.to_json() == [[None, "rdma_en3"], ["rdma_en2", None]]
+
+
+def test_the_topology_lists_each_cable_with_its_rdma_state():
+    # What /shoal/topology adds: per cable, from every node's platform JSON.
+    platforms = {n: json.loads(json.dumps(probe_platform(
+        system="darwin", runner=replay(MAC / "dock" / n)).to_dict()))
+        for n in ("studio", "macbook")}
+    cables = sorted(cluster_cables({**platforms, "linux-box": None}),
+                    key=lambda c: c["a_port"])
+    assert [(c["a"], c["a_port"], c["b_port"], c["speed"], c["rdma"]) for c in cables] == [
+        ("macbook", 2, 2, "80 Gb/s", True), ("macbook", 3, 5, "40 Gb/s", False)]
+    assert "Thunderbolt 4 link" in cables[1]["why"]
+    assert cluster_cables({}) == []
 
 
 def test_missing_or_failing_commands_become_reasons():

@@ -109,6 +109,14 @@ def test_hardware_ports_map_receptacles_and_kinds():
                      "en9": "ethernet", "en8": "other"}
 
 
+def test_real_networksetup_maps_ports_out_of_order():
+    hw = parse_hardware_ports((REAL / "networksetup/isolation_macB_mbp.txt").read_text())
+    assert [hw[f"Thunderbolt {n}"] for n in (1, 2, 3)] == ["en1", "en6", "en2"]
+    kinds = interface_kinds(hw)
+    assert (kinds["en3"], kinds["en10"], kinds["en0"], kinds["bridge0"], kinds["en6"]) == \
+        ("ethernet", "ethernet", "wifi", "thunderbolt-bridge", "thunderbolt")
+
+
 def test_bridge_members_and_state():
     assert parse_bridge((MAC / "chain4/studio-b/ifconfig_bridge0.txt").read_text()) == (
         ("en2", "en3", "en4", "en5", "en6", "en7"), True)

@@ -13,7 +13,7 @@ import engine.hub.gguf as gguf_module
 from engine.errors import BadRequest, CorruptModel, ShoalError, UnsupportedModel
 from engine.hub.gguf import import_gguf
 from engine.hub.gguf_reader import read_header
-from gguf_builder import (F32, Q5_K, Q8_0, gguf_metadata, tiny_config, tiny_gguf_tensors,
+from gguf_builder import (F32, IQ2_XS, Q4_K, Q8_0, gguf_metadata, tiny_config, tiny_gguf_tensors,
                           tiny_hf_weights, write_gguf, write_tiny_gguf)
 
 
@@ -28,16 +28,32 @@ def _assert_nothing_written(models: Path) -> None:
     assert not models.exists() or list(models.iterdir()) == []
 
 
-def test_unsupported_quantization_is_named(tmp_path: Path, tiny: tuple) -> None:
+@pytest.mark.parametrize("gtype,name,block_bytes", [(IQ2_XS, "IQ2_XS", 74), (11, "Q3_K", 110),
+                                                    (10, "Q2_K", 84), (23, "IQ4_XS", 136)])
+def test_unsupported_quantization_is_named(tmp_path: Path, tiny: tuple, gtype: int, name: str,
+                                           block_bytes: int) -> None:
     config, tensors = tiny
-    # A K-quant tensor: 256-wide rows of 176-byte super-blocks.
+    # 256-wide rows of super-blocks, as i-quant and low K-quant files hold them.
     tensors = [t if t[0] != "blk.0.ffn_down.weight"
-               else (t[0], Q5_K, (64, 256), bytes(64 * 176)) for t in tensors]
+               else (t[0], gtype, (64, 256), bytes(64 * block_bytes)) for t in tensors]
     path = write_gguf(tmp_path / "model.gguf", gguf_metadata(config), tensors)
     with pytest.raises(UnsupportedModel) as e:
         import_gguf(path, tmp_path / "models")
-    assert str(e.value).startswith("model.gguf uses quantization Q5_K for blk.0.ffn_down.weight")
-    assert "F32, F16, BF16, Q4_0, Q4_1, Q8_0" in str(e.value)
+    assert str(e.value).startswith(f"model.gguf uses quantization {name} for "
+                                   f"blk.0.ffn_down.weight")
+    assert "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K" in str(e.value)
+    _assert_nothing_written(tmp_path / "models")
+
+
+def test_tensor_of_the_wrong_shape_is_refused_before_the_folder_appears(
+        tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    # Valid Q4_K blocks, but a row length (256) the header's 128-wide MLP doesn't have.
+    tensors = [t if t[0] != "blk.0.ffn_down.weight"
+               else (t[0], Q4_K, (64, 256), bytes(64 * 144)) for t in tensors]
+    path = write_gguf(tmp_path / "model.gguf", gguf_metadata(config), tensors)
+    with pytest.raises(CorruptModel, match="model.gguf does not form a model mlx-lm can load"):
+        import_gguf(path, tmp_path / "models")
     _assert_nothing_written(tmp_path / "models")
 
 
@@ -49,13 +65,24 @@ def test_unknown_ggml_type_id_is_refused(tmp_path: Path, tiny: tuple) -> None:
         import_gguf(path, tmp_path / "models")
 
 
-def test_unsupported_architecture_is_named(tmp_path: Path, tiny: tuple) -> None:
+@pytest.mark.parametrize("arch", ["falcon", "deepseek2", "gemma2"])
+def test_unsupported_architecture_is_named(tmp_path: Path, tiny: tuple, arch: str) -> None:
     config, tensors = tiny
-    meta = gguf_metadata(config) | {"general.architecture": "gemma3"}
+    meta = gguf_metadata(config) | {"general.architecture": arch}
     path = write_gguf(tmp_path / "g.gguf", meta, tensors)
-    with pytest.raises(UnsupportedModel, match="g.gguf is a gemma3 model; .*llama, mistral, qwen2"):
+    with pytest.raises(UnsupportedModel, match=f"g.gguf is a {arch} model; .*llama, mistral, "
+                                               f"qwen2, qwen3, qwen3moe, gemma3, phi3"):
         import_gguf(path, tmp_path / "models")
     _assert_nothing_written(tmp_path / "models")
+
+
+def test_moe_layer_without_experts_or_mlp_is_corrupt(tmp_path: Path) -> None:
+    config = tiny_config("qwen3_moe")
+    tensors, _ = tiny_gguf_tensors(config, tiny_hf_weights(config))
+    tensors = [t for t in tensors if not t[0].startswith("blk.1.ffn_gate_exps")]
+    path = write_gguf(tmp_path / "moe.gguf", gguf_metadata(config), tensors)
+    with pytest.raises(CorruptModel, match=r"moe.gguf lacks .* blk.1.ffn_gate_exps.weight \(1 mis"):
+        import_gguf(path, tmp_path / "models")
 
 
 def test_extra_tensor_of_another_variant_is_refused(tmp_path: Path, tiny: tuple) -> None:

@@ -1,0 +1,206 @@
+"""What every protocol adapter shares: reading and checking a body, pydantic errors as a 400
+naming the field, finding the worker (or the node that serves the model) and starting one
+generation, whose typed events each adapter renders in its own shape."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, TypeVar
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from engine import protocol as wire
+from engine.errors import BadRequest, PeerUnreachable, ShoalError, WorkerFailed
+
+M = TypeVar("M", bound=BaseModel)
+MAX_DEPTH = 64  # deeper JSON is no request any client sends; refuse it before recursing
+_UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        p = str(part)
+        if p.lower() in _UNION_TAGS or "[" in p or "-" in p or p.startswith("tagged"):
+            break  # pydantic's name for a union member, not a field
+        out += f".{p}" if out else p
+    return out
+
+
+def _walk(v: Any, path: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise BadRequest(f"The request nests deeper than {MAX_DEPTH} levels at '{path}'.",
+                         param=path or None)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise BadRequest(f"'{path}' must be a finite number, got {v}.", param=path or None)
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _walk(x, f"{path}.{k}" if path else str(k), depth + 1)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _walk(x, f"{path}[{i}]", depth + 1)
+
+
+def check_body(body: Any) -> Any:
+    """NaN and infinities anywhere are a 400 naming the field, as is absurd nesting."""
+    _walk(body, "", 0)
+    return body
+
+
+async def read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        body = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"The request body is not valid JSON: {e}.") from None
+    except RecursionError:
+        raise BadRequest(f"The request nests deeper than {MAX_DEPTH} levels.") from None
+    return check_body(body)
+
+
+def parse(model: type[M], body: Any) -> M:
+    """The body as `model`, or a BadRequest naming the first field that is wrong."""
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = _path(tuple(err["loc"]))
+        if err["type"] == "extra_forbidden":
+            msg = f"'{param}' is not a parameter Shoal understands; remove it"
+        elif err["type"] == "missing":
+            msg = f"'{param}' is required"
+        else:
+            msg = f"'{param}': {err['msg']}"
+            if "input" in err and not isinstance(err["input"], (dict, list)):
+                msg += f" (got {err['input']!r})"
+        raise BadRequest(msg + ".", param=param or None) from None
+
+
+def error_of(ev: wire.Error) -> ShoalError:
+    e = ShoalError(ev.message, param=ev.param, code=ev.code)
+    e.status = int(ev.status or 500)
+    if e.status < 500:
+        e.type = "invalid_request_error"
+    return e
+
+
+async def relay(request: web.Request, model: str | None, body: Any) -> web.StreamResponse | None:
+    """When another node owns the distributed instance serving `model`, pass the request on
+    unchanged and stream its answer back byte for byte; None when this node serves it."""
+    node, cluster = request.app["node"], request.app.get("cluster")
+    w = node.worker
+    if not model or cluster is None or (w is not None and w.alive and w.model_id == model):
+        return None
+    owner = cluster.owner_of(model)
+    if owner is None:
+        return None
+    peers = cluster.peers
+    raw = json.dumps(body).encode()
+    try:
+        async with peers.session.post(
+                owner + request.path, data=raw,
+                headers={"Content-Type": "application/json",
+                         **peers.sign("POST", request.path, raw)},
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as up:
+            resp = web.StreamResponse(status=up.status, headers={
+                "Content-Type": up.headers.get("Content-Type", "application/json")})
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+    except aiohttp.ClientError as e:
+        raise PeerUnreachable(f"The node serving this model ({owner}) did not answer: "
+                              f"{e}") from None
+
+
+@dataclass
+class Answer:
+    """Everything a finished generation said, for the non-streaming renderings."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[wire.ToolCall] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    done: wire.Done | None = None
+
+    def add(self, ev: wire.Event) -> None:
+        if isinstance(ev, wire.Delta):
+            if ev.kind == "reasoning":
+                self.reasoning += ev.text
+            else:
+                self.content += ev.text
+        elif isinstance(ev, wire.ToolCall):
+            self.tool_calls.append(ev)
+        elif isinstance(ev, wire.Done):
+            self.done = ev
+        if isinstance(ev, (wire.Delta, wire.Done)) and ev.logprobs:
+            self.logprobs += ev.logprobs
+
+
+@dataclass
+class Generation:
+    model: str
+    accepted: wire.Accepted
+    events: AsyncIterator[wire.Event]
+    t0: float
+
+    async def answer(self) -> Answer:
+        a = Answer()
+        async for ev in self.events:
+            if isinstance(ev, wire.Error):
+                raise error_of(ev)
+            a.add(ev)
+        if a.done is None:
+            raise WorkerFailed("The worker stopped without finishing the answer.")
+        return a
+
+
+@contextlib.asynccontextmanager
+async def generation(request: web.Request, model: str | None,
+                     req: wire.GenerateRequest) -> AsyncIterator[Generation]:
+    """Start `req` on this node's worker for `model`; errors before the first token are
+    raised (so they become a proper HTTP error), later ones arrive as Error events."""
+    node = request.app["node"]
+    worker = await node.ensure_loaded(model)
+    t0 = time.perf_counter()
+    async with worker.generate(req, node.on_turn) as events:
+        first = await anext(events)
+        if isinstance(first, wire.Error):
+            raise error_of(first)
+        if not isinstance(first, wire.Accepted):
+            raise WorkerFailed(f"The worker answered {first.tag} before accepting.")
+        yield Generation(worker.model_id, first, events, t0)
+
+
+def speed(done: wire.Done, ttft: float | None) -> dict[str, float]:
+    return {"ttft_s": round(ttft or 0.0, 4), "prompt_tps": round(done.prompt_tps, 2),
+            "generation_tps": round(done.generation_tps, 2),
+            "peak_memory_gb": round(done.peak_memory_gb, 3)}
+
+
+async def sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp
+
+
+def tool_arguments(text: str, where: str) -> Any:
+    """An OpenAI tool call's arguments (a JSON string) as the object templates expect."""
+    try:
+        return json.loads(text) if text.strip() else {}
+    except ValueError:
+        raise BadRequest(f"'{where}' must be a JSON object encoded as a string.",
+                         param=where) from None

@@ -1,0 +1,149 @@
+"""Ollama's wire schemas (pydantic) for /api/chat and /api/generate, and their mapping onto
+one GenerateRequest. Runtime hints that only tune llama.cpp (num_thread, num_gpu, ...) are
+accepted; sampling Shoal can't do (mirostat, typical_p, tfs_z) is refused naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field
+
+from engine import protocol as wire
+from engine.api.openai_schemas import Loose, Strict
+from engine.errors import BadRequest
+
+
+class Options(Strict):
+    num_predict: int | None = Field(None, ge=-2, le=1_000_000)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = None
+    stop: list[str] | None = Field(None, max_length=16)
+    # llama.cpp runtime hints: the context and threads here are MLX's own
+    num_ctx: int | None = Field(None, ge=1)
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+    num_thread: int | None = None
+    num_keep: int | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    numa: bool | None = None
+    low_vram: bool | None = None
+
+
+class ToolCallFn(Loose):
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class ToolCallIn(Loose):
+    function: ToolCallFn
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    thinking: str | None = None
+    images: list[Any] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_name: str | None = None
+
+
+class Common(Strict):
+    model: str = Field(min_length=1)
+    stream: bool = True  # Ollama streams unless told not to
+    format: Literal["json"] | dict[str, Any] | Literal[""] | None = None
+    options: Options | None = None
+    keep_alive: float | str | None = None
+    think: bool | Literal["low", "medium", "high"] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class ChatRequest(Common):
+    messages: list[ChatMessage] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateRequest(Common):
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    raw: bool = False
+    images: list[Any] | None = None
+    context: list[int] | None = None
+
+
+def sampling(body: Common, ctx_hint: int | None = None) -> dict[str, Any]:
+    o = body.options or Options()
+    s: dict[str, Any] = {
+        "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "min_p": o.min_p,
+        "repetition_penalty": o.repeat_penalty, "presence_penalty": o.presence_penalty,
+        "frequency_penalty": o.frequency_penalty, "seed": o.seed, "stop": o.stop}
+    if o.num_predict is not None and o.num_predict > 0:  # -1, -2: up to the context
+        s["max_tokens"] = o.num_predict
+    if body.format == "json":
+        s["constraint"] = {"json_schema": {"type": "object"}}
+    elif isinstance(body.format, dict):
+        s["constraint"] = {"json_schema": body.format}
+    if body.logprobs:
+        s["logprobs"] = body.top_logprobs or 0
+    elif body.top_logprobs is not None:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+    return {k: v for k, v in s.items() if v is not None}
+
+
+def _no_images(images: list[Any] | None, where: str) -> None:
+    if images:
+        raise BadRequest(f"'{where}': this model takes text only.", param=where)
+
+
+def chat_request(body: ChatRequest) -> wire.GenerateRequest:
+    msgs = []
+    for i, m in enumerate(body.messages):
+        _no_images(m.images, f"messages[{i}].images")
+        d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.tool_calls:
+            d["tool_calls"] = [{"type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.arguments
+                if isinstance(c.function.arguments, dict) else json.loads(
+                    c.function.arguments or "{}")}} for c in m.tool_calls]
+        if m.thinking:
+            d["reasoning_content"] = m.thinking
+        if m.tool_name:
+            d["name"] = m.tool_name
+        msgs.append(d)
+    for i, t in enumerate(body.tools or []):
+        f = t.get("function") if isinstance(t, dict) else None
+        if t.get("type", "function") != "function" or not isinstance(f, dict) \
+                or not isinstance(f.get("name"), str):
+            raise BadRequest(f"'tools[{i}]' must be {{type: function, function: {{name, "
+                             "description, parameters}}}}.", param=f"tools[{i}]")
+    think = None if body.think is None else bool(body.think)
+    return wire.GenerateRequest(messages=msgs, tools=body.tools or None, thinking=think,
+                                sampling=sampling(body))
+
+
+def generate_request(body: GenerateRequest) -> wire.GenerateRequest:
+    _no_images(body.images, "images")
+    for name in ("suffix", "template", "context"):
+        if getattr(body, name):
+            raise BadRequest(f"'{name}' is not supported: send the whole prompt (raw) or "
+                             "use /api/chat.", param=name)
+    think = None if body.think is None else bool(body.think)
+    if body.raw:
+        return wire.GenerateRequest(prompt=body.prompt, sampling=sampling(body))
+    msgs = ([{"role": "system", "content": body.system}] if body.system else []) + \
+        [{"role": "user", "content": body.prompt}]
+    return wire.GenerateRequest(messages=msgs, thinking=think, sampling=sampling(body))
+
+
+DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "cancelled": "stop"}

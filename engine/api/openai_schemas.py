@@ -1,0 +1,180 @@
+"""OpenAI's wire schemas (chat completions and completions) as pydantic models, and the
+sampling fields every protocol maps onto. Unknown fields are refused, not dropped: each one a
+client may send is either honoured here or listed as harmless (metadata, user, store)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.errors import BadRequest
+
+MAX_TOKENS_LIMIT = 1_000_000  # beyond any context window: a typo, not a request
+Number = float
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Loose(BaseModel):
+    """For nested objects whose extra fields only describe (names, ids)."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class SamplingFields(Strict):
+    temperature: Number | None = Field(None, ge=0.0, le=2.0)
+    top_p: Number | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=1_000_000)
+    min_p: Number | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: Number | None = Field(None, gt=0.0, le=10.0)
+    presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, Number] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > 16:
+            raise ValueError("at most 16 stop strings")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k, b in (v or {}).items():
+            if not k.isdigit():
+                raise ValueError(f"keys are token ids, got {k!r}")
+            if not -100 <= b <= 100:
+                raise ValueError(f"biases are between -100 and 100, got {b}")
+        return v
+
+    def sampling(self, max_tokens: int | None) -> dict[str, Any]:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        s = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+             "top_k": self.top_k, "min_p": self.min_p,
+             "repetition_penalty": self.repetition_penalty,
+             "presence_penalty": self.presence_penalty,
+             "frequency_penalty": self.frequency_penalty, "seed": self.seed, "stop": stop,
+             "logit_bias": self.logit_bias}
+        return {k: v for k, v in s.items() if v is not None}
+
+
+class FunctionDef(Strict):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedChoice(Strict):
+    class Fn(Strict):
+        name: str
+
+    type: Literal["function"]
+    function: Fn
+
+
+class FunctionCall(Loose):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(Loose):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Part(Loose):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[Part] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    refusal: str | None = None
+
+
+class JsonSchemaSpec(Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    model: str | None = Field(None, min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Harmless: bookkeeping a local server has no use for.
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+
+def constraint_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """The grammar constraint for a response_format (None for text)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"json_schema": {"type": "object"}}
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise BadRequest("'response_format.json_schema.schema' is required for json_schema.",
+                         param="response_format.json_schema.schema")
+    return {"json_schema": fmt.json_schema.schema_}
+
+
+def choose_tool(tools: list[Tool] | None, choice: Any) -> str | dict[str, str]:
+    """tool_choice as the worker takes it: auto | none | required | {"name": ...}."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, NamedChoice):
+        names = [t.function.name for t in tools or []]
+        if choice.function.name not in names:
+            raise BadRequest(f"'tool_choice' names {choice.function.name!r}, which is not "
+                             f"among the tools ({', '.join(names) or 'none given'}).",
+                             param="tool_choice")
+        return {"name": choice.function.name}
+    if choice in ("required",) and not tools:
+        raise BadRequest("'tool_choice' is 'required' but no tools were given.",
+                         param="tool_choice")
+    return str(choice)

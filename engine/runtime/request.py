@@ -1,0 +1,152 @@
+"""One generation request in the worker: the prompt (chat template with tools, or raw), the
+sampling, and the record stream turned into typed events (content, reasoning, tool calls).
+
+This runs on rank 0 of a group exactly as in one process: `gen` is either generator.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Callable, Iterator
+
+from engine.errors import BadRequest, ContextTooLong
+from engine.protocol import Accepted, Delta, Done, GenerateRequest, Message, ToolCall
+from engine.runtime.generate import Sampling
+from engine.runtime.toolcalls import (GENERIC_END, GENERIC_PROMPT, GENERIC_START,
+                                      OutputSplitter, generic_parse)
+
+
+def _tool_schema(tools: list[dict[str, Any]], choice: str | dict[str, Any]) -> dict[str, Any]:
+    """JSON schema of one call in the generic form, for tool_choice required or named."""
+    def one(t: dict[str, Any]) -> dict[str, Any]:
+        f = t["function"]
+        return {"type": "object", "required": ["name", "arguments"],
+                "additionalProperties": False,
+                "properties": {"name": {"const": f["name"]},
+                               "arguments": f.get("parameters") or {"type": "object"}}}
+    if isinstance(choice, dict):
+        return one(next(t for t in tools if t["function"]["name"] == choice["name"]))
+    return {"anyOf": [one(t) for t in tools]}
+
+
+def _messages(req: GenerateRequest, generic: bool) -> list[dict[str, Any]]:
+    msgs = list(req.messages or [])
+    if generic and req.tools:
+        text = GENERIC_PROMPT.format(tools="\n".join(json.dumps(t["function"])
+                                                     for t in req.tools))
+        if msgs and msgs[0].get("role") == "system":
+            msgs[0] = {**msgs[0], "content": f"{msgs[0].get('content') or ''}\n\n{text}"}
+        else:
+            msgs.insert(0, {"role": "system", "content": text})
+        # Earlier calls and results, in the same generic form.
+        msgs = [_generic_history(m) for m in msgs]
+    return msgs
+
+
+def _generic_history(m: dict[str, Any]) -> dict[str, Any]:
+    if m.get("role") == "assistant" and m.get("tool_calls"):
+        calls = "".join(f"{GENERIC_START}{json.dumps(c['function'])}{GENERIC_END}"
+                        for c in m["tool_calls"])
+        return {"role": "assistant", "content": (m.get("content") or "") + calls}
+    if m.get("role") == "tool":
+        return {"role": "user", "content": f"Tool result: {m.get('content') or ''}"}
+    return m
+
+
+def prepare(tokenizer: Any, req: GenerateRequest) -> tuple[list[int], str, OutputSplitter,
+                                                           dict[str, Any] | None]:
+    """(prompt tokens, prompt text, splitter, constraint) for a request."""
+    tools = req.tools if req.tools and req.tool_choice != "none" else None
+    native = bool(tools) and bool(getattr(tokenizer, "has_tool_calling", False))
+    forced = tools is not None and req.tool_choice != "auto"
+    constraint = None
+    if req.messages is None:  # a raw prompt: no template, no markers
+        prompt = req.prompt if isinstance(req.prompt, list) else \
+            list(tokenizer.encode(req.prompt or ""))
+        text = req.prompt if isinstance(req.prompt, str) else tokenizer.decode(prompt)
+        return prompt, text, OutputSplitter(), None
+    msgs = _messages(req, generic=bool(tools) and not native)
+    kwargs: dict[str, Any] = {"tools": tools} if native else {}
+    if req.thinking is not None:
+        kwargs["enable_thinking"] = req.thinking
+    if getattr(tokenizer, "has_chat_template", False):
+        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                             tokenize=False, **kwargs)
+        prompt = list(tokenizer.encode(text, add_special_tokens=False))
+    else:  # no template: plain "role: content" lines, the least surprising fallback
+        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in msgs) + "assistant: "
+        prompt = list(tokenizer.encode(text))
+    think = None
+    if getattr(tokenizer, "has_thinking", False) and not forced:
+        think = (tokenizer.think_start, tokenizer.think_end)
+    reasoning_first = think is not None and text.rfind(think[0]) > text.rfind(think[1])
+    markers = None
+    if forced:  # the whole answer is one call in the generic form, enforced by a grammar
+        assert tools is not None
+        constraint = {"json_schema": _tool_schema(tools, req.tool_choice)}
+        markers = ("", "", generic_parse)
+    elif tools and native:
+        markers = (tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser)
+    elif tools:
+        markers = (GENERIC_START, GENERIC_END, generic_parse)
+    splitter = OutputSplitter(think=think, tools=markers, tool_specs=tools,
+                              reasoning_first=reasoning_first, tool_first=forced)
+    return prompt, text, splitter, constraint
+
+
+def _entry(tokenizer: Any, token: int, logprob: float,
+           top: tuple[tuple[int, float], ...]) -> dict[str, Any]:
+    def one(t: int, lp: float) -> dict[str, Any]:
+        s = tokenizer.decode([t])
+        return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+    return {**one(token, logprob), "top_logprobs": [one(t, lp) for t, lp in top]}
+
+
+def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int,
+        gen: Callable[..., Iterator[Any]], cancel: threading.Event,
+        emit: Callable[[Message], None]) -> None:
+    """Serve one request, emitting Accepted, Delta/ToolCall…, Done (or raising ShoalError)."""
+    prompt, text, splitter, constraint = prepare(tokenizer, req)
+    if len(prompt) >= ctx_len:
+        raise ContextTooLong(
+            f"The prompt is {len(prompt)} tokens; this model's context is {ctx_len} tokens. "
+            "Shorten the conversation or start a new one.", param="messages")
+    vocab = int(getattr(tokenizer, "vocab_size", 0) or 0) or len(tokenizer)
+    if isinstance(req.prompt, list) and any(not 0 <= t < max(vocab, len(tokenizer))
+                                            for t in prompt):
+        raise BadRequest("'prompt' holds token ids outside the vocabulary.", param="prompt")
+    emit(Accepted(rid, len(prompt), text if req.messages is None else None))
+    if req.count_only:
+        emit(Done(rid, "stop", len(prompt), 0))
+        return
+    s = dict(req.sampling)
+    if s.get("constraint") and constraint:
+        raise BadRequest("A forced tool call and a response_format can't be combined.",
+                         param="response_format")
+    s["constraint"] = s.get("constraint") or constraint
+    s["max_tokens"] = min(int(s.get("max_tokens") or ctx_len), ctx_len - len(prompt))
+    s["stop"] = tuple(s.get("stop") or ())
+    s["logit_bias"] = tuple((int(k), float(v)) for k, v in (s.get("logit_bias") or {}).items())
+    sampling = Sampling(**s)
+    lps: list[dict[str, Any]] = []
+    for r in gen(model, tokenizer, prompt, sampling, cancel):
+        if r.logprob is not None and r.token is not None:
+            lps.append(_entry(tokenizer, r.token, r.logprob, r.top_logprobs))
+        pieces = splitter.feed(r.text)
+        if r.finish_reason is not None:
+            pieces += splitter.finish()
+        for kind, value in pieces:
+            if kind == "tool":
+                emit(ToolCall(rid, value.id, value.name, value.arguments))
+            else:
+                emit(Delta(rid, value, kind, lps or None))
+                lps = []
+        if r.finish_reason is not None:
+            finish = r.finish_reason
+            if splitter.made_calls and finish == "stop":
+                finish = "tool_calls"
+            emit(Done(rid, finish, r.prompt_tokens, r.generation_tokens, r.prompt_tps,
+                      r.generation_tps, r.peak_memory_gb, lps or None,
+                      getattr(r, "stop_sequence", None)))
+            return

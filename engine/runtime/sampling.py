@@ -1,0 +1,55 @@
+"""Sampling for one request: mlx-lm's sampler and logits processors, seeded as asked, plus
+the request's output constraint (a grammar) and logit bias, and the log-probabilities the
+client asked for.
+
+One place for both paths: the one-process worker and rank 0 of a group sample with this.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.runtime.generate import Sampling
+
+
+def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[Any]]:
+    """mlx-lm's sampler and logits processors for a request. A constraint needs the
+    tokenizer (the grammar is matched against its vocabulary)."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    if sampling.seed is not None:
+        mx.random.seed(sampling.seed % (2**63))
+    sampler = make_sampler(temp=sampling.temperature, top_p=sampling.top_p,
+                           min_p=sampling.min_p, top_k=sampling.top_k)
+    bias = {int(k): float(v) for k, v in sampling.logit_bias} or None
+    processors = make_logits_processors(logit_bias=bias,
+                                        repetition_penalty=sampling.repetition_penalty,
+                                        presence_penalty=sampling.presence_penalty,
+                                        frequency_penalty=sampling.frequency_penalty)
+    if sampling.constraint is not None:
+        if tokenizer is None:
+            raise ValueError("an output constraint needs the tokenizer")
+        from engine.runtime.grammar import GrammarProcessor
+        processors.append(GrammarProcessor(sampling.constraint, tokenizer))
+    return sampler, processors
+
+
+def token_logprobs(logprobs: Any, token: int, top: int | None
+                   ) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+    """The sampled token's log-probability and the `top` most likely (token, logprob)
+    pairs from one step's log-softmax vector; (None, ()) when not asked for."""
+    if top is None:
+        return None, ()
+    import mlx.core as mx
+
+    lp = logprobs.reshape(-1)
+    chosen = float(lp[token].item())
+    if top <= 0:
+        return chosen, ()
+    ids = mx.argpartition(-lp, kth=top - 1)[:top]
+    vals = lp[ids]
+    order = mx.argsort(-vals)
+    top_ids: list[Any] = ids[order].tolist()  # type: ignore[assignment]
+    top_vals: list[Any] = vals[order].tolist()  # type: ignore[assignment]
+    return chosen, tuple((int(i), float(v)) for i, v in zip(top_ids, top_vals))
