@@ -33,12 +33,12 @@ STATS = re.compile(r"rank (\d+) request stats: steps=(\d+) total_ms=([\d.]+) "
 def timed_round(w: Worker, rid: str, n: int) -> dict:
     """Decode tokens/s as a client sees it: tokens after the first over the time after it."""
     t0 = time.perf_counter()
-    w.send({"op": "generate", "id": rid, "messages": PROMPT,
-            "sampling": {"max_tokens": n, "temperature": 0}})
+    w.send({"op": "generate", "id": rid, "request": {
+        "messages": PROMPT, "sampling": {"max_tokens": n, "temperature": 0}}})
     stamps = []
     while True:
         ev = w.expect(lambda e: e.get("id") == rid, 600)
-        if ev["ev"] in ("token", "done"):
+        if ev["ev"] in ("delta", "done"):
             stamps.append(time.perf_counter())
         if ev["ev"] in ("done", "error"):
             break
@@ -142,7 +142,8 @@ def main() -> None:
     print("| rank | layers | compute ms/step | MLX send+recv ms/step | asleep on doorbell "
           "ms/step | bytes read | of weights | peak RSS |")
     print("|---|---|---|---|---|---|---|---|")
-    for r, ev in enumerate(ready):
+    for r, ready_ev in enumerate(ready):
+        ev = ready_ev.get("extra", ready_ev)  # a rank's load report
         st = stats[r]  # the timed rounds
         c, m, w = (statistics.median(s[i] for s in st) for i in (1, 2, 3))
         print(f"| {r} | {ev['layers']} | {c:.2f} | {m:.3f} | {w:.2f} | "
