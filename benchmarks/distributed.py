@@ -33,12 +33,12 @@ STATS = re.compile(r"rank (\d+) request stats: steps=(\d+) total_ms=([\d.]+) "
 def timed_round(w: Worker, rid: str, n: int) -> dict:
     """Decode tokens/s as a client sees it: tokens after the first over the time after it."""
     t0 = time.perf_counter()
-    w.send({"op": "generate", "id": rid, "messages": PROMPT,
-            "sampling": {"max_tokens": n, "temperature": 0}})
+    w.send({"op": "generate", "id": rid, "request": {
+        "messages": PROMPT, "sampling": {"max_tokens": n, "temperature": 0}}})
     stamps = []
     while True:
         ev = w.expect(lambda e: e.get("id") == rid, 600)
-        if ev["ev"] in ("token", "done"):
+        if ev["ev"] in ("delta", "done"):
             stamps.append(time.perf_counter())
         if ev["ev"] in ("done", "error"):
             break
@@ -52,7 +52,14 @@ def make_model(kind: str, tmp: Path) -> Path:
     if kind == "smollm2":
         from engine.hub.bundled import ensure_default_model
         return ensure_default_model(tmp / "models")
-    from tiny import LLAMA, make_tiny_model
+    from tiny import LLAMA, QWEN3, make_tiny_model
+    if kind == "wide-moe":  # Qwen3-MoE shape: 16 experts, 2 routed per token
+        return make_tiny_model(tmp / "wide-moe", {**QWEN3, "model_type": "qwen3_moe"},
+                               hidden_size=1024, num_attention_heads=16,
+                               num_key_value_heads=4, head_dim=64, num_hidden_layers=8,
+                               num_experts=16, num_experts_per_tok=2, decoder_sparse_step=1,
+                               mlp_only_layers=[], moe_intermediate_size=1024,
+                               norm_topk_prob=True)
     if kind == "tiny-llama":  # the tests' model: a token costs well under a millisecond
         return make_tiny_model(tmp / "tiny-llama", LLAMA, num_hidden_layers=6)
     # the tests' architecture made big enough for a token to cost tens of milliseconds
@@ -78,7 +85,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--model", choices=("smollm2", "wide-llama", "tiny-llama"), default="smollm2")
+    p.add_argument("--model", choices=("smollm2", "wide-llama", "wide-moe", "tiny-llama"), default="smollm2")
     p.add_argument("--split", type=int, default=0, help="first layer of rank 1 (0: half)")
     p.add_argument("--strategy", choices=("pipeline", "tensor"), default="pipeline")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
@@ -135,7 +142,8 @@ def main() -> None:
     print("| rank | layers | compute ms/step | MLX send+recv ms/step | asleep on doorbell "
           "ms/step | bytes read | of weights | peak RSS |")
     print("|---|---|---|---|---|---|---|---|")
-    for r, ev in enumerate(ready):
+    for r, ready_ev in enumerate(ready):
+        ev = ready_ev.get("extra", ready_ev)  # a rank's load report
         st = stats[r]  # the timed rounds
         c, m, w = (statistics.median(s[i] for s in st) for i in (1, 2, 3))
         print(f"| {r} | {ev['layers']} | {c:.2f} | {m:.3f} | {w:.2f} | "

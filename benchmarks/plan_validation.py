@@ -90,7 +90,7 @@ def predicted(folder: Path, split: int, bw: float, flops: float, hop: tuple[floa
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", nargs="+", default=["smollm2", "wide-llama"])
+    ap.add_argument("--model", nargs="+", default=["smollm2", "wide-llama", "wide-moe"])
     a = ap.parse_args()
     from benchmarks_distributed import make_model  # type: ignore[import-not-found]
     from engine.runtime.cpu import worker_env

@@ -99,7 +99,8 @@ def make_family_model(folder: Path, family: str, seed: int = 0) -> Path:
     from tiny import SPECIALS, write_byte_tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = write_byte_tokenizer(folder)
+    tokens = write_byte_tokenizer(folder)
+    vocab = -(-tokens // 8) * 8  # padded, as real checkpoints are, so heads split evenly
     config = json.loads(json.dumps(FAMILIES[family]))
     config["vocab_size"] = vocab
     if "text_config" in config:
@@ -110,9 +111,10 @@ def make_family_model(folder: Path, family: str, seed: int = 0) -> Path:
     weights = dict(tree_flatten(model.parameters()))
     head = next((k for k in weights if k.endswith("lm_head.weight")), None) or \
         next(k for k in weights if k.endswith("embed_tokens.weight"))
-    eos = SPECIALS.index("<|im_end|>") + vocab - len(SPECIALS)
-    w = weights[head]
-    weights[head] = w * (mx.arange(w.shape[0]) != eos)[:, None]
+    eos = SPECIALS.index("<|im_end|>") + tokens - len(SPECIALS)
+    w = weights[head]  # the padding rows' logits are 0 too: never sampled
+    rows = mx.arange(w.shape[0])
+    weights[head] = w * ((rows != eos) & (rows < tokens))[:, None]
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder

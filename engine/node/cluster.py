@@ -27,8 +27,9 @@ from engine.node.service import Node
 from engine.node.state import Loading
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
+from engine.placement.families import strategy_refusal
 from engine.placement.validate import (STRATEGIES, ModelShape, PlacementError, check_pipeline,
-                                       check_tensor)
+                                       check_strategy, check_tensor)
 
 log = logging.getLogger(__name__)
 BACKENDS = ("ring", "jaccl", "jaccl-ring")
@@ -79,16 +80,10 @@ def model_shape(config: dict[str, Any]) -> tuple[ModelShape, str]:
     mtype = str(config.get("model_type", "?"))
     return ModelShape(layers=int(cfg.get("num_hidden_layers", 0)), heads=heads,
                       kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                      has_shard=_has_shard(mtype)), mtype
-
-
-def _has_shard(model_type: str) -> bool:
-    import importlib
-    try:
-        mod = importlib.import_module(f"mlx_lm.models.{model_type}")
-    except ImportError:
-        return False
-    return hasattr(getattr(mod, "Model", None), "shard")
+                      has_shard=strategy_refusal(mtype, "tensor") is None,
+                      vocab=int(cfg.get("vocab_size") or 0),
+                      tied=bool(cfg.get("tie_word_embeddings",
+                                        config.get("tie_word_embeddings", False)))), mtype
 
 
 class Cluster:
@@ -154,9 +149,13 @@ class Cluster:
         rdma = self._rdma_matrix(ranks, backend) if backend != "ring" else None
         shape, mtype = model_shape(json.loads((path / "config.json").read_text()))
         try:
+            check_strategy(mtype, strategy)  # the same rule as the planner's
             if strategy == "pipeline":
                 check_pipeline([r["layers"] for r in ranks], shape.layers)
             else:
+                if any(r["layers"] not in (None, [0, shape.layers]) for r in ranks):
+                    raise PlacementError(f"tensor ranks hold a slice of every layer: leave "
+                                         f"out 'layers' (or give [0, {shape.layers}])")
                 check_tensor(shape, len(ranks), mtype)
         except PlacementError as e:
             raise BadRequest(f"This placement can't run: {e}.", param="nodes") from None
@@ -309,7 +308,8 @@ class Cluster:
                     f"{got[0]['host']}:{got[0]['ports'][0]}"} if inst.devices else {}),
                 "hosts": [f"{p['host']}:{p['ports'][0]}" for p in got],
                 "bells": [f"{p['host']}:{p['ports'][1]}" for p in got],
-                "layers": [r["layers"] for r in inst.ranks],
+                "layers": [r["layers"] for r in inst.ranks]
+                if inst.strategy == "pipeline" else [],
                 # one token or one 2048-token prefill chunk round the whole group
                 "timeout_s": 120}
         # 2. start every rank at once (MLX's init needs them all)

@@ -25,7 +25,7 @@ from engine.placement.tables import DEFAULT, Assumptions, kv_tokens, table
 class Stage:
     node: NodeSpec
     layers: tuple[int, int]
-    last: bool  # holds the output head
+    head: bool  # runs the output head (rank 0 of a pipeline)
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,13 @@ def _rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bool, toke
 def pipeline_step_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
                     tokens: int, position: int, a: Assumptions = DEFAULT) -> float:
     """Stages one after another, `ring[i]` joining stage i to i+1 (the last one brings
-    the token back to rank 0)."""
+    the last position's hidden state back to rank 0, which runs the head)."""
     r = _Rates(model, position)
-    total = sum(_rank_s(r, st.node, st.layers, st.last, tokens, 1, a) for st in stages)
+    total = sum(_rank_s(r, st.node, st.layers, st.head, tokens, 1, a) for st in stages)
     if len(stages) > 1:
         act = tokens * model.hidden * a.act_bytes
         total += sum(hop_s(link, act) for link in ring[:len(stages) - 1])
-        total += hop_s(ring[len(stages) - 1], 4)  # the sampled token id
+        total += hop_s(ring[len(stages) - 1], model.hidden * a.act_bytes)
     return total
 
 

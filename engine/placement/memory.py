@@ -70,8 +70,9 @@ class Sizer:
 
     def pipeline(self, node: NodeSpec, layers: tuple[int, int], first: bool,
                  last: bool) -> MemoryUse:
-        """A pipeline rank holding layers [s, e): the embeddings come with the first rank,
-        the output head with the last (a tied embedding matrix is held by both)."""
+        """A pipeline rank holding layers [s, e): the embeddings and the output head come
+        with the first rank, which runs the head for the last rank's output (`last` is
+        kept so callers read alike; it adds nothing)."""
         weights, kv = self._pipeline_parts(layers, first, last)
         return _use(weights, kv, self._act, node, self.a)
 
@@ -88,9 +89,7 @@ class Sizer:
         m = self.model
         params = self._t.weights[e] - self._t.weights[s]
         if first:
-            params += m.embed_params
-        if last and (not first or not m.tie_embeddings):
-            params += m.head_params
+            params += m.embed_params + (0 if m.tie_embeddings else m.head_params)
         return params * m.bytes_per_param, (self._kv[e] - self._kv[s]) * self._kv_bytes
 
     def tensor(self, node: NodeSpec, ranks: int) -> MemoryUse:

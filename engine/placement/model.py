@@ -11,16 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from engine.placement.families import strategy_refusal
 from engine.placement.validate import PlacementError
-
-# mlx-lm 0.32.2 families whose Model has shard() (tensor parallel), plus the names
-# mlx-lm remaps onto them (MODEL_REMAPPING). Checked against the installed package.
-TENSOR_FAMILIES = frozenset({
-    "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v41", "exaone_moe", "glm4_moe",
-    "glm4_moe_lite", "gpt_oss", "llama", "longcat_flash", "minimax", "ministral3",
-    "mistral4", "qwen2", "qwen3", "qwen3_5", "qwen3_moe", "step3p5", "kimi_k25", "kimi_k3",
-    "mistral", "kimi_k2", "joyai_llm_flash", "minimax_m2", "iquestcoder", "xverse",
-})
 
 # Bytes per parameter of the usual formats. MLX affine quantization stores a float16
 # scale and bias per group (4 bytes / group_size); mxfp formats one 8-bit scale per group.
@@ -233,7 +225,8 @@ class ModelSpec:
                    vocab=num("vocab_size"), bytes_per_param=bytes_per_param,
                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                    context=min(num("max_position_embeddings", default=32768), 32768),
-                   model_type=mtype, shardable=mtype in TENSOR_FAMILIES, **extra)
+                   model_type=mtype,
+                   shardable=strategy_refusal(mtype, "tensor") is None, **extra)
 
 
 def quantized_bytes_per_param(quant: Any, dtype: str = "bfloat16") -> float:

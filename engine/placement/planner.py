@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from engine.placement.cost import Prediction, Stage, predict
+from engine.placement.families import strategy_refusal
 from engine.placement.links import Topology, ring_links
 from engine.placement.memory import MemoryUse, Sizer, gb, refusal
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
@@ -144,6 +145,9 @@ def _build(model: ModelSpec, strategy: str, backend: str, order: Sequence[NodeSp
         strategy, backend = "single", "ring"
     ring = ring_links(topo, order, backend)
     warnings: list[str] = []
+    why = strategy_refusal(model.model_type, strategy) if model.model_type else None
+    if why:
+        raise PlacementError(why)
     if strategy == "tensor":
         _check_tensor(model, n)
         if ranges and any(list(r) != [0, model.layers] for r in ranges):
@@ -164,7 +168,7 @@ def _build(model: ModelSpec, strategy: str, backend: str, order: Sequence[NodeSp
     if over and not force:
         raise NotEnoughMemory("; ".join(over))
     warnings += [f"forced beyond the memory check: {m}" for m in over]
-    stages = [Stage(nd, r, i == n - 1) for i, (nd, r) in enumerate(zip(order, layers))]
+    stages = [Stage(nd, r, i == 0) for i, (nd, r) in enumerate(zip(order, layers))]
     ranks = tuple(Rank(nd.id, nd.name, r, u) for nd, r, u in zip(order, layers, uses))
     return Placement(model.name, strategy, backend, ranks, context,
                      predict(model, strategy, stages, ring, context, a),
@@ -172,7 +176,8 @@ def _build(model: ModelSpec, strategy: str, backend: str, order: Sequence[NodeSp
 
 
 def _check_tensor(model: ModelSpec, n: int) -> None:
-    check_tensor(ModelShape(model.layers, model.heads, model.kv_heads, model.shardable), n,
+    check_tensor(ModelShape(model.layers, model.heads, model.kv_heads, model.shardable,
+                            model.vocab, model.tie_embeddings), n,
                  model.model_type or model.name)
     for what, width in (("MLP width", model.intermediate if not model.experts or
                          model.dense_layers else 0),

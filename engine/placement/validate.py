@@ -24,6 +24,8 @@ class ModelShape:
     heads: int
     kv_heads: int
     has_shard: bool  # the mlx-lm class can split every layer (tensor parallel)
+    vocab: int = 0
+    tied: bool = True
 
 
 def check_pipeline(ranges: Sequence[Sequence[int]], layers: int) -> None:
@@ -48,13 +50,28 @@ def check_pipeline(ranges: Sequence[Sequence[int]], layers: int) -> None:
                              f"{layers})")
 
 
+def check_strategy(model_type: str, strategy: str) -> None:
+    """The family rule (engine/placement/families.py) as a PlacementError."""
+    from engine.placement.families import strategy_refusal
+
+    why = strategy_refusal(model_type, strategy)
+    if why:
+        raise PlacementError(why)
+
+
 def check_tensor(shape: ModelShape, ranks: int, model_type: str) -> None:
     if not shape.has_shard:
-        raise PlacementError(f"tensor parallel needs a model family that can be split; "
-                             f"'{model_type}' can't: use pipeline")
+        check_strategy(model_type, "tensor")
+        raise PlacementError(f"'{model_type}' can't be split for tensor parallel; use "
+                             "pipeline")
+    from engine.placement.families import VOCAB_SHARDED, resolve
+
     for name, n in (("attention heads", shape.heads), ("key/value heads", shape.kv_heads)):
         if n % ranks:
             raise PlacementError(f"the model's {n} {name} don't divide by {ranks} ranks")
+    if resolve(model_type) in VOCAB_SHARDED and not shape.tied and shape.vocab % ranks:
+        raise PlacementError(f"{model_type} splits its head by vocabulary: the "
+                             f"{shape.vocab} tokens don't divide by {ranks} ranks")
 
 
 def even_split(layers: int, ranks: int) -> list[list[int]]:

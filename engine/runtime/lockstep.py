@@ -203,22 +203,26 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
     Sampling happens here, on rank 0, as mlx-lm's generate_step does it."""
     import mlx.core as mx
 
-    from engine.runtime.sampling import make_sampling
+    from engine.runtime.sampling import make_sampling, token_logprobs
 
     detok = tokenizer.detokenizer
     eos = tokenizer.eos_token_ids
     stops = StopMatcher(sampling.stop)
-    sampler, processors = make_sampling(sampling)
+    sampler, processors = make_sampling(sampling, tokenizer)
     history = mx.array(prompt, dtype=mx.int32)
+    lp: tuple[float | None, tuple[tuple[int, float], ...]] = (None, ())
 
     def sample(logits: Any) -> int:
-        nonlocal history
+        nonlocal history, lp
         for p in processors:
             logits = p(history, logits)
-        y = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        y = sampler(logprobs)
         if processors:
             history = mx.concat([history, y.astype(mx.int32)])
-        return int(y.item())
+        token = int(y.item())
+        lp = token_logprobs(logprobs, token, sampling.logprobs)
+        return token
 
     tic = time.perf_counter()
     started = False
@@ -250,7 +254,8 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
                          prompt_tokens=len(prompt), generation_tokens=n + 1,
                          prompt_tps=prompt_tps,
                          generation_tps=(n + 1) / (time.perf_counter() - tic),
-                         peak_memory_gb=mx.get_peak_memory() / 1e9)
+                         peak_memory_gb=mx.get_peak_memory() / 1e9, logprob=lp[0],
+                         top_logprobs=lp[1], stop_sequence=stops.matched if hit else None)
             if finish is not None:
                 return
             token = sample(runner.next(token))

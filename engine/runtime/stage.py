@@ -222,15 +222,15 @@ class Stage:
             tokens, self.ctl.inject = mx.zeros(x.shape[:2], mx.int32), x
         try:
             self.model(tokens, cache=cache)
-        except Captured as c:
-            out = c.h
+        except Captured as done:
+            out = done.h
         else:
             raise RuntimeError("the model's forward pass never reached this rank's layers")
         finally:
             self.ctl.inject = None
-        for i, c in enumerate(cache):
+        for i, layer_cache in enumerate(cache):
             if not self.start <= i < self.end:
-                advance(c, n)
+                advance(layer_cache, n)
         return out
 
     def logits(self, h: Any) -> Any:

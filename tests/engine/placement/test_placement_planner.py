@@ -155,16 +155,18 @@ def test_to_launch_is_the_body_the_node_accepts():
     assert one.to_launch()["strategy"] == "pipeline"
 
 
-def test_tied_embeddings_are_held_by_the_first_and_the_last_rank():
-    tied = dense(tie_embeddings=True)
-    size, nd = Sizer(tied, CTX), node("a", 500)
-    embed = tied.vocab * tied.hidden * tied.bytes_per_param
+@pytest.mark.parametrize("tie", [True, False])
+def test_embeddings_and_head_are_held_by_rank_0(tie):
+    """Rank 0 embeds and runs the head over the last rank's output; a tied matrix once."""
+    model = dense(tie_embeddings=tie)
+    size, nd = Sizer(model, CTX), node("a", 500)
+    embed = model.vocab * model.hidden * model.bytes_per_param
     middle = size.pipeline(nd, (10, 20), False, False).weights
     first = size.pipeline(nd, (0, 10), True, False).weights
     last = size.pipeline(nd, (70, 80), False, True).weights
     alone = size.pipeline(nd, (0, 80), True, True).weights
-    assert first - middle == pytest.approx(embed, rel=1e-6)
-    assert last - middle == pytest.approx(embed, rel=1e-6)
+    assert first - middle == pytest.approx(embed * (1 if tie else 2), rel=1e-6)
+    assert last == pytest.approx(middle, rel=1e-6)
     assert alone == pytest.approx(size.pipeline(nd, (0, 80), True, False).weights, rel=1e-9)
 
 

@@ -93,7 +93,8 @@ class Worker:
 def generate(w: Worker, rid: str, messages: list[dict], timeout: float = 120,
              **sampling: Any) -> list[dict]:
     """Send one request and return its events, accepted … done|error."""
-    w.send({"op": "generate", "id": rid, "messages": messages, "sampling": sampling})
+    w.send({"op": "generate", "id": rid,
+            "request": {"messages": messages, "sampling": sampling}})
     return collect(w, rid, timeout)
 
 
@@ -108,7 +109,7 @@ def collect(w: Worker, rid: str, timeout: float = 120) -> list[dict]:
 
 def texts(events: list[dict]) -> list[str]:
     """The text of every token event, then the final one: token-for-token output."""
-    return [e["text"] for e in events if e["ev"] in ("token", "done")]
+    return [e["text"] for e in events if e["ev"] == "delta"]
 
 
 class Group:

@@ -102,13 +102,14 @@ def test_requests_queue_and_cancel_stops_every_rank(models, reference, tmp_path)
         # Two requests sent back to back run one after the other, each unmixed.
         for i in (0, 1):
             msgs, s = REQUESTS[i]
-            leader.send({"op": "generate", "id": f"q{i}", "messages": msgs, "sampling": s})
+            leader.send({"op": "generate", "id": f"q{i}",
+                         "request": {"messages": msgs, "sampling": s}})
         first, second = collect(leader, "q0"), collect(leader, "q1")
         assert [texts(first), texts(second)] == reference["llama"][:2]
 
-        leader.send({"op": "generate", "id": "long", "messages": REQUESTS[0][0],
-                     "sampling": {"max_tokens": 2000}})
-        leader.expect(lambda e: e.get("id") == "long" and e["ev"] == "token")
+        leader.send({"op": "generate", "id": "long", "request": {
+            "messages": REQUESTS[0][0], "sampling": {"max_tokens": 2000}}})
+        leader.expect(lambda e: e.get("id") == "long" and e["ev"] == "delta")
         leader.send({"op": "cancel", "id": "long"})
         done = leader.expect(lambda e: e.get("id") == "long" and e["ev"] == "done", 10)
         assert done["finish_reason"] == "cancelled" and done["generation_tokens"] < 200
@@ -130,15 +131,15 @@ def test_killed_rank_takes_the_group_down(models, tmp_path):
     try:
         group.ready()
         leader = group.leader
-        leader.send({"op": "generate", "id": "x", "messages": REQUESTS[0][0],
-                     "sampling": {"max_tokens": 5000}})
-        leader.expect(lambda e: e.get("id") == "x" and e["ev"] == "token")
+        leader.send({"op": "generate", "id": "x", "request": {
+            "messages": REQUESTS[0][0], "sampling": {"max_tokens": 5000}}})
+        leader.expect(lambda e: e.get("id") == "x" and e["ev"] == "delta")
         t0 = time.monotonic()
         os.kill(group.ranks[1].proc.pid, signal.SIGKILL)
         ev = leader.expect(lambda e: e["ev"] == "error" or e["ev"] == "fatal", 10)
         assert ev["code"] == "peer_lost" and ev.get("id", "x") == "x"
         lost = group.ranks[2].expect(lambda e: e["ev"] == "fatal", 10)
-        assert lost["code"] == "peer_lost" and lost["peer"] in (0, 1)
+        assert lost["code"] == "peer_lost" and lost["extra"]["peer"] in (0, 1)
         codes = group.exit_codes(10)
         assert time.monotonic() - t0 < 10
         assert codes[0] not in (None, 0) and codes[2] not in (None, 0)
@@ -152,9 +153,9 @@ def test_frozen_rank_is_caught_by_the_watchdog(models, tmp_path):
     try:
         group.ready()
         leader = group.leader
-        leader.send({"op": "generate", "id": "x", "messages": REQUESTS[0][0],
-                     "sampling": {"max_tokens": 5000}})
-        leader.expect(lambda e: e.get("id") == "x" and e["ev"] == "token")
+        leader.send({"op": "generate", "id": "x", "request": {
+            "messages": REQUESTS[0][0], "sampling": {"max_tokens": 5000}}})
+        leader.expect(lambda e: e.get("id") == "x" and e["ev"] == "delta")
         t0 = time.monotonic()
         os.kill(group.ranks[1].proc.pid, signal.SIGSTOP)  # alive, connected, silent
         ev = leader.expect(lambda e: e["ev"] == "error", 12)
