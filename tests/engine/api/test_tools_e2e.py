@@ -115,7 +115,8 @@ def test_langchain_bind_tools_sees_the_call(forcing_node):
                                                                  {"city": "Paris"})]
 
 
-def test_litellm_sees_the_call(forcing_node):
+def test_litellm_sees_the_call(forcing_node, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the internet
     import litellm
 
     r = litellm.completion(model=f"openai/{MODEL}", api_base=forcing_node.url + "/v1",
