@@ -143,6 +143,10 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
         raise BadRequest("A forced tool call and a response_format can't be combined.",
                          param="response_format")
     s["constraint"] = s.get("constraint") or constraint
+    if s["constraint"] is not None:  # a bad schema is the client's 400, before any rank runs
+        from engine.runtime.grammar import check_constraint
+        check_constraint(s["constraint"], tokenizer,
+                         "tools" if constraint else "response_format")
     s["max_tokens"] = min(int(s.get("max_tokens") or ctx_len), ctx_len - len(prompt))
     s["stop"] = tuple(s.get("stop") or ())
     s["logit_bias"] = tuple((int(k), float(v)) for k, v in (s.get("logit_bias") or {}).items())
