@@ -152,9 +152,9 @@ def build_config(header: GGUFHeader) -> dict[str, Any]:
     hidden, heads = get_int(header, "embedding_length"), get_int(header, "attention.head_count")
     names = {t.name: t for t in header.tensors}
     tokens = header.get("tokenizer.ggml.tokens")
-    vocab = header.get(f"{a}.vocab_size") or (len(tokens) if isinstance(tokens, list) else None)
-    if not vocab and "token_embd.weight" in names:
-        vocab = names["token_embd.weight"].dims[1]
+    # The embedding's rows are what the weights need; a vocabulary may list fewer tokens.
+    vocab = names["token_embd.weight"].dims[1] if "token_embd.weight" in names else (
+        header.get(f"{a}.vocab_size") or (len(tokens) if isinstance(tokens, list) else None))
     eps = header.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     config: dict[str, Any] = {
         "architectures": [spec.hf_class],
