@@ -49,7 +49,7 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
     at the end, so a failed import never leaves a half-written model behind.
     config.json's shoal_import.tensor_types says, per GGUF tensor type, what the folder
     holds: kept quantized (exact) or requantized (not exact). Raises UnsupportedModel /
-    CorruptModel (before writing anything) for files Shoal can't import, naming the
+    CorruptModel (leaving nothing behind) for files Shoal can't import, naming the
     architecture or tensor type, BadRequest for a bad or taken name.
     """
     path, dest_root = Path(path), Path(dest_root)
