@@ -152,23 +152,32 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     s["logit_bias"] = tuple((int(k), float(v)) for k, v in (s.get("logit_bias") or {}).items())
     sampling = Sampling(**s)
     lps: list[dict[str, Any]] = []
-    for r in gen(model, tokenizer, prompt, sampling, cancel):
-        if r.logprob is not None and r.token is not None:
-            lps.append(_entry(tokenizer, r.token, r.logprob, r.top_logprobs))
-        pieces = splitter.feed(r.text)
-        if r.finish_reason is not None:
-            pieces += splitter.finish()
-        for kind, value in pieces:
-            if kind == "tool":
-                emit(ToolCall(rid, value.id, value.name, value.arguments))
-            else:
-                emit(Delta(rid, value, kind, lps or None))
-                lps = []
-        if r.finish_reason is not None:
+    records = gen(model, tokenizer, prompt, sampling, cancel)
+    try:
+        for r in records:
+            if r.logprob is not None and r.token is not None:
+                lps.append(_entry(tokenizer, r.token, r.logprob, r.top_logprobs))
+            pieces = splitter.feed(r.text)
+            if r.finish_reason is not None:
+                pieces += splitter.finish()
             finish = r.finish_reason
-            if splitter.made_calls and finish == "stop":
-                finish = "tool_calls"
-            emit(Done(rid, finish, r.prompt_tokens, r.generation_tokens, r.prompt_tps,
-                      r.generation_tps, r.peak_memory_gb, lps or None,
-                      getattr(r, "stop_sequence", None)))
-            return
+            for kind, value in pieces:
+                if kind == "tool":
+                    emit(ToolCall(rid, value.id, value.name, value.arguments))
+                    if not req.parallel_tool_calls:  # one call asked for: end with it
+                        finish = finish or "stop"
+                        break
+                else:
+                    emit(Delta(rid, value, kind, lps or None))
+                    lps = []
+            if finish is not None:
+                if splitter.made_calls and finish == "stop":
+                    finish = "tool_calls"
+                emit(Done(rid, finish, r.prompt_tokens, r.generation_tokens, r.prompt_tps,
+                          r.generation_tps, r.peak_memory_gb, lps or None,
+                          getattr(r, "stop_sequence", None)))
+                return
+    finally:
+        close = getattr(records, "close", None)
+        if close is not None:  # a generation ended early still ends cleanly on every rank
+            close()
