@@ -185,6 +185,10 @@ def test_large_models_are_sharded(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert len(shards) > 2 and not (imported / "model.safetensors").exists()
     index = json.loads((imported / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == set(shards)
+    # Shards are planned from the header before decoding; the plan's sizes are the real ones.
+    written = [mx.load(str(imported / f)) for f in shards]
+    assert index["metadata"]["total_size"] == sum(a.nbytes for w in written for a in w.values())
+    assert all(sum(a.nbytes for a in w.values()) <= 40_000 for w in written if len(w) > 1)
     ref = write_hf_folder(tmp_path / "ref", config, exact, tokenizer_from=imported)
     np.testing.assert_allclose(_logits(imported), _logits(ref), atol=1e-3)
     assert find_local_model(tmp_path / "models", "tiny", tmp_path / "no-cache") is not None
