@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 from engine.errors import BadRequest, ContextTooLong
 from engine.protocol import Accepted, Delta, Done, GenerateRequest, Message, ToolCall
 from engine.runtime.generate import Sampling
+from engine.runtime.harmony import HarmonySplitter, is_harmony
 from engine.runtime.toolcalls import (GENERIC_END, GENERIC_PROMPT, GENERIC_START,
                                       OutputSplitter, generic_parse)
 
@@ -54,11 +55,12 @@ def _generic_history(m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-def prepare(tokenizer: Any, req: GenerateRequest) -> tuple[list[int], str, OutputSplitter,
-                                                           dict[str, Any] | None]:
+def prepare(tokenizer: Any, req: GenerateRequest
+            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, dict[str, Any] | None]:
     """(prompt tokens, prompt text, splitter, constraint) for a request."""
     tools = req.tools if req.tools and req.tool_choice != "none" else None
-    native = bool(tools) and bool(getattr(tokenizer, "has_tool_calling", False))
+    harmony = hasattr(tokenizer, "get_vocab") and is_harmony(tokenizer)
+    native = bool(tools) and (harmony or bool(getattr(tokenizer, "has_tool_calling", False)))
     forced = tools is not None and req.tool_choice != "auto"
     constraint = None
     if req.messages is None:  # a raw prompt: no template, no markers
@@ -92,8 +94,11 @@ def prepare(tokenizer: Any, req: GenerateRequest) -> tuple[list[int], str, Outpu
         markers = (tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser)
     elif tools:
         markers = (GENERIC_START, GENERIC_END, generic_parse)
-    splitter = OutputSplitter(think=think, tools=markers, tool_specs=tools,
-                              reasoning_first=reasoning_first, tool_first=forced)
+    splitter: OutputSplitter | HarmonySplitter = OutputSplitter(
+        think=think, tools=markers, tool_specs=tools, reasoning_first=reasoning_first,
+        tool_first=forced)
+    if harmony and not forced:  # gpt-oss: channels, not markers mlx-lm knows
+        splitter = HarmonySplitter()
     return prompt, text, splitter, constraint
 
 
