@@ -8,7 +8,8 @@ requantized to 8-bit affine groups of 32. What was done to each type is logged a
 recorded in config.json under shoal_import.tensor_types.
 
 The header is checked first (architecture, tensor types, names, sizes) so an unsupported or
-damaged file is refused, naming what it can't take, before anything is written.
+damaged file is refused, naming what it can't take, before anything is written; the
+finished folder is then loaded by mlx-lm (lazily) before it is moved into place.
 """
 
 from __future__ import annotations

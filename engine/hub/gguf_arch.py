@@ -6,7 +6,7 @@ architecture needs, and the fixes llama.cpp's converter applied that must be und
 - gemma3: the converter stores every `*norm.weight` as 1 + w (Gemma's RMSNorm scales by
   1 + w); mlx-lm's gemma3_text adds the 1 itself, so 1 is subtracted on import.
 - qwen3moe: experts are already stacked (ffn_*_exps: experts × out × in), exactly the
-  layout of mlx-lm's qwen3_moe switch_mlp; llama.cpp always renormalises the top-k weights.
+  layout of mlx-lm's qwen3_moe switch_mlp; llama.cpp renormalises the top-k weights.
 - phi3: attn_qkv and ffn_up hold the fused [q; k; v] and [gate; up] that mlx-lm's phi3
   keeps fused as qkv_proj and gate_up_proj.
 """
@@ -49,9 +49,9 @@ class ArchSpec:
     biases: frozenset[str] = field(default_factory=frozenset)  # parts that may carry .bias
 
 
-def _spec(model_type: str, hf_class: str, layer: dict[str, str], **kw: Any) -> ArchSpec:
-    required = tuple(p for p in layer if p not in kw.get("optional", ()))
-    kw.pop("optional", None)
+def _spec(model_type: str, hf_class: str, layer: dict[str, str], *,
+          optional: tuple[str, ...] = (), **kw: Any) -> ArchSpec:
+    required = tuple(p for p in layer if p not in optional)
     return ArchSpec(model_type, hf_class, layer, required, **kw)
 
 
