@@ -326,6 +326,8 @@ class ChatPane(QWidget):
             if d.text:
                 reply.stats["_pieces"] = reply.stats.get("_pieces", 0) + 1
             reply.content += d.text
+            if d.reasoning:  # kept with the reply, apart from what is sent back to the model
+                reply.stats["reasoning"] = reply.stats.get("reasoning", "") + d.reasoning
             if d.shoal:
                 for key in ("ttft_s", "generation_tps", "prompt_tps"):
                     if key in d.shoal:

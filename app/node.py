@@ -88,6 +88,10 @@ class LocalNode:
                 # The key goes by environment, not argv, so `ps` doesn't show it.
                 env = {**os.environ, **({"SHOAL_API_KEY": self.api_key} if self.api_key
                                         else {})}
+                from app.settings import saved_cors_origins  # Settings → API
+                cors = saved_cors_origins(self.home)
+                if cors:
+                    env["SHOAL_CORS_ORIGINS"] = ",".join(cors)
                 self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=env,
                                              start_new_session=os.name == "posix")

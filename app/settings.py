@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 KEEP_IN_TRAY = "tray/keep_running_on_close"
 MENUBAR_ONLY = "tray/menubar_only"  # macOS: no Dock icon
 NODE_HOST, NODE_PORT, NODE_API_KEY = "node/host", "node/port", "node/api_key"
+NODE_CORS = "node/cors_origins"  # browser origins the node allows (CORS), space-separated
 CLI_TIMEOUT_S = 30.0
 
 
@@ -42,6 +44,26 @@ class NodeSettings:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+
+
+def parse_origins(text: str) -> tuple[str, ...]:
+    return tuple(o.rstrip("/") for o in text.replace(",", " ").split())
+
+
+def check_origins(origins: tuple[str, ...]) -> str | None:
+    """Why these CORS origins can't be used, or None."""
+    for o in origins:
+        if o != "*" and not re.fullmatch(r"https?://[^/\s]+", o):
+            return (f"'{o}' is not an origin: write scheme and host, like "
+                    "http://localhost:3000 (or * for any page).")
+    return None
+
+
+def saved_cors_origins(home: Path) -> tuple[str, ...]:
+    """The origins saved for the node the app starts in HOME (read when it starts)."""
+    settings = QSettings(str(Path(home) / "app.ini"), QSettings.Format.IniFormat)
+    return node_settings(settings).cors_origins
 
 
 def node_settings(settings: QSettings) -> NodeSettings:
@@ -51,7 +73,8 @@ def node_settings(settings: QSettings) -> NodeSettings:
         port = DEFAULT_PORT
     key = str(settings.value(NODE_API_KEY, "") or "").strip()
     host = str(settings.value(NODE_HOST, "127.0.0.1") or "127.0.0.1").strip()
-    return NodeSettings(host or "127.0.0.1", port, key or None)
+    cors = parse_origins(str(settings.value(NODE_CORS, "") or ""))
+    return NodeSettings(host or "127.0.0.1", port, key or None, cors)
 
 
 def is_loopback(host: str) -> bool:
@@ -256,6 +279,8 @@ class SettingsDialog(QDialog):
         self.key_edit = QLineEdit(current.api_key or "")
         self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
         self.key_edit.setPlaceholderText("none (only allowed on 127.0.0.1)")
+        self.cors_edit = QLineEdit(" ".join(current.cors_origins))
+        self.cors_edit.setPlaceholderText("none (e.g. http://localhost:3000 for a web UI)")
         self.api_message = QLabel("Applied the next time Shoal starts its node. The cluster "
                                   "port (for other nodes) is this port + 1.")
         self.api_message.setWordWrap(True)
@@ -266,13 +291,15 @@ class SettingsDialog(QDialog):
         form.addRow("Bind address:", self.host_edit)
         form.addRow("Port:", self.port_spin)
         form.addRow("API key:", self.key_edit)
+        form.addRow("Browser origins (CORS):", self.cors_edit)
         form.addRow("", save)
         form.addRow("", self.api_message)
         return tab
 
     def save_api(self) -> bool:
         host, key = self.host_edit.text().strip(), self.key_edit.text().strip()
-        problem = check_api(host, key)
+        origins = parse_origins(self.cors_edit.text())
+        problem = check_api(host, key) or check_origins(origins)
         if problem:
             self.api_message.setText(problem)
             self.api_message.setStyleSheet("color: #d03b3b;")
@@ -280,6 +307,7 @@ class SettingsDialog(QDialog):
         self.settings.setValue(NODE_HOST, host)
         self.settings.setValue(NODE_PORT, self.port_spin.value())
         self.settings.setValue(NODE_API_KEY, key)
+        self.settings.setValue(NODE_CORS, " ".join(origins))
         self.settings.sync()
         self.api_message.setStyleSheet("")
         self.api_message.setText(f"Saved in {self.settings.fileName()}; applied the next "

@@ -34,7 +34,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
         api_key=a.api_key or os.environ.get("SHOAL_API_KEY"), peers=a.peer,
         secret=a.secret or os.environ.get("SHOAL_SECRET"), cluster_host=a.cluster_host,
         cluster_port=a.cluster_port, mdns=a.mdns == "on",
-        mdns_interfaces=a.mdns_interface)))
+        mdns_interfaces=a.mdns_interface, cors_origins=a.cors_origin or [
+            o for o in os.environ.get("SHOAL_CORS_ORIGINS", "").split(",") if o.strip()])))
     return 0
 
 
@@ -125,6 +126,10 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--model", help="model to load at start ('none' to load nothing; "
                    "default: the bundled SmolLM2, imported on first run)")
     n.add_argument("--api-key", help="require this key (needed off loopback)")
+    n.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (e.g. http://localhost:3000; '*' for any) "
+                   "call the API from a browser; repeatable (default: none, or "
+                   "SHOAL_CORS_ORIGINS, comma-separated)")
     n.add_argument("--cluster-host", default=os.environ.get("SHOAL_CLUSTER_HOST", "0.0.0.0"),
                    help="where other nodes reach this one (only signed requests are served "
                    "there; default all interfaces)")

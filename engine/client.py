@@ -20,6 +20,7 @@ class ChatDelta:
     the last one carries usage and the node's speed figures (shoal)."""
 
     text: str = ""
+    reasoning: str = ""  # a reasoning model's thinking, apart from its answer
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
     shoal: dict[str, float] = field(default_factory=dict)
@@ -220,11 +221,14 @@ def _sse_data(response: httpx.Response) -> Iterator[str]:
 
 def _delta_from_chunk(chunk: dict[str, Any]) -> ChatDelta:
     choices = chunk.get("choices") or []
-    text, finish = "", None
+    text, reasoning, finish = "", "", None
     if choices:
-        text = (choices[0].get("delta") or {}).get("content") or ""
+        delta = choices[0].get("delta") or {}
+        text = delta.get("content") or ""
+        reasoning = delta.get("reasoning_content") or ""
         finish = choices[0].get("finish_reason")
-    return ChatDelta(text=text, finish_reason=finish, usage=chunk.get("usage"),
+    return ChatDelta(text=text, reasoning=reasoning, finish_reason=finish,
+                     usage=chunk.get("usage"),
                      shoal=chunk.get("shoal") or {})
 
 

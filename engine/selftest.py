@@ -25,7 +25,7 @@ def _import_mlx(state: dict[str, Any]) -> str:
     import mlx
     import mlx.core as mx
     state["mx"] = mx
-    return f"MLX {mx.__version__} from {Path(mlx.__path__[0])}"
+    return f"MLX {getattr(mx, '__version__', '?')} from {Path(mlx.__path__[0])}"
 
 
 def _evaluate(state: dict[str, Any]) -> str:

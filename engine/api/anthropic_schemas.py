@@ -74,7 +74,11 @@ class CountTokensRequest(Strict):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    # Harmless: caching, bookkeeping and routing hints a local node has no use for.
     cache_control: dict[str, Any] | None = None
+    speed: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -84,13 +88,9 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    # Harmless: bookkeeping and routing hints a local node has no use for.
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
-    speed: str | None = None
     inference_geo: str | None = None
-    user_profile_id: str | None = None
-    workspace_id: str | None = None
 
 
 def _text(blocks: str | list[Block] | None, where: str) -> str:

@@ -149,6 +149,9 @@ class ChatCompletionRequest(SamplingFields):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    modalities: list[Literal["text"]] | None = None  # text is all there is
 
 
 def constraint_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:

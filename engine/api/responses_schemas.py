@@ -80,7 +80,11 @@ class ResponsesRequest(Strict):
     user: str | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
+    stream_options: dict[str, Any] | None = None  # include_obfuscation: nothing to pad here
+    background: Literal[False] | None = None  # stateless: no background responses
 
 
 def _text(content: Any, where: str) -> str:

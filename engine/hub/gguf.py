@@ -20,24 +20,22 @@ import re
 import shutil
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from engine.errors import BadRequest, CorruptModel, ShoalError, UnsupportedModel
 from engine.hub.gguf_arch import (SUPPORTED_ARCHITECTURES, ArchSpec, build_config,
-                                  check_layers, layer_part, mlx_name, spec_for)
-from engine.hub.gguf_quants import GROUP_SIZE, HANDLING, SUPPORTED_TYPES, Quantized, decode, \
-    dequantize
-from engine.hub.gguf_reader import GGUFHeader, TensorInfo, read_header
+                                  check_layers, mlx_name, spec_for)
+from engine.hub.gguf_quants import SUPPORTED_TYPES
+from engine.hub.gguf_reader import GGUFHeader, read_header
 from engine.hub.gguf_tokenizer import build_tokenizer
+from engine.hub.gguf_weights import Planned, quantization, report, save_weights
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "build_config", "default_name",
            "import_gguf"]
 MAX_SHARD_BYTES = 5 << 30
-_FLOATS = ("F32", "F16", "BF16")
 
 
 def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
@@ -49,7 +47,7 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
     at the end, so a failed import never leaves a half-written model behind.
     config.json's shoal_import.tensor_types says, per GGUF tensor type, what the folder
     holds: kept quantized (exact) or requantized (not exact). Raises UnsupportedModel /
-    CorruptModel (before writing anything) for files Shoal can't import, naming the
+    CorruptModel (leaving nothing behind) for files Shoal can't import, naming the
     architecture or tensor type, BadRequest for a bad or taken name.
     """
     path, dest_root = Path(path), Path(dest_root)
@@ -70,8 +68,10 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
         eos = tokenizer.eos_token_ids
         config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
 
-    weights, stored = _load_weights(header, spec, config, plan)
-    _add_quantization(config, weights)
+    quant = quantization(plan)
+    if quant is not None:
+        config["quantization"] = config["quantization_config"] = quant
+    stored = report(plan)
     config["shoal_import"]["tensor_types"] = stored
     if skipped:
         config["shoal_import"]["skipped_tensors"] = skipped
@@ -79,7 +79,7 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
     tmp = dest_root / f".{name}.importing-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir(parents=True)
-        _save_weights(tmp, weights)
+        save_weights(tmp, header, spec, config, plan, MAX_SHARD_BYTES)
         _write_json(tmp / "config.json", config)
         (tmp / "tokenizer.json").write_text(tokenizer.tokenizer_json, encoding="utf-8")
         _write_json(tmp / "tokenizer_config.json", tokenizer.config)
@@ -150,11 +150,10 @@ def _check_name(name: str) -> str:
     return name
 
 
-def _plan(header: GGUFHeader, spec: ArchSpec
-          ) -> tuple[list[tuple[TensorInfo, str]], dict[str, Any]]:
-    """(tensor, mlx-lm name) for every tensor to import; refuses unknown types and names."""
+def _plan(header: GGUFHeader, spec: ArchSpec) -> tuple[list[Planned], dict[str, Any]]:
+    """Every tensor to import with its mlx-lm name; refuses unknown types and names."""
     name = header.path.name
-    plan: list[tuple[TensorInfo, str]] = []
+    plan: list[Planned] = []
     skipped = 0
     for t in header.tensors:
         if spec.skipped_prefixes and t.name.startswith(spec.skipped_prefixes):
@@ -172,119 +171,9 @@ def _plan(header: GGUFHeader, spec: ArchSpec
             raise UnsupportedModel(f"{name} has tensor {t.name}, which a plain "
                                    f"{header.architecture} model does not have; Shoal "
                                    f"can't import this variant.")
-        plan.append((t, target))
+        plan.append(Planned(t, target))
     why = {"count": skipped, "why": "vision tower; Shoal imports the text model"}
     return plan, why if skipped else {}
-
-
-def _load_weights(header: GGUFHeader, spec: ArchSpec, config: dict[str, Any],
-                  plan: list[tuple[TensorInfo, str]]
-                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Decode every planned tensor into mlx-lm's names; also what each type became."""
-    import mlx.core as mx
-    import numpy as np
-
-    try:
-        data = np.memmap(header.path, dtype=np.uint8, mode="r")
-    except (OSError, ValueError) as e:
-        raise CorruptModel(f"Could not read the tensors of {header.path.name}: {e}") from e
-    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    weights: dict[str, Any] = {}
-    stored: Counter[tuple[str, str, bool]] = Counter()
-    for t, target in plan:
-        start = header.data_offset + t.offset
-        raw = data[start:start + (t.nbytes or 0)]
-        part = layer_part(t.name)
-        if len(t.shape) == 1 and t.type_name not in _FLOATS:
-            value: Any = dequantize(raw, t.type_name, t.shape)  # tiny: keep norms plain
-            how = ("float32 (dequantized)", True)
-        else:
-            value = decode(raw, t.type_name, t.shape)
-            how = (HANDLING[t.type_name].stored_as, HANDLING[t.type_name].exact)
-        if spec.norm_shift and t.name.endswith("norm.weight"):
-            value = value.astype(np.float32) - np.float32(spec.norm_shift)
-        if spec.permute_qk and part in heads:
-            # llama.cpp permuted Q/K rows for its interleaved RoPE; undoing it on rows
-            # alone is exact for quantized weights, scales and biases alike.
-            value = _unpermute(value, heads[part], header.path.name, t.name)
-        base = target.rpartition(".")[0]
-        if isinstance(value, Quantized):
-            weights[target] = mx.array(value.weight)
-            weights[f"{base}.scales"] = mx.array(value.scales)
-            weights[f"{base}.biases"] = mx.array(value.biases)
-        elif t.type_name == "BF16" and value.dtype == np.uint16:
-            weights[target] = mx.array(value).view(mx.bfloat16)
-        else:
-            weights[target] = mx.array(value)
-        stored[(t.type_name, *how)] += 1
-    rows = [{"gguf_type": k[0], "tensors": n, "stored_as": k[1], "exact": k[2]}
-            for k, n in sorted(stored.items())]
-    return weights, rows
-
-
-def _unpermute(value: Any, n_head: int, file: str, tensor: str) -> Any:
-    if isinstance(value, Quantized):
-        return Quantized(_unpermute(value.weight, n_head, file, tensor),
-                         _unpermute(value.scales, n_head, file, tensor),
-                         _unpermute(value.biases, n_head, file, tensor), value.bits)
-    if value.shape[0] % (2 * n_head):
-        raise CorruptModel(f"{file}: {tensor} has {value.shape[0]} rows, which {n_head} "
-                           f"attention heads can't split.")
-    return _unpermute_rows(value, n_head)
-
-
-def _unpermute_rows(w: Any, n_head: int) -> Any:
-    """Inverse of llama.cpp's convert_hf_to_gguf permute() along axis 0."""
-    rows = w.shape[0]
-    rest = tuple(w.shape[1:])
-    return (w.reshape(n_head, rows // n_head // 2, 2, *rest).swapaxes(1, 2)
-            .reshape(rows, *rest))
-
-
-def _add_quantization(config: dict[str, Any], weights: dict[str, Any]) -> None:
-    """Write mlx-lm's quantization block: the most common bit width as the default and
-    a per-layer entry for layers that differ (Q8_0 embeddings next to Q4_1 layers)."""
-    bits_of: dict[str, int] = {}
-    for key, w in weights.items():
-        if key.endswith(".scales"):
-            layer = key[: -len(".scales")]
-            in_dims = w.shape[-1] * GROUP_SIZE
-            bits_of[layer] = weights[f"{layer}.weight"].shape[-1] * 32 // in_dims
-    if not bits_of:
-        return
-    default = Counter(bits_of.values()).most_common(1)[0][0]
-    quant: dict[str, Any] = {"group_size": GROUP_SIZE, "bits": default}
-    for layer, bits in sorted(bits_of.items()):
-        if bits != default:
-            quant[layer] = {"group_size": GROUP_SIZE, "bits": bits}
-    config["quantization"] = quant
-    config["quantization_config"] = quant
-
-
-def _save_weights(folder: Path, weights: dict[str, Any]) -> None:
-    import mlx.core as mx
-
-    shards: list[dict[str, Any]] = [{}]
-    size = 0
-    for key in sorted(weights):
-        nbytes = weights[key].nbytes
-        if shards[-1] and size + nbytes > MAX_SHARD_BYTES:
-            shards.append({})
-            size = 0
-        shards[-1][key] = weights[key]
-        size += nbytes
-    if len(shards) == 1:
-        mx.save_safetensors(str(folder / "model.safetensors"), shards[0],
-                            metadata={"format": "mlx"})
-        return
-    weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards, 1):
-        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        mx.save_safetensors(str(folder / file), shard, metadata={"format": "mlx"})
-        weight_map.update({k: file for k in shard})
-    total = sum(w.nbytes for w in weights.values())
-    _write_json(folder / "model.safetensors.index.json",
-                {"metadata": {"total_size": total}, "weight_map": weight_map})
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

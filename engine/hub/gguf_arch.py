@@ -152,9 +152,9 @@ def build_config(header: GGUFHeader) -> dict[str, Any]:
     hidden, heads = get_int(header, "embedding_length"), get_int(header, "attention.head_count")
     names = {t.name: t for t in header.tensors}
     tokens = header.get("tokenizer.ggml.tokens")
-    vocab = header.get(f"{a}.vocab_size") or (len(tokens) if isinstance(tokens, list) else None)
-    if not vocab and "token_embd.weight" in names:
-        vocab = names["token_embd.weight"].dims[1]
+    # The embedding's rows are what the weights need; a vocabulary may list fewer tokens.
+    vocab = names["token_embd.weight"].dims[1] if "token_embd.weight" in names else (
+        header.get(f"{a}.vocab_size") or (len(tokens) if isinstance(tokens, list) else None))
     eps = header.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     config: dict[str, Any] = {
         "architectures": [spec.hf_class],
@@ -219,6 +219,7 @@ def _llama(header: GGUFHeader, config: dict[str, Any], rope_dim: int) -> None:
 
 
 def _qwen3_moe(header: GGUFHeader, config: dict[str, Any], rope_dim: int) -> None:
+    a = header.architecture
     config["hidden_act"] = "silu"
     config["num_experts"] = get_int(header, "expert_count")
     config["num_experts_per_tok"] = get_int(header, "expert_used_count")
@@ -228,7 +229,12 @@ def _qwen3_moe(header: GGUFHeader, config: dict[str, Any], rope_dim: int) -> Non
     config["decoder_sparse_step"] = 1
     config["mlp_only_layers"] = [i for i in range(config["num_hidden_layers"])
                                  if f"blk.{i}.ffn_gate_exps.weight" not in names]
-    config["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalises
+    # llama.cpp's qwen3moe graph renormalises the top-k weights unless a file says not to.
+    config["norm_topk_prob"] = bool(header.get(f"{a}.expert_weights_norm", True))
+    gating = header.get(f"{a}.expert_gating_func", 1)  # llama.cpp: 1 softmax, 2 sigmoid
+    if gating != 1:
+        raise UnsupportedModel(f"{header.path.name} routes experts with gating function "
+                               f"{gating!r}; mlx-lm's qwen3_moe routes with softmax only.")
 
 
 def _gemma3(header: GGUFHeader, config: dict[str, Any], rope_dim: int) -> None:

@@ -51,6 +51,13 @@ _BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24
 _BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
 
 
+def stored_bits(type_name: str) -> int | None:
+    """Bits per weight of the MLX affine layout a type is stored in; None for floats."""
+    if type_name == "Q6_K":
+        return REQUANT_BITS
+    return _BITS.get(type_name)
+
+
 @dataclass(frozen=True)
 class Quantized:
     """An MLX affine-quantized tensor: packed uint32 weight, float32 scales and biases."""

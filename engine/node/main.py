@@ -47,6 +47,7 @@ class NodeConfig:
     cluster_port: int = 0  # 0: port + 1
     mdns: bool = True
     mdns_interfaces: list[str] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=list)  # browser origins allowed (CORS)
 
 
 def _is_loopback(host: str) -> bool:
@@ -117,7 +118,8 @@ async def run_node(cfg: NodeConfig) -> None:
                 start_discovery()
     peers.on_same_id = same_id
 
-    app = build_app(node, cfg.api_key, cluster, Verifier(secret), cluster_port=cport)
+    app = build_app(node, cfg.api_key, cluster, Verifier(secret), cluster_port=cport,
+                    cors_origins=cfg.cors_origins)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     facts = NodeFacts(home)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 from engine.errors import BadRequest, ContextTooLong
 from engine.protocol import Accepted, Delta, Done, GenerateRequest, Message, ToolCall
 from engine.runtime.generate import Sampling
+from engine.runtime.harmony import HarmonySplitter, is_harmony
 from engine.runtime.toolcalls import (GENERIC_END, GENERIC_PROMPT, GENERIC_START,
                                       OutputSplitter, generic_parse)
 
@@ -54,11 +55,12 @@ def _generic_history(m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-def prepare(tokenizer: Any, req: GenerateRequest) -> tuple[list[int], str, OutputSplitter,
-                                                           dict[str, Any] | None]:
+def prepare(tokenizer: Any, req: GenerateRequest
+            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, dict[str, Any] | None]:
     """(prompt tokens, prompt text, splitter, constraint) for a request."""
     tools = req.tools if req.tools and req.tool_choice != "none" else None
-    native = bool(tools) and bool(getattr(tokenizer, "has_tool_calling", False))
+    harmony = hasattr(tokenizer, "get_vocab") and is_harmony(tokenizer)
+    native = bool(tools) and (harmony or bool(getattr(tokenizer, "has_tool_calling", False)))
     forced = tools is not None and req.tool_choice != "auto"
     constraint = None
     if req.messages is None:  # a raw prompt: no template, no markers
@@ -92,8 +94,11 @@ def prepare(tokenizer: Any, req: GenerateRequest) -> tuple[list[int], str, Outpu
         markers = (tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser)
     elif tools:
         markers = (GENERIC_START, GENERIC_END, generic_parse)
-    splitter = OutputSplitter(think=think, tools=markers, tool_specs=tools,
-                              reasoning_first=reasoning_first, tool_first=forced)
+    splitter: OutputSplitter | HarmonySplitter = OutputSplitter(
+        think=think, tools=markers, tool_specs=tools, reasoning_first=reasoning_first,
+        tool_first=forced)
+    if harmony and not forced:  # gpt-oss: channels, not markers mlx-lm knows
+        splitter = HarmonySplitter()
     return prompt, text, splitter, constraint
 
 
@@ -143,28 +148,41 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
         raise BadRequest("A forced tool call and a response_format can't be combined.",
                          param="response_format")
     s["constraint"] = s.get("constraint") or constraint
+    if s["constraint"] is not None:  # a bad schema is the client's 400, before any rank runs
+        from engine.runtime.grammar import check_constraint
+        check_constraint(s["constraint"], tokenizer,
+                         "tools" if constraint else "response_format")
     s["max_tokens"] = min(int(s.get("max_tokens") or ctx_len), ctx_len - len(prompt))
     s["stop"] = tuple(s.get("stop") or ())
     s["logit_bias"] = tuple((int(k), float(v)) for k, v in (s.get("logit_bias") or {}).items())
     sampling = Sampling(**s)
     lps: list[dict[str, Any]] = []
-    for r in gen(model, tokenizer, prompt, sampling, cancel):
-        if r.logprob is not None and r.token is not None:
-            lps.append(_entry(tokenizer, r.token, r.logprob, r.top_logprobs))
-        pieces = splitter.feed(r.text)
-        if r.finish_reason is not None:
-            pieces += splitter.finish()
-        for kind, value in pieces:
-            if kind == "tool":
-                emit(ToolCall(rid, value.id, value.name, value.arguments))
-            else:
-                emit(Delta(rid, value, kind, lps or None))
-                lps = []
-        if r.finish_reason is not None:
+    records = gen(model, tokenizer, prompt, sampling, cancel)
+    try:
+        for r in records:
+            if r.logprob is not None and r.token is not None:
+                lps.append(_entry(tokenizer, r.token, r.logprob, r.top_logprobs))
+            pieces = splitter.feed(r.text)
+            if r.finish_reason is not None:
+                pieces += splitter.finish()
             finish = r.finish_reason
-            if splitter.made_calls and finish == "stop":
-                finish = "tool_calls"
-            emit(Done(rid, finish, r.prompt_tokens, r.generation_tokens, r.prompt_tps,
-                      r.generation_tps, r.peak_memory_gb, lps or None,
-                      getattr(r, "stop_sequence", None)))
-            return
+            for kind, value in pieces:
+                if kind == "tool":
+                    emit(ToolCall(rid, value.id, value.name, value.arguments))
+                    if not req.parallel_tool_calls:  # one call asked for: end with it
+                        finish = finish or "stop"
+                        break
+                else:
+                    emit(Delta(rid, value, kind, lps or None))
+                    lps = []
+            if finish is not None:
+                if splitter.made_calls and finish == "stop":
+                    finish = "tool_calls"
+                emit(Done(rid, finish, r.prompt_tokens, r.generation_tokens, r.prompt_tps,
+                          r.generation_tps, r.peak_memory_gb, lps or None,
+                          getattr(r, "stop_sequence", None)))
+                return
+    finally:
+        close = getattr(records, "close", None)
+        if close is not None:  # a generation ended early still ends cleanly on every rank
+            close()

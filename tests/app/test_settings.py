@@ -68,3 +68,13 @@ def test_keep_running_in_the_background(qtbot, dialog):
     dialog.token_edit.setText("")
     dialog.save_token()
     assert "Paste a token" in dialog.token_message.text()
+
+
+def test_cors_origins_are_checked_and_handed_to_the_node(qtbot, dialog, home):
+    from app.settings import saved_cors_origins
+    dialog.host_edit.setText("127.0.0.1")
+    dialog.cors_edit.setText("localhost:3000")
+    assert not dialog.save_api() and "not an origin" in dialog.api_message.text()
+    dialog.cors_edit.setText("http://localhost:3000, https://ui.example/")
+    assert dialog.save_api()
+    assert saved_cors_origins(home) == ("http://localhost:3000", "https://ui.example")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+if not os.environ.get("QT_QPA_PLATFORM"):
+    os.environ["QT_QPA_PLATFORM"] = "offscreen"  # the icons are drawn with Qt, no display
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "packaging"))
 from shoalpack import icons, meta, plist  # noqa: E402
@@ -51,7 +53,8 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_icons_in_every_size(tmp_path: Path) -> None:
+def test_icons_in_every_size(tmp_path: Path, qapp) -> None:
+    # qapp: the session's one QApplication, so drawing leaves no bare QGuiApplication behind
     icons.make_icons(tmp_path)
     elements = icons.read_icns((tmp_path / "Shoal.icns").read_bytes())
     assert {png_size(d) for d in elements.values()} == {

@@ -117,3 +117,12 @@ def test_deeply_nested_json_is_a_400_not_a_crash(tiny_node):
                    headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 400
     assert tiny_node.client.health()["ok"]
+
+
+def test_a_schema_that_cant_be_enforced_is_a_400(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=HELLO, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}})
+    assert e.value.body["param"] == "response_format"
+    assert oai.chat.completions.create(model=MODEL, messages=HELLO,
+                                       max_tokens=2).usage.completion_tokens == 2

@@ -148,3 +148,32 @@ def test_the_generic_form_parses_one_call_or_several():
     assert len(generic_parse('[{"name": "f"}, {"name": "g", "arguments": {"x": 1}}]')) == 2
     with pytest.raises(ValueError):
         generic_parse('{"arguments": {}}')
+
+
+# gpt-oss's Harmony channels (mlx-lm has no parser for them; engine/runtime/harmony.py)
+HARMONY = ("<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant"
+           "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+           '{"city": "Paris", "days": 3}')  # <|call|> is end-of-sequence: not in the text
+
+
+@pytest.mark.parametrize("text,end", [(HARMONY, ""), (HARMONY, "<|call|>")])
+def test_harmony_reasoning_and_tool_call(text, end):
+    from engine.runtime.harmony import HarmonySplitter
+    pieces = run(HarmonySplitter(), text + end, step=4)
+    assert "".join(v for k, v in pieces if k == "reasoning") == "Need the weather tool."
+    [call] = [v for k, v in pieces if k == "tool"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris",
+                                                                        "days": 3}
+
+
+def test_harmony_final_answer_streams_as_content():
+    from engine.runtime.harmony import HarmonySplitter
+    text = ("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>Paris is sunny.")
+    pieces = run(HarmonySplitter(), text, step=3)
+    assert "".join(v for k, v in pieces if k == "content") == "Paris is sunny."
+    assert "".join(v for k, v in pieces if k == "reasoning") == "Easy."
+    # recipient before the channel, as gpt-oss also writes it
+    pieces = run(HarmonySplitter(), "<|start|>assistant to=functions.get_weather<|channel|>"
+                 'commentary json<|message|>{"city": "Oslo"}<|call|>')
+    assert [v.name for k, v in pieces if k == "tool"] == ["get_weather"]

@@ -115,7 +115,8 @@ def test_langchain_bind_tools_sees_the_call(forcing_node):
                                                                  {"city": "Paris"})]
 
 
-def test_litellm_sees_the_call(forcing_node):
+def test_litellm_sees_the_call(forcing_node, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the internet
     import litellm
 
     r = litellm.completion(model=f"openai/{MODEL}", api_base=forcing_node.url + "/v1",
@@ -123,3 +124,10 @@ def test_litellm_sees_the_call(forcing_node):
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_parallel_tool_calls_false_ends_at_the_first_call(oai):
+    r = oai.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                    parallel_tool_calls=False)
+    assert len(r.choices[0].message.tool_calls) == 1
+    assert r.choices[0].finish_reason == "tool_calls"

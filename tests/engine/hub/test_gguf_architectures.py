@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.hub.gguf import import_gguf
-from gguf_builder import (F16, F32, Q4_K, Q5_K, Q6_K, Q8_0, gguf_metadata, tiny_config,
+from gguf_builder import (BF16, F16, F32, Q4_K, Q5_K, Q6_K, Q8_0, gguf_metadata, tiny_config,
                           tiny_gguf_tensors, tiny_hf_weights, write_gguf, write_hf_folder,
                           write_tiny_gguf)
 
@@ -47,8 +47,9 @@ def _build(tmp_path: Path, arch: str, linear: int, embed: int | None = None, *,
     gguf, exact = write_tiny_gguf(tmp_path / f"{arch}.gguf", config, tiny_hf_weights(config),
                                   linear, embed, overrides=overrides)
     imported = import_gguf(gguf, tmp_path / "models")
-    if linear == F16:  # compute in the file's precision on both sides
-        exact = {k: v.astype(np.float16) if v.ndim > 1 else v for k, v in exact.items()}
+    if linear in (F16, BF16):  # compute in the file's precision on both sides
+        dtype = mx.float16 if linear == F16 else mx.bfloat16
+        exact = {k: mx.array(v).astype(dtype) if v.ndim > 1 else v for k, v in exact.items()}
     ref = write_hf_folder(tmp_path / "ref", config, exact, tokenizer_from=imported)
     return imported, ref, config
 
@@ -62,6 +63,8 @@ EXACT_CASES = [
     pytest.param("llama", Q4_K, Q5_K, False, None, id="llama-q4_k-permuted"),
     pytest.param("gemma3_text", F16, None, True, None, id="gemma3-f16"),
     pytest.param("qwen3_moe", F32, None, True, None, id="qwen3moe-f32"),
+    pytest.param("qwen3", BF16, None, False, None, id="qwen3-bf16"),
+    pytest.param("phi3", F32, None, True, None, id="phi3-f32-tied"),
 ]
 
 

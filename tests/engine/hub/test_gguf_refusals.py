@@ -165,11 +165,21 @@ def test_failed_write_leaves_no_folder(tmp_path: Path, tiny: tuple,
     path = write_gguf(tmp_path / "ok.gguf", gguf_metadata(config), tensors)
     models = tmp_path / "models"
 
-    def disk_full(folder: Path, weights: dict) -> None:
+    def disk_full(folder: Path, *args: object) -> None:
         (folder / "model.safetensors").write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(gguf_module, "_save_weights", disk_full)
+    monkeypatch.setattr(gguf_module, "save_weights", disk_full)
     with pytest.raises(ShoalError, match="No space left on device. Free disk space"):
         import_gguf(path, models)
     assert list(models.iterdir()) == []  # no model folder, no hidden temporary one
+
+
+def test_moe_with_sigmoid_routing_is_refused(tmp_path: Path) -> None:
+    config = tiny_config("qwen3_moe")
+    tensors, _ = tiny_gguf_tensors(config, tiny_hf_weights(config))
+    meta = gguf_metadata(config) | {"qwen3moe.expert_gating_func": 2}
+    path = write_gguf(tmp_path / "moe.gguf", meta, tensors)
+    with pytest.raises(UnsupportedModel, match="moe.gguf routes experts with gating function 2"):
+        import_gguf(path, tmp_path / "models")
+    _assert_nothing_written(tmp_path / "models")

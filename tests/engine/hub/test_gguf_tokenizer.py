@@ -63,6 +63,8 @@ def test_tiny_byte_level_chat_prompt(tmp_path: Path) -> None:
     ("qwen2", "12345", ["1", "2", "3", "4", "5"]),
     ("llama-bpe", "12345", ["123", "45"]),
     ("gpt-2", "12345", ["12345"]),
+    ("dbrx", "HelloWorld 12345", ["HelloWorld", "Ġ", "123", "45"]),  # Phi-4: as Llama 3
+    ("gpt-4o", "HelloWorld 12345", ["Hello", "World", "Ġ", "123", "45"]),  # o200k: case splits
 ])
 def test_pre_tokenizer_follows_llama_cpp(pre: str, digits: str, expected: list[str]) -> None:
     from tokenizers import Tokenizer
