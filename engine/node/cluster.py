@@ -47,6 +47,12 @@ class Follower:
     state: str = "starting"  # starting | ready | failed | stopped
     reason: str | None = None
     progress: list[int] = field(default_factory=lambda: [0, 0])  # layers loaded, total
+    loaded: dict[str, Any] | None = None  # the rank's load report, once ready
+
+
+def load_report(extra: dict[str, Any]) -> dict[str, Any]:
+    """What a rank read to load its share, from its ready message."""
+    return {k: extra.get(k) for k in ("files", "bytes_read", "peak_rss")}
 
 
 @dataclass
@@ -65,7 +71,8 @@ class Instance:
         return {"id": self.id, "model": self.model, "strategy": self.strategy,
                 "state": self.state, "reason": self.reason,
                 "ranks": [{"rank": i, "node": r["node"], "layers": r.get("layers"),
-                           "progress": r.get("progress")} for i, r in enumerate(self.ranks)]}
+                           "progress": r.get("progress"), "loaded": r.get("loaded")}
+                          for i, r in enumerate(self.ranks)]}
 
 
 def free_port(host: str) -> int:
@@ -333,7 +340,9 @@ class Cluster:
 
     async def _start_rank0(self, inst: Instance, path: Path, config: dict) -> None:
         cfg = self._write_config(inst.id, config)
-        await self.node.start_worker(inst.model, path, dist_config=cfg)
+        w = await self.node.start_worker(inst.model, path, dist_config=cfg)
+        if w.ready is not None:
+            inst.ranks[0]["loaded"] = load_report(w.ready.extra)
 
     async def _await_follower(self, inst: Instance, i: int, r: dict[str, Any],
                               timeout: float = 900) -> None:
@@ -342,6 +351,7 @@ class Cluster:
             st = await self._follower_state(r["url"], inst.id)
             r["progress"] = st.get("progress")  # shown per rank while the instance starts
             if st["state"] == "ready":
+                r["loaded"] = st.get("loaded")
                 return
             if st["state"] in ("failed", "stopped"):
                 raise WorkerFailed(f"rank {i} on node {r['node']} failed: {st.get('reason')}")
@@ -442,8 +452,8 @@ class Cluster:
     async def _run_follower(self, f: Follower) -> None:
         assert f.worker
         try:
-            await f.worker.start()
-            f.state = "ready"
+            ready = await f.worker.start()
+            f.state, f.loaded = "ready", load_report(ready.extra)
         except ShoalError as e:
             f.state, f.reason = "failed", e.message
 
@@ -468,7 +478,8 @@ class Cluster:
         f = self.followers.get(inst_id)
         if f is None:
             return {"state": "stopped", "reason": "this node runs no such instance"}
-        return {"state": f.state, "reason": f.reason, "rank": f.rank, "progress": f.progress}
+        return {"state": f.state, "reason": f.reason, "rank": f.rank, "progress": f.progress,
+                "loaded": f.loaded}
 
     async def stop_follower(self, inst_id: str, reason: str) -> None:
         f = self.followers.get(inst_id)

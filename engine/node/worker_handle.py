@@ -30,6 +30,7 @@ class WorkerHandle:
         self.model_id = model_id
         self.dist_config = dist_config
         self.model_path = model_path
+        self.ready: Ready | None = None  # the worker's ready message, once loaded
         self.log_path = log_path
         self.token_timeout = token_timeout
         self._on_event = on_event
@@ -64,7 +65,9 @@ class WorkerHandle:
         self._ready = asyncio.get_running_loop().create_future()
         self._reader = asyncio.create_task(self._read())
         try:
-            return await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+            ready: Ready = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+            self.ready = ready
+            return ready
         except asyncio.TimeoutError:
             await self.stop()
             raise WorkerFailed(f"Loading {self.model_id} took longer than {timeout:.0f} s; "

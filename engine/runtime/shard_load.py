@@ -181,7 +181,9 @@ def check_tensor_split(config: dict[str, Any], world: int) -> None:
 
 def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
                       ) -> tuple[Any, dict[str, Any], ShardInfo]:
-    """(model sharded over `group` with mlx-lm's shard(), config, what was read)."""
+    """(model sharded over `group` with mlx-lm's shard(), config, what was read). Split
+    weights are read only in this rank's part where the files allow it (slice_read.py)."""
+    from engine.runtime.slice_read import Sources, remember_loads, slice_reads
     from engine.runtime.stage import layer_list
 
     config = read_config(folder)
@@ -190,7 +192,9 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
     files = sorted(p.name for p in folder.glob("model*.safetensors"))
     for f in files:
         check_safetensors(folder / f)
-    model, config = _lazy_model(folder, None)
+    sources = Sources()
+    with remember_loads(sources):
+        model, config = _lazy_model(folder, None)
     if not hasattr(model, "shard"):
         raise UnsupportedModel(f"mlx-lm has no tensor parallel split for "
                                f"{type(model).__module__.rsplit('.', 1)[-1]} models; use "
@@ -198,7 +202,10 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
     # Unpack before slicing: shard() turns quantized layers into sharded quantized ones,
     # which the unpacker would turn back into plain (unsharded) layers.
     model = _unpack_if_fast(model, group.size())
-    model.shard(group)
+    with slice_reads(sources):
+        model.shard(group)
+    log.info("tensor shard: %.1f MB read as slices", sources.bytes_read / 1e6)
+    sources.by_id.clear()  # the whole tensors' lazy arrays can go now
     layers = layer_list(model)
     _materialise(layers, model, progress)
     return model, config, ShardInfo(tuple(files), read_bytes() - before, (0, len(layers)))

@@ -78,6 +78,8 @@ def test_family_runs_split_exactly_like_one_process(pair, reference, family, str
     assert r.status_code == 201, r.text
     got = a.client.complete(HELLO, model=family, max_tokens=TOKENS, temperature=0)
     assert got["choices"][0]["message"]["content"] == reference[family]
+    ranks = r.json()["ranks"]  # each rank says what it read and its peak memory
+    assert all(x["loaded"]["bytes_read"] > 0 and x["loaded"]["peak_rss"] > 0 for x in ranks)
 
 
 @pytest.mark.parametrize("family,strategy", REFUSED)
