@@ -35,7 +35,19 @@ async def list_models(request: web.Request) -> web.Response:
                 have.add(inst["model"])
                 cards.append({"id": inst["model"], "object": "model", "created": 0,
                               "owned_by": "shoal", "shoal": {"instance": inst}})
+    if "anthropic-version" in request.headers:  # the same path, Anthropic's shape
+        data = [_anthropic_card(c) for c in cards]
+        return web.json_response({"data": data, "has_more": False,
+                                  "first_id": data[0]["id"] if data else None,
+                                  "last_id": data[-1]["id"] if data else None})
     return web.json_response({"object": "list", "data": cards})
+
+
+def _anthropic_card(card: dict[str, Any]) -> dict[str, Any]:
+    ctx = (card.get("shoal") or {}).get("context_length")
+    return {"type": "model", "id": card["id"], "display_name": card["id"],
+            "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active",
+            "max_input_tokens": ctx, "max_tokens": ctx}
 
 
 @routes.get("/v1/models/{model_id:.+}")
@@ -43,7 +55,9 @@ async def get_model(request: web.Request) -> web.Response:
     mid = request.match_info["model_id"]
     for m in request.app["node"].local_models():
         if m.id == mid:
-            return web.json_response(_model_card(m))
+            card = _model_card(m)
+            anthropic = "anthropic-version" in request.headers
+            return web.json_response(_anthropic_card(card) if anthropic else card)
     raise ModelNotFound(f"The model '{mid}' is not on this node.", param="model")
 
 

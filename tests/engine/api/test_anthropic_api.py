@@ -102,3 +102,10 @@ def test_x_api_key_and_version_headers_and_error_shape(tiny_node):
                 "type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
     with pytest.raises(anthropic.NotFoundError):
         client(tiny_node).messages.create(model="claude-x", max_tokens=5, messages=HELLO)
+
+
+def test_models_are_listed_in_anthropics_shape(tiny_node):
+    c = client(tiny_node)
+    assert TINY in [m.id for m in c.models.list().data]
+    m = c.models.retrieve(TINY)
+    assert m.type == "model" and m.max_input_tokens == 4096
