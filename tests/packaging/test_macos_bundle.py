@@ -132,6 +132,8 @@ def test_signing_goes_inside_out_then_notarizes_staples_and_makes_a_dmg(fake_app
     dmg = cmds[dmg_made][-1]
     assert dmg.endswith("dist/Shoal-0.1.0.dmg")
     dmg_signed = first(lambda x: x[0] == "codesign" and x[-1] == dmg)
+    assert cmds[dmg_signed] == ["codesign", "--force", "--timestamp", "--sign",
+                                "Developer ID Application: T (ABC123)", dmg]
     notarize_dmg = first(lambda x: x[:3] == ["xcrun", "notarytool", "submit"] and dmg in x)
     staple_dmg = first(lambda x: x[:3] == ["xcrun", "stapler", "staple"] and x[-1] == dmg)
     assert app_signed < notarize_app < staple_app < dmg_made < dmg_signed < notarize_dmg \
