@@ -321,6 +321,7 @@ class PlacementView(QWidget):
         if error is not None:
             self._infeasible(message_of(error), body)
             return
+        self._grey_strategies(report.get("strategies") or {})
         placements = report.get("placements") or []
         if best:
             me = self.state.self_id
@@ -400,6 +401,14 @@ class PlacementView(QWidget):
                 if not fits:
                     cell.setForeground(Qt.GlobalColor.red)
                 self.table.setItem(i, j, cell)
+
+    def _grey_strategies(self, refused: dict[str, str | None]) -> None:
+        """Strategies this model's family can't run are greyed, with the reason."""
+        items = self.strategy_box.model()
+        for i in range(self.strategy_box.count()):
+            why = refused.get(self.strategy_box.itemData(i))
+            items.item(i).setEnabled(not why)
+            items.item(i).setToolTip(why or "")
 
     def _infeasible(self, reason: str, body: dict[str, Any]) -> None:
         """The layout can't run: red strips, the planner's reason, nothing to launch."""

@@ -214,7 +214,13 @@ def _chip_profile(chip: str, gpu_cores: Any) -> dict[str, Any] | None:
 
 # --- output --------------------------------------------------------------------------
 def report_json(r: PlanReport) -> dict[str, Any]:
+    from engine.placement.families import strategy_refusal
+
+    mtype = r.model.model_type
     return {"model": r.model.name, "context": r.context, "notes": r.notes,
+            # the family rule: why a strategy can't run this model at all (None: it can)
+            "strategies": {s: strategy_refusal(mtype, s) if mtype else None
+                           for s in ("pipeline", "tensor")},
             "placements": [p.as_dict() for p in r.placements],
             "rejected": [{"strategy": x.strategy, "backend": x.backend,
                           "nodes": list(x.nodes), "reason": x.reason}

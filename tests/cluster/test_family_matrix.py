@@ -95,6 +95,7 @@ def test_a_combination_that_cant_run_is_refused_before_anything_starts(pair, fam
     assert a.client._call("GET", "/shoal/instances") == before  # nothing started or stopped
     plan = httpx.post(a.url + "/shoal/plan", json={"model": family}, timeout=60).json()
     assert not [p for p in plan["placements"] if p["strategy"] == strategy]
+    assert FAMILIES[family]["model_type"] in plan["strategies"][strategy]  # the GUI greys it
     why = [x["reason"] for x in plan["rejected"] if x["strategy"] == strategy]
     assert why and all(FAMILIES[family]["model_type"] in w for w in why)
 
