@@ -126,3 +126,32 @@ def test_a_schema_that_cant_be_enforced_is_a_400(oai):
     assert e.value.body["param"] == "response_format"
     assert oai.chat.completions.create(model=MODEL, messages=HELLO,
                                        max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_template_without_tools_still_gets_forced_calls_right(oai):
+    # tiny-llama's ChatML template knows no tools: they go in a generic system message,
+    # and tool_choice "required" is enforced by the grammar even on random weights.
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "required": ["id"], "additionalProperties": False,
+        "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99}}}}}]
+    r = oai.chat.completions.create(model=MODEL, messages=HELLO, tools=tools,
+                                    tool_choice="required", max_tokens=100)
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "lookup"
+    assert 0 <= json.loads(call.function.arguments)["id"] <= 99
+    auto = oai.chat.completions.create(model=MODEL, messages=HELLO, tools=tools, max_tokens=5)
+    assert auto.choices[0].finish_reason == "length"  # noise, but served
+
+
+def test_structured_output_in_the_other_protocols(tiny_node):
+    import anthropic
+    fmt = {"type": "object", "required": ["ok"], "additionalProperties": False,
+           "properties": {"ok": {"type": "boolean"}}}
+    c = openai.OpenAI(base_url=tiny_node.url + "/v1", api_key="x", max_retries=0)
+    r = c.responses.create(model=MODEL, input="ok?", max_output_tokens=50, text={
+        "format": {"type": "json_schema", "name": "ok", "schema": fmt}})
+    assert isinstance(json.loads(r.output_text)["ok"], bool)
+    a = anthropic.Anthropic(base_url=tiny_node.url, api_key="x", max_retries=0)
+    m = a.messages.create(model=MODEL, max_tokens=50, messages=HELLO,
+                          output_config={"format": {"type": "json_schema", "schema": fmt}})
+    assert isinstance(json.loads(m.content[0].text)["ok"], bool)
