@@ -25,8 +25,8 @@ class Options(Strict):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     seed: int | None = None
     stop: list[str] | None = Field(default=None, max_length=16)
-    # llama.cpp runtime hints: the context and threads here are MLX's own
     num_ctx: int | None = Field(default=None, ge=1)
+    # llama.cpp runtime hints: threads, offload and memory mapping here are MLX's own
     num_batch: int | None = None
     num_gpu: int | None = None
     main_gpu: int | None = None
@@ -90,6 +90,8 @@ def sampling(body: Common, ctx_hint: int | None = None) -> dict[str, Any]:
         "frequency_penalty": o.frequency_penalty, "seed": o.seed, "stop": o.stop}
     if o.num_predict is not None and o.num_predict > 0:  # -1, -2: up to the context
         s["max_tokens"] = o.num_predict
+    if o.num_ctx is not None:  # a smaller window than the model's is honoured
+        s["context_limit"] = o.num_ctx
     if body.format == "json":
         s["constraint"] = {"json_schema": {"type": "object"}}
     elif isinstance(body.format, dict):

@@ -131,6 +131,8 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
         emit: Callable[[Message], None]) -> None:
     """Serve one request, emitting Accepted, Delta/ToolCall…, Done (or raising ShoalError)."""
     prompt, text, splitter, constraint = prepare(tokenizer, req)
+    s = dict(req.sampling)
+    ctx_len = min(ctx_len, int(s.pop("context_limit", None) or ctx_len))  # Ollama's num_ctx
     if len(prompt) >= ctx_len:
         raise ContextTooLong(
             f"The prompt is {len(prompt)} tokens; this model's context is {ctx_len} tokens. "
@@ -143,7 +145,6 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     if req.count_only:
         emit(Done(rid, "stop", len(prompt), 0))
         return
-    s = dict(req.sampling)
     if s.get("constraint") and constraint:
         raise BadRequest("A forced tool call and a response_format can't be combined.",
                          param="response_format")

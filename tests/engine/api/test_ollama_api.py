@@ -73,3 +73,12 @@ def test_tool_calls_and_thinking(forcing_node):
     [call] = r.message.tool_calls
     assert call.function.name == "get_weather" and call.function.arguments == {"city": "Paris"}
     assert r.message.thinking == "Checking."
+
+
+def test_num_ctx_limits_the_window(tiny_node):
+    c = client(tiny_node)
+    r = c.generate(model=TINY, prompt="abcdefghij", raw=True, options={"num_ctx": 16})
+    assert r.done_reason == "length" and r.prompt_eval_count + r.eval_count == 16
+    with pytest.raises(ollama.ResponseError) as e:
+        c.generate(model=TINY, prompt="x" * 40, raw=True, options={"num_ctx": 16})
+    assert e.value.status_code == 400
