@@ -155,3 +155,17 @@ def test_structured_output_in_the_other_protocols(tiny_node):
     m = a.messages.create(model=MODEL, max_tokens=50, messages=HELLO,
                           output_config={"format": {"type": "json_schema", "schema": fmt}})
     assert isinstance(json.loads(m.content[0].text)["ok"], bool)
+
+
+def test_langchain_with_structured_output(tiny_node):
+    from langchain_openai import ChatOpenAI
+
+    class Verdict(BaseModel):
+        ok: bool
+        score: int = Field(ge=0, le=9)
+
+    llm = ChatOpenAI(model=MODEL, base_url=tiny_node.url + "/v1", api_key="x", max_retries=0,
+                     max_tokens=60, timeout=60)
+    for method in ("json_schema", "function_calling"):
+        v = llm.with_structured_output(Verdict, method=method).invoke("Judge this.")
+        assert isinstance(v, Verdict), method
