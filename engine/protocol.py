@@ -145,6 +145,7 @@ class Done(Message):
     peak_memory_gb: float = 0.0
     logprobs: list[dict[str, Any]] | None = None
     stop_sequence: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(frozen=True)

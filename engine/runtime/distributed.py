@@ -51,6 +51,7 @@ class DistConfig:
     timeout_s: float = 30.0
     devices: tuple[tuple[str | None, ...], ...] | None = None
     coordinator: str | None = None
+    prefix_cache_tokens: int = 0  # the prefix cache's budget, the same on every rank
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DistConfig":
@@ -62,6 +63,7 @@ class DistConfig:
             layers = tuple((int(s), int(e)) for s, e in d.get("layers") or ())
             timeout = float(d.get("timeout_s", 30))
             devices = d.get("devices")
+            prefix_tokens = int(d.get("prefix_cache_tokens") or 0)
         except (KeyError, TypeError, ValueError) as e:
             raise BadDistConfig(f"The distributed config is incomplete or malformed ({e}).") from e
         if world < 2 or not 0 <= rank < world:
@@ -81,7 +83,7 @@ class DistConfig:
         if timeout <= 0:
             raise BadDistConfig("timeout_s must be positive.")
         return cls(rank, world, backend, hosts, bells, strategy, layers, timeout,
-                   devices, d.get("coordinator"))
+                   devices, d.get("coordinator"), max(0, prefix_tokens))
 
     @classmethod
     def from_file(cls, path: Path) -> "DistConfig":

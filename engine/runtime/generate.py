@@ -47,6 +47,7 @@ class Record:
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
     stop_sequence: str | None = None  # the stop string that ended it, if one did
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 def build_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:

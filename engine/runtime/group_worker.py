@@ -110,9 +110,11 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
          strategy=cfg.strategy, layers=list(info.layers), files=list(info.files),
          bytes_read=info.bytes_read, peak_rss=peak_rss_bytes())
     link = Link(cfg, group, bell, watchdog, on_broken=fatal.peer_lost)
+    from engine.runtime.prefix import PrefixCache
+    prefix = PrefixCache(cfg.prefix_cache_tokens, leader=cfg.rank == 0)
     if cfg.rank != 0:
-        _follower(cfg.strategy, model, link).serve()  # never returns: ends by quit or fatal
-    runner = _leader(cfg.strategy, model, link)
+        _follower(cfg.strategy, model, link, prefix).serve()  # ends by quit or fatal
+    runner = _leader(cfg.strategy, model, link, prefix)
 
     def generate(_model: Any, tok: Any, prompt: list[int], sampling: Any,
                  cancel: threading.Event | None) -> Iterator[Any]:
@@ -164,17 +166,17 @@ def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict
     return model, tokenizer, config, info
 
 
-def _leader(strategy: str, model: Any, link: Any) -> Any:
+def _leader(strategy: str, model: Any, link: Any, prefix: Any) -> Any:
     if strategy == "pipeline":
         from engine.runtime.pipeline import PipelineLeader
-        return PipelineLeader(model, link, model.hidden, model.dtype)
+        return PipelineLeader(model, link, model.hidden, model.dtype, prefix)
     from engine.runtime.tensor import TensorLeader
-    return TensorLeader(model, link)
+    return TensorLeader(model, link, prefix)
 
 
-def _follower(strategy: str, model: Any, link: Any) -> Any:
+def _follower(strategy: str, model: Any, link: Any, prefix: Any) -> Any:
     if strategy == "pipeline":
         from engine.runtime.pipeline import PipelineFollower
-        return PipelineFollower(model, link)
+        return PipelineFollower(model, link, prefix)
     from engine.runtime.tensor import TensorFollower
-    return TensorFollower(model, link)
+    return TensorFollower(model, link, prefix)

@@ -46,6 +46,9 @@ class Header:
     hidden: int
     dtype: str
     sampling: Sampling
+    n_cached: int = 0  # prompt tokens whose KV the prefix cache holds (rank 0 decided)
+    n_keep: int = 0    # prefix cache entries rank 0 kept after the previous request
+    n_prev: int = 0    # tokens of the previous request, sent after the prompt, to store
 
     def encode(self) -> Any:
         import mlx.core as mx
@@ -57,7 +60,8 @@ class Header:
         seed = (s.seed or 0) % (2**63)
         vals = [self.n_prompt, self.hidden, DTYPES.index(self.dtype), s.top_k, *f.tolist(),
                 int(s.repetition_penalty is not None) | (int(s.seed is not None) << 1),
-                seed & 0x7FFFFFFF, (seed >> 31) & 0x7FFFFFFF, (seed >> 62) & 1, s.max_tokens]
+                seed & 0x7FFFFFFF, (seed >> 31) & 0x7FFFFFFF, (seed >> 62) & 1, s.max_tokens,
+                self.n_cached, self.n_keep, self.n_prev]
         return mx.array(vals + [0] * (HEADER_LEN - len(vals)), dtype=mx.int32)
 
     @classmethod
@@ -70,7 +74,7 @@ class Header:
         sampling = Sampling(max_tokens=v[12], temperature=temp, top_p=top_p, top_k=v[3],
                             min_p=min_p, repetition_penalty=rep if v[8] & 1 else None,
                             seed=seed if v[8] & 2 else None)
-        return cls(v[0], v[1], DTYPES[v[2]], sampling)
+        return cls(v[0], v[1], DTYPES[v[2]], sampling, v[13], v[14], v[15])
 
 
 @dataclass
@@ -171,6 +175,10 @@ class Link:
             self._on_broken(self.cfg.predecessor, f"the group is out of step (expected "
                             f"{want!r}, got {op!r})")
 
+    def fail(self, why: str) -> None:
+        """The group can't go on (takes every rank down with the reason)."""
+        self._on_broken(self.cfg.predecessor, why)
+
     def new_request(self) -> None:
         self.stats = Stats()
 
@@ -255,7 +263,8 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
                          prompt_tps=prompt_tps,
                          generation_tps=(n + 1) / (time.perf_counter() - tic),
                          peak_memory_gb=mx.get_peak_memory() / 1e9, logprob=lp[0],
-                         top_logprobs=lp[1], stop_sequence=stops.matched if hit else None)
+                         top_logprobs=lp[1], stop_sequence=stops.matched if hit else None,
+                         cached_tokens=getattr(runner, "cached", 0))
             if finish is not None:
                 return
             token = sample(runner.next(token))

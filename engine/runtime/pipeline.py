@@ -12,6 +12,7 @@ from typing import Any
 from engine.runtime.doorbell import END, REQUEST, STEP, TOKEN
 from engine.runtime.generate import Sampling
 from engine.runtime.lockstep import HEADER_LEN, Header, Link, prefill_chunks
+from engine.runtime.prefix import PrefixCache
 from engine.runtime.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -21,12 +22,17 @@ class PipelineLeader:
     """Rank 0: embeds, runs its layers, sends hidden states on, gets the last rank's
     output back and turns it into logits."""
 
-    def __init__(self, stage: Stage, link: Link, hidden: int, dtype: str):
+    def __init__(self, stage: Stage, link: Link, hidden: int, dtype: str,
+                 prefix: PrefixCache | None = None):
         import mlx.core as mx
 
         self.stage, self.link, self.hidden, self.dtype = stage, link, hidden, dtype
         self._dtype = getattr(mx, dtype)
         self.cache: list[Any] = []
+        self.prefix = prefix if prefix is not None else PrefixCache(0)
+        self.fed: list[int] = []   # the tokens the cache holds
+        self.prev: list[int] = []  # the last request's, for the followers to store
+        self.cached = 0            # prompt tokens the prefix cache gave this request
 
     def _hop(self, tokens: list[int], logits: bool = True) -> Any:
         import mlx.core as mx
@@ -51,31 +57,40 @@ class PipelineLeader:
 
         link = self.link
         link.new_request()
-        self.cache = self.stage.make_cache()
-        link.send(Header(len(prompt), self.hidden, self.dtype, sampling).encode(),
-                  link.cfg.successor, REQUEST)
-        link.send(mx.array(prompt, dtype=mx.int32), link.cfg.successor, STEP)
-        at = 0
-        for n in prefill_chunks(len(prompt)):
+        cache, self.cached = self.prefix.fetch(prompt)
+        self.cache = cache if cache is not None else self.stage.make_cache()
+        hdr = Header(len(prompt), self.hidden, self.dtype, sampling, self.cached,
+                     len(self.prefix), len(self.prev))
+        link.send(hdr.encode(), link.cfg.successor, REQUEST)
+        link.send(mx.array(prompt + self.prev, dtype=mx.int32), link.cfg.successor, STEP)
+        self.prev, self.fed = [], list(prompt)
+        at = self.cached
+        for n in prefill_chunks(len(prompt) - self.cached):
             self._hop(prompt[at:at + n], logits=False)
             at += n
             mx.clear_cache()
+        self.prefix.mark(prompt, self.cache)
         return self._hop(prompt[at:])
 
     def next(self, token: int) -> Any:
+        self.fed.append(token)
         return self._hop([token])
 
     def end(self) -> None:
-        """Every rank drops the request; END comes back round the ring when all have."""
-        self.cache = []
+        """Every rank ends the request (END comes back round the ring when all have); its
+        cache goes into the prefix cache, on the followers at the next request."""
+        self.prefix.finish(self.fed, self.cache)
+        self.prev, self.cache = self.fed, []
         self.link.end_round()
 
 
 class PipelineFollower:
     """Ranks 1…n-1: asleep on the doorbell until the predecessor announces a tensor."""
 
-    def __init__(self, stage: Stage, link: Link):
+    def __init__(self, stage: Stage, link: Link, prefix: PrefixCache | None = None):
         self.stage, self.link = stage, link
+        self.prefix = prefix if prefix is not None else PrefixCache(0, leader=False)
+        self.done: list[Any] = []  # the last request's cache, stored once its tokens come
 
     def serve(self) -> None:
         import mlx.core as mx
@@ -90,19 +105,29 @@ class PipelineFollower:
                 head = link.recv((HEADER_LEN,), mx.int32, src)
                 hdr = Header.decode(head)
                 link.expect(STEP)
-                prompt = link.recv((hdr.n_prompt,), mx.int32, src)
+                ids = link.recv((hdr.n_prompt + hdr.n_prev,), mx.int32, src)
                 if not stage.last:
                     link.send(head, dst, REQUEST)
-                    link.send(prompt, dst, STEP)
+                    link.send(ids, dst, STEP)
+                prompt = ids.tolist()[:hdr.n_prompt]
+                cache = self._cache_for(hdr, ids.tolist())
                 # prompt chunks, then the last prompt token, then one token per step
-                schedule = [1] + prefill_chunks(hdr.n_prompt)[::-1]
+                schedule = [1] + prefill_chunks(hdr.n_prompt - hdr.n_cached)[::-1]
+                chunks = len(schedule) - 1
+                if not chunks:
+                    self.prefix.mark(prompt, cache)
                 stage.set_dtype(hdr.dtype)
-                cache, dtype, busy = stage.make_cache(), getattr(mx, hdr.dtype), True
+                dtype, busy = getattr(mx, hdr.dtype), True
             elif op == STEP:
                 n = schedule.pop() if schedule else 1
                 h = stage(link.recv((1, n, hdr.hidden), dtype, src), cache)
                 h = h if h.dtype == dtype else h.astype(dtype)
                 link.stats.steps += 1
+                if chunks:
+                    chunks -= 1
+                    if not chunks:  # all the prompt but its last token is in
+                        link.compute(h)
+                        self.prefix.mark(prompt, cache)
                 if not stage.last:
                     link.compute(h)
                     link.send(h, dst, STEP)
@@ -112,8 +137,16 @@ class PipelineFollower:
                 link.send(out, dst, TOKEN)
             elif op == END:
                 link.bell.ring(END)  # on to the successor; the last rank's reaches rank 0
-                cache, busy = [], False
+                self.done, cache, busy = cache, [], False
                 mx.clear_cache()
                 link.end_request()
             else:
                 log.warning("ignoring unknown doorbell op %r", op)
+
+    def _cache_for(self, hdr: Header, ids: list[int]) -> list[Any]:
+        cache, problem = self.prefix.follow(ids, hdr.n_prompt, hdr.n_cached, hdr.n_keep,
+                                            self.done)
+        self.done = []
+        if problem:
+            self.link.fail(problem)
+        return cache if cache is not None else self.stage.make_cache()

@@ -14,6 +14,7 @@ from typing import Any
 from engine.runtime.doorbell import END, REQUEST, TOKEN
 from engine.runtime.generate import Sampling
 from engine.runtime.lockstep import HEADER_LEN, DTYPES, Header, Link, prefill_chunks
+from engine.runtime.prefix import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,13 @@ def _prefill(model: Any, link: Link, prompt: Any, cache: list[Any]) -> Any:
 class TensorLeader:
     """Rank 0 of a tensor parallel group: runs the whole model and returns logits."""
 
-    def __init__(self, model: Any, link: Link):
+    def __init__(self, model: Any, link: Link, prefix: PrefixCache | None = None):
         self.model, self.link = model, link
         self.cache: list[Any] = []
+        self.prefix = prefix if prefix is not None else PrefixCache(0)
+        self.fed: list[int] = []   # the tokens the cache holds
+        self.prev: list[int] = []  # the last request's, for the followers to store
+        self.cached = 0
 
     def _step(self, tokens: Any) -> Any:
         logits = self.model(tokens[None], cache=self.cache)[:, -1, :]
@@ -51,20 +56,27 @@ class TensorLeader:
 
         link = self.link
         link.new_request()
-        self.cache = make_prompt_cache(self.model)
+        cache, self.cached = self.prefix.fetch(prompt)
+        self.cache = cache if cache is not None else make_prompt_cache(self.model)
         link.bell.ring(REQUEST)
-        link.all_sum(Header(len(prompt), 0, DTYPES[0], sampling).encode())
-        ids = link.all_sum(mx.array(prompt, dtype=mx.int32))
-        return self._step(_prefill(self.model, link, ids, self.cache))
+        link.all_sum(Header(len(prompt), 0, DTYPES[0], sampling, self.cached,
+                            len(self.prefix), len(self.prev)).encode())
+        ids = link.all_sum(mx.array(prompt + self.prev, dtype=mx.int32))
+        self.prev, self.fed = [], list(prompt)
+        last = _prefill(self.model, link, ids[self.cached:len(prompt)], self.cache)
+        self.prefix.mark(prompt, self.cache)
+        return self._step(last)
 
     def next(self, token: int) -> Any:
         import mlx.core as mx
 
+        self.fed.append(token)
         self.link.bell.ring(TOKEN)
         return self._step(self.link.all_sum(mx.array([token], dtype=mx.int32)))
 
     def end(self) -> None:
-        self.cache = []
+        self.prefix.finish(self.fed, self.cache)
+        self.prev, self.cache = self.fed, []
         self.link.end_round()
 
 
@@ -84,8 +96,9 @@ def head_is_sharded(model: Any) -> bool:
 class TensorFollower:
     """Ranks 1…n-1: compute the layers' slices; the head and sampling are rank 0's."""
 
-    def __init__(self, model: Any, link: Link):
+    def __init__(self, model: Any, link: Link, prefix: PrefixCache | None = None):
         self.model, self.link = model, link
+        self.prefix = prefix if prefix is not None else PrefixCache(0, leader=False)
         # The head's slice must run with the other ranks' where it is sharded; otherwise
         # the body (layers and norm) is enough.
         self.body = model if head_is_sharded(model) else getattr(model, "model", model)
@@ -96,7 +109,7 @@ class TensorFollower:
 
         link, cfg = self.link, self.link.cfg
         last = cfg.rank == cfg.world - 1
-        busy, cache = False, []
+        busy, cache, done = False, [], []
         while True:
             op = link.wait(busy)
             if op in (REQUEST, TOKEN) and not last:
@@ -104,14 +117,20 @@ class TensorFollower:
             if op == REQUEST:
                 link.new_request()
                 hdr = Header.decode(link.all_sum(mx.zeros((HEADER_LEN,), mx.int32)))
-                ids = link.all_sum(mx.zeros((hdr.n_prompt,), mx.int32))
-                cache, busy = make_prompt_cache(self.model), True
-                tokens = _prefill(self.model, link, ids, cache)
+                ids = link.all_sum(mx.zeros((hdr.n_prompt + hdr.n_prev,), mx.int32))
+                hit, problem = self.prefix.follow(ids.tolist(), hdr.n_prompt, hdr.n_cached,
+                                                  hdr.n_keep, done)
+                if problem:
+                    link.fail(problem)
+                cache = hit if hit is not None else make_prompt_cache(self.model)
+                busy, done = True, []
+                tokens = _prefill(self.model, link, ids[hdr.n_cached:hdr.n_prompt], cache)
+                self.prefix.mark(ids.tolist()[:hdr.n_prompt], cache)
             elif op == TOKEN:
                 tokens = link.all_sum(mx.zeros((1,), mx.int32))
             elif op == END:
                 link.bell.ring(END)  # the last rank's END reaches rank 0: all are done
-                cache, busy = [], False
+                done, cache, busy = cache, [], False
                 mx.clear_cache()
                 link.end_request()
                 continue

@@ -117,12 +117,13 @@ class Group:
 
     def __init__(self, tmp: Path, model: Path, world: int, strategy: str,
                  layers: list[list[int]] | None = None, timeout_s: float = 20,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, prefix_cache_tokens: int = 8192):
         ports = free_ports(2 * world)
         self.config = {"world": world, "backend": "ring", "strategy": strategy,
                        "hosts": [f"127.0.0.1:{p}" for p in ports[:world]],
                        "bells": [f"127.0.0.1:{p}" for p in ports[world:]],
-                       "layers": layers or [], "timeout_s": timeout_s}
+                       "layers": layers or [], "timeout_s": timeout_s,
+                       "prefix_cache_tokens": prefix_cache_tokens}
         tmp.mkdir(parents=True, exist_ok=True)
         self.ranks: list[Worker] = []
         for r in range(world):

@@ -178,3 +178,54 @@ def test_missing_peer_is_named_within_the_timeout(models, tmp_path):
         assert group.exit_codes(5)[0] == 1
     finally:
         group.kill()
+
+
+def conversation() -> list[list[dict]]:
+    """Three turns of one chat, each resending the whole conversation, plus an exact
+    resend and a shorter one: what a chat UI or an agent sends."""
+    turns = [[{"role": "system", "content": "You are terse. " * 20},
+              {"role": "user", "content": "Tell me about lighthouses."}]]
+    for reply, ask in (("Tall towers by the sea.", "And their keepers?"),
+                       ("They kept the lamps lit.", "Thanks!")):
+        turns.append(turns[-1] + [{"role": "assistant", "content": reply},
+                                  {"role": "user", "content": ask}])
+    return turns + [turns[-1], turns[1]]
+
+
+@pytest.mark.parametrize("strategy,world", [("pipeline", 2), ("pipeline", 3), ("tensor", 2)])
+def test_prefix_cache_hits_give_the_same_output(models, tmp_path, strategy, world):
+    requests = [(msgs, {"max_tokens": 10}) for msgs in conversation()]
+    want = single_outputs(models["qwen3"], tmp_path, requests)
+    group = Group(tmp_path / "g", models["qwen3"], world, strategy,
+                  SPLITS[world] if strategy == "pipeline" else None)
+    try:
+        group.ready()
+        got, cached, prompts = [], [], []
+        for i, (msgs, s) in enumerate(requests):
+            events = generate(group.leader, f"t{i}", msgs, **s)
+            got.append(texts(events))
+            cached.append(events[-1]["cached_tokens"])
+            prompts.append(events[-1]["prompt_tokens"])
+        assert got == want  # token for token, hit or not
+        assert cached[0] == 0 and all(c > 100 for c in cached[1:]), cached
+        assert cached[3] == prompts[3] - 1  # an exact resend reruns only its last token
+    finally:
+        group.kill()
+
+
+def test_prefix_cache_with_linear_attention_state(tmp_path):
+    """qwen3_next keeps recurrent state that can't be rewound: it hits on entries that are
+    a prefix of the prompt (each turn of a chat), and output stays exact."""
+    from families import make_family_model
+
+    model = make_family_model(tmp_path / "qwen3_next", "qwen3_next", seed=2)
+    requests = [(msgs, {"max_tokens": 8}) for msgs in conversation()[:3]]
+    want = single_outputs(model, tmp_path, requests)
+    group = Group(tmp_path / "g", model, 2, "pipeline", [[0, 1], [1, 4]])
+    try:
+        group.ready()
+        events = [generate(group.leader, f"h{i}", m, **s) for i, (m, s) in enumerate(requests)]
+        assert [texts(e) for e in events] == want
+        assert [e[-1]["cached_tokens"] > 0 for e in events] == [False, True, True]
+    finally:
+        group.kill()

@@ -1,0 +1,111 @@
+"""The prefix KV cache: mlx-lm's LRUPromptCache, with what serving across nodes needs.
+
+- A lookup always leaves at least the prompt's last token to run, for the next logits; a
+  longer entry is trimmed to the common prefix (trimmable caches only: linear-attention
+  state can't be rewound, so hybrid models hit only on entries that are a prefix of the
+  prompt, which is what a growing chat gives).
+- Entries are keyed by exactly the tokens their KV holds: the prompt and every token fed
+  back, i.e. what the model sampled, so a client replaying its tool calls still hits.
+- Eviction is LRU within a token budget and an entry count, both identical on every rank
+  of a group; followers don't evict by themselves but trim to the count rank 0 kept, so
+  their tries hold the same keys and make the same decision for every prompt.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+KEY = "model"  # one model per worker: the trie needs a key, any constant will do
+
+
+class PrefixCache:
+    def __init__(self, budget_tokens: int, max_entries: int = 16, leader: bool = True):
+        from mlx_lm.models.cache import LRUPromptCache
+
+        self.budget_tokens, self.leader = budget_tokens, leader
+        self.lru = LRUPromptCache(max_size=max_entries if leader else 1 << 30)
+        self.hits = self.lookups = 0
+        self._snapshot: tuple[list[int], list[Any]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.lru)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.lru.nbytes)
+
+    def tokens(self) -> int:
+        """Tokens held over all entries (mlx-lm 0.32.2 keeps them in its LRU deques)."""
+        return sum(len(t) for lru in self.lru._lru._lrus.values() for _, t in lru)
+
+    def fetch(self, prompt: list[int]) -> tuple[list[Any] | None, int]:
+        """(a copy of the best cache for `prompt`, how many of its tokens it holds); the
+        prompt's last token is always left to run."""
+        self.lookups += 1
+        if self.budget_tokens <= 0 or len(prompt) < 2:
+            return None, 0
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        cache, rest = self.lru.fetch_nearest_cache(KEY, prompt)
+        if cache is not None and not rest:  # an exact hit: its last token must run again
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+                rest = prompt[-1:]
+            else:  # recurrent state can't be rewound: the best entry short of it
+                cache, rest = self.lru.fetch_nearest_cache(KEY, prompt[:-1])
+                rest = [*rest, prompt[-1]]
+        if cache is None:
+            return None, 0
+        self.hits += 1
+        return cache, len(prompt) - len(rest)
+
+    def mark(self, prompt: list[int], cache: list[Any]) -> None:
+        """`cache` now holds all of `prompt` but its last token. Recurrent state can't be
+        rewound, so keep a copy of it here: the next turn of the chat (or a resend) starts
+        with these tokens even when the reply it carries differs from what was sampled."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        if self.budget_tokens > 0 and len(prompt) > 1 and not can_trim_prompt_cache(cache):
+            self._snapshot = (list(prompt[:-1]), copy.deepcopy(cache))
+
+    def finish(self, tokens: list[int], cache: list[Any]) -> None:
+        """A request ended with `cache` holding exactly `tokens`: keep it (and the mark's
+        copy); rank 0 then evicts LRU entries beyond the budget."""
+        snap, self._snapshot = self._snapshot, None
+        for key, c in ([snap] if snap else []) + [(tokens, cache)]:
+            self._store(key, c)
+        if self.leader:
+            while len(self.lru) > 1 and self.tokens() > self.budget_tokens:
+                self.lru.trim_to(n_sequences=len(self.lru) - 1)
+
+    def _store(self, tokens: list[int], cache: list[Any]) -> None:
+        if self.budget_tokens > 0 and tokens and len(tokens) <= self.budget_tokens:
+            self.lru.insert_cache(KEY, list(tokens), cache)
+
+    def keep(self, n: int) -> None:
+        """Followers: drop the LRU entries rank 0 dropped (the same ones: same order)."""
+        self.lru.trim_to(n_sequences=n)
+
+    def follow(self, ids: list[int], n_prompt: int, n_cached: int, n_keep: int,
+               done: list[Any]) -> tuple[list[Any] | None, str | None]:
+        """A follower at a new request: `ids` is the prompt, then the tokens of the last
+        request, whose cache `done` is; keep it as rank 0 did, drop what rank 0 dropped,
+        and take the prefix rank 0 took. Returns (cache or None, why the group is out of
+        step)."""
+        prompt, prev = ids[:n_prompt], ids[n_prompt:]
+        if prev:
+            self.finish(prev, done)
+        self.keep(n_keep)
+        cache, n = self.fetch(prompt)
+        if n != n_cached:
+            return None, (f"the prefix cache is out of step (rank 0 holds {n_cached} of the "
+                          f"prompt's tokens, this rank {n})")
+        return cache, None
+
+    def stats(self) -> dict[str, int]:
+        return {"entries": len(self), "tokens": self.tokens(), "bytes": self.nbytes,
+                "hits": self.hits, "lookups": self.lookups}
