@@ -56,8 +56,19 @@ async def version(request: web.Request) -> web.Response:
 
 @routes.get("/api/tags")
 async def tags(request: web.Request) -> web.Response:
-    return web.json_response({"models": [_entry(m) for m in
-                                         request.app["node"].local_models()]})
+    models = [_entry(m) for m in request.app["node"].local_models()]
+    cluster = request.app.get("cluster")
+    if cluster is not None:  # served by distributed instances other nodes own
+        have = {m["name"] for m in models}
+        for _, inst in cluster.remote_instances():
+            if inst["model"] not in have:
+                have.add(inst["model"])
+                models.append({"name": inst["model"], "model": inst["model"],
+                               "modified_at": _now(), "size": 0, "digest": "",
+                               "details": {"format": "safetensors", "family": "",
+                                           "families": [], "parameter_size": "",
+                                           "quantization_level": ""}})
+    return web.json_response({"models": models})
 
 
 @routes.get("/api/ps")
