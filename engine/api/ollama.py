@@ -38,10 +38,18 @@ def _entry(m: Any) -> dict[str, Any]:
 
 
 def _find(request: web.Request, model: str) -> Any:
+    model = model.removesuffix(":latest")
     for m in request.app["node"].local_models():
         if m.id == model:
             return m
     raise ModelNotFound(f"model '{model}' not found", param="model")
+
+
+def _untagged(body: Any) -> Any:
+    """Ollama clients may add the default tag (name:latest); Shoal's ids have no tags."""
+    if body.model.endswith(":latest"):
+        return body.model_copy(update={"model": body.model.removesuffix(":latest")})
+    return body
 
 
 @routes.get("/")
@@ -56,8 +64,19 @@ async def version(request: web.Request) -> web.Response:
 
 @routes.get("/api/tags")
 async def tags(request: web.Request) -> web.Response:
-    return web.json_response({"models": [_entry(m) for m in
-                                         request.app["node"].local_models()]})
+    models = [_entry(m) for m in request.app["node"].local_models()]
+    cluster = request.app.get("cluster")
+    if cluster is not None:  # served by distributed instances other nodes own
+        have = {m["name"] for m in models}
+        for _, inst in cluster.remote_instances():
+            if inst["model"] not in have:
+                have.add(inst["model"])
+                models.append({"name": inst["model"], "model": inst["model"],
+                               "modified_at": _now(), "size": 0, "digest": "",
+                               "details": {"format": "safetensors", "family": "",
+                                           "families": [], "parameter_size": "",
+                                           "quantization_level": ""}})
+    return web.json_response({"models": models})
 
 
 @routes.get("/api/ps")
@@ -178,7 +197,7 @@ async def _load_only(request: web.Request, model: str, chat: bool,
 @routes.post("/api/chat")
 async def chat(request: web.Request) -> web.StreamResponse:
     raw = await common.read_json(request)
-    body = common.parse(ChatRequest, raw)
+    body = _untagged(common.parse(ChatRequest, raw))
     relayed = await common.relay(request, body.model, raw)
     if relayed is not None:
         return relayed
@@ -190,7 +209,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
 @routes.post("/api/generate")
 async def generate(request: web.Request) -> web.StreamResponse:
     raw = await common.read_json(request)
-    body = common.parse(GenerateRequest, raw)
+    body = _untagged(common.parse(GenerateRequest, raw))
     relayed = await common.relay(request, body.model, raw)
     if relayed is not None:
         return relayed

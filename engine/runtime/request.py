@@ -75,8 +75,12 @@ def prepare(tokenizer: Any, req: GenerateRequest
     if req.thinking is not None:
         kwargs["enable_thinking"] = req.thinking
     if getattr(tokenizer, "has_chat_template", False):
-        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
-                                             tokenize=False, **kwargs)
+        try:
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                 tokenize=False, **kwargs)
+        except Exception as e:  # templates raise on conversations they don't allow
+            raise BadRequest(f"The model's chat template refused this conversation: {e}",
+                             param="messages") from None
         prompt = list(tokenizer.encode(text, add_special_tokens=False))
     else:  # no template: plain "role: content" lines, the least surprising fallback
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in msgs) + "assistant: "

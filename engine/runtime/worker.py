@@ -100,6 +100,9 @@ def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
             log.exception("request %s failed", rid)
             emit(Error(rid, BadRequest.code, f"The request could not be served: {e}",
                        None, 400))
+        except Exception as e:  # the worker stays up for the next request
+            log.exception("request %s failed", rid)
+            emit(Error(rid, "generation_failed", f"Generation failed: {e}", None, 500))
         finally:
             on_request(None)
             cancels.pop(rid, None)

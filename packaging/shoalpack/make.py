@@ -57,8 +57,8 @@ def main() -> int:
         product = DIST / f"{meta.NAME}.app"
         if os.environ.get("SHOAL_SIGN_IDENTITY"):
             say("signing, notarizing, stapling and making the DMG")
-            subprocess.run([str(ROOT / "packaging" / "macos" / "sign"), str(product)],
-                           check=True)
+            subprocess.run([sys.executable, str(ROOT / "packaging" / "macos" / "sign"),
+                            str(product)], check=True)
         else:
             say("not signed (set SHOAL_SIGN_IDENTITY to sign, notarize and make a DMG)")
     else:

@@ -28,7 +28,7 @@ def test_chat_whole_and_streamed_agree(tiny_node):
 
 def test_generate_with_system_and_raw(tiny_node):
     c = client(tiny_node)
-    r = c.generate(model=TINY, prompt="Once upon", system="Tell a story.",
+    r = c.generate(model=TINY + ":latest", prompt="Once upon", system="Tell a story.",
                    options={"num_predict": 8})
     assert r.done and r.eval_count == 8 and r.response
     raw = list(c.generate(model=TINY, prompt="abc", raw=True, stream=True,
@@ -48,7 +48,7 @@ def test_json_format_gives_an_object(tiny_node):
 def test_list_show_ps_version_and_head(tiny_node):
     c = client(tiny_node)
     assert TINY in [m.model for m in c.list().models]
-    info = c.show(TINY)
+    info = c.show(TINY + ":latest")  # the tag Ollama clients add by default
     assert info.modelinfo["llama.context_length"] == 4096
     assert TINY in [m.model for m in c.ps().models]
     assert httpx.get(tiny_node.url + "/api/version").json()["version"]

@@ -70,5 +70,7 @@ def test_anthropic_and_ollama_through_the_relay(relay):
         final = s.get_final_message()
     assert final.stop_reason == "tool_use" and final.content[-1].input == {"city": "Paris"}
     assert a.messages.count_tokens(model=MODEL, messages=ASK).input_tokens > 5
-    o = ollama.Client(host=relay.url, timeout=60).chat(model=MODEL, messages=ASK, tools=TOOLS)
+    oc = ollama.Client(host=relay.url, timeout=60)
+    o = oc.chat(model=MODEL, messages=ASK, tools=TOOLS)
     assert o.message.tool_calls[0].function.arguments == {"city": "Paris"}
+    assert MODEL in [m.model for m in oc.list().models]
