@@ -30,8 +30,11 @@ def error_body(e: ShoalError) -> dict[str, Any]:
 
 
 def _usage(done: wire.Done | None, prompt_tokens: int) -> dict[str, int]:
-    return {"input_tokens": prompt_tokens, "output_tokens": done.generation_tokens if done
-            else 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    """Anthropic counts prompt tokens read from the cache apart from input_tokens."""
+    cached = done.cached_tokens if done else 0
+    return {"input_tokens": prompt_tokens - cached,
+            "output_tokens": done.generation_tokens if done else 0,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
 @routes.post("/v1/messages/count_tokens")
@@ -154,7 +157,7 @@ async def _stream(request: web.Request, g: common.Generation, mid: str) -> web.S
             await close_block()
             await send("message_delta", {
                 "delta": {"stop_reason": stop_reason(ev), "stop_sequence": ev.stop_sequence},
-                "usage": {"output_tokens": ev.generation_tokens}})
+                "usage": _usage(ev, ev.prompt_tokens)})
             await send("message_stop", {})
     await resp.write_eof()
     return resp

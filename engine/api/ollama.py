@@ -112,11 +112,13 @@ async def show(request: web.Request) -> web.Response:
 
 
 def _final(done: wire.Done, model: str, t0: float) -> dict[str, Any]:
-    p_s = done.prompt_tokens / done.prompt_tps if done.prompt_tps else 0.0
+    run = done.prompt_tokens - done.cached_tokens  # prompt_tps counts the tokens run
+    p_s = run / done.prompt_tps if done.prompt_tps else 0.0
     g_s = done.generation_tokens / done.generation_tps if done.generation_tps else 0.0
     return {"model": model, "created_at": _now(), "done": True,
             "done_reason": DONE_REASONS.get(done.finish_reason, "stop"),
             "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
+            # the prompt's duration is what it took: a cached prefix cost nothing
             "prompt_eval_count": done.prompt_tokens, "prompt_eval_duration": int(p_s * 1e9),
             "eval_count": done.generation_tokens, "eval_duration": int(g_s * 1e9)}
 

@@ -122,9 +122,10 @@ def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
         thinking=thinking_of(body), sampling=sampling)
 
 
-def usage(done: wire.Done) -> dict[str, int]:
+def usage(done: wire.Done) -> dict[str, Any]:
     p, c = done.prompt_tokens, done.generation_tokens
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
 def finish_of(done: wire.Done) -> str:

@@ -41,7 +41,7 @@ def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
             out["status"] = "incomplete"
             out["incomplete_details"] = {"reason": "max_output_tokens"}
         out["usage"] = {"input_tokens": done.prompt_tokens,
-                        "input_tokens_details": {"cached_tokens": 0},
+                        "input_tokens_details": {"cached_tokens": done.cached_tokens},
                         "output_tokens": done.generation_tokens,
                         "output_tokens_details": {"reasoning_tokens": 0},
                         "total_tokens": done.prompt_tokens + done.generation_tokens}

@@ -81,6 +81,13 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _prefix_budget(path: Path) -> int:
+    """The prefix cache budget every rank of a group shares (the planner counts it)."""
+    from engine.runtime.load import context_length, read_config
+    from engine.runtime.prefix import default_budget
+    return default_budget(context_length(read_config(path)))
+
+
 def model_shape(config: dict[str, Any]) -> tuple[ModelShape, str]:
     cfg = config.get("text_config", config)
     heads = int(cfg.get("num_attention_heads", 0))
@@ -318,7 +325,7 @@ class Cluster:
                 "layers": [r["layers"] for r in inst.ranks]
                 if inst.strategy == "pipeline" else [],
                 # one token or one 2048-token prefill chunk round the whole group
-                "timeout_s": 120}
+                "timeout_s": 120, "prefix_cache_tokens": _prefix_budget(path)}
         # 2. start every rank at once (MLX's init needs them all)
         starts = [self.peers.call(r["url"], "POST", "/shoal/peer/start",
                                   {"instance": inst.id, "model": inst.model,

@@ -1,5 +1,6 @@
 """Memory one rank needs: its weights, the KV cache for the whole requested context, the
-transient activations of a prefill chunk, and runtime overhead. Checked against what the
+prefix cache kept for later requests, the transient activations of a prefill chunk, and
+runtime overhead. Checked against what the
 GPU may use, never against "free" memory."""
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ class MemoryUse:
     activations: int
     overhead: int
     usable: int
+    prefix_cache: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + self.overhead
+        return (self.weights + self.kv_cache + self.prefix_cache + self.activations
+                + self.overhead)
 
     @property
     def fits(self) -> bool:
@@ -29,7 +32,7 @@ class MemoryUse:
 
     def as_dict(self) -> dict[str, int]:
         return {"weights": self.weights, "kv_cache": self.kv_cache,
-                "activations": self.activations, "overhead": self.overhead,
+                "prefix_cache": self.prefix_cache, "activations": self.activations, "overhead": self.overhead,
                 "total": self.total, "usable": self.usable}
 
 
@@ -53,7 +56,8 @@ def refusal(node: NodeSpec, use: MemoryUse, layers: tuple[int, int], context: in
     what = f"1/{tensor_ranks} of every layer" if tensor_ranks > 1 else layers_label(layers)
     return (f"node {node.name} needs {gb(use.total)} for {what} at "
             f"{context_label(context)} context; {gb(use.usable)} usable "
-            f"(weights {gb(use.weights)}, KV cache {gb(use.kv_cache)}, activations "
+            f"(weights {gb(use.weights)}, KV cache {gb(use.kv_cache)}, prefix cache "
+            f"{gb(use.prefix_cache)}, activations "
             f"{gb(use.activations)}, runtime {gb(use.overhead)})")
 
 
@@ -79,8 +83,9 @@ class Sizer:
     def pipeline_fits(self, node: NodeSpec, s: int, e: int, first: bool, last: bool) -> bool:
         weights, kv = self._pipeline_parts((s, e), first, last)
         a = self.a  # the same sum, rounded the same way, as MemoryUse.total
-        need = round(weights) + round(kv) + round(self._act) + \
-            round(a.runtime_fixed_bytes + a.runtime_fraction * (weights + kv))
+        prefix = kv * a.prefix_cache_contexts
+        need = round(weights) + round(kv) + round(prefix) + round(self._act) + \
+            round(a.runtime_fixed_bytes + a.runtime_fraction * (weights + kv + prefix))
         return need <= node.memory_bytes
 
     def _pipeline_parts(self, layers: tuple[int, int], first: bool,
@@ -129,6 +134,8 @@ def _activations(model: ModelSpec, context: int, heads: int, a: Assumptions) -> 
 
 
 def _use(weights: float, kv: float, act: float, node: NodeSpec, a: Assumptions) -> MemoryUse:
-    overhead = a.runtime_fixed_bytes + a.runtime_fraction * (weights + kv)
+    prefix = kv * a.prefix_cache_contexts
+    overhead = a.runtime_fixed_bytes + a.runtime_fraction * (weights + kv + prefix)
     return MemoryUse(weights=round(weights), kv_cache=round(kv), activations=round(act),
-                     overhead=round(overhead), usable=int(node.memory_bytes))
+                     overhead=round(overhead), usable=int(node.memory_bytes),
+                     prefix_cache=round(prefix))

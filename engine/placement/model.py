@@ -14,6 +14,14 @@ from typing import Any, Mapping
 from engine.placement.families import strategy_refusal
 from engine.placement.validate import PlacementError
 
+PLANNING_CONTEXT_CAP = 32768  # the context a plan assumes unless asked for another
+
+
+def planning_context(context_length: int) -> int:
+    """The context the planner plans a model for by default."""
+    return min(context_length, PLANNING_CONTEXT_CAP)
+
+
 # Bytes per parameter of the usual formats. MLX affine quantization stores a float16
 # scale and bias per group (4 bytes / group_size); mxfp formats one 8-bit scale per group.
 QUANTIZATIONS: dict[str, float] = {
@@ -224,7 +232,8 @@ class ModelSpec:
                    head_dim=head_dim, intermediate=num("intermediate_size", default=0),
                    vocab=num("vocab_size"), bytes_per_param=bytes_per_param,
                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                   context=min(num("max_position_embeddings", default=32768), 32768),
+                   context=planning_context(num("max_position_embeddings",
+                                                default=PLANNING_CONTEXT_CAP)),
                    model_type=mtype,
                    shardable=strategy_refusal(mtype, "tensor") is None, **extra)
 

@@ -24,6 +24,9 @@ class Assumptions:
     prefill_tokens: int = 4096  # the prompt length prefill tokens/s is quoted for
     runtime_fixed_bytes: int = 1_000_000_000  # MLX, Metal and the worker itself
     runtime_fraction: float = 0.02  # allocator slack on weights and cache
+    # the prefix cache's budget: this many contexts' worth of KV kept for later requests
+    # (the worker's budget in tokens is the same multiple of the context length)
+    prefix_cache_contexts: float = 1.0
 
 
 DEFAULT = Assumptions()

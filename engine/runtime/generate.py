@@ -62,42 +62,63 @@ def build_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int
 
 
 def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
-             cancel: threading.Event | None = None) -> Iterator[Record]:
+             cancel: threading.Event | None = None, prefix: Any = None) -> Iterator[Record]:
     """Stream records for `prompt`. Setting `cancel` ends the stream at the next token
-    with finish_reason "cancelled"."""
+    with finish_reason "cancelled". With a `prefix` (engine.runtime.prefix.PrefixCache)
+    the prompt starts from the longest cached prefix, and its KV is kept afterwards."""
     import mlx.core as mx
     from mlx_lm.generate import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
 
     from engine.runtime.sampling import make_sampling, token_logprobs
 
     sampler, processors = make_sampling(sampling, tokenizer)
     stops = StopMatcher(sampling.stop)
+    cache, cached = prefix.fetch(prompt) if prefix is not None else (None, 0)
+    cache = cache if cache is not None else make_prompt_cache(model)
+    fed = list(prompt)  # every token the cache holds: mlx-lm feeds each one it yields
+
+    def progress(done: int, total: int) -> None:
+        if prefix is not None and done == total - 1:  # all of the prompt but its last
+            prefix.mark(prompt, cache)
+
     last = None
-    for r in stream_generate(model, tokenizer, mx.array(prompt),
-                             max_tokens=sampling.max_tokens, sampler=sampler,
-                             logits_processors=processors):
-        last = r
-        lp = token_logprobs(r.logprobs, r.token, sampling.logprobs)
-        text, hit = stops.feed(r.text)
-        finish = r.finish_reason
-        if hit:
-            finish = "stop"
-        elif finish is None and cancel is not None and cancel.is_set():
-            finish = "cancelled"
-        if finish is not None:
-            text += "" if hit else stops.flush()
-            yield _record(r, text, finish, lp, stops.matched)
-            return
-        yield _record(r, text, None, lp)
-    if last is None:  # stream_generate always yields; keep the one-finish promise anyway
-        yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0)
+    try:
+        for r in stream_generate(model, tokenizer, mx.array(prompt[cached:]),
+                                 max_tokens=sampling.max_tokens, sampler=sampler,
+                                 logits_processors=processors, prompt_cache=cache,
+                                 prompt_progress_callback=progress):
+            last = r
+            fed.append(int(r.token))
+            lp = token_logprobs(r.logprobs, r.token, sampling.logprobs)
+            text, hit = stops.feed(r.text)
+            finish = r.finish_reason
+            if hit:
+                finish = "stop"
+            elif finish is None and cancel is not None and cancel.is_set():
+                finish = "cancelled"
+            if finish is not None:
+                text += "" if hit else stops.flush()
+                yield _record(r, text, finish, lp, len(prompt), cached, stops.matched)
+                return
+            yield _record(r, text, None, lp, len(prompt), cached)
+        if last is None:  # stream_generate always yields; keep the one-finish promise
+            yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0)
+    finally:
+        if prefix is not None and _holds(cache, len(fed)):
+            prefix.finish(fed, cache)
+
+
+def _holds(cache: list[Any], n: int) -> bool:
+    """Does every position-keeping layer cache hold exactly n tokens?"""
+    return all(getattr(c, "offset", n) == n for c in cache)
 
 
 def _record(r: Any, text: str, finish: str | None,
-            lp: tuple[float | None, tuple[tuple[int, float], ...]],
-            matched: str | None = None) -> Record:
+            lp: tuple[float | None, tuple[tuple[int, float], ...]], n_prompt: int,
+            cached: int, matched: str | None = None) -> Record:
     return Record(text=text, token=int(r.token), finish_reason=finish,
-                  prompt_tokens=int(r.prompt_tokens), generation_tokens=int(r.generation_tokens),
+                  prompt_tokens=n_prompt, generation_tokens=int(r.generation_tokens),
                   prompt_tps=float(r.prompt_tps), generation_tps=float(r.generation_tps),
                   peak_memory_gb=float(r.peak_memory), logprob=lp[0], top_logprobs=lp[1],
-                  stop_sequence=matched)
+                  stop_sequence=matched, cached_tokens=cached)

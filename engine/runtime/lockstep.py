@@ -238,7 +238,8 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
         logits = runner.start(prompt, sampling)
         started = True
         token = sample(logits)
-        prompt_tps = len(prompt) / (time.perf_counter() - tic)
+        # tokens run per second: a cached prefix isn't run (as mlx-lm counts it)
+        prompt_tps = (len(prompt) - getattr(runner, "cached", 0)) / (time.perf_counter() - tic)
         tic = time.perf_counter()
         n = 0
         while True:

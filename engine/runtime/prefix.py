@@ -22,6 +22,14 @@ log = logging.getLogger(__name__)
 KEY = "model"  # one model per worker: the trie needs a key, any constant will do
 
 
+def default_budget(context_length: int) -> int:
+    """Tokens the prefix cache may hold: what the planner's memory check counts for it."""
+    from engine.placement.model import planning_context
+    from engine.placement.tables import DEFAULT
+
+    return int(planning_context(context_length) * DEFAULT.prefix_cache_contexts)
+
+
 class PrefixCache:
     def __init__(self, budget_tokens: int, max_entries: int = 16, leader: bool = True):
         from mlx_lm.models.cache import LRUPromptCache

@@ -109,7 +109,8 @@ class TensorFollower:
 
         link, cfg = self.link, self.link.cfg
         last = cfg.rank == cfg.world - 1
-        busy, cache, done = False, [], []
+        busy, cache = False, []
+        done: list[Any] = []
         while True:
             op = link.wait(busy)
             if op in (REQUEST, TOKEN) and not last:

@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-id", required=True)
     p.add_argument("--dist", type=Path, default=None,
                    help="this rank's distributed config (JSON); serve one model as a group")
+    p.add_argument("--prefix-cache-tokens", type=int, default=None,
+                   help="the prefix cache's budget in tokens (default: as many as the "
+                        "context the planner counts it for; 0: off)")
     args = p.parse_args(argv)
     if args.dist is not None and argv is None:
         _reexec_with_quiet_blas_threads()
@@ -150,8 +153,14 @@ def main(argv: list[str] | None = None) -> int:
         emit(Fatal("load_failed", f"Couldn't load the model in {args.model}: {e}"))
         return 1
     ctx = context_length(config)
+    from functools import partial
+
+    from engine.runtime.generate import generate
+    from engine.runtime.prefix import PrefixCache, default_budget
+    budget = default_budget(ctx) if args.prefix_cache_tokens is None \
+        else max(0, args.prefix_cache_tokens)
     emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3)))
-    serve(model, tokenizer, ctx, emit)
+    serve(model, tokenizer, ctx, emit, gen=partial(generate, prefix=PrefixCache(budget)))
     return 0
 
 
