@@ -28,6 +28,10 @@ def _setup_logging(home: Path | None, name: str, verbose: bool) -> None:
 def _cmd_node(a: argparse.Namespace) -> int:
     from engine.node.main import NodeConfig, run_node
     home = Path(a.home).expanduser() if a.home else default_home()
+    if a.max_streams < 1 or not a.queue_wait > 0:
+        print("shoal node: --max-streams must be 1 or more and --queue-wait above 0.",
+              file=sys.stderr)
+        return 2
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(NodeConfig(
         host=a.host, port=a.port, home=home, model=a.model,
@@ -35,7 +39,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
         secret=a.secret or os.environ.get("SHOAL_SECRET"), cluster_host=a.cluster_host,
         cluster_port=a.cluster_port, mdns=a.mdns == "on",
         mdns_interfaces=a.mdns_interface, cors_origins=a.cors_origin or [
-            o for o in os.environ.get("SHOAL_CORS_ORIGINS", "").split(",") if o.strip()])))
+            o for o in os.environ.get("SHOAL_CORS_ORIGINS", "").split(",") if o.strip()],
+        max_streams=a.max_streams, queue_wait_s=a.queue_wait)))
     return 0
 
 
@@ -126,6 +131,11 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--model", help="model to load at start ('none' to load nothing; "
                    "default: the bundled SmolLM2, imported on first run)")
     n.add_argument("--api-key", help="require this key (needed off loopback)")
+    n.add_argument("--max-streams", type=int, default=8, metavar="N",
+                   help="requests decoded together on this node (default 8); more wait")
+    n.add_argument("--queue-wait", type=float, default=60.0, metavar="SECONDS",
+                   help="how long a request waits for a turn before a 503 with "
+                        "Retry-After (default 60)")
     n.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000; '*' for any) "
                    "call the API from a browser; repeatable (default: none, or "

@@ -90,6 +90,12 @@ class Busy(ShoalError):
     code = "busy"
 
 
+class Overloaded(Busy):
+    """Every stream is taken and the queue wait ran out; the client may retry later."""
+    code = "overloaded"
+    retry_after = 5  # seconds, sent as Retry-After
+
+
 class WorkerFailed(ShoalError):
     """The worker process died or stopped answering; the next request starts a new one."""
     status = 500

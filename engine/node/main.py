@@ -48,6 +48,8 @@ class NodeConfig:
     mdns: bool = True
     mdns_interfaces: list[str] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)  # browser origins allowed (CORS)
+    max_streams: int = 8  # requests decoded together; more wait for a turn
+    queue_wait_s: float = 60.0  # how long a request waits for a turn before a 503
 
 
 def _is_loopback(host: str) -> bool:
@@ -85,7 +87,8 @@ async def run_node(cfg: NodeConfig) -> None:
         default = await asyncio.to_thread(_default_model, mdir)
     else:
         default = None if cfg.model == "none" else cfg.model
-    node = Node(home, mdir, default_model=default, port=cport)
+    node = Node(home, mdir, default_model=default, port=cport, max_streams=cfg.max_streams,
+                queue_wait_s=cfg.queue_wait_s)
     ident = load_identity(home)
     store = SecretStore(home)
     secret = await asyncio.to_thread(store.ensure, cfg.secret)

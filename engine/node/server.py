@@ -31,7 +31,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except ShoalError as e:
         if e.status >= 500:
             log.warning("%s %s failed: %s", request.method, request.path, e.message)
-        return web.json_response(error_body(request.path, e), status=e.status)
+        retry = getattr(e, "retry_after", None)
+        return web.json_response(error_body(request.path, e), status=e.status,
+                                 headers={"Retry-After": str(retry)} if retry else None)
     except web.HTTPException as e:
         if e.status < 400:
             raise

@@ -19,8 +19,10 @@ log = logging.getLogger(__name__)
 
 class Node:
     def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
-                 token_timeout: float = 300.0, port: int = 0):
+                 token_timeout: float = 300.0, port: int = 0, max_streams: int = 8,
+                 queue_wait_s: float = 60.0):
         self.home = home
+        self.max_streams, self.queue_wait_s = max_streams, queue_wait_s
         self.port = port
         self.models_dir = models_dir
         self.default_model = default_model
@@ -35,7 +37,15 @@ class Node:
     def status(self) -> dict[str, Any]:
         return status_json(self.runner, __version__, {
             "worker_pid": self.worker.pid if self.worker and self.worker.alive else None,
-            "models_dir": str(self.models_dir), "default_model": self.default_model})
+            "models_dir": str(self.models_dir), "default_model": self.default_model,
+            "streams": self._streams()})
+
+    def _streams(self) -> dict[str, int]:
+        """Requests in flight and waiting, for the charts."""
+        w = self.worker
+        if w is None or not w.alive:
+            return {"in_flight": 0, "waiting": 0, "max": self.max_streams}
+        return {"in_flight": w.in_flight, "waiting": w.waiting, "max": self.max_streams}
 
     def subscribe(self) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue(maxsize=100)
@@ -103,7 +113,8 @@ class Node:
             await w.stop()
         self._set(Loading(model_id))
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
-                         self._on_worker_event, self.token_timeout, dist_config=dist_config)
+                         self._on_worker_event, self.token_timeout, dist_config=dist_config,
+                         streams=self.max_streams, queue_wait_s=self.queue_wait_s)
         self.worker = w
         try:
             ready = await w.start()

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
-from engine.errors import WorkerFailed
+from engine.errors import Overloaded, WorkerFailed
 from engine.protocol import (TERMINAL, Cancel, Error, Event, Exited, Fatal, Generate,
                              GenerateRequest, Loading, Message, Ready, Shutdown, decode, encode)
 from engine.runtime.cpu import worker_env
@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 class WorkerHandle:
     def __init__(self, model_id: str, model_path: Path, log_path: Path,
                  on_event: Callable[[Any], None],  # takes a protocol.Message
-                 token_timeout: float = 300.0, dist_config: Path | None = None):
+                 token_timeout: float = 300.0, dist_config: Path | None = None,
+                 streams: int = 1, queue_wait_s: float = 60.0):
         self.model_id = model_id
         self.dist_config = dist_config
         self.model_path = model_path
@@ -37,9 +38,17 @@ class WorkerHandle:
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task | None = None
         self._queues: dict[str, asyncio.Queue] = {}
-        self._turn = asyncio.Lock()
+        # Requests in flight at once: what the worker said it takes (it batches them), at
+        # most `streams`; the rest wait up to queue_wait_s for a turn.
+        self.max_streams, self.queue_wait_s = streams, queue_wait_s
+        self._turn = asyncio.Semaphore(1)
+        self.waiting = 0
         self._ready: asyncio.Future | None = None
         self.dead_reason: str | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queues)
 
     @property
     def pid(self) -> int | None:
@@ -57,7 +66,9 @@ class WorkerHandle:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "engine.runtime.worker",
                 "--model", str(self.model_path), "--model-id", self.model_id,
-                *(["--dist", str(self.dist_config)] if self.dist_config else []),
+                # a group serves one request at a time; one process batches them
+                *(["--dist", str(self.dist_config)] if self.dist_config
+                  else ["--streams", str(self.max_streams)]),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=logf, env=worker_env(), limit=16 * 1024 * 1024)
         finally:
@@ -67,6 +78,8 @@ class WorkerHandle:
         try:
             ready: Ready = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
             self.ready = ready
+            takes = int(ready.extra.get("streams") or 1)
+            self._turn = asyncio.Semaphore(max(1, min(takes, self.max_streams)))
             return ready
         except asyncio.TimeoutError:
             await self.stop()
@@ -123,7 +136,15 @@ class WorkerHandle:
         """Context manager yielding the request's events (Accepted, Delta/ToolCall…,
         Done | Error). Leaving early cancels the generation in the worker."""
         rid = uuid.uuid4().hex
-        await self._turn.acquire()
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(self._turn.acquire(), self.queue_wait_s)
+        except asyncio.TimeoutError:
+            raise Overloaded(f"{self.model_id} is serving as many requests as it takes and "
+                             f"none finished within {self.queue_wait_s:.0f} s; try again "
+                             "shortly.") from None
+        finally:
+            self.waiting -= 1
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
         finished = False
@@ -172,8 +193,7 @@ class WorkerHandle:
 
     def _end_turn(self, rid: str, on_turn: Callable[[bool], None] | None) -> None:
         self._queues.pop(rid, None)
-        if self._turn.locked():
-            self._turn.release()
+        self._turn.release()
         if on_turn:
             on_turn(False)
 

@@ -75,11 +75,13 @@ def read_commands(commands: "queue.Queue[Message | None]",
 
 def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
           gen: Callable[..., Iterator[Any]] | None = None,
-          on_request: Callable[[str | None], None] = lambda rid: None) -> None:
-    """Run requests one at a time. `gen` replaces the one-process generator (rank 0 of a
-    group); `on_request` is told which request is in flight."""
+          on_request: Callable[[str | None], None] = lambda rid: None,
+          concurrent: bool = False) -> None:
+    """Run requests one at a time, or each on its own thread when `gen` batches them
+    (`concurrent`; the node sends no more at once than the worker said it takes). `gen`
+    replaces the one-process generator (rank 0 of a group); `on_request` is told which
+    request is in flight."""
     from engine.runtime.generate import generate
-    from engine.runtime.request import run
 
     gen = gen or generate
     commands: "queue.Queue[Message | None]" = queue.Queue()
@@ -90,22 +92,35 @@ def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
             break
         if not isinstance(cmd, Generate):
             continue
-        rid = cmd.id
-        try:
-            on_request(rid)
-            run(rid, cmd.request, model, tokenizer, ctx_len, gen, cancels[rid], emit)
-        except ShoalError as e:
-            emit(Error(rid, e.code, e.message, e.param, e.status))
-        except (TypeError, ValueError, KeyError) as e:  # a request the checks let through
-            log.exception("request %s failed", rid)
-            emit(Error(rid, BadRequest.code, f"The request could not be served: {e}",
-                       None, 400))
-        except Exception as e:  # the worker stays up for the next request
-            log.exception("request %s failed", rid)
-            emit(Error(rid, "generation_failed", f"Generation failed: {e}", None, 500))
-        finally:
-            on_request(None)
-            cancels.pop(rid, None)
+        if concurrent:
+            threading.Thread(target=_serve_one, name=f"request-{cmd.id[:8]}", daemon=True,
+                             args=(cmd, model, tokenizer, ctx_len, gen, cancels, emit,
+                                   on_request)).start()
+        else:
+            _serve_one(cmd, model, tokenizer, ctx_len, gen, cancels, emit, on_request)
+
+
+def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
+               gen: Callable[..., Iterator[Any]], cancels: dict[str, threading.Event],
+               emit: Emitter, on_request: Callable[[str | None], None]) -> None:
+    from engine.runtime.request import run
+
+    rid = cmd.id
+    try:
+        on_request(rid)
+        run(rid, cmd.request, model, tokenizer, ctx_len, gen, cancels[rid], emit)
+    except ShoalError as e:
+        emit(Error(rid, e.code, e.message, e.param, e.status))
+    except (TypeError, ValueError, KeyError) as e:  # a request the checks let through
+        log.exception("request %s failed", rid)
+        emit(Error(rid, BadRequest.code, f"The request could not be served: {e}",
+                   None, 400))
+    except Exception as e:  # the worker stays up for the next request
+        log.exception("request %s failed", rid)
+        emit(Error(rid, "generation_failed", f"Generation failed: {e}", None, 500))
+    finally:
+        on_request(None)
+        cancels.pop(rid, None)
 
 
 def _reexec_with_quiet_blas_threads() -> None:
@@ -127,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-id", required=True)
     p.add_argument("--dist", type=Path, default=None,
                    help="this rank's distributed config (JSON); serve one model as a group")
+    p.add_argument("--streams", type=int, default=1,
+                   help="requests decoded together (continuous batching when above 1)")
     p.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help="the prefix cache's budget in tokens (default: as many as the "
                         "context the planner counts it for; 0: off)")
@@ -159,8 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     from engine.runtime.prefix import PrefixCache, default_budget
     budget = default_budget(ctx) if args.prefix_cache_tokens is None \
         else max(0, args.prefix_cache_tokens)
-    emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3)))
-    serve(model, tokenizer, ctx, emit, gen=partial(generate, prefix=PrefixCache(budget)))
+    prefix, streams = PrefixCache(budget), max(1, args.streams)
+    if streams > 1:
+        from engine.runtime.batching import Batcher
+        gen: Callable[..., Iterator[Any]] = Batcher(model, tokenizer, prefix, streams)
+    else:
+        gen = partial(generate, prefix=prefix)
+    emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3),
+               extra={"streams": streams}))
+    serve(model, tokenizer, ctx, emit, gen=gen, concurrent=streams > 1)
     return 0
 
 

@@ -1,0 +1,173 @@
+"""Continuous batching in the one-process worker: every request in flight decodes in one
+mlx-lm BatchGenerator, and long prompts are prefilled in chunks between decode steps.
+
+One scheduler thread owns the BatchGenerator (MLX state is not shared across threads);
+each request's thread hands it a prompt and reads its tokens back from a queue, and turns
+them into the same `Record`s engine/runtime/generate.py yields, so the worker's request
+path (tool calls, reasoning, stops, logprobs) is the same batched or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from engine.runtime.generate import Record, Sampling
+from engine.runtime.stops import StopMatcher
+
+log = logging.getLogger(__name__)
+
+PREFILL_STEP = 256  # tokens of a prompt between two decode steps of the others
+
+
+@dataclass
+class _Job:
+    prompt: list[int]
+    sampling: Sampling
+    tokenizer: Any
+    out: "queue.Queue[Any]" = field(default_factory=queue.Queue)
+    uid: int | None = None
+    cached: int = 0
+
+
+class Batcher:
+    """The worker's generator when requests may run together (see serve()). Every MLX
+    operation happens on the scheduler thread; request threads only handle text."""
+
+    def __init__(self, model: Any, tokenizer: Any, prefix: Any, streams: int,
+                 prefill_step: int = PREFILL_STEP):
+        from mlx_lm.generate import BatchGenerator
+
+        self.model, self.prefix, self.streams = model, prefix, streams
+        eos = [[int(t)] for t in tokenizer.eos_token_ids]
+        self._gen = BatchGenerator(model, stop_tokens=eos, completion_batch_size=streams,
+                                   prefill_batch_size=streams, prefill_step_size=prefill_step)
+        self._inbox: "queue.Queue[tuple[str, _Job]]" = queue.Queue()
+        self._jobs: dict[int, _Job] = {}
+        threading.Thread(target=self._run, name="batcher", daemon=True).start()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    # --- the request side ----------------------------------------------------------------
+    def __call__(self, model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
+                 cancel: threading.Event | None = None) -> Iterator[Record]:
+        job = _Job(prompt, sampling, tokenizer)
+        self._inbox.put(("add", job))
+        detok, stops = tokenizer.detokenizer, StopMatcher(sampling.stop)
+        tic, first, n, done = time.perf_counter(), 0.0, 0, False
+        try:
+            while True:
+                item = job.out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                token, lp, finish = item
+                n += 1
+                if n == 1:
+                    first = time.perf_counter()
+                if finish == "stop":
+                    detok.finalize()
+                else:
+                    detok.add_token(token)
+                    if finish is not None:
+                        detok.finalize()
+                text, hit = stops.feed(detok.last_segment)
+                if hit:
+                    finish = "stop"
+                elif finish is None and cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                if finish is not None and not hit:
+                    text += stops.flush()
+                now = time.perf_counter()
+                yield Record(text=text, token=token, finish_reason=finish,
+                             prompt_tokens=len(prompt), generation_tokens=n,
+                             prompt_tps=(len(prompt) - job.cached) / max(first - tic, 1e-9),
+                             generation_tps=(n - 1) / (now - first) if n > 1 else 0.0,
+                             peak_memory_gb=_peak_gb(), logprob=lp[0], top_logprobs=lp[1],
+                             stop_sequence=stops.matched if hit else None,
+                             cached_tokens=job.cached)
+                if finish is not None:
+                    done = item[2] is not None  # the batch itself ended it
+                    return
+        finally:
+            if not done:  # ended here (stop string, cancel, client gone): free its slot
+                self._inbox.put(("remove", job))
+
+    # --- the scheduler thread -------------------------------------------------------------
+    def _run(self) -> None:
+        from engine.runtime.sampling import token_logprobs
+
+        while True:
+            self._take(block=not self._jobs)
+            if not self._jobs:
+                continue
+            try:
+                _, responses = self._gen.next()
+            except Exception as e:  # the batch's state is unknown: fail what is in it
+                log.exception("batched generation failed")
+                for job in list(self._jobs.values()):
+                    job.out.put(RuntimeError(f"generation failed: {e}"))
+                self._gen.remove(list(self._jobs))
+                self._jobs.clear()
+                continue
+            for r in responses:
+                owner = self._jobs.get(r.uid)
+                if owner is None:
+                    continue
+                token = int(r.token)
+                lp = token_logprobs(r.logprobs, token, owner.sampling.logprobs)
+                owner.out.put((token, lp, r.finish_reason))
+                if r.finish_reason is not None:
+                    del self._jobs[r.uid]
+                    self._keep(r.all_tokens, r.prompt_cache)
+
+    def _take(self, block: bool) -> None:
+        """Apply the requests' adds and removes (waiting for one when idle)."""
+        while True:
+            try:
+                kind, job = self._inbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if kind == "add":
+                try:
+                    self._add(job)
+                except Exception as e:  # e.g. a grammar that can't be built
+                    job.out.put(e)
+            elif job.uid in self._jobs:
+                del self._jobs[job.uid]
+                self._gen.remove([job.uid])
+
+    def _add(self, job: _Job) -> None:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from engine.runtime.sampling import make_sampling
+
+        sampler, processors = make_sampling(job.sampling, job.tokenizer)
+        cache, job.cached = self.prefix.fetch(job.prompt)
+        if cache is None:
+            cache = make_prompt_cache(self.model)
+        (uid,) = self._gen.insert([job.prompt[job.cached:]],
+                                  max_tokens=[job.sampling.max_tokens], caches=[cache],
+                                  all_tokens=[job.prompt[:job.cached]], samplers=[sampler],
+                                  logits_processors=[processors])
+        job.uid = uid
+        self._jobs[uid] = job
+
+    def _keep(self, tokens: Any, cache: Any) -> None:
+        """A finished request's KV goes into the prefix cache (keyed as mlx-lm keys it)."""
+        from engine.runtime.generate import _holds
+
+        tokens = list(tokens or [])
+        if cache is not None and tokens and _holds(cache, len(tokens)):
+            self.prefix.finish(tokens, cache)
+
+
+def _peak_gb() -> float:
+    import mlx.core as mx
+    return float(mx.get_peak_memory() / 1e9)
