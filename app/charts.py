@@ -37,7 +37,10 @@ class ChartsView(QWidget):
         self.memory = _plot("Memory used per node", "GB")
         self.power = _plot("Power", "W")
         self.energy = _plot("Energy per token", "J/token")
-        self.plots = [self.tps, self.ttft, self.memory, self.power, self.energy]
+        self.streams = _plot("Requests on the node", "requests")
+        self.cached = _plot("Prompt tokens from the prefix cache per request", "tokens")
+        self.plots = [self.tps, self.ttft, self.memory, self.power, self.energy,
+                      self.streams, self.cached]
         for p in self.plots[1:]:
             p.setXLink(self.tps)
         pen = pg.mkPen(PALETTE[0], width=2)
@@ -50,6 +53,13 @@ class ChartsView(QWidget):
         self.energy_curve = self.energy.plot([], [], pen=pg.mkPen(PALETTE[4], width=2),
                                              symbol="o", symbolSize=7,
                                              symbolBrush=PALETTE[4])
+        self.streams.addLegend(offset=(5, 5))
+        self.in_flight_curve = self.streams.plot([], [], pen=pg.mkPen(PALETTE[1], width=2),
+                                                 name="in flight")
+        self.waiting_curve = self.streams.plot([], [], pen=pg.mkPen(PALETTE[3], width=2),
+                                               name="waiting")
+        self.cached_curve = self.cached.plot([], [], pen=None, symbol="o", symbolSize=7,
+                                             symbolBrush=PALETTE[1])
         self.node_curves: dict[tuple[str, str], pg.PlotDataItem] = {}
         self.cluster_curve = self.power.plot([], [], pen=pg.mkPen("#202020", width=3),
                                              name="cluster")
@@ -71,6 +81,8 @@ class ChartsView(QWidget):
         side.addWidget(self.energy_note)
         side.addStretch(1)
         grid.addLayout(side, 2, 1)
+        grid.addWidget(self.streams, 3, 0)
+        grid.addWidget(self.cached, 3, 1)
         QVBoxLayout(self).addLayout(grid)
         self._dirty = True
         metrics.changed.connect(self._mark)
@@ -104,6 +116,9 @@ class ChartsView(QWidget):
         self._set(self.live_curve, [m.live_tps] if m.live_tps else [])
         self._set(self.ttft_curve, [(r.at, r.ttft_s) for r in reqs])
         self._set(self.energy_curve, [(r.at, r.joules_per_token) for r in reqs])
+        self._set(self.cached_curve, [(r.at, r.cached_tokens) for r in reqs])
+        self.in_flight_curve.setData(m.in_flight.xs(), m.in_flight.ys())
+        self.waiting_curve.setData(m.waiting.xs(), m.waiting.ys())
         for i, (name, series) in enumerate(sorted(m.memory.items())):
             self._node_curve(self.memory, "memory", name, i).setData(series.xs(), series.ys())
         for i, (name, series) in enumerate(sorted(m.watts.items())):

@@ -334,6 +334,8 @@ class ChatPane(QWidget):
                         reply.stats[key] = d.shoal[key]
             if d.usage:
                 reply.stats["completion_tokens"] = d.usage.get("completion_tokens")
+                details = d.usage.get("prompt_tokens_details") or {}
+                reply.stats["cached_tokens"] = details.get("cached_tokens")
             if d.finish_reason:
                 reply.stats["finish_reason"] = d.finish_reason
         self.view.refresh(reply)

@@ -121,6 +121,7 @@ class ShoalApp(QObject):
                             ("Charts", self.charts)):
             self.window.add_view(title, view)
         self.monitor.changed.connect(self.chat.set_node_status)
+        self.monitor.changed.connect(self.metrics.add_status)
         self.chat.reply_finished.connect(self.metrics.add_request)
         self.chat.reply_finished.connect(self.tray.set_speed)
         self.chat.reply_progress.connect(self.metrics.add_live)

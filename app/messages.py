@@ -49,6 +49,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         parts.append(f"first token {stats['ttft_s']:.2f} s")
     if stats.get("completion_tokens") is not None:
         parts.append(f"{stats['completion_tokens']} tokens")
+    if stats.get("cached_tokens"):
+        parts.append(f"{stats['cached_tokens']} tokens cached")
     return " · ".join(parts)
 
 

@@ -1,6 +1,7 @@
-"""The figures the charts show, kept for the last few minutes: speed and time to first
-token per request (from the chat's replies), memory and watts per node (from the topology
-snapshots), joules per token (the cluster's watts over the request's decode speed)."""
+"""The figures the charts show, kept for the last few minutes: speed, time to first token
+and prompt tokens read from the prefix cache per request (from the chat's replies),
+streams in flight on the node (from its status), memory and watts per node (from the
+topology snapshots), joules per token (the cluster's watts over the request's speed)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class Request:
     decode_tps: float | None
     ttft_s: float | None
     joules_per_token: float | None
+    cached_tokens: int | None = None
 
 
 class Series:
@@ -60,6 +62,8 @@ class Metrics(QObject):
         self.watts: dict[str, Series] = {}  # node name -> W
         self.cluster_watts = Series(window_s)
         self.power_unavailable: dict[str, str] = {}  # node name -> why
+        self.in_flight = Series(window_s)  # requests the node is generating
+        self.waiting = Series(window_s)  # requests waiting for a turn
 
     def _trim(self, now: float) -> None:
         while self.requests and self.requests[0].at < now - self.window_s:
@@ -71,9 +75,19 @@ class Metrics(QObject):
         tps, ttft = stats.get("generation_tps"), stats.get("ttft_s")
         watts = self.cluster_watts.last
         jpt = watts / tps if watts and tps else None
-        self.requests.append(Request(now, tps, ttft, jpt))
+        self.requests.append(Request(now, tps, ttft, jpt, stats.get("cached_tokens")))
         self.live_tps = None
         self._trim(now)
+        self.changed.emit()
+
+    def add_status(self, status: dict[str, Any]) -> None:
+        """The node's status: how many requests are in flight and waiting."""
+        streams = status.get("streams")
+        if not isinstance(streams, dict):
+            return
+        now = self.clock()
+        self.in_flight.add(now, float(streams.get("in_flight") or 0))
+        self.waiting.add(now, float(streams.get("waiting") or 0))
         self.changed.emit()
 
     def add_live(self, tokens: int, seconds: float) -> None:

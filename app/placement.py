@@ -355,7 +355,9 @@ class PlacementView(QWidget):
             f"{fmt_tps(placement['prefill_tps'])} tokens/s prefill"
             + (f" · {fmt_tps(full)} tokens/s at full context"
                if (full := placement.get("decode_tps_full_context")) and
-               abs(full - placement["decode_tps"]) > 0.01 * placement["decode_tps"] else ""))
+               abs(full - placement["decode_tps"]) > 0.01 * placement["decode_tps"] else "")
+            + (f" · {fmt_tps(many)} tokens/s over {placement.get('streams')} streams"
+               if (many := placement.get("decode_tps_streams")) else ""))
         self.reason_label.setVisible(bool(placement.get("warnings")))
         self.reason_label.setText("\n".join(placement.get("warnings") or []))
         self._fill_table(ranks)

@@ -33,6 +33,9 @@ class Prediction:
     decode_tps: float  # one sequence, right after a prompt of Assumptions.prefill_tokens
     decode_tps_full: float  # one sequence, with the whole context in the cache
     prefill_tps: float  # a prompt of Assumptions.prefill_tokens tokens
+    decode_tps_streams: float = 0.0  # `streams` sequences together, all of them
+    streams: int = 1
+
 
 
 def hop_s(link: LinkSpec, nbytes: float) -> float:
@@ -101,6 +104,29 @@ def tensor_step_s(model: ModelSpec, nodes: Sequence[NodeSpec], ring: Sequence[Li
     return compute + comms
 
 
+def batched_step_s(model: ModelSpec, node: NodeSpec, streams: int, position: int,
+                   a: Assumptions = DEFAULT) -> float:
+    """One node decoding `streams` sequences in one step (continuous batching): the
+    weights are read once for all of them (for MoE, every expert some sequence routes
+    to), every sequence's KV and FLOPs are its own."""
+    r = _Rates(model, position)
+    one = _rank_s(r, node, (0, model.layers), True, 1, 1, a)
+    if streams <= 1:
+        return one
+    t = r.t
+    cached = r.kv[-1] if r.kv else 0
+    kv = cached * model.kv_per_token * model.kv_bytes
+    # experts touched grows with the batch, up to all of them
+    moe_weights = (t.weights[-1] - t.active[-1]) * model.bytes_per_param
+    routed = min(1.0, streams * model.active_experts / model.experts) if model.experts \
+        else 0.0
+    extra_bytes = (streams - 1) * kv + routed * moe_weights
+    flops = 2 * (streams - 1) * (t.active[-1] + model.head_params +
+                                 model.heads * model.score_per_head * cached)
+    return one + max(extra_bytes / (node.memory_bandwidth_Bps * a.bandwidth_efficiency),
+                     flops / (node.compute_flops * a.compute_efficiency))
+
+
 def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
             ring: Sequence[LinkSpec], context: int, a: Assumptions = DEFAULT) -> Prediction:
     """Decode and prefill tokens/s for a pipeline (or single node) or tensor placement."""
@@ -114,5 +140,11 @@ def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
     chunks = math.ceil(prompt / chunk)
     # each chunk attends to what came before it: on average half the prompt
     prefill = chunks * step(chunk, prompt // 2)
-    return Prediction(decode_tps=1 / step(1, prompt), decode_tps_full=1 / step(1, context),
-                      prefill_tps=prompt / prefill)
+    one = 1 / step(1, prompt)
+    if len(stages) == 1 and strategy != "tensor":  # one node batches its streams
+        together = a.streams / batched_step_s(model, stages[0].node, a.streams, prompt, a)
+    else:  # a distributed instance serves one request at a time (for now)
+        together = one
+    return Prediction(decode_tps=one, decode_tps_full=1 / step(1, context),
+                      prefill_tps=prompt / prefill, decode_tps_streams=together,
+                      streams=a.streams)

@@ -67,6 +67,7 @@ class Placement:
         return {"model": self.model, "strategy": self.strategy, "backend": self.backend,
                 "context": self.context, "decode_tps": p.decode_tps,
                 "decode_tps_full_context": p.decode_tps_full, "prefill_tps": p.prefill_tps,
+                "decode_tps_streams": p.decode_tps_streams, "streams": p.streams,
                 "warnings": list(self.warnings),
                 "ranks": [{"node": r.node, "name": r.name, "layers": list(r.layers),
                            "memory": r.memory.as_dict()} for r in self.ranks]}

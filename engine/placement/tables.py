@@ -27,6 +27,7 @@ class Assumptions:
     # the prefix cache's budget: this many contexts' worth of KV kept for later requests
     # (the worker's budget in tokens is the same multiple of the context length)
     prefix_cache_contexts: float = 1.0
+    streams: int = 8  # requests a node decodes together (shoal node --max-streams)
 
 
 DEFAULT = Assumptions()

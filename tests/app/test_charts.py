@@ -67,3 +67,21 @@ def test_charts_follow_requests_and_nodes(qtbot):
     metrics.add_request({"generation_tps": 45.0, "ttft_s": 0.3})
     view.tick()
     assert list(view.tps_curve.getData()[1]) == [45.0]
+
+
+def test_charts_show_streams_in_flight_and_cache_reuse(qtbot):
+    clock = Clock()
+    metrics = Metrics(window_s=120, clock=clock)
+    view = ChartsView(metrics)
+    qtbot.addWidget(view)
+    metrics.add_status({"state": "generating", "streams": {"in_flight": 3, "waiting": 1,
+                                                           "max": 8}})
+    clock.now += 1
+    metrics.add_status({"state": "idle", "streams": {"in_flight": 0, "waiting": 0, "max": 8}})
+    metrics.add_status({"state": "unreachable"})  # no figures: nothing is added
+    metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.2, "cached_tokens": 1480})
+    metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.9})
+    view.tick()
+    assert list(view.in_flight_curve.getData()[1]) == [3.0, 0.0]
+    assert list(view.waiting_curve.getData()[1]) == [1.0, 0.0]
+    assert list(view.cached_curve.getData()[1]) == [1480]

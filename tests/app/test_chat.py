@@ -231,4 +231,5 @@ def test_system_prompt_sampling_and_regenerate(qtbot, make_pane, tiny_node, home
     assert conv.messages[1].content == first_text  # greedy: the same answer again
     assert last_reply(pane).text() == first_text and "4 tokens" in \
         last_reply(pane).stats_label.text()
+    assert "tokens cached" in last_reply(pane).stats_label.text()  # the resend hit the cache
     assert ConversationStore(home).conversations[0].system == "Answer in one word."
