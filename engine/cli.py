@@ -28,9 +28,9 @@ def _setup_logging(home: Path | None, name: str, verbose: bool) -> None:
 def _cmd_node(a: argparse.Namespace) -> int:
     from engine.node.main import NodeConfig, run_node
     home = Path(a.home).expanduser() if a.home else default_home()
-    if a.max_streams < 1 or not a.queue_wait > 0:
-        print("shoal node: --max-streams must be 1 or more and --queue-wait above 0.",
-              file=sys.stderr)
+    if a.max_streams < 1 or not a.queue_wait > 0 or not a.max_body_mb > 0:
+        print("shoal node: --max-streams must be 1 or more, --queue-wait and --max-body-mb "
+              "above 0.", file=sys.stderr)
         return 2
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(NodeConfig(
@@ -40,7 +40,9 @@ def _cmd_node(a: argparse.Namespace) -> int:
         cluster_port=a.cluster_port, mdns=a.mdns == "on",
         mdns_interfaces=a.mdns_interface, cors_origins=a.cors_origin or [
             o for o in os.environ.get("SHOAL_CORS_ORIGINS", "").split(",") if o.strip()],
-        max_streams=a.max_streams, queue_wait_s=a.queue_wait)))
+        allowed_hosts=a.allowed_host or [
+            h for h in os.environ.get("SHOAL_ALLOWED_HOSTS", "").split(",") if h.strip()],
+        max_body_mb=a.max_body_mb, max_streams=a.max_streams, queue_wait_s=a.queue_wait)))
     return 0
 
 
@@ -140,6 +142,13 @@ def parser() -> argparse.ArgumentParser:
                    help="let web pages from ORIGIN (e.g. http://localhost:3000; '*' for any) "
                    "call the API from a browser; repeatable (default: none, or "
                    "SHOAL_CORS_ORIGINS, comma-separated)")
+    n.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a host name (beside this node's address and localhost) clients "
+                   "may reach the API by, e.g. a name in your DNS or a reverse proxy's; "
+                   "repeatable; '*' for any (default: none, or SHOAL_ALLOWED_HOSTS, "
+                   "comma-separated)")
+    n.add_argument("--max-body-mb", type=float, default=4.0, metavar="MB",
+                   help="refuse request bodies over this size with a 413 (default 4)")
     n.add_argument("--cluster-host", default=os.environ.get("SHOAL_CLUSTER_HOST", "0.0.0.0"),
                    help="where other nodes reach this one (only signed requests are served "
                    "there; default all interfaces)")

@@ -19,8 +19,24 @@ from engine import protocol as wire
 from engine.errors import BadRequest, PeerUnreachable, ShoalError, WorkerFailed
 
 M = TypeVar("M", bound=BaseModel)
+MAX_BODY_MB = 4.0  # the default of `shoal node --max-body-mb`
 MAX_DEPTH = 64  # deeper JSON is no request any client sends; refuse it before recursing
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
+
+
+class PayloadTooLarge(ShoalError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+def too_large(limit: int, size: int | None = None) -> PayloadTooLarge:
+    """The 413 for a body over the node's limit, whether its Content-Length said so or
+    aiohttp found out while reading it."""
+    got = f" of {size / 2**20:.1f} MB" if size else ""
+    return PayloadTooLarge(
+        f"The request body{got} is over this node's limit of {limit / 2**20:g} MB: send a "
+        "shorter request, or start the node with a larger --max-body-mb.")
 
 
 def _path(loc: tuple[Any, ...]) -> str:

@@ -3,7 +3,8 @@
 A node listens twice: the user API (OpenAI routes, the GUI's control) on --host:--port,
 127.0.0.1 by default; and the cluster port (--cluster-host:--cluster-port) where only
 requests signed with the cluster secret are served, so other nodes can reach it without
-the user API being exposed.
+the user API being exposed. What a web page may do on the user API (Host names, origins,
+body types, no control routes) is engine.api.cors's; see docs/security.md.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class NodeConfig:
     mdns: bool = True
     mdns_interfaces: list[str] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)  # browser origins allowed (CORS)
+    allowed_hosts: list[str] = field(default_factory=list)  # Host names beside our own
+    max_body_mb: float = 4.0  # request bodies over this are refused (413) unread
     max_streams: int = 8  # requests decoded together; more wait for a turn
     queue_wait_s: float = 60.0  # how long a request waits for a turn before a 503
 
@@ -122,7 +125,8 @@ async def run_node(cfg: NodeConfig) -> None:
     peers.on_same_id = same_id
 
     app = build_app(node, cfg.api_key, cluster, Verifier(secret), cluster_port=cport,
-                    cors_origins=cfg.cors_origins)
+                    cors_origins=cfg.cors_origins, host=cfg.host,
+                    allowed_hosts=cfg.allowed_hosts, max_body_mb=cfg.max_body_mb)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     facts = NodeFacts(home)

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from engine import __version__
 from engine.api import cors
+from engine.api.common import MAX_BODY_MB, too_large
 from engine.api.routes import error_body
 from engine.api.routes import routes as api_routes
 from engine.errors import BadRequest, ShoalError, Unauthorized
@@ -34,6 +35,10 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         retry = getattr(e, "retry_after", None)
         return web.json_response(error_body(request.path, e), status=e.status,
                                  headers={"Retry-After": str(retry)} if retry else None)
+    except web.HTTPRequestEntityTooLarge:
+        # aiohttp found the body over client_max_size while reading it
+        err = too_large(request.app["max_body"])
+        return web.json_response(error_body(request.path, err), status=err.status)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -47,6 +52,18 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("unexpected error in %s %s", request.method, request.path)
         err = ShoalError(f"Internal error: {e}. The node keeps running; see its log.")
         return web.json_response(error_body(request.path, err), status=500)
+
+
+def body_limit(max_body: int) -> Any:
+    """Refuse a body whose Content-Length is over the limit before reading any of it
+    (a chunked one is stopped by aiohttp's client_max_size as it is read)."""
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        size = request.content_length
+        if size is not None and size > max_body:
+            raise too_large(max_body, size)
+        return await handler(request)
+    return check
 
 
 def is_peer_route(path: str) -> bool:
@@ -152,13 +169,21 @@ async def shutdown(request: web.Request) -> web.Response:
 
 def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
               verifier: Any = None, cluster_port: int = 0,
-              cors_origins: list[str] | tuple[str, ...] = ()) -> web.Application:
+              cors_origins: list[str] | tuple[str, ...] = (), host: str = "127.0.0.1",
+              allowed_hosts: list[str] | tuple[str, ...] = (),
+              max_body_mb: float = MAX_BODY_MB) -> web.Application:
+    """The node's one app, served on two listeners: the user API on `host` (browser rules
+    of engine.api.cors apply there) and the cluster port (signed requests only)."""
     from engine.node.cluster_routes import routes as cluster_routes
     origins = frozenset(o.rstrip("/") for o in cors_origins)
-    app = web.Application(middlewares=[errors, cors.middleware(origins),
-                                       auth(api_key, verifier, cluster_port)],
-                          client_max_size=64 * 2**20)
+    max_body = int(max_body_mb * 2**20)
+    app = web.Application(middlewares=[
+        errors, body_limit(max_body),
+        cors.guard(origins, cors.host_names(host, allowed_hosts), cluster_port),
+        cors.middleware(origins), auth(api_key, verifier, cluster_port)],
+        client_max_size=max_body)
     app.on_response_prepare.append(cors.add_headers(origins))
+    app["max_body"] = max_body
     app["node"] = node
     app["cluster"] = cluster
     app["stop"] = asyncio.Event()

@@ -1,5 +1,6 @@
 """CORS: off by default; with --cors-origin (repeatable) only those origins get answers to a
-preflight and the Access-Control-Allow-Origin header on every route, streamed ones too."""
+preflight and the Access-Control-Allow-Origin header on every route, streamed ones too; a
+page of any other origin is refused outright (tests/engine/node/test_browser_attacks.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_off_by_default(tiny_node):
     assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
     assert "--cors-origin" in r.json()["error"]["message"]
     r = httpx.get(tiny_node.url + "/v1/models", headers={"Origin": PAGE})
-    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+    assert httpx.get(tiny_node.url + "/v1/models").status_code == 200  # no page, no Origin
 
 
 def test_allowed_origins_only(cors_node):
@@ -46,6 +48,6 @@ def test_allowed_origins_only(cors_node):
     r = httpx.get(cors_node.url + "/api/tags", headers={"Origin": PAGE})
     assert r.headers["access-control-allow-origin"] == PAGE
     r = httpx.get(cors_node.url + "/api/tags", headers={"Origin": OTHER})
-    assert "access-control-allow-origin" not in r.headers
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
     err = httpx.post(cors_node.url + "/v1/chat/completions", json={}, headers={"Origin": PAGE})
     assert err.status_code == 400 and err.headers["access-control-allow-origin"] == PAGE
