@@ -1,10 +1,13 @@
 """The settings dialog: the cluster secret (show, copy, rotate), peers, the API the node
-the app starts serves (address, port, key; kept in HOME/app.ini and applied at that node's
-next start), the models folder, the Hugging Face token, and running in the background.
+the app starts serves (address, port and origins kept in HOME/app.ini, the key in the
+keyring; applied at that node's next start), the models folder, the Hugging Face token,
+and running in the background.
 
 The secret and the token are read and written by the `shoal` CLI run in a subprocess with
-the app's home (the app never imports the engine's cluster code); every call goes through
-Tasks, so a slow keyring never freezes the window.
+the app's home; every call goes through Tasks, so a slow keyring never freezes the window.
+The API key is needed before the window opens (the app's own client sends it), so it is read
+through the engine's bounded keyring-or-file store directly, and only when app.ini says one
+was stored: app.ini never holds the key itself.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from engine.errors import ShoalError
 log = logging.getLogger(__name__)
 KEEP_IN_TRAY = "tray/keep_running_on_close"
 MENUBAR_ONLY = "tray/menubar_only"  # macOS: no Dock icon
-NODE_HOST, NODE_PORT, NODE_API_KEY = "node/host", "node/port", "node/api_key"
+NODE_HOST, NODE_PORT = "node/host", "node/port"
+NODE_API_KEY = "node/api_key"  # only in old app.ini files: moved to the keyring when read
+NODE_KEY_STORED = "node/api_key_stored"  # true when a key is in the keyring (or key file)
 NODE_CORS = "node/cors_origins"  # browser origins the node allows (CORS), space-separated
 CLI_TIMEOUT_S = 30.0
 
@@ -66,12 +71,54 @@ def saved_cors_origins(home: Path) -> tuple[str, ...]:
     return node_settings(settings).cors_origins
 
 
+def _key_store(settings: QSettings) -> Any:
+    from engine.cluster.secret import ApiKeyStore  # stdlib only; keyring on first use
+    return ApiKeyStore(Path(settings.fileName()).parent)
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).lower() in ("true", "1")
+
+
+def api_key(settings: QSettings) -> str | None:
+    """The API key of the app's node: from the keyring (or its private file), after moving a
+    key an older Shoal left in plain text in app.ini there."""
+    plain = str(settings.value(NODE_API_KEY, "") or "").strip()
+    if plain:
+        store = _key_store(settings)
+        try:
+            store.set(plain)
+        except OSError as e:  # the home is read-only or full: keep using it as it is
+            log.warning("couldn't move the API key out of %s: %s", settings.fileName(), e)
+            return plain
+        settings.remove(NODE_API_KEY)
+        settings.setValue(NODE_KEY_STORED, True)
+        settings.sync()
+        log.info("moved the API key out of %s into %s", settings.fileName(), store.where)
+        return plain
+    if not _truthy(settings.value(NODE_KEY_STORED, False)):
+        return None
+    return _key_store(settings).get()
+
+
+def store_api_key(settings: QSettings, key: str | None) -> str:
+    """Keep `key` (None: no key) where api_key() finds it; returns where that is."""
+    store = _key_store(settings)
+    settings.remove(NODE_API_KEY)
+    if key:
+        store.set(key)
+    else:
+        store.clear()
+    settings.setValue(NODE_KEY_STORED, bool(key))
+    return store.where
+
+
 def node_settings(settings: QSettings) -> NodeSettings:
     try:
         port = int(settings.value(NODE_PORT, DEFAULT_PORT))
     except (TypeError, ValueError):
         port = DEFAULT_PORT
-    key = str(settings.value(NODE_API_KEY, "") or "").strip()
+    key = api_key(settings)
     host = str(settings.value(NODE_HOST, "127.0.0.1") or "127.0.0.1").strip()
     cors = parse_origins(str(settings.value(NODE_CORS, "") or ""))
     return NodeSettings(host or "127.0.0.1", port, key or None, cors)
@@ -306,12 +353,18 @@ class SettingsDialog(QDialog):
             return False
         self.settings.setValue(NODE_HOST, host)
         self.settings.setValue(NODE_PORT, self.port_spin.value())
-        self.settings.setValue(NODE_API_KEY, key)
+        try:  # bounded: a keyring that doesn't answer in 3 s is given up for the file
+            where = store_api_key(self.settings, key or None)
+        except OSError as e:
+            self.api_message.setText(f"Couldn't store the API key: {e}")
+            self.api_message.setStyleSheet("color: #d03b3b;")
+            return False
         self.settings.setValue(NODE_CORS, " ".join(origins))
         self.settings.sync()
         self.api_message.setStyleSheet("")
+        kept = f" The key is kept in {where}." if key else ""
         self.api_message.setText(f"Saved in {self.settings.fileName()}; applied the next "
-                                 "time Shoal starts its node.")
+                                 f"time Shoal starts its node.{kept}")
         return True
 
     # --- models ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Where the cluster secret lives: the system keyring when one works, else a file readable
-only by this user in the node's home. Every keyring call is bounded in time, because a
+"""Where Shoal's secrets live (the cluster secret, the API key, and through engine.hub.token
+the Hugging Face token): the system keyring when one works, else a file readable only by
+this user in the node's home. Every keyring call is bounded in time, because a
 locked keyring on a headless session was seen to hang for over a minute."""
 
 from __future__ import annotations
@@ -51,13 +52,16 @@ def new_secret() -> str:
     return secrets.token_urlsafe(24)
 
 
-class SecretStore:
-    """get/set the cluster secret for one node home. `where` says where it is kept."""
+class KeyStore:
+    """One secret of one Shoal home: in the system keyring when one works, else in a file
+    only this user can read; never both (one copy), never in a log. `where` says where."""
 
-    def __init__(self, home: Path, use_keyring: bool | None = None):
+    def __init__(self, home: Path, account: str, filename: str, what: str,
+                 use_keyring: bool | None = None):
         self.home = home
-        self.file = home / "cluster-secret"
-        self.account = f"cluster-secret:{home.resolve()}"
+        self.file = home / filename
+        self.account = account
+        self.what = what  # for log lines: "the cluster secret", ...
         if use_keyring is None:
             use_keyring = os.environ.get("SHOAL_KEYRING", "1") != "0"
         self.use_keyring = use_keyring
@@ -75,10 +79,10 @@ class SecretStore:
                 self._fallback_note(e)
         try:
             value = self.file.read_text().strip()
-            self.where = f"{self.file} (readable only by you)"
-            return value or None
         except FileNotFoundError:
             return None
+        self.where = f"{self.file} (readable only by you)"
+        return value or None
 
     def set(self, value: str) -> None:
         if self.use_keyring:
@@ -92,6 +96,30 @@ class SecretStore:
                 self._fallback_note(e)
         write_private(self.file, value)
         self.where = f"{self.file} (readable only by you)"
+
+    def clear(self) -> None:
+        if self.use_keyring:
+            try:
+                import keyring
+                _bounded(lambda: keyring.delete_password(SERVICE, self.account))
+            except Exception as e:  # PasswordDeleteError when there was none
+                log.debug("keyring delete: %s", type(e).__name__)
+        self.file.unlink(missing_ok=True)
+        self.where = "not stored"
+
+    def _fallback_note(self, e: BaseException) -> None:
+        self.use_keyring = False  # don't pay the timeout again on every call
+        # the exception's type only: a backend's message could quote what it was given
+        log.info("no usable keyring (%s); %s is kept in %s instead", type(e).__name__,
+                 self.what, self.file)
+
+
+class SecretStore(KeyStore):
+    """The cluster secret of one node home."""
+
+    def __init__(self, home: Path, use_keyring: bool | None = None):
+        super().__init__(home, f"cluster-secret:{home.resolve()}", "cluster-secret",
+                         "the cluster secret", use_keyring)
 
     def ensure(self, given: str | None = None) -> str:
         """The secret to use: `given` (stored for next time), the stored one, or a new one
@@ -108,7 +136,10 @@ class SecretStore:
         log.info("created a new cluster secret, kept in %s", self.where)
         return value
 
-    def _fallback_note(self, e: BaseException) -> None:
-        self.use_keyring = False  # don't pay the timeout again on every call
-        log.info("no usable keyring (%s: %s); the cluster secret is kept in %s instead",
-                 type(e).__name__, e, self.file)
+
+class ApiKeyStore(KeyStore):
+    """The API key the app's node requires of its clients (Settings → API)."""
+
+    def __init__(self, home: Path, use_keyring: bool | None = None):
+        super().__init__(home, f"api-key:{home.resolve()}", "api-key", "the API key",
+                         use_keyring)

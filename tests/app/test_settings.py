@@ -1,13 +1,18 @@
 """The settings dialog: the cluster secret through the real `shoal secret` CLI (show, copy,
-rotate), the API the app's node will serve (checked, kept in app.ini, used at its next
-start), and the background setting the window shares."""
+rotate), the API the app's node will serve (checked, kept in app.ini but the key in the
+keyring, used at its next start), and the background setting the window shares."""
+
+import stat
+import sys
+import types
 
 import pytest
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QGuiApplication
 
 from app.node import LocalNode
-from app.settings import (KEEP_IN_TRAY, SettingsDialog, node_settings, parse_secret, run_cli)
+from app.settings import (KEEP_IN_TRAY, NODE_API_KEY, SettingsDialog, node_settings,
+                          parse_secret, run_cli)
 from app.tasks import Tasks
 from engine.client import NodeClient
 
@@ -56,6 +61,9 @@ def test_api_settings_are_checked_and_used_at_the_next_start(qtbot, dialog, home
     assert dialog.save_api()
     saved = node_settings(QSettings(str(home / "app.ini"), QSettings.Format.IniFormat))
     assert (saved.host, saved.port, saved.api_key) == ("0.0.0.0", 9123, "s3cret")
+    assert "s3cret" not in (home / "app.ini").read_text()  # the key is kept elsewhere
+    assert "readable only by you" in dialog.api_message.text()  # no keyring in tests
+    assert stat.S_IMODE((home / "api-key").stat().st_mode) == 0o600
     node = LocalNode(home, saved.port, host=saved.host, api_key=saved.api_key)
     assert node.url == "http://127.0.0.1:9123"  # reached on loopback from here
     assert node.command[node.command.index("--host") + 1] == "0.0.0.0"
@@ -78,3 +86,45 @@ def test_cors_origins_are_checked_and_handed_to_the_node(qtbot, dialog, home):
     dialog.cors_edit.setText("http://localhost:3000, https://ui.example/")
     assert dialog.save_api()
     assert saved_cors_origins(home) == ("http://localhost:3000", "https://ui.example")
+
+
+def _ini(home) -> QSettings:
+    return QSettings(str(home / "app.ini"), QSettings.Format.IniFormat)
+
+
+def test_a_plain_text_key_is_moved_out_of_app_ini(home, monkeypatch):
+    monkeypatch.setenv("SHOAL_KEYRING", "0")
+    old = _ini(home)
+    old.setValue(NODE_API_KEY, "left-by-an-old-shoal")
+    old.sync()
+    assert node_settings(_ini(home)).api_key == "left-by-an-old-shoal"
+    assert "left-by-an-old-shoal" not in (home / "app.ini").read_text()
+    assert (home / "api-key").read_text() == "left-by-an-old-shoal"
+    assert node_settings(_ini(home)).api_key == "left-by-an-old-shoal"  # read from there now
+
+
+def test_the_key_goes_to_the_keyring_when_one_works(qtbot, home, monkeypatch):
+    data: dict = {}
+    fake = types.SimpleNamespace(get_password=lambda s, a: data.get((s, a)),
+                                 set_password=lambda s, a, v: data.__setitem__((s, a), v),
+                                 delete_password=lambda s, a: data.pop((s, a)))
+    monkeypatch.setitem(sys.modules, "keyring", fake)
+    monkeypatch.setenv("SHOAL_KEYRING", "1")
+    from app.settings import store_api_key
+    ini = _ini(home)
+    assert store_api_key(ini, "in-the-keyring") == "the system keyring"
+    ini.sync()
+    assert node_settings(_ini(home)).api_key == "in-the-keyring"
+    assert not (home / "api-key").exists()
+    assert "in-the-keyring" not in (home / "app.ini").read_text()
+    store_api_key(ini, None)
+    assert data == {} and node_settings(ini).api_key is None
+
+
+def test_no_keyring_call_when_no_key_was_stored(home, monkeypatch):
+    def hang(*a):
+        raise AssertionError("the keyring was asked")
+    monkeypatch.setitem(sys.modules, "keyring",
+                        types.SimpleNamespace(get_password=hang, set_password=hang))
+    monkeypatch.setenv("SHOAL_KEYRING", "1")
+    assert node_settings(_ini(home)).api_key is None
