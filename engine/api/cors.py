@@ -28,6 +28,9 @@ METHODS = "GET, POST, HEAD, OPTIONS, DELETE"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+# Docker's name for the host (a container's Open WebUI reaches the node by it); .internal
+# is reserved for private use, so no web page's DNS can own it
+DOCKER_HOST = "host.docker.internal"
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 
@@ -77,7 +80,7 @@ def host_names(listen_host: str, extra: Iterable[str]) -> frozenset[str]:
     names = set(LOOPBACK_NAMES) | {host_name(h) for h in extra if h.strip()}
     if listen_host in WILDCARDS:  # every interface: this machine's own names too
         me = socket.gethostname().lower()
-        names |= {me, f"{me.split('.')[0]}.local"}
+        names |= {me, f"{me.split('.')[0]}.local", DOCKER_HOST}
     else:
         names.add(host_name(listen_host))
     return frozenset(names)

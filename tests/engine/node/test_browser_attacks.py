@@ -133,3 +133,17 @@ def test_deep_json_and_nan_are_a_400_naming_the_field(node):
                    headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
     assert alive(node)
+
+
+def test_names_of_a_node_on_every_interface():
+    import socket
+
+    from engine.api.cors import host_name, host_names
+    assert [host_name(h) for h in ("Shoal.LAN:8421", "[::1]:8421", "::1", "a.example.")] == \
+        ["shoal.lan", "::1", "::1", "a.example"]
+    everywhere = host_names("0.0.0.0", ["my.name"])
+    me = socket.gethostname().lower()
+    assert {"localhost", "my.name", me, f"{me.split('.')[0]}.local",
+            "host.docker.internal"} <= everywhere  # and the address a request came in on
+    assert "evil.example" not in everywhere
+    assert host_names("192.168.1.5", []) == {"localhost", "127.0.0.1", "::1", "192.168.1.5"}
