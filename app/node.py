@@ -88,10 +88,13 @@ class LocalNode:
                 # The key goes by environment, not argv, so `ps` doesn't show it.
                 env = {**os.environ, **({"SHOAL_API_KEY": self.api_key} if self.api_key
                                         else {})}
-                from app.settings import saved_cors_origins  # Settings → API
-                cors = saved_cors_origins(self.home)
+                from app.settings import saved_allowed_hosts, saved_cors_origins
+                cors = saved_cors_origins(self.home)  # Settings → API
                 if cors:
                     env["SHOAL_CORS_ORIGINS"] = ",".join(cors)
+                hosts = saved_allowed_hosts(self.home)
+                if hosts:
+                    env["SHOAL_ALLOWED_HOSTS"] = ",".join(hosts)
                 self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=env,
                                              start_new_session=os.name == "posix")

@@ -40,6 +40,7 @@ NODE_HOST, NODE_PORT = "node/host", "node/port"
 NODE_API_KEY = "node/api_key"  # only in old app.ini files: moved to the keyring when read
 NODE_KEY_STORED = "node/api_key_stored"  # true when a key is in the keyring (or key file)
 NODE_CORS = "node/cors_origins"  # browser origins the node allows (CORS), space-separated
+NODE_HOSTS = "node/allowed_hosts"  # Host names the node answers to beside its own
 CLI_TIMEOUT_S = 30.0
 
 
@@ -50,6 +51,26 @@ class NodeSettings:
     port: int = DEFAULT_PORT
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+
+
+def parse_hosts(text: str) -> tuple[str, ...]:
+    return tuple(h.lower().rstrip(".") for h in text.replace(",", " ").split())
+
+
+def check_hosts(hosts: tuple[str, ...]) -> str | None:
+    """Why these Host names can't be used, or None."""
+    for h in hosts:
+        if h != "*" and not re.fullmatch(r"[a-z0-9.\-]+|\[[0-9a-f:.]+\]", h):
+            return (f"'{h}' is not a host name: write just the name clients use, like "
+                    "shoal.lan (no http://, no port).")
+    return None
+
+
+def saved_allowed_hosts(home: Path) -> tuple[str, ...]:
+    """The extra Host names saved for the node the app starts in HOME."""
+    settings = QSettings(str(Path(home) / "app.ini"), QSettings.Format.IniFormat)
+    return parse_hosts(str(settings.value(NODE_HOSTS, "") or ""))
 
 
 def parse_origins(text: str) -> tuple[str, ...]:
@@ -121,7 +142,8 @@ def node_settings(settings: QSettings) -> NodeSettings:
     key = api_key(settings)
     host = str(settings.value(NODE_HOST, "127.0.0.1") or "127.0.0.1").strip()
     cors = parse_origins(str(settings.value(NODE_CORS, "") or ""))
-    return NodeSettings(host or "127.0.0.1", port, key or None, cors)
+    hosts = parse_hosts(str(settings.value(NODE_HOSTS, "") or ""))
+    return NodeSettings(host or "127.0.0.1", port, key or None, cors, hosts)
 
 
 def is_loopback(host: str) -> bool:
@@ -328,6 +350,9 @@ class SettingsDialog(QDialog):
         self.key_edit.setPlaceholderText("none (only allowed on 127.0.0.1)")
         self.cors_edit = QLineEdit(" ".join(current.cors_origins))
         self.cors_edit.setPlaceholderText("none (e.g. http://localhost:3000 for a web UI)")
+        self.hosts_edit = QLineEdit(" ".join(current.allowed_hosts))
+        self.hosts_edit.setPlaceholderText("none (names clients use besides this machine's "
+                                           "own, e.g. shoal.lan)")
         self.api_message = QLabel("Applied the next time Shoal starts its node. The cluster "
                                   "port (for other nodes) is this port + 1.")
         self.api_message.setWordWrap(True)
@@ -339,6 +364,7 @@ class SettingsDialog(QDialog):
         form.addRow("Port:", self.port_spin)
         form.addRow("API key:", self.key_edit)
         form.addRow("Browser origins (CORS):", self.cors_edit)
+        form.addRow("Other host names:", self.hosts_edit)
         form.addRow("", save)
         form.addRow("", self.api_message)
         return tab
@@ -346,7 +372,8 @@ class SettingsDialog(QDialog):
     def save_api(self) -> bool:
         host, key = self.host_edit.text().strip(), self.key_edit.text().strip()
         origins = parse_origins(self.cors_edit.text())
-        problem = check_api(host, key) or check_origins(origins)
+        hosts = parse_hosts(self.hosts_edit.text())
+        problem = check_api(host, key) or check_origins(origins) or check_hosts(hosts)
         if problem:
             self.api_message.setText(problem)
             self.api_message.setStyleSheet("color: #d03b3b;")
@@ -360,6 +387,7 @@ class SettingsDialog(QDialog):
             self.api_message.setStyleSheet("color: #d03b3b;")
             return False
         self.settings.setValue(NODE_CORS, " ".join(origins))
+        self.settings.setValue(NODE_HOSTS, " ".join(hosts))
         self.settings.sync()
         self.api_message.setStyleSheet("")
         kept = f" The key is kept in {where}." if key else ""

@@ -128,3 +128,22 @@ def test_no_keyring_call_when_no_key_was_stored(home, monkeypatch):
                         types.SimpleNamespace(get_password=hang, set_password=hang))
     monkeypatch.setenv("SHOAL_KEYRING", "1")
     assert node_settings(_ini(home)).api_key is None
+
+
+def test_host_names_are_checked_and_the_node_answers_to_them(qtbot, dialog, home, port,
+                                                             node_command):
+    import httpx
+    dialog.host_edit.setText("127.0.0.1")
+    dialog.hosts_edit.setText("http://shoal.lan")
+    assert not dialog.save_api() and "not a host name" in dialog.api_message.text()
+    dialog.hosts_edit.setText("Shoal.LAN, my-box")
+    assert dialog.save_api()
+    node = LocalNode(home, port, command=node_command(port), start_timeout=30)
+    try:
+        node.start()
+        ok = httpx.get(node.url + "/shoal/status", headers={"Host": f"shoal.lan:{port}"})
+        assert ok.status_code == 200
+        no = httpx.get(node.url + "/shoal/status", headers={"Host": "evil.example"})
+        assert no.status_code == 403
+    finally:
+        node.stop()
