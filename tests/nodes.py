@@ -27,7 +27,7 @@ class NodeProcess:
 
     def __init__(self, home: Path, model: str = "none", *extra: str, port: int | None = None,
                  cluster_port: int | None = None):
-        self.home = home
+        self.home, self.extra = home, extra  # enough to start it again the same way
         self.port = port or free_port()
         self.cluster_port = cluster_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -381,7 +381,7 @@ class Cluster:
 
     # --- watching and tearing down -------------------------------------------------------
     async def _watch(self, inst: Instance) -> None:
-        silent: dict[str, float] = {}
+        heard = {r["url"]: time.monotonic() for r in inst.ranks if r["url"]}  # last answer
         while self.instance is inst and inst.state == "ready":
             await asyncio.sleep(WATCH_S)
             w = self.node.worker
@@ -394,10 +394,10 @@ class Cluster:
                     continue
                 try:
                     st = await self._follower_state(r["url"], inst.id)
-                    silent.pop(r["url"], None)
+                    heard[r["url"]] = time.monotonic()
                 except ShoalError:
-                    first = silent.setdefault(r["url"], time.monotonic())
-                    if time.monotonic() - first >= GONE_S:
+                    # silent since its last answer, not since the first failed poll
+                    if time.monotonic() - heard[r["url"]] >= GONE_S:
                         await self._teardown(inst, f"node {r['node']} (rank {i}) stopped "
                                              f"answering")
                         return

@@ -1,0 +1,111 @@
+"""Soak: steady load on a 3-node loopback cluster for a while, then the memory growth of
+every node and worker process. Not part of the test suite (it runs for minutes).
+
+Run: .venv/bin/python benchmarks/soak.py [--minutes 30] [--clients 3]
+A 3-rank pipeline of the tests' tiny llama, clients sending short chats through every
+node (so two of them relay to the owner); RSS sampled once a minute. Prints a markdown
+table; docs/benchmarks.md ("Soak") keeps the figures of the last run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from nodes import NodeProcess, start_cluster  # noqa: E402
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def group_pids(n: NodeProcess) -> dict[str, int]:
+    """The node process and its workers, by role."""
+    out = {"node": n.proc.pid}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[2]) == n.proc.pid and b"engine.runtime.worker" in cmd:
+                out["worker"] = int(d.name)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--minutes", type=float, default=30)
+    p.add_argument("--clients", type=int, default=3)
+    args = p.parse_args()
+    import httpx
+
+    from tiny import make_tiny_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="shoal-soak-"))
+    model = make_tiny_model(tmp / "models" / "tiny-llama")
+    nodes = start_cluster(tmp / "cluster", model, 3)
+    stop, counts = threading.Event(), {"ok": 0, "failed": 0}
+    try:
+        ids = [n.client.status()["cluster"]["id"] for n in nodes]
+        r = httpx.post(nodes[0].url + "/shoal/instances", timeout=120, json={
+            "model": "tiny-llama", "strategy": "pipeline",
+            "nodes": [{"node": ids[0], "layers": [0, 2]}, {"node": ids[1], "layers": [2, 3]},
+                      {"node": ids[2], "layers": [3, 4]}]})
+        r.raise_for_status()
+
+        def client(i: int) -> None:
+            url = nodes[i % 3].url
+            with httpx.Client(timeout=60) as http:
+                while not stop.is_set():
+                    r = http.post(url + "/v1/chat/completions", json={
+                        "model": "tiny-llama", "max_tokens": 16,
+                        "messages": [{"role": "user", "content": f"soak {i}"}]})
+                    counts["ok" if r.status_code == 200 else "failed"] += 1
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True)
+                   for i in range(args.clients)]
+        for t in threads:
+            t.start()
+        pids = [group_pids(n) for n in nodes]
+        samples = [[{k: rss_mib(v) for k, v in g.items()} for g in pids]]
+        end = time.monotonic() + args.minutes * 60
+        while time.monotonic() < end:
+            time.sleep(min(60, max(0.0, end - time.monotonic())))
+            samples.append([{k: rss_mib(v) for k, v in g.items()} for g in pids])
+        stop.set()
+        for t in threads:
+            t.join(60)
+    finally:
+        for n in nodes:
+            n.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    first, last = samples[1] if len(samples) > 2 else samples[0], samples[-1]
+    print(f"\n{args.minutes:g} minutes, {args.clients} clients, tiny llama over a 3-rank "
+          f"pipeline: {counts['ok']} requests answered, {counts['failed']} failed.\n")
+    print("| node | process | RSS after 1 min (MiB) | RSS at the end (MiB) | growth |")
+    print("|---|---|---|---|---|")
+    for i, (a, b) in enumerate(zip(first, last)):
+        for role in a:
+            print(f"| {i + 1} | {role} | {a[role]:.0f} | {b.get(role, 0):.0f} | "
+                  f"{b.get(role, 0) - a[role]:+.0f} |")
+
+
+if __name__ == "__main__":
+    main()
