@@ -37,8 +37,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
                                  headers={"Retry-After": str(retry)} if retry else None)
     except web.HTTPRequestEntityTooLarge:
         # aiohttp found the body over client_max_size while reading it
-        err = too_large(request.app["max_body"])
-        return web.json_response(error_body(request.path, err), status=err.status)
+        big = too_large(request.app["max_body"])
+        return web.json_response(error_body(request.path, big), status=big.status)
     except web.HTTPException as e:
         if e.status < 400:
             raise
