@@ -228,9 +228,12 @@ class Stage:
             raise RuntimeError("the model's forward pass never reached this rank's layers")
         finally:
             self.ctl.inject = None
-        for i, layer_cache in enumerate(cache):
-            if not self.start <= i < self.end:
-                advance(layer_cache, n)
+        others = [c for i, c in enumerate(cache) if not self.start <= i < self.end]
+        for c in others:
+            advance(c, n)
+        # Nothing else ever evaluates these empty caches: without this their lazy graphs
+        # would grow with every token, and a prefix cache keeps them for many requests.
+        mx.eval([c.state for c in others])
         return out
 
     def logits(self, h: Any) -> Any:
