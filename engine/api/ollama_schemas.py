@@ -4,12 +4,12 @@ accepted; sampling Shoal can't do (mirostat, typical_p, tfs_z) is refused naming
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import Field
 
 from engine import protocol as wire
+from engine.api.common import tool_arguments
 from engine.api.openai_schemas import Loose, Strict
 from engine.errors import BadRequest
 
@@ -116,8 +116,9 @@ def chat_request(body: ChatRequest) -> wire.GenerateRequest:
         if m.tool_calls:
             d["tool_calls"] = [{"type": "function", "function": {
                 "name": c.function.name, "arguments": c.function.arguments
-                if isinstance(c.function.arguments, dict) else json.loads(
-                    c.function.arguments or "{}")}} for c in m.tool_calls]
+                if isinstance(c.function.arguments, dict) else tool_arguments(
+                    c.function.arguments or "", f"messages[{i}].tool_calls[{j}].function"
+                    ".arguments")}} for j, c in enumerate(m.tool_calls)]
         if m.thinking:
             d["reasoning_content"] = m.thinking
         if m.tool_name:

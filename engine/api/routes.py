@@ -7,12 +7,13 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.api import anthropic, ollama, openai_chat, openai_completions, openai_responses
+from engine.api import (anthropic, ollama, openai_chat, openai_completions, openai_responses,
+                        openapi)
 from engine.errors import ShoalError
 
 routes: list[web.RouteDef] = [  # type: ignore[list-item]
     *openai_chat.routes, *openai_completions.routes, *openai_responses.routes,
-    *anthropic.routes, *ollama.routes]
+    *anthropic.routes, *ollama.routes, *openapi.routes]
 
 
 def error_body(path: str, e: ShoalError) -> dict[str, Any]:

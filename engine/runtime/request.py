@@ -66,6 +66,11 @@ def prepare(tokenizer: Any, req: GenerateRequest
     if req.messages is None:  # a raw prompt: no template, no markers
         prompt = req.prompt if isinstance(req.prompt, list) else \
             list(tokenizer.encode(req.prompt or ""))
+        if isinstance(req.prompt, list):  # before decoding: the tokenizer takes only u32
+            vocab = int(getattr(tokenizer, "vocab_size", 0) or 0)
+            if any(not 0 <= t < max(vocab, len(tokenizer)) for t in prompt):
+                raise BadRequest("'prompt' holds token ids outside the vocabulary.",
+                                 param="prompt")
         text = req.prompt if isinstance(req.prompt, str) else tokenizer.decode(prompt)
         if req.suffix is not None:
             prompt = _fill_in_the_middle(tokenizer, prompt, req.suffix)
@@ -141,10 +146,6 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
         raise ContextTooLong(
             f"The prompt is {len(prompt)} tokens; this model's context is {ctx_len} tokens. "
             "Shorten the conversation or start a new one.", param="messages")
-    vocab = int(getattr(tokenizer, "vocab_size", 0) or 0) or len(tokenizer)
-    if isinstance(req.prompt, list) and any(not 0 <= t < max(vocab, len(tokenizer))
-                                            for t in prompt):
-        raise BadRequest("'prompt' holds token ids outside the vocabulary.", param="prompt")
     emit(Accepted(rid, len(prompt), text if req.messages is None else None))
     if req.count_only:
         emit(Done(rid, "stop", len(prompt), 0))
