@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from nodes import NodeProcess, start_cluster  # noqa: E402
+from nodes import NodeProcess, start_cluster, worker_pids  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:
@@ -35,18 +35,8 @@ def rss_mib(pid: int) -> float:
 
 
 def group_pids(n: NodeProcess) -> dict[str, int]:
-    """The node process and its workers, by role."""
-    out = {"node": n.proc.pid}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat[2]) == n.proc.pid and b"engine.runtime.worker" in cmd:
-                out["worker"] = int(d.name)
-    return out
+    """The node process and its worker, by role."""
+    return {"node": n.proc.pid, **{"worker": w for w in worker_pids(n)[:1]}}
 
 
 def main() -> None:

@@ -137,3 +137,19 @@ def start_cluster(root: Path, model_dir: Path, n: int,
             nd.stop()
         raise
     return nodes
+
+
+def worker_pids(n: NodeProcess) -> list[int]:
+    """Live worker processes in the node's process group."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[2]) == n.proc.pid and b"engine.runtime.worker" in cmd and stat[0] != "Z":
+            pids.append(int(d.name))
+    return pids

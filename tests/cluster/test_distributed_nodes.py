@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from nodes import NodeProcess, start_cluster
+from nodes import NodeProcess, start_cluster, worker_pids
 from engine.errors import ShoalError
 from tests_support import wait_until
 
@@ -106,7 +105,7 @@ def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny
         assert launch(a, body).status_code == 201
         follower = b.client.status()["cluster"]["followers"][0]
         assert follower["state"] == "ready"
-        b_worker = _worker_pids(b)
+        b_worker = worker_pids(b)
         assert b_worker
         stream = a.client.chat(HELLO, model="tiny-llama", max_tokens=100_000, temperature=0)
         it = iter(stream)
@@ -121,7 +120,7 @@ def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny
         st = a.client.status()
         assert "rank" in st["error"] or "peer" in st["error"]
         assert st["cluster"]["instances"][0]["state"] == "failed"
-        wait_until(lambda: not _worker_pids(a) and not _worker_pids(b), 10)
+        wait_until(lambda: not worker_pids(a) and not worker_pids(b), 10)
         # Asking again says the instance must be relaunched; relaunching works.
         with pytest.raises(ShoalError, match="Launch it again"):
             a.client.complete(HELLO, model="tiny-llama", max_tokens=2)
@@ -144,26 +143,10 @@ def test_a_vanished_node_is_noticed_within_ten_seconds(tmp_path, tiny_model_dir)
         t0 = time.monotonic()
         wait_until(lambda: a.client.status()["state"] == "error", 10)
         assert time.monotonic() - t0 < 10
-        assert not _worker_pids(a)
+        assert not worker_pids(a)
     finally:
         a.stop()
         b.stop()
-
-
-def _worker_pids(n: NodeProcess) -> list[int]:
-    """Live worker processes in the node's process group."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[2]) == n.proc.pid and b"engine.runtime.worker" in cmd and stat[0] != "Z":
-            pids.append(int(d.name))
-    return pids
 
 
 def test_memory_is_checked_before_launch_and_force_overrides(trio):

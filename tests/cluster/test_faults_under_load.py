@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nodes import NodeProcess, start_cluster
+from nodes import NodeProcess, start_cluster, worker_pids
 from tests_support import wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback, Linux CI")
@@ -37,22 +37,6 @@ class Outcome:
 
 def node_id(n: NodeProcess) -> str:
     return n.client.status()["cluster"]["id"]
-
-
-def worker_pids(n: NodeProcess) -> list[int]:
-    """Live worker processes in the node's process group."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[2]) == n.proc.pid and b"engine.runtime.worker" in cmd and stat[0] != "Z":
-            out.append(int(d.name))
-    return out
 
 
 def rss_mb(pid: int) -> float:
