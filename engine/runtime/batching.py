@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from engine.runtime.generate import Record, Sampling
-from engine.runtime.stops import StopMatcher
+from engine.runtime.stops import StopMatcher, text_step
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +70,7 @@ class Batcher:
                 n += 1
                 if n == 1:
                     first = time.perf_counter()
-                if finish == "stop":
-                    detok.finalize()
-                else:
-                    detok.add_token(token)
-                    if finish is not None:
-                        detok.finalize()
-                text, hit = stops.feed(detok.last_segment)
-                if hit:
-                    finish = "stop"
-                elif finish is None and cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                if finish is not None and not hit:
-                    text += stops.flush()
+                text, finish, hit = text_step(detok, stops, token, finish, cancel)
                 now = time.perf_counter()
                 yield Record(text=text, token=token, finish_reason=finish,
                              prompt_tokens=len(prompt), generation_tokens=n,

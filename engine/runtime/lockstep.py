@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Protocol
 from engine.runtime.distributed import DistConfig, Watchdog
 from engine.runtime.doorbell import END, Doorbell
 from engine.runtime.generate import Record, Sampling
-from engine.runtime.stops import StopMatcher
+from engine.runtime.stops import StopMatcher, text_step
 
 log = logging.getLogger(__name__)
 
@@ -243,22 +243,9 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
         tic = time.perf_counter()
         n = 0
         while True:
-            finish = None
-            if token in eos:
-                finish = "stop"
-            else:
-                detok.add_token(token)
-                if n + 1 == sampling.max_tokens:
-                    finish = "length"
-            if finish is not None:
-                detok.finalize()
-            text, hit = stops.feed(detok.last_segment)
-            if hit:
-                finish = "stop"
-            elif finish is None and cancel is not None and cancel.is_set():
-                finish = "cancelled"
-            if finish is not None and not hit:
-                text += stops.flush()
+            own = "stop" if token in eos else \
+                "length" if n + 1 == sampling.max_tokens else None
+            text, finish, hit = text_step(detok, stops, token, own, cancel)
             yield Record(text=text, token=token, finish_reason=finish,
                          prompt_tokens=len(prompt), generation_tokens=n + 1,
                          prompt_tps=prompt_tps,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import threading
+from typing import Any, Sequence
 
 
 class StopMatcher:
@@ -40,3 +41,22 @@ class StopMatcher:
                     best = n
                     break
         return best
+
+
+def text_step(detok: Any, stops: StopMatcher, token: int, finish: str | None,
+              cancel: threading.Event | None) -> tuple[str, str | None, bool]:
+    """One generated token as text to show: (text, finish_reason, stop string hit).
+    `finish` is the token's own ending: "stop" for a stop token (never shown), "length"
+    for the last one allowed; a stop string or a cancel ends the stream here instead."""
+    if finish != "stop":
+        detok.add_token(token)
+    if finish is not None:
+        detok.finalize()
+    text, hit = stops.feed(detok.last_segment)
+    if hit:
+        finish = "stop"
+    elif finish is None and cancel is not None and cancel.is_set():
+        finish = "cancelled"
+    if finish is not None and not hit:
+        text += stops.flush()
+    return text, finish, hit
