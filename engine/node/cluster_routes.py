@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from engine import __version__
 from engine.cluster.probes import cluster_cables
-from engine.errors import BadRequest, PeerUnreachable
+from engine.errors import BadRequest
 from engine.node.cluster import Cluster
 from engine.telemetry.versions import mlx_version
 
@@ -145,28 +143,3 @@ async def peer_failed(request: web.Request) -> web.Response:
     await _cluster(request).peer_failed(str(body.get("instance")),
                                         str(body.get("reason") or "a rank failed"))
     return web.json_response({"ok": True})
-
-
-async def proxy_chat(request: web.Request, owner_url: str, body: Any) -> web.StreamResponse:
-    """Serve a chat request for a model that runs as an instance owned by another node:
-    relay its answer byte for byte (closing our client closes the upstream request, which
-    stops the generation there)."""
-    peers = _cluster(request).peers
-    raw = json.dumps(body).encode()
-    try:
-        async with peers.session.post(owner_url + "/v1/chat/completions", data=raw,
-                                      headers={"Content-Type": "application/json",
-                                               **peers.sign("POST", "/v1/chat/completions",
-                                                            raw)},
-                                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
-                                ) as up:
-            resp = web.StreamResponse(status=up.status, headers={
-                "Content-Type": up.headers.get("Content-Type", "application/json")})
-            await resp.prepare(request)
-            async for chunk in up.content.iter_any():
-                await resp.write(chunk)
-            await resp.write_eof()
-            return resp
-    except aiohttp.ClientError as e:
-        raise PeerUnreachable(f"The node serving this model ({owner_url}) did not answer: "
-                              f"{e}") from None
