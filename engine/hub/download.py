@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 from urllib.parse import urlsplit
@@ -29,8 +28,9 @@ from engine.errors import BadRequest, Cancelled, CorruptModel, ShoalError
 from engine.hub.errors import (GatedModel, HubOffline, HubUnreachable, InsufficientDisk,
                                bad_repo_id, hub_error, not_mlx)
 from engine.hub.local import default_hf_cache
-from engine.hub.hfcache import (_adopt_partials, link_snapshot, repo_dir, verify_file,
-                                verify_snapshot, write_ref)  # noqa: F401 (re-exported)
+from engine.hub.hfcache import (  # noqa: F401 (re-exported)
+    Plan, RemoteFile, _adopt_partials, link_snapshot, repo_dir, verify_file, verify_snapshot,
+    write_ref)
 from engine.hub.progress import FileProgress, Progress, Tracker  # noqa: F401
 from engine.hub.shards import SIDE_PATTERNS, files_for_layers
 
@@ -41,21 +41,6 @@ RETRIES = 5  # attempts in a row that bring no new byte, before giving up
 BACKOFF_S = 0.25  # first wait after a drop; doubles up to 8 s
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    path: str
-    size: int
-    etag: str  # sha256 of an LFS file, else its git blob sha1; also its blob's file name
-
-
-@dataclass(frozen=True)
-class Plan:
-    repo_id: str
-    revision: str
-    commit: str
-    files: tuple[RemoteFile, ...]
 
 
 class Source(Protocol):

@@ -8,14 +8,27 @@ import logging
 import os
 import re
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engine.hub.download import RemoteFile
 
 log = logging.getLogger(__name__)
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    etag: str  # sha256 of an LFS file, else its git blob sha1; also its blob's file name
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The files of one repo at one commit, as the Hub (or a neighbour) lists them."""
+    repo_id: str
+    revision: str
+    commit: str
+    files: tuple[RemoteFile, ...]
 
 
 def verify_file(path: Path, f: RemoteFile) -> bool:
@@ -39,7 +52,6 @@ def verify_file(path: Path, f: RemoteFile) -> bool:
 def verify_snapshot(snapshot: Path) -> list[str]:
     """The files of a cached snapshot whose content doesn't match their blob's name (the
     Hub's hash): what a loader should refuse and a pull will fetch again. No network."""
-    from engine.hub.download import RemoteFile  # the two modules describe one cache
     bad = []
     for p in sorted(Path(snapshot).rglob("*")):
         blob = p.resolve()

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from engine.errors import Cancelled, PeerUnreachable, ShoalError
-from engine.hub.download import Plan, RemoteFile, repo_dir
+from engine.hub.hfcache import Plan, RemoteFile, repo_dir
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20

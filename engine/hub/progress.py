@@ -7,10 +7,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-if TYPE_CHECKING:
-    from engine.hub.download import RemoteFile
+from engine.hub.hfcache import RemoteFile
 
 
 @dataclass(frozen=True)
