@@ -264,8 +264,8 @@ class PlacementView(QWidget):
 
     # --- asking the planner ---------------------------------------------------------------
     def best(self) -> None:
-        """The running placement of this model, else the planner's fastest placement that
-        has this node as rank 0, else its split over the checked nodes."""
+        """The running placement of this model, else the placement a launch without nodes
+        would take (the node's "best"), else the planner's split over the checked nodes."""
         if not self.model:
             return
         if self.state.self_id is None:  # the cluster isn't known yet: ask once it is
@@ -323,12 +323,11 @@ class PlacementView(QWidget):
             return
         self._grey_strategies(report.get("strategies") or {})
         placements = report.get("placements") or []
-        if best:
-            me = self.state.self_id
-            placements = [p for p in placements if p["ranks"][0]["node"] == me]
-            if not placements:  # e.g. this node is the slowest: split over the checked
+        if best:  # the node's one rule for its best placement (engine.node.planning)
+            if report.get("best") is None:  # nothing the ring can run: split the checked
                 self.request(keep_ranges=False)
                 return
+            placements = [placements[report["best"]]]
         self._show(report, placements[0])
 
     # --- showing the answer ---------------------------------------------------------------

@@ -20,16 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from engine import __version__
 from engine.errors import (BadRequest, InsufficientMemory, PeerUnreachable, ShoalError,
                            WorkerFailed)
 from engine.node.peers import Peers
+from engine.node.planning import best_placement, cluster_view, plan_from_cluster
 from engine.node.service import Node
 from engine.node.state import Loading
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
 from engine.placement.families import strategy_refusal
-from engine.placement.validate import (STRATEGIES, ModelShape, PlacementError, check_pipeline,
-                                       check_strategy, check_tensor)
+from engine.placement.validate import (STRATEGIES, ModelShape, NotEnoughMemory, PlacementError,
+                                       check_pipeline, check_strategy, check_tensor)
+from engine.telemetry.versions import mlx_version
 
 log = logging.getLogger(__name__)
 BACKENDS = ("ring", "jaccl", "jaccl-ring")
@@ -117,6 +120,27 @@ class Cluster:
         return [{"to": p.id, "url": p.url, **{k: v for k, v in p.link.items() if k != "at"}}
                 for p in self.peers.all() if p.trusted and p.link]
 
+    def info(self) -> dict[str, Any]:
+        """This node as GET /shoal/node describes it (peers keep it as their `info`)."""
+        return {**self.describe(), "version": __version__, "mlx_version": mlx_version(),
+                "state": self.node.status()["state"],
+                "models": [m.id for m in self.node.local_models()],
+                "links": self.links(), **(self.facts.describe() if self.facts else {})}
+
+    def plan_infos(self) -> list[dict[str, Any]]:
+        """What the planner may use: this node first, then trusted compatible peers."""
+        return [self.info()] + [p.info for p in self.peers.all()
+                                if p.trusted and not p.warning]
+
+    def model_config(self, model: str) -> dict[str, Any]:
+        return json.loads((self.node.resolve(model) / "config.json").read_text())
+
+    def plan_inputs(self, model: str) -> dict[str, Any]:
+        """plan_from_cluster's node_infos, links and model_config for `model` here."""
+        view = cluster_view(self.plan_infos())
+        return {"node_infos": view["nodes"], "links": view["links"],
+                "model_config": self.model_config(model)}
+
     def describe(self) -> dict[str, Any]:
         instances = [self.instance.public()] if self.instance else []
         run = self.node.runner
@@ -190,38 +214,28 @@ class Cluster:
 
     def _best_placement(self, body: dict[str, Any]) -> dict[str, Any]:
         """strategy/backend/nodes of the best feasible placement for body["model"]."""
-        from engine.node.plan_routes import plan_inputs
-        from engine.placement_cli import plan_from_cluster
-        src = plan_inputs(self, body["model"])
-        report = plan_from_cluster(src["nodes"], src["config"], body.get("context"),
-                                   src["links"], body["model"])
-        ring = [p for p in report.placements if p.backend in ("ring", "-", None)
-                or len(p.ranks) == 1]
-        if not ring:
+        model = body["model"]
+        report = plan_from_cluster(**self.plan_inputs(model), context=body.get("context"),
+                                   model_name=model)
+        best = best_placement(report.placements, self.id)
+        if best is None:
             why = "; ".join(r.reason for r in report.rejections[:3]) or "no node can hold it"
-            raise InsufficientMemory(f"{body['model']} fits no placement on this cluster: "
+            raise InsufficientMemory(f"{model} fits no placement on this cluster: "
                                      f"{why}", param="model")
-        # Among the (nearly) fastest, the one led by this node: it is the one asked.
-        top = [p for p in ring if p.decode_tps >= 0.99 * ring[0].decode_tps]
-        mine = [p for p in top if p.ranks[0].node == self.id]
-        launch = (mine or ring)[0].to_launch(body["model"])
+        launch = report.placements[best].to_launch(model)
         return {"strategy": launch["strategy"], "backend": "ring", "nodes": launch["nodes"]}
 
     def _check_memory(self, body: dict[str, Any], model: str, strategy: str,
                       ranks: list[dict[str, Any]]) -> str | None:
         """Refuse a placement that would swap, with the numbers, unless forced (then the
         numbers come back as a warning)."""
-        from engine.node.plan_routes import plan_inputs
-        from engine.placement.validate import NotEnoughMemory
-        from engine.placement_cli import plan_from_cluster
-        src = plan_inputs(self, model)
         layout = (strategy, "ring",
                   [{"node": r["node"], **({"layers": r["layers"]} if r["layers"] else {})}
                    for r in ranks])
         force = bool(body.get("force"))
         try:
-            report = plan_from_cluster(src["nodes"], src["config"], body.get("context"),
-                                       src["links"], model, force, layout)
+            report = plan_from_cluster(**self.plan_inputs(model), context=body.get("context"),
+                                       model_name=model, force=force, layout=layout)
         except NotEnoughMemory as e:
             raise InsufficientMemory(f"{e}. Choose other nodes or a shorter context, or "
                                      "launch with \"force\": true to try anyway.",

@@ -7,27 +7,16 @@ from typing import Any
 
 from aiohttp import web
 
-from engine import __version__
 from engine.cluster.probes import cluster_cables
 from engine.errors import BadRequest
+from engine.node.bodies import json_object
 from engine.node.cluster import Cluster
-from engine.telemetry.versions import mlx_version
 
 routes = web.RouteTableDef()
 
 
 def _cluster(request: web.Request) -> Cluster:
     return request.app["cluster"]
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError as e:
-        raise BadRequest(f"The request body is not valid JSON: {e}.") from None
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    return body
 
 
 PROBE_CHUNK = b"\0" * 65536
@@ -53,14 +42,7 @@ async def probe(request: web.Request) -> web.StreamResponse:
 @routes.get("/shoal/node")
 async def node_info(request: web.Request) -> web.Response:
     c = _cluster(request)
-    return web.json_response(_self_info(c))
-
-
-def _self_info(c: Cluster) -> dict[str, Any]:
-    return {**c.describe(), "version": __version__, "mlx_version": mlx_version(),
-            "state": c.node.status()["state"],
-            "models": [m.id for m in c.node.local_models()],
-            "links": c.links(), **(c.facts.describe() if c.facts else {})}
+    return web.json_response(c.info())
 
 
 @routes.get("/shoal/topology")
@@ -68,7 +50,7 @@ async def topology(request: web.Request) -> web.Response:
     """Every node this one knows (itself first) with its facts, and every measured link
     (each node measures its own; peers report theirs)."""
     c = _cluster(request)
-    me = _self_info(c)
+    me = c.info()
     nodes = [{**me, "self": True, "reachable": True, "trusted": True}]
     links = [{"from": c.id, **lk} for lk in me["links"]]
     for p in c.peers.all():
@@ -88,7 +70,7 @@ async def list_peers(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/peers")
 async def add_peer(request: web.Request) -> web.Response:
-    addr = (await _body(request)).get("address")
+    addr = (await json_object(request)).get("address")
     if not isinstance(addr, str) or ":" not in addr:
         raise BadRequest("Send {\"address\": \"host:port\"}.", param="address")
     return web.json_response(_cluster(request).peers.add(addr).public(), status=201)
@@ -96,7 +78,8 @@ async def add_peer(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/instances")
 async def launch(request: web.Request) -> web.Response:
-    return web.json_response(await _cluster(request).launch(await _body(request)), status=201)
+    body = await json_object(request)
+    return web.json_response(await _cluster(request).launch(body), status=201)
 
 
 @routes.get("/shoal/instances")
@@ -115,13 +98,13 @@ async def stop_instance(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/peer/prepare")
 async def peer_prepare(request: web.Request) -> web.Response:
-    return web.json_response(await _cluster(request).prepare(await _body(request)))
+    return web.json_response(await _cluster(request).prepare(await json_object(request)))
 
 
 @routes.post("/shoal/peer/start")
 async def peer_start(request: web.Request) -> web.Response:
-    return web.json_response(await _cluster(request).start_follower(await _body(request)),
-                             status=202)
+    body = await json_object(request)
+    return web.json_response(await _cluster(request).start_follower(body), status=202)
 
 
 @routes.get("/shoal/peer/instances/{id}")
@@ -131,7 +114,7 @@ async def peer_state(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/peer/stop")
 async def peer_stop(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await json_object(request)
     await _cluster(request).stop_follower(str(body.get("instance")),
                                           str(body.get("reason") or "stopped"))
     return web.json_response({"ok": True})
@@ -139,7 +122,7 @@ async def peer_stop(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/peer/failed")
 async def peer_failed(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await json_object(request)
     await _cluster(request).peer_failed(str(body.get("instance")),
                                         str(body.get("reason") or "a rank failed"))
     return web.json_response({"ok": True})

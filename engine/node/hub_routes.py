@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
+from engine.node.bodies import json_object
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()  # for the GUI and the CLI
@@ -172,16 +173,16 @@ def _planner_fit(request: web.Request, found: dict[str, Any]) -> None:
     """For models whose config is on disk here, "fits" comes from the planner (weights,
     KV cache, activations and overhead on the live cluster) with its reason; others keep
     the size estimate ("fit_basis": "size")."""
-    from engine.node.plan_routes import cluster_view, model_config
-    from engine.placement_cli import plan_from_cluster
+    from engine.node.planning import cluster_view, plan_from_cluster
     cluster = request.app.get("cluster")
-    view = cluster_view(cluster) if cluster is not None else None  # once, not per model
+    # once, not per model
+    view = cluster_view(cluster.plan_infos()) if cluster is not None else None
     for entry in found.get("models") or []:
         entry["fit_basis"] = "size"
         if view is None or not entry.get("local"):
             continue
         try:
-            report = plan_from_cluster(view["nodes"], model_config(cluster, entry["id"]),
+            report = plan_from_cluster(view["nodes"], cluster.model_config(entry["id"]),
                                        None, view["links"], entry["id"])
         except Exception as e:  # an odd config must not break the list
             log.info("no plan for %s: %s", entry["id"], e)
@@ -216,14 +217,11 @@ async def _with_peers(request: web.Request, found: dict[str, Any]) -> dict[str, 
 
 @routes.post("/shoal/hub/pull")
 async def start_pull(request: web.Request) -> web.Response:
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or not isinstance(body.get("repo"), str):
-        raise BadRequest('Send {"repo": "owner/name", "revision": "main", '
-                         '"layers": [start, end]} (revision and layers optional).',
-                         param="repo")
+    usage = ('Send {"repo": "owner/name", "revision": "main", "layers": [start, end]} '
+             '(revision and layers optional).')
+    body = await json_object(request, usage, "repo")
+    if not isinstance(body.get("repo"), str):
+        raise BadRequest(usage, param="repo")
     revision = body.get("revision") or "main"
     layers = body.get("layers")
     if layers is not None:

@@ -17,6 +17,7 @@ from engine.api.common import MAX_BODY_MB, too_large
 from engine.api.routes import error_body
 from engine.api.routes import routes as api_routes
 from engine.errors import BadRequest, ShoalError, Unauthorized
+from engine.node.bodies import json_object
 from engine.node.service import Node
 
 log = logging.getLogger(__name__)
@@ -136,12 +137,10 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 @routes.post("/shoal/load")
 async def load(request: web.Request) -> web.Response:
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-        raise BadRequest("Send {\"model\": \"<model id>\"}.", param="model")
+    usage = "Send {\"model\": \"<model id>\"}."
+    body = await json_object(request, usage, "model")
+    if not isinstance(body.get("model"), str):
+        raise BadRequest(usage, param="model")
     node = _node(request)
     node.resolve(body["model"])  # unknown ids fail now, with the list of models here
     node.load_in_background(body["model"])

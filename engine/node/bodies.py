@@ -1,0 +1,21 @@
+"""The node's JSON request bodies, parsed the one way the API parses them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from engine.api.common import read_json
+from engine.errors import BadRequest
+
+
+async def json_object(request: web.Request, usage: str | None = None,
+                      param: str | None = None) -> dict[str, Any]:
+    """The body as a JSON object. Text that isn't JSON, NaN or absurd nesting is a 400
+    saying so (engine.api.common.read_json); any other shape, or no body, is a 400 with
+    `usage` (what to send), naming `param`."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise BadRequest(usage or "The request body must be a JSON object.", param=param)
+    return body

@@ -1,0 +1,164 @@
+"""Planning on the live cluster, from plain data: what nodes report about themselves (the
+GET /shoal/node body), their measured links and a model's config.json, turned into the
+pure planner's specs. The node's routes, its launcher, the model browser and `shoal plan`
+all plan through this module; none of them reaches into another's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from engine import placement_profiles
+from engine.placement.families import strategy_refusal
+from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
+from engine.placement.planner import Placement, Rejection, evaluate, explain, plan
+from engine.placement.profiles import links_from
+from engine.placement.tables import DEFAULT
+from engine.placement.validate import PlacementError
+
+Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
+FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    model: ModelSpec
+    context: int
+    placements: list[Placement]
+    rejections: list[Rejection]
+    notes: list[str] = field(default_factory=list)
+
+
+# --- what nodes report, as the planner reads it ---------------------------------------
+def planner_node(info: Mapping[str, Any]) -> dict[str, Any]:
+    """One node's self-description (GET /shoal/node) as plan_from_cluster's node info."""
+    machine = info.get("machine") or {}
+    memory = machine.get("memory") or {}
+    rdma = ((info.get("platform") or {}).get("rdma") or {}).get("enabled")
+    speed = info.get("speed") or {}
+    return {"id": info.get("id"), "name": info.get("name"),
+            "memory_usable_bytes": memory.get("available_bytes"),
+            "memory_bytes": memory.get("total_bytes"), "chip": machine.get("chip"),
+            "models": info.get("models") or [], "rdma": bool(rdma),
+            # measured on the machine itself (engine/telemetry/calibrate.py), when known
+            "measured_bandwidth_Bps": speed.get("memory_bandwidth_Bps"),
+            "measured_flops": speed.get("compute_flops")}
+
+
+def cluster_view(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """{"nodes", "links"} for the planner from node self-descriptions (the asking node
+    first): each node's measured links, kept where both ends are among the nodes."""
+    links = []
+    for info in infos:
+        for lk in info.get("links") or []:
+            if "rtt_ms" in lk and "bandwidth_MBps" in lk:
+                links.append({"a": info["id"], "b": lk["to"],
+                              "latency_s": lk["rtt_ms"] / 2000,  # one way
+                              "bandwidth_Bps": lk["bandwidth_MBps"] * 1e6, "rdma": False})
+    ids = {i["id"] for i in infos}
+    return {"nodes": [planner_node(i) for i in infos],
+            "links": [lk for lk in links if lk["b"] in ids]}
+
+
+# --- planning ---------------------------------------------------------------------------
+def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
+                context: int, force: bool, layout: Layout | None,
+                notes: list[str]) -> PlanReport:
+    """Ranked placements, or with a layout (chosen by hand) its prediction or why not."""
+    if layout is not None:
+        strategy, backend, ranks = layout
+        one = evaluate(model, nodes, links, context, strategy, ranks, backend, force)
+        return PlanReport(model, context, [one], [], notes)
+    return PlanReport(model, context, plan(model, nodes, links, context, force),
+                      explain(model, nodes, links, context), notes)
+
+
+def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Mapping[str, Any],
+                      context: int | None = None,
+                      links: Sequence[Mapping[str, Any]] | None = None,
+                      model_name: str | None = None, force: bool = False,
+                      layout: Layout | None = None) -> PlanReport:
+    """Plan from what nodes report, as plain dicts.
+
+    node_infos: {"id", "name", "memory_usable_bytes" (the GPU working-set limit) or
+    "memory_bytes" (RAM; 75% is assumed usable), optional "memory_bandwidth_Bps",
+    "compute_flops", "chip" (e.g. "Apple M3 Ultra", to look up missing figures),
+    "has_model" or "models" (ids on disk), "rdma"}. links: {"a", "b", "latency_s",
+    "bandwidth_Bps", "rdma"} from the link probes; unmeasured pairs are assumed 10GbE.
+    model_config: the model's config.json."""
+    notes: list[str] = []
+    model = ModelSpec.from_config(model_config, name=model_name)
+    nodes = [_node_from_info(i, info, model_name, notes) for i, info in enumerate(node_infos)]
+    specs = [LinkSpec(str(k["a"]), str(k["b"]), float(k["latency_s"]),
+                      float(k["bandwidth_Bps"]), bool(k.get("rdma", False)))
+             for k in links or []]
+    known = {frozenset((k.a, k.b)) for k in specs if not k.rdma}
+    missing = [[x.id, y.id] for i, x in enumerate(nodes) for y in nodes[i + 1:]
+               if frozenset((x.id, y.id)) not in known]
+    if missing:
+        presets = placement_profiles.machines()
+        ids = [nd.id for nd in nodes]
+        specs += [s for pair in missing for s in
+                  links_from({"a": pair[0], "b": pair[1], "preset": FALLBACK_LINK},
+                             "links", presets, ids)]
+        notes.append(f"{len(missing)} node pair(s) have no link measurement yet; assumed "
+                     f"{FALLBACK_LINK}")
+    return make_report(model, nodes, specs, context or model.context, force, layout, notes)
+
+
+def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
+                    notes: list[str]) -> NodeSpec:
+    nid = str(info.get("id") or info.get("name") or f"node-{i}")
+    name = str(info.get("name") or nid)
+    prof = _chip_profile(str(info.get("chip") or ""), info.get("gpu_cores"))
+    usable = info.get("memory_usable_bytes") or 0.75 * float(info.get("memory_bytes") or 0)
+    if not usable:
+        raise PlacementError(f"node {name} reports no memory size")
+    bw = info.get("memory_bandwidth_Bps") or (prof or {}).get("memory_bandwidth_gbs", 0) * 1e9
+    flops = info.get("compute_flops") or (prof or {}).get("fp16_tflops", 0) * 1e12
+    if info.get("measured_bandwidth_Bps"):  # measured figures are what a step really gets:
+        bw = info["measured_bandwidth_Bps"] / DEFAULT.bandwidth_efficiency  # undo the
+    if info.get("measured_flops"):  # efficiency factors the model applies to peak figures
+        flops = info["measured_flops"] / DEFAULT.compute_efficiency
+    if not bw or not flops:
+        bw, flops = bw or 100e9, flops or 2e12
+        notes.append(f"{name}: no bandwidth/compute figures for chip {info.get('chip')!r}; "
+                     f"assumed {bw / 1e9:.0f} GB/s and {flops / 1e12:.0f} TFLOPS")
+    has = bool(info.get("has_model")) or (model_name is not None and
+                                          model_name in (info.get("models") or []))
+    return NodeSpec(nid, name, int(usable), float(bw), float(flops), has,
+                    bool(info.get("rdma", False)))
+
+
+def _chip_profile(chip: str, gpu_cores: Any) -> dict[str, Any] | None:
+    matches = [m for m in placement_profiles.machines()["machines"].values()
+               if chip and m["chip"].lower() == chip.lower()]
+    exact = [m for m in matches if m["gpu_cores"] == gpu_cores]
+    return (exact or matches or [None])[0]
+
+
+def best_placement(placements: Sequence[Placement], self_id: str | None) -> int | None:
+    """The one rule for "the planner's best" (a launch without nodes, the GUI's first
+    proposal): among the (nearly) fastest placements the ring backend can run, the one
+    led by the asking node, else the fastest; its index, or None when none can run."""
+    ring = [i for i, p in enumerate(placements)
+            if p.backend in ("ring", "-", None) or len(p.ranks) == 1]
+    if not ring:
+        return None
+    fastest = placements[ring[0]].decode_tps
+    top = [i for i in ring if placements[i].decode_tps >= 0.99 * fastest]
+    mine = [i for i in top if placements[i].ranks[0].node == self_id]
+    return (mine or ring)[0]
+
+
+def report_json(r: PlanReport) -> dict[str, Any]:
+    """The /shoal/plan body (and `shoal plan --json`)."""
+    mtype = r.model.model_type
+    return {"model": r.model.name, "context": r.context, "notes": r.notes,
+            # the family rule: why a strategy can't run this model at all (None: it can)
+            "strategies": {s: strategy_refusal(mtype, s) if mtype else None
+                           for s in ("pipeline", "tensor")},
+            "placements": [p.as_dict() for p in r.placements],
+            "rejected": [{"strategy": x.strategy, "backend": x.backend,
+                          "nodes": list(x.nodes), "reason": x.reason}
+                         for x in r.rejections]}
