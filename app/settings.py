@@ -12,7 +12,6 @@ was stored: app.ini never holds the key itself.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 import subprocess
@@ -32,6 +31,7 @@ from app.tasks import Tasks
 from engine.cli import DEFAULT_PORT
 from engine.client import NodeClient
 from engine.errors import ShoalError
+from engine.net import is_loopback
 
 log = logging.getLogger(__name__)
 KEEP_IN_TRAY = "tray/keep_running_on_close"
@@ -144,15 +144,6 @@ def node_settings(settings: QSettings) -> NodeSettings:
     cors = parse_origins(str(settings.value(NODE_CORS, "") or ""))
     hosts = parse_hosts(str(settings.value(NODE_HOSTS, "") or ""))
     return NodeSettings(host or "127.0.0.1", port, key or None, cors, hosts)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_api(host: str, key: str) -> str | None:

@@ -10,7 +10,6 @@ body types, no control routes) is engine.api.cors's; see docs/security.md.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 import socket
@@ -24,6 +23,7 @@ from engine.cluster.auth import Verifier
 from engine.cluster.discovery import Discovery
 from engine.cluster.secret import SecretStore
 from engine.errors import ShoalError
+from engine.net import is_loopback
 from engine.node.cluster import Cluster
 from engine.node.facts import NodeFacts
 from engine.node.identity import load_identity, regenerate_identity
@@ -55,18 +55,9 @@ class NodeConfig:
     queue_wait_s: float = 60.0  # how long a request waits for a turn before a 503
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(host: str, api_key: str | None) -> None:
     """The user API is reachable from the network only with a key."""
-    if not _is_loopback(host) and not api_key:
+    if not is_loopback(host) and not api_key:
         raise ShoalError(f"Serving on {host} exposes the API to the network: give an API "
                          "key with --api-key (or SHOAL_API_KEY), or use --host 127.0.0.1.")
 
