@@ -382,24 +382,16 @@ def _check_runnable(repo_id: str, names: list[str], model_type: str | None) -> N
 
 def _mlx_lm_knows(model_type: str) -> bool | None:
     """Whether mlx-lm has a model file for this type, found without importing mlx-lm
-    (seconds): its package folder, and MODEL_REMAPPING read from utils.py's source."""
-    import ast
+    (seconds): its package folder, and the family rule's own model_type → module table
+    (engine.placement.families, checked against mlx-lm's MODEL_REMAPPING in the suite)."""
     import importlib.util
-    import sys
+
+    from engine.placement.families import resolve
     spec = importlib.util.find_spec("mlx_lm")
     if spec is None or not spec.submodule_search_locations:
         return None  # no mlx-lm here: the loader decides later
     pkg = Path(list(spec.submodule_search_locations)[0])
-    remap: dict[str, str] = getattr(sys.modules.get("mlx_lm.utils"), "MODEL_REMAPPING", {})
-    if not remap:
-        try:
-            for node in ast.parse((pkg / "utils.py").read_text()).body:
-                if isinstance(node, ast.Assign) and any(
-                        getattr(t, "id", "") == "MODEL_REMAPPING" for t in node.targets):
-                    remap = ast.literal_eval(node.value)
-        except (OSError, SyntaxError, ValueError):
-            pass
-    return (pkg / "models" / f"{remap.get(model_type, model_type)}.py").is_file()
+    return (pkg / "models" / f"{resolve(model_type)}.py").is_file()
 
 
 def _origin(url: str) -> tuple[str, str]:
