@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from engine.cli import parser
 from engine.cli import main as engine_main
-
+from engine.cli import parser
 
 APP_VALUE_OPTIONS = ("--home", "--port", "--log-level")  # the app's options that take a value
 

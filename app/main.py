@@ -223,8 +223,8 @@ def _x_server_answers(display: str) -> bool:
     except ValueError:
         return False
     if host in ("", "unix"):
-        targets = [("\0/tmp/.X11-unix/X%d" % number, socket.AF_UNIX),  # Linux abstract socket
-                   ("/tmp/.X11-unix/X%d" % number, socket.AF_UNIX)]
+        targets = [(f"\0/tmp/.X11-unix/X{number:d}", socket.AF_UNIX),  # Linux abstract socket
+                   (f"/tmp/.X11-unix/X{number:d}", socket.AF_UNIX)]
     else:
         targets = [((host, 6000 + number), socket.AF_INET)]
     for address, family in targets:

@@ -72,7 +72,7 @@ class LocalNode:
         except ShoalError:
             return False
 
-    def start(self) -> "LocalNode":
+    def start(self) -> LocalNode:
         """Use the node answering at url, or start one and wait for /health. Raises
         NodeStartError with the node's log tail when it exits or doesn't answer in time."""
         if self._answers():

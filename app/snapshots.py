@@ -4,8 +4,9 @@ so the adapters are tested without a window."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 LINK_NAMES = {"thunderbolt-rdma": "Thunderbolt RDMA", "thunderbolt-ip": "Thunderbolt IP",
               "ethernet": "Ethernet", "wifi": "Wi-Fi", "loopback": "Loopback"}

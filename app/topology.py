@@ -9,9 +9,18 @@ import math
 
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPen
-from PySide6.QtWidgets import (QGraphicsItem, QGraphicsLineItem, QGraphicsObject,
-                               QGraphicsRectItem, QGraphicsScene, QGraphicsSimpleTextItem,
-                               QGraphicsView, QLabel, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QGraphicsItem,
+    QGraphicsLineItem,
+    QGraphicsObject,
+    QGraphicsRectItem,
+    QGraphicsScene,
+    QGraphicsSimpleTextItem,
+    QGraphicsView,
+    QLabel,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.cluster_state import ClusterState
 from app.common import fmt_bytes

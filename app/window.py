@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QFontDatabase, QKeySequence
-from PySide6.QtWidgets import (QLabel, QMainWindow, QPlainTextEdit, QPushButton,
-                               QStackedWidget, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QLabel,
+    QMainWindow,
+    QPlainTextEdit,
+    QPushButton,
+    QStackedWidget,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.settings import KEEP_IN_TRAY
 from app.status import StatusLabel, StatusMonitor

@@ -85,7 +85,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--model", choices=("smollm2", "wide-llama", "wide-moe", "tiny-llama"), default="smollm2")
+    p.add_argument("--model", choices=("smollm2", "wide-llama", "wide-moe", "tiny-llama"),
+                   default="smollm2")
     p.add_argument("--split", type=int, default=0, help="first layer of rank 1 (0: half)")
     p.add_argument("--strategy", choices=("pipeline", "tensor"), default="pipeline")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",

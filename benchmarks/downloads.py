@@ -29,6 +29,7 @@ REPO = "bench-org/wide-llama"
 def make_model(tmp: Path, mb: int) -> Path:
     """The tests' llama architecture, widened to about `mb` MB of float32, in 3 shards."""
     from hub_models import shard_model
+
     from tiny import LLAMA, make_tiny_model
     layers = max(2, round(mb / 16))  # ~16 MB per layer at this width
     folder = make_tiny_model(tmp / "wide", LLAMA, hidden_size=512, intermediate_size=2048,

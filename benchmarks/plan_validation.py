@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--model", nargs="+", default=["smollm2", "wide-llama", "wide-moe"])
     a = ap.parse_args()
     from benchmarks_distributed import make_model  # type: ignore[import-not-found]
+
     from engine.runtime.cpu import worker_env
     from engine.telemetry.calibrate import measure
     cal = measure(worker_env())

@@ -8,8 +8,8 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from engine.errors import ShoalError
 from engine.paths import default_home, ensure, logs_dir, models_dir
@@ -88,7 +88,7 @@ def _cmd_secret(a: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_inputs(url: str) -> "Callable[[str], tuple]":
+def _plan_inputs(url: str) -> Callable[[str], tuple]:
     """What `shoal plan` needs from the running cluster, asked of the local node."""
     def fetch(model: str) -> tuple:
         from engine.client import NodeClient
@@ -164,7 +164,8 @@ def parser() -> argparse.ArgumentParser:
                    help="another node to join (repeatable; remembered)")
     n.set_defaults(func=_cmd_node)
 
-    m = sub.add_parser("models", help="list, import, search, pull, remove models").add_subparsers(dest="mcmd")
+    m = sub.add_parser("models", help="list, import, search, pull, remove models"
+                       ).add_subparsers(dest="mcmd")
     ml = m.add_parser("list", help="models on this machine")
     ml.add_argument("--home", default=argparse.SUPPRESS)
     ml.set_defaults(func=_cmd_models_list)

@@ -6,8 +6,9 @@ Kept light (httpx only) so the window can import it without pulling in mlx.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -74,7 +75,7 @@ class NodeClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "NodeClient":
+    def __enter__(self) -> NodeClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

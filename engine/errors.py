@@ -27,7 +27,7 @@ class ShoalError(Exception):
                           "param": self.param, "code": self.code}}
 
     @classmethod
-    def from_openai(cls, body: dict[str, Any], status: int) -> "ShoalError":
+    def from_openai(cls, body: dict[str, Any], status: int) -> ShoalError:
         """Rebuild the most specific error from an error body (used by the client)."""
         err = body.get("error") or {}
         code = err.get("code")

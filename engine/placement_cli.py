@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from engine import placement_profiles
-from engine.node.planning import (Layout, PlanReport, plan_from_cluster,  # noqa: F401
-                                  make_report, report_json)
+from engine.node.planning import Layout, PlanReport, make_report, plan_from_cluster, report_json  # noqa: F401
 from engine.placement.memory import context_label, gb
 from engine.placement.model import QUANTIZATIONS, ModelSpec
 from engine.placement.profiles import SimulationError, parse_simulation, profile_model

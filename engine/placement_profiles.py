@@ -4,20 +4,20 @@ engine/placement, which does no I/O; this module only reads two JSON files."""
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 PROFILES = Path(__file__).resolve().parent.parent / "resources" / "profiles"
 
 
-@lru_cache(maxsize=None)
+@cache
 def machines() -> dict[str, Any]:
     """{"machines": {name: profile}, "links": {preset: link}, "wired_fraction": ...}."""
     return json.loads((PROFILES / "machines.json").read_text())
 
 
-@lru_cache(maxsize=None)
+@cache
 def models() -> dict[str, Any]:
     """{"models": {name: {"config", "card", "source", ...}}}."""
     return json.loads((PROFILES / "models.json").read_text())

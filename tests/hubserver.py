@@ -124,14 +124,14 @@ class HubServer:
             self.requests.clear()
 
     # --- lifecycle -----------------------------------------------------------------------
-    def __enter__(self) -> "HubServer":
+    def __enter__(self) -> HubServer:
         self.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def start(self) -> "HubServer":
+    def start(self) -> HubServer:
         hosts = ["127.0.0.1"] + (["127.0.0.2"] if self._cdn else [])
         for host in hosts:
             srv = ThreadingHTTPServer((host, 0), _handler_for(self))

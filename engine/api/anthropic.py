@@ -6,14 +6,20 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
 from engine import protocol as wire
 from engine.api import common
-from engine.api.anthropic_schemas import (CountTokensRequest, MessagesRequest, stop_reason,
-                                          to_request, tool_input)
+from engine.api.anthropic_schemas import (
+    CountTokensRequest,
+    MessagesRequest,
+    stop_reason,
+    to_request,
+    tool_input,
+)
 from engine.errors import ShoalError
 
 routes = web.RouteTableDef()

@@ -17,7 +17,7 @@ origin, never for a control route.
 from __future__ import annotations
 
 import socket
-from typing import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +13,13 @@ from aiohttp import web
 
 from engine import protocol as wire
 from engine.api import common
-from engine.api.ollama_schemas import (DONE_REASONS, ChatRequest, GenerateRequest,
-                                       chat_request, generate_request)
+from engine.api.ollama_schemas import (
+    DONE_REASONS,
+    ChatRequest,
+    GenerateRequest,
+    chat_request,
+    generate_request,
+)
 from engine.errors import BadRequest, ModelNotFound
 
 routes = web.RouteTableDef()
@@ -22,7 +27,7 @@ OLLAMA_VERSION = "0.12.0"  # the Ollama API level these routes follow
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _details(m: Any) -> dict[str, Any]:
@@ -32,7 +37,7 @@ def _details(m: Any) -> dict[str, Any]:
 
 
 def _entry(m: Any) -> dict[str, Any]:
-    mtime = datetime.fromtimestamp(Path(m.path).stat().st_mtime, timezone.utc)
+    mtime = datetime.fromtimestamp(Path(m.path).stat().st_mtime, UTC)
     return {"name": m.id, "model": m.id, "modified_at": mtime.isoformat(),
             "size": m.size_bytes, "digest": "", "details": _details(m)}
 

@@ -11,8 +11,7 @@ from aiohttp import web
 
 from engine import protocol as wire
 from engine.api import common
-from engine.api.openai_schemas import (ChatCompletionRequest, ChatMessage, choose_tool,
-                                       constraint_of)
+from engine.api.openai_schemas import ChatCompletionRequest, ChatMessage, choose_tool, constraint_of
 from engine.errors import BadRequest, ModelNotFound
 
 routes = web.RouteTableDef()

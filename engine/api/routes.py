@@ -7,8 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.api import (anthropic, ollama, openai_chat, openai_completions, openai_responses,
-                        openapi)
+from engine.api import anthropic, ollama, openai_chat, openai_completions, openai_responses, openapi
 from engine.errors import ShoalError
 
 routes: list[web.RouteDef] = [  # type: ignore[list-item]

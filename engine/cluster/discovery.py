@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 SERVICE = "_shoal._tcp.local."

@@ -13,14 +13,20 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from engine.cluster.rdma import RdmaReport, rdma_report, thunderbolt_links
-from engine.cluster.thunderbolt import (ThunderboltReport, bridge_loop_warning, cable_graph,
-                                        interface_kinds, parse_hardware_ports,
-                                        thunderbolt_report)
+from engine.cluster.thunderbolt import (
+    ThunderboltReport,
+    bridge_loop_warning,
+    cable_graph,
+    interface_kinds,
+    parse_hardware_ports,
+    thunderbolt_report,
+)
 
 log = logging.getLogger(__name__)
 COMMAND_TIMEOUT_S = 5.0
@@ -78,7 +84,7 @@ class PlatformReport:
                 "warnings": list(self.warnings)}
 
     @classmethod
-    def from_dict(cls, d: Any) -> "PlatformReport":
+    def from_dict(cls, d: Any) -> PlatformReport:
         """A peer's report from its /shoal/node JSON; never raises."""
         if not isinstance(d, dict):
             why = "unavailable: peer sent no platform report"

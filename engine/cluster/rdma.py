@@ -11,8 +11,9 @@ RDMA service on it (system_profiler's `services_title`). Pure functions; no I/O 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from engine.cluster.thunderbolt import Cable, ProbeParseError, cables_between
 
@@ -59,7 +60,7 @@ class RdmaReport:
                 "explanation": self.explanation}
 
     @classmethod
-    def from_dict(cls, d: Any) -> "RdmaReport":
+    def from_dict(cls, d: Any) -> RdmaReport:
         try:
             enabled = d.get("enabled")
             devices = tuple(str(x) for x in d.get("devices") or ())

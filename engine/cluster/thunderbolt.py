@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 # The XDomain service a Mac peer lists only while its RDMA is on (system_profiler has no name
 # for it). Seen on real TB5 captures; the protocol id is what stays when the name is missing.
@@ -95,7 +96,7 @@ class ThunderboltReport:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any) -> "ThunderboltReport":
+    def from_dict(cls, d: Any) -> ThunderboltReport:
         """Rebuild a peer's report from JSON; unknown fields are ignored, bad ones explained."""
         try:
             ports = tuple(_port_from_dict(p) for p in d.get("ports") or [])

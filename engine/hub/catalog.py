@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ class CatalogEntry:
     likes: int | None = None
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_catalog(path: Path = CATALOG) -> tuple[CatalogEntry, ...]:
     """The curated entries; an unreadable file logs and gives an empty catalog."""
     try:
@@ -60,6 +60,7 @@ def search_hub(query: str, limit: int = 30, token: str | None = None,
 
     from huggingface_hub import ModelInfo, constants
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
     from engine.hub.errors import hub_error
     endpoint = (endpoint or os.environ.get("HF_ENDPOINT")
                 or constants._HF_DEFAULT_ENDPOINT).rstrip("/")

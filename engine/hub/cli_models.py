@@ -176,6 +176,7 @@ def _whoami(token: str) -> str | None:
     import os
 
     from huggingface_hub import HfApi
+
     from engine.hub.errors import HubUnreachable, TokenRejected, hub_error
     if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
         return None

@@ -20,17 +20,32 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from engine.errors import BadRequest, Cancelled, CorruptModel, ShoalError
-from engine.hub.errors import (GatedModel, HubOffline, HubUnreachable, InsufficientDisk,
-                               bad_repo_id, hub_error, not_mlx)
-from engine.hub.local import default_hf_cache
+from engine.hub.errors import (
+    GatedModel,
+    HubOffline,
+    HubUnreachable,
+    InsufficientDisk,
+    bad_repo_id,
+    hub_error,
+    not_mlx,
+)
 from engine.hub.hfcache import (  # noqa: F401 (re-exported)
-    Plan, RemoteFile, _adopt_partials, link_snapshot, repo_dir, verify_file, verify_snapshot,
-    write_ref)
+    Plan,
+    RemoteFile,
+    _adopt_partials,
+    link_snapshot,
+    repo_dir,
+    verify_file,
+    verify_snapshot,
+    write_ref,
+)
+from engine.hub.local import default_hf_cache
 from engine.hub.progress import FileProgress, Progress, Tracker  # noqa: F401
 from engine.hub.shards import SIDE_PATTERNS, files_for_layers
 
@@ -99,7 +114,7 @@ def missing_weights(snapshot: Path) -> list[str]:
     return [] if any(snapshot.glob("model*.safetensors")) else ["model.safetensors"]
 
 
-def _make_plan(hub: "Hub", sources: Sequence[Source], repo_id: str, revision: str,
+def _make_plan(hub: Hub, sources: Sequence[Source], repo_id: str, revision: str,
                cache: Path, check_runnable: bool) -> Plan:
     """The Hub's file list; when the Hub can't be reached, a neighbour's, else the cache's."""
     error: ShoalError
@@ -195,8 +210,7 @@ class Hub:
         if self.offline:
             raise self._offline(f"{f.path} of {repo_id}")
         from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
-        from huggingface_hub.utils import (build_hf_headers, hf_raise_for_status,
-                                           http_stream_backoff)
+        from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
         url = hf_hub_url(repo_id, f.path, revision=commit, endpoint=self.endpoint)
         stalls = 0
         while True:

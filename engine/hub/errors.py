@@ -3,8 +3,7 @@ huggingface_hub's exceptions become messages that say what to do."""
 
 from __future__ import annotations
 
-from engine.errors import (BadRequest, ModelNotFound, PeerUnreachable, ShoalError,
-                           UnsupportedModel)
+from engine.errors import BadRequest, ModelNotFound, PeerUnreachable, ShoalError, UnsupportedModel
 
 TOKEN_HINT = ("create one at https://huggingface.co/settings/tokens and enter it with "
               "`shoal models login` (or in the app's settings)")

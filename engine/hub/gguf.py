@@ -25,8 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import BadRequest, CorruptModel, ShoalError, UnsupportedModel
-from engine.hub.gguf_arch import (SUPPORTED_ARCHITECTURES, ArchSpec, build_config,
-                                  check_layers, mlx_name, spec_for)
+from engine.hub.gguf_arch import (
+    SUPPORTED_ARCHITECTURES,
+    ArchSpec,
+    build_config,
+    check_layers,
+    mlx_name,
+    spec_for,
+)
 from engine.hub.gguf_quants import SUPPORTED_TYPES
 from engine.hub.gguf_reader import GGUFHeader, read_header
 from engine.hub.gguf_tokenizer import build_tokenizer

@@ -19,8 +19,13 @@ from typing import Any
 
 from engine.errors import CorruptModel, UnsupportedModel
 from engine.hub.gguf_reader import GGUFHeader
-from engine.hub.gguf_rope import ROPE_FREQS, ROPE_LONG, ROPE_SHORT, llama3_rope_scaling, \
-    phi3_longrope
+from engine.hub.gguf_rope import (
+    ROPE_FREQS,
+    ROPE_LONG,
+    ROPE_SHORT,
+    llama3_rope_scaling,
+    phi3_longrope,
+)
 
 IMPORTER_VERSION = 2
 

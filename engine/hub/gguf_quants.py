@@ -16,6 +16,7 @@ Q5_K, Q3_K, Q5_0 and every IQ type. Format: ggml-common.h / ggml-quants.c in ggm
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 GROUP_SIZE = 32  # MLX affine groups written by this importer

@@ -15,8 +15,7 @@ from typing import Any
 
 from engine.errors import CorruptModel
 from engine.hub.gguf_arch import ArchSpec, layer_part
-from engine.hub.gguf_quants import GROUP_SIZE, HANDLING, Quantized, decode, dequantize, \
-    stored_bits
+from engine.hub.gguf_quants import GROUP_SIZE, HANDLING, Quantized, decode, dequantize, stored_bits
 from engine.hub.gguf_reader import GGUFHeader, TensorInfo
 
 FLOATS = ("F32", "F16", "BF16")

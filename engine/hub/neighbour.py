@@ -14,8 +14,9 @@ import concurrent.futures
 import logging
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 from engine.errors import Cancelled, PeerUnreachable, ShoalError
@@ -180,6 +181,6 @@ class NeighbourSource:
                         done += len(chunk)
                         on_progress(done)
                 return done == f.size
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise PeerUnreachable(f"{url} stopped sending {f.path}: "
                                   f"{e or type(e).__name__}") from None

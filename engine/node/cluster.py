@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine import __version__
-from engine.errors import (BadRequest, InsufficientMemory, PeerUnreachable, ShoalError,
-                           WorkerFailed)
+from engine.errors import BadRequest, InsufficientMemory, PeerUnreachable, ShoalError, WorkerFailed
 from engine.node.peers import Peers
 from engine.node.planning import best_placement, cluster_view, plan_from_cluster
 from engine.node.service import Node
@@ -30,8 +29,15 @@ from engine.node.state import Loading
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
 from engine.placement.families import strategy_refusal
-from engine.placement.validate import (STRATEGIES, ModelShape, NotEnoughMemory, PlacementError,
-                                       check_pipeline, check_strategy, check_tensor)
+from engine.placement.validate import (
+    STRATEGIES,
+    ModelShape,
+    NotEnoughMemory,
+    PlacementError,
+    check_pipeline,
+    check_strategy,
+    check_tensor,
+)
 from engine.telemetry.versions import mlx_version
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from engine.cluster.probes import cluster_cables

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 routes = web.RouteTableDef()  # for the GUI and the CLI
 peer_routes = web.RouteTableDef()  # for other nodes: only with a cluster (signed requests)
 KEEP_FINISHED = 50
-_REGISTRIES: dict[int, "Downloads"] = {}  # when setup_hub was not called
+_REGISTRIES: dict[int, Downloads] = {}  # when setup_hub was not called
 
 
 @dataclass

@@ -228,7 +228,7 @@ class Peers:
                 async for chunk in r.content.iter_any():
                     got += len(chunk)
                 return got
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise PeerUnreachable(f"bandwidth probe to {url} failed: {e}") from None
 
     async def call(self, url: str, method: str, path: str, json_body: Any = None,
@@ -254,7 +254,7 @@ class Peers:
                                            f" ({url})")
                     raise ShoalError.from_openai(err, r.status)
                 return data
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
             raise PeerUnreachable(f"The node at {url} did not answer {path}: "
                                   f"{e or type(e).__name__}") from None
 

@@ -5,8 +5,9 @@ all plan through this module; none of them reaches into another's."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from engine import placement_profiles
 from engine.placement.families import strategy_refusal

@@ -7,7 +7,8 @@ import hmac
 import ipaddress
 import json
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -126,7 +127,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             try:
                 snap = await asyncio.wait_for(q.get(), 10)
                 await resp.write(f"data: {json.dumps(snap)}\n\n".encode())
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await resp.write(b": keep-alive\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         pass

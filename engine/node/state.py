@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Failed:
     reason: str
 
 
-RunnerState = Union[Idle, Loading, Ready, Failed]
+RunnerState = Idle | Loading | Ready | Failed
 
 
 def state_name(s: RunnerState) -> str:

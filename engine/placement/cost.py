@@ -14,8 +14,8 @@ chunks, where every stored weight is read once per chunk and compute usually dom
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
 from engine.placement.tables import DEFAULT, Assumptions, kv_tokens, table

@@ -5,7 +5,7 @@ described by two links: one for TCP, one with rdma=True."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from engine.placement.model import LinkSpec, NodeSpec
 from engine.placement.validate import PlacementError

@@ -32,8 +32,8 @@ class MemoryUse:
 
     def as_dict(self) -> dict[str, int]:
         return {"weights": self.weights, "kv_cache": self.kv_cache,
-                "prefix_cache": self.prefix_cache, "activations": self.activations, "overhead": self.overhead,
-                "total": self.total, "usable": self.usable}
+                "prefix_cache": self.prefix_cache, "activations": self.activations,
+                "overhead": self.overhead, "total": self.total, "usable": self.usable}
 
 
 def gb(n: float) -> str:

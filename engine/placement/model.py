@@ -8,8 +8,9 @@ layers in the same proportions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from engine.placement.families import strategy_refusal
 from engine.placement.validate import PlacementError
@@ -167,13 +168,13 @@ class ModelSpec:
     def score_per_head(self) -> int:
         return self.score_dim or 2 * self.head_dim
 
-    def with_quantization(self, bytes_per_param: float) -> "ModelSpec":
+    def with_quantization(self, bytes_per_param: float) -> ModelSpec:
         return replace(self, bytes_per_param=bytes_per_param)
 
     # --- from an mlx-lm / Hugging Face config.json ----------------------------------------
     @classmethod
     def from_config(cls, config: Mapping[str, Any], bytes_per_param: float | None = None,
-                    name: str | None = None) -> "ModelSpec":
+                    name: str | None = None) -> ModelSpec:
         """Read the shape from a config.json dict (llama, qwen2/3, mistral, qwen3_moe,
         deepseek_v3, kimi_k2, gpt_oss...). bytes_per_param defaults to what the config's
         quantization (or torch_dtype) says."""

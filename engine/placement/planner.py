@@ -8,8 +8,9 @@ at those few orders, sizes 1..n, and every node alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from engine.placement.cost import Prediction, Stage, predict
 from engine.placement.families import strategy_refusal
@@ -18,8 +19,13 @@ from engine.placement.memory import MemoryUse, Sizer, gb, refusal
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
 from engine.placement.split import split_pipeline
 from engine.placement.tables import DEFAULT, Assumptions
-from engine.placement.validate import (ModelShape, NotEnoughMemory, PlacementError,
-                                       check_pipeline, check_tensor)
+from engine.placement.validate import (
+    ModelShape,
+    NotEnoughMemory,
+    PlacementError,
+    check_pipeline,
+    check_tensor,
+)
 
 BACKENDS = ("ring", "jaccl")
 

@@ -10,8 +10,9 @@ GB/s (decimal); bandwidth_gbit is Gb/s; latency_us is microseconds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from engine.placement.model import QUANTIZATIONS, LinkSpec, ModelSpec, NodeSpec
 from engine.placement.validate import PlacementError

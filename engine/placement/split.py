@@ -9,8 +9,8 @@ the split fits whenever any contiguous split of these nodes, in this order, fits
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from itertools import accumulate
-from typing import Callable, Sequence
 
 from engine.placement.memory import Sizer, refusal
 from engine.placement.model import ModelSpec, NodeSpec

@@ -3,8 +3,8 @@ out."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 STRATEGIES = ("pipeline", "tensor")
 

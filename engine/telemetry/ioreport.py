@@ -11,8 +11,9 @@ import ctypes
 import re
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from engine.telemetry.power import PowerReading, missing
 

@@ -2,8 +2,9 @@
 
 On Linux, available = MemAvailable. On macOS, memory is unified and "free" is misleading, so
 available means what the GPU may wire: Metal's recommended working set when MLX has Metal,
-else the iogpu.wired_limit_mb sysctl when set, else Metal's default rule as real Macs show it. Every value says
-which rule produced it. mlx is imported inside functions: the GUI reads this without it.
+else the iogpu.wired_limit_mb sysctl when set, else Metal's default rule as real Macs show it.
+Every value says which rule produced it. mlx is imported inside functions: the GUI reads this
+without it.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import logging
 import platform
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.cluster.probes import CommandResult, run_command
 

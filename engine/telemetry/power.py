@@ -13,9 +13,10 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 RAPL_UNREADABLE = ("unavailable: RAPL counters are not readable without root "
@@ -229,7 +230,7 @@ class PowerSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "PowerSampler":
+    def start(self) -> PowerSampler:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="power", daemon=True)
             self._thread.start()

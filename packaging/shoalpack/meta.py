@@ -23,7 +23,10 @@ def macos_min_from_tags(tags: list[str]) -> str | None:
     """The newest macOS any of these wheel tags needs ("macosx_14_0_arm64" → "14.0")."""
     found = [(int(m[1]), int(m[2])) for t in tags
              if (m := re.search(r"macosx_(\d+)_(\d+)_", t))]
-    return "%d.%d" % max(found) if found else None
+    if not found:
+        return None
+    major, minor = max(found)
+    return f"{major}.{minor}"
 
 
 def wheel_tags(distribution: str) -> list[str]:

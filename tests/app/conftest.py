@@ -16,7 +16,6 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 from PySide6.QtCore import QtMsgType  # noqa: E402
 
-
 # Qt messages that say nothing about our code: the offscreen platform's own notes.
 IGNORED_QT_MESSAGES = (
     "This plugin does not support propagateSizeHints()",

@@ -161,6 +161,7 @@ def test_corrupt_conversations_file_is_reported_in_the_pane(qtbot, make_pane, ho
 
 def test_code_blocks_are_rendered_apart_and_copied(qtbot, make_pane, dead_url):
     from PySide6.QtGui import QFontDatabase, QGuiApplication
+
     from app.messages import CodeBlock, MessageWidget
     text = "Try this:\n```python\nprint('hi')\n```\nThen run it."
     w = MessageWidget(Message("assistant", text))

@@ -9,7 +9,6 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from nodes import NodeProcess, home_with, start_cluster
 from PySide6.QtCore import QPoint, QSettings, Qt
 
 from app.chat import ChatPane
@@ -20,6 +19,7 @@ from app.settings import SettingsDialog
 from app.status import StatusMonitor
 from app.tasks import Tasks
 from app.topology import TopologyView
+from nodes import NodeProcess, home_with, start_cluster
 
 SECRET = "test-cluster-secret"  # start_cluster's default
 

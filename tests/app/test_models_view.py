@@ -3,13 +3,13 @@
 cancelled, then resumed to the end, after which the model is on the node's list."""
 
 import pytest
-from hubserver import HubServer
-from nodes import NodeProcess
 from PySide6.QtCore import Qt
 
 from app.cluster_state import ClusterState
 from app.models_view import NO_HUB, ModelsView
 from app.tasks import Tasks
+from hubserver import HubServer
+from nodes import NodeProcess
 
 REPO = "test-org/tiny-llama"
 

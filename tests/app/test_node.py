@@ -2,11 +2,11 @@
 
 import pytest
 from processes import running
-from tests_support import wait_until
 
 from app.node import LocalNode, NodeStartError
 from engine.client import NodeClient
 from engine.errors import ShoalError
+from tests_support import wait_until
 
 
 def answers(url: str) -> bool:

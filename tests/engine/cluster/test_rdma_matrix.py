@@ -8,9 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from engine.cluster.rdma import (ENABLE_HELP, TB4_FINAL, RdmaReport, device_matrix,
-                                 link_type, needed_pairs, pair_link_types, parse_ibv_devices,
-                                 parse_rdma_ctl, rdma_report, thunderbolt_links)
+from engine.cluster.rdma import (
+    ENABLE_HELP,
+    TB4_FINAL,
+    RdmaReport,
+    device_matrix,
+    link_type,
+    needed_pairs,
+    pair_link_types,
+    parse_ibv_devices,
+    parse_rdma_ctl,
+    rdma_report,
+    thunderbolt_links,
+)
 from engine.cluster.thunderbolt import ProbeParseError, cable_graph, thunderbolt_report
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"

@@ -7,10 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from engine.cluster.thunderbolt import (ProbeParseError, ThunderboltReport, bridge_loop_warning,
-                                        cable_graph, cables_between, interface_kinds,
-                                        parse_bridge, parse_hardware_ports,
-                                        parse_system_profiler, thunderbolt_report)
+from engine.cluster.thunderbolt import (
+    ProbeParseError,
+    ThunderboltReport,
+    bridge_loop_warning,
+    cable_graph,
+    cables_between,
+    interface_kinds,
+    parse_bridge,
+    parse_hardware_ports,
+    parse_system_profiler,
+    thunderbolt_report,
+)
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
 REAL = MAC / "captured"

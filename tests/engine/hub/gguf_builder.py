@@ -367,7 +367,8 @@ def _shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                    p + "self_attn.o_proj.weight": (h, q)}
         if t == "phi3":
             shapes |= {p + "self_attn.qkv_proj.weight": (q + 2 * kv, h),
-                       p + "mlp.gate_up_proj.weight": (2 * f, h), p + "mlp.down_proj.weight": (h, f)}
+                       p + "mlp.gate_up_proj.weight": (2 * f, h),
+                       p + "mlp.down_proj.weight": (h, f)}
             continue
         shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
                    p + "self_attn.v_proj.weight": (kv, h)}

@@ -12,11 +12,24 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_builder import (
+    BF16,
+    F16,
+    F32,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    gguf_metadata,
+    tiny_config,
+    tiny_gguf_tensors,
+    tiny_hf_weights,
+    write_gguf,
+    write_hf_folder,
+    write_tiny_gguf,
+)
 
 from engine.hub.gguf import import_gguf
-from gguf_builder import (BF16, F16, F32, Q4_K, Q5_K, Q6_K, Q8_0, gguf_metadata, tiny_config,
-                          tiny_gguf_tensors, tiny_hf_weights, write_gguf, write_hf_folder,
-                          write_tiny_gguf)
 
 IDS = [[1, 5, 80, 100, 2, 7, 263, 264, 30, 31, 40, 41]]
 Q4_K_M = {"attn_v": Q6_K, "ffn_down": Q6_K, "output.": Q6_K}  # llama.cpp's Q4_K_M mix

@@ -9,11 +9,25 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_builder import (
+    BF16,
+    F16,
+    F32,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    gguf_metadata,
+    tiny_config,
+    tiny_gguf_tensors,
+    tiny_hf_weights,
+    write_gguf,
+    write_hf_folder,
+    write_tiny_gguf,
+)
 
 from engine.hub.gguf import default_name, import_gguf
-from gguf_builder import (BF16, F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, gguf_metadata,
-                          tiny_config, tiny_gguf_tensors, tiny_hf_weights, write_gguf,
-                          write_hf_folder, write_tiny_gguf)
 
 IDS = [[1, 5, 80, 100, 2, 7, 263, 264, 30, 31, 40]]
 

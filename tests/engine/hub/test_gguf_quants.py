@@ -6,11 +6,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_builder import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, quantize
 
 import engine.hub.gguf_quants as quants
 from engine.hub.gguf_quants import HANDLING, SUPPORTED_TYPES, Quantized, decode, pack
 from engine.hub.gguf_reader import ggml_type_name
-from gguf_builder import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, quantize
 
 EXACT = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K]
 

@@ -8,13 +8,23 @@ import struct
 from pathlib import Path
 
 import pytest
+from gguf_builder import (
+    F32,
+    IQ2_XS,
+    Q4_K,
+    Q8_0,
+    gguf_metadata,
+    tiny_config,
+    tiny_gguf_tensors,
+    tiny_hf_weights,
+    write_gguf,
+    write_tiny_gguf,
+)
 
 import engine.hub.gguf as gguf_module
 from engine.errors import BadRequest, CorruptModel, ShoalError, UnsupportedModel
 from engine.hub.gguf import import_gguf
 from engine.hub.gguf_reader import read_header
-from gguf_builder import (F32, IQ2_XS, Q4_K, Q8_0, gguf_metadata, tiny_config, tiny_gguf_tensors,
-                          tiny_hf_weights, write_gguf, write_tiny_gguf)
 
 
 @pytest.fixture
@@ -122,7 +132,8 @@ def test_truncated_file_is_corrupt_and_named(tmp_path: Path, tiny: tuple, keep: 
     _assert_nothing_written(tmp_path / "models")
 
 
-@pytest.mark.parametrize("content", [b"", b"GG", b"PK\x03\x04" + bytes(100), b"{\"not\": \"gguf\"}" * 4])
+@pytest.mark.parametrize("content", [b"", b"GG", b"PK\x03\x04" + bytes(100),
+                                     b"{\"not\": \"gguf\"}" * 4])
 def test_not_a_gguf_file(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "weights.bin"
     path.write_bytes(content)

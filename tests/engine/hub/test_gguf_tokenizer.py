@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf_builder import tiny_tokenizer_metadata
 
 from engine.errors import UnsupportedModel
 from engine.hub.bundled import bundled_gguf
 from engine.hub.gguf_reader import read_header
 from engine.hub.gguf_tokenizer import build_tokenizer
-from gguf_builder import tiny_tokenizer_metadata
 
 TEXTS = ["What is the capital of France?", "  two leading spaces", "line\nbreak\n\n",
          "digits 12345 and ünïcödé 你好 🙂", "tab\there"]

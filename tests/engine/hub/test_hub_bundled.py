@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from gguf_builder import Q8_0, tiny_config, tiny_hf_weights, write_tiny_gguf
 
 import engine.hub.bundled as bundled
 from engine.errors import ModelNotFound
 from engine.hub.bundled import DEFAULT_MODEL_ID, bundled_gguf, ensure_default_model
-from gguf_builder import Q8_0, tiny_config, tiny_hf_weights, write_tiny_gguf
 
 
 def test_bundled_gguf_is_found_without_importing_the_package() -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_builder import Q4_1, tiny_config, tiny_hf_weights, write_hf_folder, write_tiny_gguf
 
 from engine.hub.gguf import import_gguf
 from engine.hub.local import LocalModel, default_hf_cache, find_local_model, list_local_models
-from gguf_builder import Q4_1, tiny_config, tiny_hf_weights, write_hf_folder, write_tiny_gguf
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 

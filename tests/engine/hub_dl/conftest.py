@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from hub_models import BIG, GATED, NOT_MLX, SHARDED, TOKEN, shard_model
+
 from hubserver import HubServer
 from tiny import LLAMA, make_tiny_model
-
 
 
 @pytest.fixture(scope="session")

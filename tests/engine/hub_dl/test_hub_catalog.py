@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hub_models import SHARDED
+
 from engine.hub.catalog import browse, load_catalog
 from engine.hub.download import pull
 

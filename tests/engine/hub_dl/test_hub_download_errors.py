@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from hub_models import BIG, GATED, NOT_MLX, SHARDED, TOKEN
+
 from engine.errors import BadRequest, ModelNotFound, UnsupportedModel
 from engine.hub import download
 from engine.hub.download import pull, repo_dir

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from hub_models import BIG, SHARDED
+
 from engine.hub import download
 from engine.hub.download import pull, repo_dir, verify_snapshot
 from engine.hub.errors import HubUnreachable
@@ -34,6 +34,7 @@ def test_pull_shows_progress_and_fills_the_hf_cache(hub, hf_env: Path) -> None:
     assert [p.done for p in seen] == sorted(p.done for p in seen)  # never goes back
     # other tools find it where they look: huggingface_hub itself, and Shoal's listing
     from huggingface_hub import try_to_load_from_cache
+
     from engine.hub.local import find_local_model
     assert try_to_load_from_cache(SHARDED, "config.json", cache_dir=hf_env) == \
         str(snap / "config.json")

@@ -12,9 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+from hub_models import BIG
+
 from engine.errors import Cancelled
 from engine.hub.download import pull, repo_dir
-from hub_models import BIG
 from tests_support import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]

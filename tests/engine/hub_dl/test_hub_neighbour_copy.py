@@ -5,13 +5,13 @@ verified by hash), falling back to the Hub for what the neighbour lacks."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
-
 from hub_models import BIG, SHARDED
+
 from engine.cluster.auth import sign
 from engine.hub.download import pull, repo_dir
 from nodes import NodeProcess, free_port

@@ -10,8 +10,8 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from hub_models import GATED, SHARDED, TOKEN
+
 from engine.errors import ShoalError
 from engine.hub.cli_models import add_models_parsers
 from engine.hub.errors import TokenRejected

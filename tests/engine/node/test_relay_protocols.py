@@ -17,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from forcing import make_forcing_model  # noqa: E402
+
 from nodes import start_cluster  # noqa: E402
 from tests_support import wait_until  # noqa: E402
 

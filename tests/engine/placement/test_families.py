@@ -7,8 +7,7 @@ import pkgutil
 
 import pytest
 
-from engine.placement.families import (REMAPPING, TENSOR_FAMILIES, VOCAB_SHARDED,
-                                       strategy_refusal)
+from engine.placement.families import REMAPPING, TENSOR_FAMILIES, VOCAB_SHARDED, strategy_refusal
 
 
 def test_remapping_is_mlx_lms():

@@ -10,9 +10,18 @@ from pathlib import Path
 import pytest
 
 from engine.telemetry import memory
-from engine.telemetry.memory import (GB, MemoryInfo, mac_gpu_budget, mac_gpu_name,
-                                     machine_info, memory_info, nvidia_gpu_names,
-                                     parse_cpuinfo, parse_meminfo, parse_os_release)
+from engine.telemetry.memory import (
+    GB,
+    MemoryInfo,
+    mac_gpu_budget,
+    mac_gpu_name,
+    machine_info,
+    memory_info,
+    nvidia_gpu_names,
+    parse_cpuinfo,
+    parse_meminfo,
+    parse_os_release,
+)
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
 

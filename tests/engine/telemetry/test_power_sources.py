@@ -16,13 +16,27 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from engine.telemetry.ioreport import (
+    EnergyIntegrator,
+    Publication,
+    PublicationClock,
+    channel_part,
+    energy_reading,
+)
+from engine.telemetry.power import (
+    RAPL_UNREADABLE,
+    LinuxPower,
+    NvmlSource,
+    PowerReading,
+    PowerSampler,
+    RaplSource,
+    Unavailable,
+    counter_delta,
+    default_source,
+    missing,
+    rapl_watts,
+)
 from tests_support import wait_until  # noqa: E402
-
-from engine.telemetry.ioreport import (EnergyIntegrator, Publication, PublicationClock,
-                                       channel_part, energy_reading)
-from engine.telemetry.power import (RAPL_UNREADABLE, LinuxPower, NvmlSource, PowerReading,
-                                    PowerSampler, RaplSource, Unavailable, counter_delta,
-                                    default_source, missing, rapl_watts)
 
 MACOS = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
 IOREPORT = MACOS / "ioreport"
