@@ -55,9 +55,56 @@ def _generic_history(m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-def prepare(tokenizer: Any, req: GenerateRequest
+PEEK_CHARS_PER_TOKEN = 4  # the first look at a long prompt: 4 characters a context token
+
+
+def _settled_tokens(tokenizer: Any, head: str) -> int | None:
+    """How many tokens the text starting with `head` certainly has, from `head` alone, or
+    None for a tokenizer this can't tell for (not a Hugging Face fast tokenizer).
+
+    Such a tokenizer encodes every pre-token (a word, a number, a special token) on its own,
+    and its normalizer and pre-tokenizer look at most a character or two ahead; so the
+    pre-tokens of `head` are those of the whole text except near its cut. The last two are
+    dropped, and any that reach into its last 256 characters, to be sure."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    if not isinstance(backend, Tokenizer) or backend.truncation or backend.padding:
+        return None
+    enc = backend.encode(head, add_special_tokens=False)
+    words: list[int] = [w for w in enc.word_ids if w is not None]
+    if not words or len(words) < len(enc.word_ids):
+        return None
+    last = words[-1] - 1  # pre-tokens from this one on may continue past the cut
+    for w, (_, end) in zip(words, enc.offsets):
+        if end > len(head) - 256:
+            last = min(last, w)
+            break
+    return sum(1 for w in words if w < last)
+
+
+def _encode(tokenizer: Any, text: str, ctx_len: int | None, **kw: Any) -> list[int]:
+    """tokenizer.encode(text), but a text whose beginning alone certainly holds more tokens
+    than the context is refused without tokenizing the rest (3.9 MB of chat took 11 s)."""
+    head = (ctx_len or 0) * PEEK_CHARS_PER_TOKEN
+    while ctx_len and head < len(text):
+        settled = _settled_tokens(tokenizer, text[:head])
+        if settled is None:
+            break
+        if settled >= ctx_len:
+            raise ContextTooLong(
+                f"The prompt is more than {settled} tokens; this model's context is {ctx_len} "
+                "tokens. Shorten the conversation or start a new one.", param="messages")
+        head *= 2  # costs at most as much again as tokenizing it whole
+    return list(tokenizer.encode(text, **kw))
+
+
+def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
             ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, dict[str, Any] | None]:
-    """(prompt tokens, prompt text, splitter, constraint) for a request."""
+    """(prompt tokens, prompt text, splitter, constraint) for a request. Given the context
+    length, a prompt that certainly exceeds it is refused before it is tokenized whole."""
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     harmony = hasattr(tokenizer, "get_vocab") and is_harmony(tokenizer)
     native = bool(tools) and (harmony or bool(getattr(tokenizer, "has_tool_calling", False)))
@@ -65,7 +112,7 @@ def prepare(tokenizer: Any, req: GenerateRequest
     constraint = None
     if req.messages is None:  # a raw prompt: no template, no markers
         prompt = req.prompt if isinstance(req.prompt, list) else \
-            list(tokenizer.encode(req.prompt or ""))
+            _encode(tokenizer, req.prompt or "", ctx_len)
         if isinstance(req.prompt, list):  # before decoding: the tokenizer takes only u32
             vocab = int(getattr(tokenizer, "vocab_size", 0) or 0)
             if any(not 0 <= t < max(vocab, len(tokenizer)) for t in prompt):
@@ -86,10 +133,10 @@ def prepare(tokenizer: Any, req: GenerateRequest
         except Exception as e:  # templates raise on conversations they don't allow
             raise BadRequest(f"The model's chat template refused this conversation: {e}",
                              param="messages") from None
-        prompt = list(tokenizer.encode(text, add_special_tokens=False))
+        prompt = _encode(tokenizer, text, ctx_len, add_special_tokens=False)
     else:  # no template: plain "role: content" lines, the least surprising fallback
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in msgs) + "assistant: "
-        prompt = list(tokenizer.encode(text))
+        prompt = _encode(tokenizer, text, ctx_len)
     think = None
     if getattr(tokenizer, "has_thinking", False) and not forced:
         think = (tokenizer.think_start, tokenizer.think_end)
@@ -139,9 +186,9 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
         gen: Callable[..., Iterator[Any]], cancel: threading.Event,
         emit: Callable[[Message], None]) -> None:
     """Serve one request, emitting Accepted, Delta/ToolCall…, Done (or raising ShoalError)."""
-    prompt, text, splitter, constraint = prepare(tokenizer, req)
     s = dict(req.sampling)
     ctx_len = min(ctx_len, int(s.pop("context_limit", None) or ctx_len))  # Ollama's num_ctx
+    prompt, text, splitter, constraint = prepare(tokenizer, req, ctx_len)
     if len(prompt) >= ctx_len:
         raise ContextTooLong(
             f"The prompt is {len(prompt)} tokens; this model's context is {ctx_len} tokens. "
