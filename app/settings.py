@@ -3,8 +3,9 @@ the app starts serves (address, port and origins kept in HOME/app.ini, the key i
 keyring; applied at that node's next start), the models folder, the Hugging Face token,
 and running in the background.
 
-The secret and the token are read and written by the `shoal` CLI run in a subprocess with
-the app's home; every call goes through Tasks, so a slow keyring never freezes the window.
+The secret and the token are read and written by the app's node (engine.client), which
+keeps them in its home; every call goes through Tasks, so a slow keyring never freezes
+the window.
 The API key is needed before the window opens (the app's own client sends it), so it is read
 through the engine's bounded keyring-or-file store directly, and only when app.ini says one
 was stored: app.ini never holds the key itself.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,6 @@ from app.common import message_of
 from app.tasks import Tasks
 from engine.cli import DEFAULT_PORT
 from engine.client import NodeClient
-from engine.errors import ShoalError
 from engine.net import is_loopback
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,6 @@ NODE_API_KEY = "node/api_key"  # only in old app.ini files: moved to the keyring
 NODE_KEY_STORED = "node/api_key_stored"  # true when a key is in the keyring (or key file)
 NODE_CORS = "node/cors_origins"  # browser origins the node allows (CORS), space-separated
 NODE_HOSTS = "node/allowed_hosts"  # Host names the node answers to beside its own
-CLI_TIMEOUT_S = 30.0
 
 
 # --- the API settings of the node the app starts -------------------------------------------
@@ -169,50 +167,6 @@ def check_api(host: str, key: str) -> str | None:
     return None
 
 
-# --- the shoal CLI, for the secret and the token ----------------------------------------------
-def run_cli(home: Path, *args: str, stdin: str | None = None) -> str:
-    """Run `shoal ARGS --home HOME`; its output, or ShoalError with what it printed."""
-    cmd = [sys.executable, "-m", "engine.cli", *args, "--home", str(home)]
-    try:
-        p = subprocess.run(cmd, input=stdin, capture_output=True, text=True,
-                           timeout=CLI_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise ShoalError(f"`shoal {' '.join(args)}` didn't finish in {CLI_TIMEOUT_S:.0f} s "
-                         "(a locked keyring?).") from None
-    if p.returncode != 0:
-        err = (p.stderr or p.stdout).strip().splitlines()
-        raise ShoalError(err[-1].removeprefix("shoal: ") if err else
-                         f"`shoal {' '.join(args)}` failed (exit {p.returncode}).")
-    return p.stdout
-
-
-def parse_secret(text: str) -> dict[str, str]:
-    """`shoal secret show` output → {"secret", "pairing", "where"}."""
-    keys = {"cluster secret": "secret", "pairing code": "pairing", "kept in": "where"}
-    out = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip() in keys:
-            out[keys[name.strip()]] = value.strip()
-    if "secret" not in out:
-        raise ShoalError(f"Unexpected output from `shoal secret`: {text.strip()[:200]}")
-    return out
-
-
-def secret(home: Path, action: str = "show") -> dict[str, str]:
-    return parse_secret(run_cli(home, "secret", action))
-
-
-def hf_login(home: Path, token: str) -> str:
-    try:
-        return run_cli(home, "models", "login", stdin=token + "\n").strip()
-    except ShoalError as e:
-        if "invalid choice" in e.message or "usage:" in e.message:
-            raise ShoalError("Storing a Hugging Face token needs a newer Shoal "
-                             "(`shoal models login`).") from None
-        raise
-
-
 # --- the dialog -----------------------------------------------------------------------------
 class SettingsDialog(QDialog):
     def __init__(self, home: Path, settings: QSettings, client: NodeClient, tasks: Tasks,
@@ -276,7 +230,8 @@ class SettingsDialog(QDialog):
         return tab
 
     def load_secret(self, action: str = "show") -> None:
-        self.tasks.run(secret, self.home, action, on_done=self._show_secret,
+        self.tasks.run(self.client.cluster_secret, action == "rotate",
+                       on_done=self._show_secret,
                        on_error=lambda e: self.secret_info.setText(
                            f"Couldn't read the cluster secret: {message_of(e)}"), owner=self)
 
@@ -445,7 +400,8 @@ class SettingsDialog(QDialog):
         def failed(e: BaseException) -> None:
             self.token_button.setEnabled(True)
             self.token_message.setText(message_of(e))
-        self.tasks.run(hf_login, self.home, token, on_done=done, on_error=failed, owner=self)
+        self.tasks.run(self.client.set_hf_token, token, on_done=done, on_error=failed,
+                       owner=self)
 
     # --- general --------------------------------------------------------------------------
     def _set_login(self, on: bool) -> None:

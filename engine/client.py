@@ -112,6 +112,17 @@ class NodeClient:
         """Ask the node to stop (it stops its workers first). Only honoured from loopback."""
         self._call("POST", "/shoal/shutdown")
 
+    # --- settings kept in the node's home (clients on its machine only) -----------------
+    def cluster_secret(self, rotate: bool = False) -> dict[str, str]:
+        """{"secret", "pairing", "where"}; `rotate` stores a new secret first (the node
+        uses it from its next start)."""
+        return self._call("POST", "/shoal/settings/secret",
+                          json={"rotate": True} if rotate else {})
+
+    def set_hf_token(self, token: str) -> str:
+        """Check a Hugging Face token with the Hub and store it; what to tell the user."""
+        return self._call("POST", "/shoal/settings/hf-token", json={"token": token})["message"]
+
     # --- cluster --------------------------------------------------------------------------
     def topology(self) -> dict[str, Any]:
         """{"nodes": [...], "links": [...]}: every node this one knows (itself first, with

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import Cancelled, ShoalError
+
+if TYPE_CHECKING:
+    from engine.hub.token import TokenStore
+
+log = logging.getLogger(__name__)
 
 
 def add_models_parsers(models: Any) -> None:
@@ -149,7 +156,7 @@ def cmd_rm(a: argparse.Namespace) -> int:
 
 
 def cmd_login(a: argparse.Namespace) -> int:
-    from engine.hub.token import TokenStore, mask
+    from engine.hub.token import TokenStore
     store = TokenStore(_home(a))
     if a.forget:
         store.clear()
@@ -159,18 +166,27 @@ def cmd_login(a: argparse.Namespace) -> int:
         token = getpass.getpass("Hugging Face token (input hidden): ")
     else:
         token = sys.stdin.readline()
+    print(store_token(store, token, lambda note: print(note, file=sys.stderr)))
+    return 0
+
+
+def store_token(store: TokenStore, token: str,
+                note: Callable[[str], None] = log.info) -> str:
+    """Check a Hugging Face token with the Hub and keep it in `store` (the CLI's login and
+    the node's settings route); what to tell the user. `note` hears that the Hub couldn't
+    be asked (the token is stored anyway)."""
+    from engine.hub.token import mask
     token = token.strip()
     if not token:
         raise ShoalError("No token given. Create one at "
                          "https://huggingface.co/settings/tokens and paste it.")
-    who = _whoami(token)
+    who = _whoami(token, note)
     store.set(token)
-    print(f"Token {mask(token)} stored in {store.where}" +
-          (f"; it belongs to {who}." if who else "."))
-    return 0
+    return f"Token {mask(token)} stored in {store.where}" + \
+        (f"; it belongs to {who}." if who else ".")
 
 
-def _whoami(token: str) -> str | None:
+def _whoami(token: str, note: Callable[[str], None]) -> str | None:
     """The account a token belongs to; TokenRejected if the Hub refuses it, None when the
     Hub can't be asked (offline): the token is stored anyway."""
     import os
@@ -186,7 +202,7 @@ def _whoami(token: str) -> str | None:
     except Exception as e:
         err = hub_error(e, "", "main", endpoint or "https://huggingface.co", True)
         if isinstance(err, HubUnreachable):
-            print(f"(could not check the token: {err.message})", file=sys.stderr)
+            note(f"(could not check the token: {err.message})")
             return None
         if isinstance(err, TokenRejected) or "401" in str(e):
             raise TokenRejected("The Hugging Face Hub refused this token: check that you "

@@ -7,8 +7,8 @@ from aiohttp import web
 
 from engine.cluster.probes import cluster_cables
 from engine.errors import BadRequest
-from engine.node.bodies import json_object
 from engine.node.cluster import Cluster
+from engine.node.incoming import json_object
 
 routes = web.RouteTableDef()
 

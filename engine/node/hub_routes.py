@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
-from engine.node.bodies import json_object
+from engine.node.incoming import json_object
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()  # for the GUI and the CLI

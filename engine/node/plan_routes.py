@@ -7,8 +7,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from engine.errors import BadRequest, InsufficientMemory
-from engine.node.bodies import json_object
 from engine.node.cluster import Cluster
+from engine.node.incoming import json_object
 from engine.node.planning import best_placement, plan_from_cluster, report_json
 from engine.placement.validate import NotEnoughMemory, PlacementError
 

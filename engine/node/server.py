@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,7 +17,7 @@ from engine.api.common import MAX_BODY_MB, too_large
 from engine.api.routes import error_body
 from engine.api.routes import routes as api_routes
 from engine.errors import BadRequest, ShoalError, Unauthorized
-from engine.node.bodies import json_object
+from engine.node.incoming import json_object, require_local
 from engine.node.service import Node
 
 log = logging.getLogger(__name__)
@@ -156,13 +155,7 @@ async def unload(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/shutdown")
 async def shutdown(request: web.Request) -> web.Response:
-    peer = request.remote or ""
-    try:
-        local = ipaddress.ip_address(peer).is_loopback
-    except ValueError:
-        local = peer == ""
-    if not local:
-        raise Unauthorized("Only a client on this machine can shut the node down.")
+    require_local(request, "shut the node down")
     request.app["stop"].set()
     return web.json_response({"ok": True})
 
@@ -187,7 +180,9 @@ def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
     app["node"] = node
     app["cluster"] = cluster
     app["stop"] = asyncio.Event()
+    from engine.node.settings_routes import routes as settings_routes
     app.add_routes(routes)
+    app.add_routes(settings_routes)
     app.add_routes(api_routes)
     if cluster is not None:
         from engine.node.plan_routes import routes as plan_routes

@@ -1,6 +1,6 @@
-"""The settings dialog: the cluster secret through the real `shoal secret` CLI (show, copy,
-rotate), the API the app's node will serve (checked, kept in app.ini but the key in the
-keyring, used at its next start), and the background setting the window shares."""
+"""The settings dialog: the cluster secret through the app's node (show, copy, rotate),
+the API the app's node will serve (checked, kept in app.ini but the key in the keyring,
+used at its next start), and the background setting the window shares."""
 
 import stat
 import sys
@@ -11,21 +11,15 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QGuiApplication
 
 from app.node import LocalNode
-from app.settings import (
-    KEEP_IN_TRAY,
-    NODE_API_KEY,
-    SettingsDialog,
-    node_settings,
-    parse_secret,
-    run_cli,
-)
+from app.settings import KEEP_IN_TRAY, NODE_API_KEY, SettingsDialog, node_settings
 from app.tasks import Tasks
 from engine.client import NodeClient
+from engine.cluster.secret import SecretStore
 
 
 @pytest.fixture
 def dialog(qtbot, home, port, monkeypatch):
-    monkeypatch.setenv("SHOAL_KEYRING", "0")  # the CLI keeps the secret in the home
+    monkeypatch.setenv("SHOAL_KEYRING", "0")  # secrets stay in the home
     tasks = Tasks()
     client = NodeClient(f"http://127.0.0.1:{port}", timeout=1)  # no node: peers fail
     settings = QSettings(str(home / "app.ini"), QSettings.Format.IniFormat)
@@ -37,21 +31,37 @@ def dialog(qtbot, home, port, monkeypatch):
     client.close()
 
 
-def test_secret_is_shown_copied_and_rotated(qtbot, dialog, home):
-    qtbot.waitUntil(lambda: dialog.secret_value is not None, timeout=20000)
-    stored = parse_secret(run_cli(home, "secret", "show"))["secret"]
-    assert dialog.secret_value == stored and dialog.secret_edit.text() == stored
-    assert dialog.secret_edit.echoMode() == dialog.secret_edit.EchoMode.Password
-    qtbot.mouseClick(dialog.show_secret, Qt.MouseButton.LeftButton)
-    assert dialog.secret_edit.echoMode() == dialog.secret_edit.EchoMode.Normal
-    qtbot.mouseClick(dialog.copy_secret, Qt.MouseButton.LeftButton)
-    assert QGuiApplication.clipboard().text() == stored
-    assert "Pairing code" in dialog.secret_info.text()
+def test_secret_is_shown_copied_and_rotated(qtbot, home, port, node_command, monkeypatch):
+    monkeypatch.setenv("SHOAL_KEYRING", "0")  # the node keeps the secret in the home
+    node = LocalNode(home, port, command=node_command(port), start_timeout=30)
+    tasks = Tasks()
+    try:
+        node.start()
+        settings = QSettings(str(home / "app.ini"), QSettings.Format.IniFormat)
+        dialog = SettingsDialog(home, settings, node.client, tasks, tray_available=True)
+        qtbot.addWidget(dialog)
+        dialog.show()
+        qtbot.waitUntil(lambda: dialog.secret_value is not None, timeout=20000)
+        stored = SecretStore(home).get()
+        assert dialog.secret_value == stored and dialog.secret_edit.text() == stored
+        assert dialog.secret_edit.echoMode() == dialog.secret_edit.EchoMode.Password
+        qtbot.mouseClick(dialog.show_secret, Qt.MouseButton.LeftButton)
+        assert dialog.secret_edit.echoMode() == dialog.secret_edit.EchoMode.Normal
+        qtbot.mouseClick(dialog.copy_secret, Qt.MouseButton.LeftButton)
+        assert QGuiApplication.clipboard().text() == stored
+        assert "Pairing code" in dialog.secret_info.text()
 
-    dialog.rotate()
-    qtbot.waitUntil(lambda: dialog.secret_value != stored, timeout=20000)
-    assert parse_secret(run_cli(home, "secret", "show"))["secret"] == dialog.secret_value
-    # Without a node the peer list says so instead of hanging.
+        dialog.rotate()
+        qtbot.waitUntil(lambda: dialog.secret_value != stored, timeout=20000)
+        assert SecretStore(home).get() == dialog.secret_value
+        assert tasks.wait(20000)
+    finally:
+        node.stop()
+
+
+def test_without_a_node_the_dialog_says_so(qtbot, dialog):
+    qtbot.waitUntil(lambda: "Couldn't read the cluster secret" in dialog.secret_info.text(),
+                    timeout=10000)
     qtbot.waitUntil(lambda: "Couldn't list peers" in dialog.peer_message.text(),
                     timeout=10000)
 

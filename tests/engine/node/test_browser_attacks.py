@@ -34,7 +34,8 @@ def refused(r: httpx.Response, status: int = 403) -> str:
 
 
 @pytest.mark.parametrize("path", ["/shoal/shutdown", "/shoal/unload", "/shoal/load",
-                                  "/shoal/instances", "/shoal/hub/pull"])
+                                  "/shoal/instances", "/shoal/hub/pull",
+                                  "/shoal/settings/secret", "/shoal/settings/hf-token"])
 def test_simple_request_csrf_is_refused(node, path):
     r = httpx.post(node.url + path, content=b'{"model": "x"}', headers=SIMPLE)
     assert "can't be called from a web page" in refused(r)
@@ -44,6 +45,8 @@ def test_simple_request_csrf_is_refused(node, path):
 
 def test_control_routes_are_closed_to_allowed_origins_too(node):
     r = httpx.post(node.url + "/shoal/shutdown", json={}, headers={"Origin": PAGE})
+    assert "can't be called from a web page" in refused(r)
+    r = httpx.post(node.url + "/shoal/settings/secret", json={}, headers={"Origin": PAGE})
     assert "can't be called from a web page" in refused(r)
     # a form posted from another site: browsers always say so in Sec-Fetch-Site
     for site in ("cross-site", "same-site"):

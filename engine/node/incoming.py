@@ -1,4 +1,5 @@
-"""The node's JSON request bodies, parsed the one way the API parses them."""
+"""What the node's routes check of a request: its JSON body (parsed the one way the API
+parses bodies) and whether it came from this machine."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from engine.api.common import read_json
-from engine.errors import BadRequest
+from engine.errors import BadRequest, Unauthorized
+from engine.net import is_loopback
 
 
 async def json_object(request: web.Request, usage: str | None = None,
@@ -19,3 +21,10 @@ async def json_object(request: web.Request, usage: str | None = None,
     if not isinstance(body, dict):
         raise BadRequest(usage or "The request body must be a JSON object.", param=param)
     return body
+
+
+def require_local(request: web.Request, doing: str) -> None:
+    """Unauthorized unless the client runs on this machine (a Unix socket counts)."""
+    peer = request.remote or ""
+    if peer and not is_loopback(peer):
+        raise Unauthorized(f"Only a client on this machine can {doing}.")
