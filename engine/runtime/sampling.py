@@ -18,10 +18,11 @@ def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[
     import mlx.core as mx
     from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-    if sampling.seed is not None:
-        mx.random.seed(sampling.seed % (2**63))
-    sampler = make_sampler(temp=sampling.temperature, top_p=sampling.top_p,
-                           min_p=sampling.min_p, top_k=sampling.top_k)
+    if sampling.seed is not None and sampling.temperature > 0:
+        sampler = seeded_sampler(sampling)
+    else:
+        sampler = make_sampler(temp=sampling.temperature, top_p=sampling.top_p,
+                               min_p=sampling.min_p, top_k=sampling.top_k)
     bias = {int(k): float(v) for k, v in sampling.logit_bias} or None
     processors = make_logits_processors(logit_bias=bias,
                                         repetition_penalty=sampling.repetition_penalty,
@@ -33,6 +34,32 @@ def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[
         from engine.runtime.grammar import GrammarProcessor
         processors.append(GrammarProcessor(sampling.constraint, tokenizer))
     return sampler, processors
+
+
+def seeded_sampler(sampling: Sampling) -> Any:
+    """mlx-lm's sampling chain drawing from the request's own random key. mlx-lm's draws
+    from MLX's global key, which every request in a batch shares: with its own key a
+    seeded request gives the same tokens in a batch as alone (the same draws as
+    mx.random.seed(seed) followed by mlx-lm's sampler)."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+    key = mx.random.key((sampling.seed or 0) % (2**63))
+    top_p, min_p, top_k, temp = (sampling.top_p, sampling.min_p, sampling.top_k,
+                                 sampling.temperature)
+
+    def sample(logprobs: Any) -> Any:
+        nonlocal key
+        if 0 < top_p < 1.0:
+            logprobs = apply_top_p(logprobs, top_p)
+        if min_p != 0.0:
+            logprobs = apply_min_p(logprobs, min_p)
+        if top_k > 0:
+            logprobs = apply_top_k(logprobs, top_k)
+        key, draw = mx.random.split(key)
+        return mx.random.categorical(logprobs * (1.0 / temp), key=draw)
+
+    return sample
 
 
 def token_logprobs(logprobs: Any, token: int, top: int | None
