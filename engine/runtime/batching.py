@@ -1,6 +1,8 @@
 """Continuous batching in the one-process worker: every request in flight decodes in one
 mlx-lm BatchGenerator, and long prompts are prefilled in chunks between decode steps.
 
+Prompts are prefilled in chunks sized by time (engine/runtime/chunking.py) between
+decode steps, so a request arriving during a long prefill waits about one chunk.
 One scheduler thread owns the BatchGenerator (MLX state is not shared across threads);
 each request's thread hands it a prompt and reads its tokens back from a queue, and turns
 them into the same `Record`s engine/runtime/generate.py yields, so the worker's request
@@ -16,12 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from engine.runtime.chunking import LARGEST, Chunker
 from engine.runtime.generate import Record, Sampling
 from engine.runtime.stops import StopMatcher, text_step
 
 log = logging.getLogger(__name__)
-
-PREFILL_STEP = 256  # tokens of a prompt between two decode steps of the others
 
 
 @dataclass
@@ -34,27 +35,19 @@ class _Job:
     cached: int = 0
 
 
-class Batcher:
-    """The worker's generator when requests may run together (see serve()). Every MLX
-    operation happens on the scheduler thread; request threads only handle text."""
+class Streams:
+    """The request side of a batched generator: a request's thread hands its prompt to the
+    scheduler thread (which does every MLX operation) and turns the tokens that come back
+    into `Record`s. Items on a job's queue: (token, (logprob, top), finish) or an error."""
 
-    def __init__(self, model: Any, tokenizer: Any, prefix: Any, streams: int,
-                 prefill_step: int = PREFILL_STEP):
-        from mlx_lm.generate import BatchGenerator
-
-        self.model, self.prefix, self.streams = model, prefix, streams
-        eos = [[int(t)] for t in tokenizer.eos_token_ids]
-        self._gen = BatchGenerator(model, stop_tokens=eos, completion_batch_size=streams,
-                                   prefill_batch_size=streams, prefill_step_size=prefill_step)
+    def __init__(self) -> None:
         self._inbox: "queue.Queue[tuple[str, _Job]]" = queue.Queue()
         self._jobs: dict[int, _Job] = {}
-        threading.Thread(target=self._run, name="batcher", daemon=True).start()
 
     @property
     def in_flight(self) -> int:
         return len(self._jobs)
 
-    # --- the request side ----------------------------------------------------------------
     def __call__(self, model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
                  cancel: threading.Event | None = None) -> Iterator[Record]:
         job = _Job(prompt, sampling, tokenizer)
@@ -86,6 +79,25 @@ class Batcher:
             if not done:  # ended here (stop string, cancel, client gone): free its slot
                 self._inbox.put(("remove", job))
 
+
+class Batcher(Streams):
+    """The worker's generator when requests may run together (see serve()). Every MLX
+    operation happens on the scheduler thread; request threads only handle text."""
+
+    def __init__(self, model: Any, tokenizer: Any, prefix: Any, streams: int,
+                 chunker: Chunker | None = None):
+        from mlx_lm.generate import BatchGenerator
+
+        super().__init__()
+        self.model, self.prefix, self.streams = model, prefix, streams
+        self.chunker = chunker or Chunker()
+        eos = [[int(t)] for t in tokenizer.eos_token_ids]
+        self._gen = BatchGenerator(model, stop_tokens=eos, completion_batch_size=streams,
+                                   prefill_batch_size=streams, prefill_step_size=LARGEST)
+        # linear-attention state can't be rewound: keep it at each prompt's end
+        self._recurrent = prefix.budget_tokens > 0 and not _trimmable(model)
+        threading.Thread(target=self._run, name="batcher", daemon=True).start()
+
     # --- the scheduler thread -------------------------------------------------------------
     def _run(self) -> None:
         from engine.runtime.sampling import token_logprobs
@@ -95,7 +107,14 @@ class Batcher:
             if not self._jobs:
                 continue
             try:
-                _, responses = self._gen.next()
+                # the chunk size is read at each step (BatchGenerator keeps it public)
+                self._gen.prefill_step_size = self.chunker.size()
+                with self._gen.stats() as st:
+                    prompts, responses = self._gen.next()
+                self.chunker.took(st.prompt_tokens, st.prompt_time)
+                for p in prompts:  # all of a prompt but its last token is in
+                    if p.end_of_segment and not p.end_of_prompt and self._recurrent:
+                        self._snapshot(p.uid)
             except Exception as e:  # the batch's state is unknown: fail what is in it
                 log.exception("batched generation failed")
                 for job in list(self._jobs.values()):
@@ -147,6 +166,12 @@ class Batcher:
         job.uid = uid
         self._jobs[uid] = job
 
+    def _snapshot(self, uid: int) -> None:
+        job = self._jobs.get(uid)
+        if job is not None:
+            cache, _ = self._gen.extract_cache([uid])[uid]
+            self.prefix.snapshot(job.prompt, cache)
+
     def _keep(self, tokens: Any, cache: Any) -> None:
         """A finished request's KV goes into the prefix cache (keyed as mlx-lm keys it)."""
         from engine.runtime.generate import _holds
@@ -154,6 +179,11 @@ class Batcher:
         tokens = list(tokens or [])
         if cache is not None and tokens and _holds(cache, len(tokens)):
             self.prefix.finish(tokens, cache)
+
+
+def _trimmable(model: Any) -> bool:
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+    return bool(can_trim_prompt_cache(make_prompt_cache(model)))
 
 
 def _peak_gb() -> float:

@@ -80,12 +80,24 @@ class PrefixCache:
         if self.budget_tokens > 0 and len(prompt) > 1 and not can_trim_prompt_cache(cache):
             self._snapshot = (list(prompt[:-1]), copy.deepcopy(cache))
 
+    def snapshot(self, prompt: list[int], cache: list[Any]) -> None:
+        """As mark(), but kept at once: with many requests in flight the next finish()
+        may be another request's. Same on every rank (followers evict as rank 0 says)."""
+        self.mark(prompt, cache)
+        snap, self._snapshot = self._snapshot, None
+        if snap:
+            self._store(*snap)
+            self._evict()
+
     def finish(self, tokens: list[int], cache: list[Any]) -> None:
         """A request ended with `cache` holding exactly `tokens`: keep it (and the mark's
         copy); rank 0 then evicts LRU entries beyond the budget."""
         snap, self._snapshot = self._snapshot, None
         for key, c in ([snap] if snap else []) + [(tokens, cache)]:
             self._store(key, c)
+        self._evict()
+
+    def _evict(self) -> None:
         if self.leader:
             while len(self.lru) > 1 and self.tokens() > self.budget_tokens:
                 self.lru.trim_to(n_sequences=len(self.lru) - 1)

@@ -63,3 +63,35 @@ def test_anthropic_and_streamed_openai_report_cache_reads(fresh_node):
         model=MODEL, messages=msgs, max_tokens=4, stream=True,
         stream_options={"include_usage": True}))
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_linear_attention_state_hits_each_turn_on_a_batching_node(tmp_path):
+    """qwen3_next's recurrent state can't be rewound, so the batching node keeps a copy of
+    it at each prompt's end: the chat's next turn still hits, and the answers stay exact."""
+    from families import make_family_model
+    from mlx_lm import load, stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    from nodes import NodeProcess, home_with
+
+    model = make_family_model(tmp_path / "tiny-next", "qwen3_next", seed=2)
+    chats = turns()[:3]
+    m, tok = load(str(model))
+    want = ["".join(r.text for r in stream_generate(
+        m, tok, tok.apply_chat_template(c, add_generation_prompt=True), max_tokens=8,
+        sampler=make_sampler(temp=0.0))) for c in chats]
+    node = NodeProcess(home_with(tmp_path, model), "tiny-next").wait_healthy()
+    try:
+        node.wait_ready()
+        assert node.client.status()["streams"]["max"] > 1  # served by the batcher
+        oai = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0)
+        got, cached = [], []
+        for c in chats:
+            r = oai.chat.completions.create(model="tiny-next", messages=c, max_tokens=8,
+                                            temperature=0)
+            got.append(r.choices[0].message.content)
+            cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        assert got == want
+        assert cached[0] == 0 and cached[1] > 0 and cached[2] > cached[1], cached
+    finally:
+        node.stop()
