@@ -66,9 +66,8 @@ class WorkerHandle:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "engine.runtime.worker",
                 "--model", str(self.model_path), "--model-id", self.model_id,
-                # a group serves one request at a time; one process batches them
-                *(["--dist", str(self.dist_config)] if self.dist_config
-                  else ["--streams", str(self.max_streams)]),
+                "--streams", str(self.max_streams),
+                *(["--dist", str(self.dist_config)] if self.dist_config else []),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=logf, env=worker_env(), limit=16 * 1024 * 1024)
         finally:

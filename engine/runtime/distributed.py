@@ -179,7 +179,7 @@ class Watchdog:
 
 
 class Fatal:
-    """The one way out of a broken group: rank 0 fails the request in flight, every rank
+    """The one way out of a broken group: rank 0 fails the requests in flight, every rank
     reports a `fatal` event, and the process exits at once (threads may be stuck in MLX)."""
 
     def __init__(self, emit: Callable[..., None], cfg: DistConfig,
@@ -187,7 +187,7 @@ class Fatal:
         self.emit = emit
         self.cfg = cfg
         self.close = close
-        self.inflight: str | None = None
+        self.inflight: set[str] = set()  # rank 0: the requests in flight
         self._lock = threading.Lock()
 
     def __call__(self, code: str, message: str, peer: int | None = None,
@@ -199,9 +199,9 @@ class Fatal:
                               if peer < len(self.cfg.hosts) else self.cfg.bells[peer])
             log.error("fatal (%s): %s", code, message)
             try:
-                if self.inflight is not None:
-                    self.emit("error", id=self.inflight, code=code, message=message,
-                              param=None, status=502)
+                for rid in sorted(self.inflight):
+                    self.emit("error", id=rid, code=code, message=message, param=None,
+                              status=502)
                 self.emit("fatal", code=code, message=message, **fields)
                 self.close()
             finally:

@@ -44,7 +44,7 @@ def _follow_stdin(quit_group: Callable[[], None]) -> None:
 
 
 def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
-             serve: Callable[..., None]) -> int:
+             serve: Callable[..., None], streams: int = 1) -> int:
     import mlx.core as mx
 
     from engine.runtime.distributed import DistConfig, Fatal, Watchdog, init_group
@@ -94,8 +94,11 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
             raise RuntimeError("the group is out of step while loading")
         if cfg.rank != 0:
             bell.ring(LOADED)
+        # rank 0 also tells every rank how many requests it serves at once
         with watchdog.watch("checking the group", cfg.successor):
-            total = mx.distributed.all_sum(mx.array(1), group=group).item()
+            mine = [1, streams if cfg.rank == 0 else 0]
+            summed: Any = mx.distributed.all_sum(mx.array(mine), group=group).tolist()
+            total, streams = int(summed[0]), int(summed[1])
         if total != cfg.world:
             raise RuntimeError(f"the group check summed to {total}, not {cfg.world}")
     except ShoalError as e:
@@ -108,27 +111,28 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     emit("ready", model=model_id, context_length=ctx, pid=os.getpid(),
          load_s=round(time.perf_counter() - t0, 3), rank=cfg.rank, world=cfg.world,
          strategy=cfg.strategy, layers=list(info.layers), files=list(info.files),
-         bytes_read=info.bytes_read, peak_rss=peak_rss_bytes())
+         bytes_read=info.bytes_read, peak_rss=peak_rss_bytes(), streams=streams)
     link = Link(cfg, group, bell, watchdog, on_broken=fatal.peer_lost)
     from engine.runtime.prefix import PrefixCache
     prefix = PrefixCache(cfg.prefix_cache_tokens, leader=cfg.rank == 0)
-    if cfg.rank != 0:
-        _follower(cfg.strategy, model, link, prefix).serve()  # ends by quit or fatal
-    runner = _leader(cfg.strategy, model, link, prefix)
+    if streams > 1:  # requests decode together (engine/runtime/group_batch.py)
+        from engine.runtime.group_batch import GroupBatcher, serve_follower
+        steps = _steps(cfg.strategy, model, link)
+        if cfg.rank != 0:
+            serve_follower(steps, link, prefix)  # ends by quit or fatal
+        gen: Callable[..., Iterator[Any]] = GroupBatcher(
+            steps, tokenizer, prefix, streams,
+            on_fatal=lambda why: fatal("group_failed", why))
+    else:
+        if cfg.rank != 0:
+            _follower(cfg.strategy, model, link, prefix).serve()  # ends by quit or fatal
+        gen = _lockstep(_leader(cfg.strategy, model, link, prefix), fatal)
 
-    def generate(_model: Any, tok: Any, prompt: list[int], sampling: Any,
-                 cancel: threading.Event | None) -> Iterator[Any]:
-        from engine.runtime.lockstep import generate as lockstep_generate
-        try:
-            yield from lockstep_generate(runner, tok, prompt, sampling, cancel)
-        except Exception as e:  # the group's state is unknown now: take it down
-            log.exception("generation failed on rank 0")
-            fatal("group_failed", f"Generation failed in the model's group: {e}")
+    def on_request(rid: str, active: bool) -> None:
+        (fatal.inflight.add if active else fatal.inflight.discard)(rid)
 
-    def on_request(rid: str | None) -> None:
-        fatal.inflight = rid
-
-    serve(model, tokenizer, ctx, emit, gen=generate, on_request=on_request)
+    serve(model, tokenizer, ctx, emit, gen=gen, on_request=on_request,
+          concurrent=streams > 1)
     bell.quit()  # QUIT travels round the ring; every rank leaves with exit code 0
     bell.closed.wait(5)
     # Leave now: the stdin reader may still be blocked, and MLX's group teardown after
@@ -164,6 +168,24 @@ def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict
     if cfg.rank == 0:
         tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id", None))
     return model, tokenizer, config, info
+
+
+def _lockstep(runner: Any, fatal: Any) -> Callable[..., Iterator[Any]]:
+    """One request at a time through the group (engine/runtime/lockstep.py)."""
+    def generate(_model: Any, tok: Any, prompt: list[int], sampling: Any,
+                 cancel: threading.Event | None) -> Iterator[Any]:
+        from engine.runtime.lockstep import generate as lockstep_generate
+        try:
+            yield from lockstep_generate(runner, tok, prompt, sampling, cancel)
+        except Exception as e:  # the group's state is unknown now: take it down
+            log.exception("generation failed on rank 0")
+            fatal("group_failed", f"Generation failed in the model's group: {e}")
+    return generate
+
+
+def _steps(strategy: str, model: Any, link: Any) -> Any:
+    from engine.runtime.group_batch import PipelineSteps, TensorSteps
+    return PipelineSteps(model, link) if strategy == "pipeline" else TensorSteps(model, link)
 
 
 def _leader(strategy: str, model: Any, link: Any, prefix: Any) -> Any:

@@ -136,18 +136,19 @@ def layer_list(model: Any) -> list[Any]:
     raise ValueError("the model's layers list is not one of its modules")
 
 
-def advance(cache: Any, n: int) -> None:
-    """Move an unused layer cache's position on by n tokens, holding nothing."""
+def advance(cache: Any, n: int, batch: int = 1) -> None:
+    """Move an unused layer cache's position on by n tokens (for each of `batch` rows, as
+    in a batched cache), holding nothing."""
     import mlx.core as mx
     from mlx_lm.models.cache import ArraysCache, CacheList
 
     if isinstance(cache, CacheList):
         for c in cache.caches:
-            advance(c, n)
+            advance(c, n, batch)
     elif isinstance(cache, ArraysCache) or not hasattr(cache, "update_and_fetch"):
         return  # recurrent state: no positions
     else:
-        empty = mx.zeros((1, 1, n, 0))
+        empty = mx.zeros((batch, 1, n, 0))
         cache.update_and_fetch(empty, empty)
 
 
@@ -230,7 +231,7 @@ class Stage:
             self.ctl.inject = None
         others = [c for i, c in enumerate(cache) if not self.start <= i < self.end]
         for c in others:
-            advance(c, n)
+            advance(c, n, x.shape[0])
         # Nothing else ever evaluates these empty caches: without this their lazy graphs
         # would grow with every token, and a prefix cache keeps them for many requests.
         mx.eval([c.state for c in others])

@@ -75,12 +75,12 @@ def read_commands(commands: "queue.Queue[Message | None]",
 
 def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
           gen: Callable[..., Iterator[Any]] | None = None,
-          on_request: Callable[[str | None], None] = lambda rid: None,
+          on_request: Callable[[str, bool], None] = lambda rid, active: None,
           concurrent: bool = False) -> None:
     """Run requests one at a time, or each on its own thread when `gen` batches them
     (`concurrent`; the node sends no more at once than the worker said it takes). `gen`
-    replaces the one-process generator (rank 0 of a group); `on_request` is told which
-    request is in flight."""
+    replaces the one-process generator (rank 0 of a group); `on_request(id, active)` is
+    told when each request starts and ends."""
     from engine.runtime.generate import generate
 
     gen = gen or generate
@@ -102,12 +102,12 @@ def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
 
 def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
                gen: Callable[..., Iterator[Any]], cancels: dict[str, threading.Event],
-               emit: Emitter, on_request: Callable[[str | None], None]) -> None:
+               emit: Emitter, on_request: Callable[[str, bool], None]) -> None:
     from engine.runtime.request import run
 
     rid = cmd.id
     try:
-        on_request(rid)
+        on_request(rid, True)
         run(rid, cmd.request, model, tokenizer, ctx_len, gen, cancels[rid], emit)
     except ShoalError as e:
         emit(Error(rid, e.code, e.message, e.param, e.status))
@@ -119,7 +119,7 @@ def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
         log.exception("request %s failed", rid)
         emit(Error(rid, "generation_failed", f"Generation failed: {e}", None, 500))
     finally:
-        on_request(None)
+        on_request(rid, False)
         cancels.pop(rid, None)
 
 
@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
     if args.dist is not None:
         from engine.runtime.group_worker import run_rank
-        return run_rank(args.model, args.model_id, args.dist, emit, serve)
+        return run_rank(args.model, args.model_id, args.dist, emit, serve,
+                        max(1, args.streams))
     from engine.runtime.load import context_length, load_model
 
     t0 = time.perf_counter()

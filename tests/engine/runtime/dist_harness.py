@@ -117,7 +117,8 @@ class Group:
 
     def __init__(self, tmp: Path, model: Path, world: int, strategy: str,
                  layers: list[list[int]] | None = None, timeout_s: float = 20,
-                 env: dict[str, str] | None = None, prefix_cache_tokens: int = 8192):
+                 env: dict[str, str] | None = None, prefix_cache_tokens: int = 8192,
+                 streams: int = 1):
         ports = free_ports(2 * world)
         self.config = {"world": world, "backend": "ring", "strategy": strategy,
                        "hosts": [f"127.0.0.1:{p}" for p in ports[:world]],
@@ -130,7 +131,8 @@ class Group:
             cfg = tmp / f"rank{r}.json"
             cfg.write_text(json.dumps({**self.config, "rank": r}))
             self.ranks.append(Worker(["--model", str(model), "--model-id", "m",
-                                      "--dist", str(cfg)], tmp / f"rank{r}.log", env))
+                                      "--dist", str(cfg), "--streams", str(streams)],
+                                     tmp / f"rank{r}.log", env))
 
     @property
     def leader(self) -> Worker:

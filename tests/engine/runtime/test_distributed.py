@@ -126,6 +126,87 @@ def test_requests_queue_and_cancel_stops_every_rank(models, reference, tmp_path)
         group.kill()
 
 
+def send_all(leader: Worker, requests: list, tag: str) -> None:
+    for i, (msgs, s) in enumerate(requests):
+        leader.send({"op": "generate", "id": f"{tag}{i}",
+                     "request": {"messages": msgs, "sampling": s}})
+
+
+def collect_all(leader: Worker, ids: list[str], timeout: float = 120) -> dict[str, list]:
+    """Every event of several requests in flight at once, in arrival order per request,
+    with the time each arrived."""
+    got: dict[str, list] = {i: [] for i in ids}
+    left = set(ids)
+    while left:
+        ev = leader.expect(lambda e: e.get("id") in left, timeout)
+        ev["t"] = time.monotonic()
+        got[ev["id"]].append(ev)
+        if ev["ev"] in ("done", "error"):
+            left.discard(ev["id"])
+    return got
+
+
+@pytest.mark.parametrize("strategy,world", [("pipeline", 2), ("pipeline", 3), ("tensor", 2)])
+def test_concurrent_requests_decode_together_across_ranks(models, reference, tmp_path,
+                                                          strategy, world):
+    """A group that takes several requests at once (--streams) decodes them in one batch
+    on every rank: each answer (greedy, penalised and seeded alike) is token for token
+    what one process gives alone, and a resend afterwards hits the prefix cache."""
+    group = Group(tmp_path, models["qwen3"], world, strategy,
+                  SPLITS[world] if strategy == "pipeline" else None, streams=4)
+    try:
+        assert [r["extra"]["streams"] for r in group.ready()] == [4] * world
+        leader = group.leader
+        todo = [REQUESTS[i] for i in (0, 1, 2, 4)]
+        send_all(leader, todo, "c")
+        got = collect_all(leader, [f"c{i}" for i in range(len(todo))])
+        assert [texts(got[f"c{i}"]) for i in range(len(todo))] == \
+            [reference["qwen3"][i] for i in (0, 1, 2, 4)]
+        # together, not one after another: three answers were under way at once (the
+        # longest prompt prefills last, between the others' decode steps)
+        firsts = [next(e["t"] for e in got[k] if e["ev"] == "delta") for k in got]
+        ends = [got[k][-1]["t"] for k in got]
+        assert sum(f < min(ends) for f in firsts) >= 3
+        again = generate(leader, "again", *REQUESTS[1][:1], **REQUESTS[1][1])
+        assert texts(again) == reference["qwen3"][1] and again[-1]["cached_tokens"] > 0
+        assert group.shutdown() == [0] * world
+    finally:
+        group.kill()
+
+
+def test_long_prefill_does_not_stall_the_others(models, reference, tmp_path):
+    """A 2,000-token prompt prefills in chunks between the others' steps: a short request
+    sent after it starts answering before the long one's first token, both exactly; a
+    cancel in the batch frees its place and the ranks go idle."""
+    group = Group(tmp_path, models["llama"], 2, "pipeline", SPLITS[2], streams=4)
+    try:
+        group.ready()
+        leader = group.leader
+        send_all(leader, [REQUESTS[3]], "long")
+        send_all(leader, [REQUESTS[0]], "short")
+        got = collect_all(leader, ["long0", "short0"])
+        assert texts(got["long0"]) == reference["llama"][3]
+        assert texts(got["short0"]) == reference["llama"][0]
+        first = {k: next(e["t"] for e in v if e["ev"] == "delta") for k, v in got.items()}
+        assert first["short0"] < first["long0"]
+
+        leader.send({"op": "generate", "id": "endless", "request": {
+            "messages": REQUESTS[0][0], "sampling": {"max_tokens": 2000}}})
+        send_all(leader, [REQUESTS[2]], "beside")
+        leader.expect(lambda e: e.get("id") == "endless" and e["ev"] == "delta")
+        leader.send({"op": "cancel", "id": "endless"})
+        got = collect_all(leader, ["endless", "beside0"], 20)
+        assert got["endless"][-1]["finish_reason"] == "cancelled"
+        assert texts(got["beside0"]) == reference["llama"][2]
+        time.sleep(0.3)
+        before = [w.cpu_seconds() for w in group.ranks]
+        time.sleep(1.0)
+        assert all(w.cpu_seconds() - b < 0.1 for w, b in zip(group.ranks, before))
+        assert group.shutdown() == [0, 0]
+    finally:
+        group.kill()
+
+
 def test_killed_rank_takes_the_group_down(models, tmp_path):
     group = Group(tmp_path, models["llama"], 3, "pipeline", SPLITS[3], timeout_s=5)
     try:
