@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.telemetry.power import PowerReading, missing
+from engine.telemetry.reading import PowerReading, missing
 
 UNIT_JOULES = {"mJ": 1e-3, "uJ": 1e-6, "µJ": 1e-6, "nJ": 1e-9}
 

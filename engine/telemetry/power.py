@@ -14,34 +14,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from engine.telemetry.reading import PowerReading, missing  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 RAPL_UNREADABLE = ("unavailable: RAPL counters are not readable without root "
                    "(see /sys/class/powercap)")
-
-
-@dataclass(frozen=True)
-class PowerReading:
-    watts: float | None = None       # total of what the source measures
-    cpu_watts: float | None = None
-    gpu_watts: float | None = None
-    ane_watts: float | None = None
-    dram_watts: float | None = None
-    gpu_sram_watts: float | None = None  # kept apart from GPU power, as macmon does
-    source: str = ""                 # "ioreport" | "rapl" | "nvml" | "rapl+nvml"
-    unavailable: str | None = None
-    at: float = 0.0                  # time.time() when measured
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: round(v, 2) if isinstance(v, float) and k.endswith("watts") else v
-                for k, v in asdict(self).items()}
-
-
-def missing(reason: str, source: str = "") -> PowerReading:
-    return PowerReading(source=source, unavailable=reason, at=time.time())
 
 
 class PowerSource(Protocol):
