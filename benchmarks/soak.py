@@ -64,10 +64,14 @@ def main() -> None:
             url = nodes[i % 3].url
             with httpx.Client(timeout=60) as http:
                 while not stop.is_set():
-                    r = http.post(url + "/v1/chat/completions", json={
-                        "model": "tiny-llama", "max_tokens": 16,
-                        "messages": [{"role": "user", "content": f"soak {i}"}]})
-                    counts["ok" if r.status_code == 200 else "failed"] += 1
+                    try:
+                        r = http.post(url + "/v1/chat/completions", json={
+                            "model": "tiny-llama", "max_tokens": 16,
+                            "messages": [{"role": "user", "content": f"soak {i}"}]})
+                        ok = r.status_code == 200
+                    except httpx.HTTPError:  # counted, rather than ending the client
+                        ok = False
+                    counts["ok" if ok else "failed"] += 1
 
         threads = [threading.Thread(target=client, args=(i,), daemon=True)
                    for i in range(args.clients)]
@@ -75,20 +79,27 @@ def main() -> None:
             t.start()
         pids = [group_pids(n) for n in nodes]
         samples = [[{k: rss_mib(v) for k, v in g.items()} for g in pids]]
-        end = time.monotonic() + args.minutes * 60
+        started = time.monotonic()
+        end = started + args.minutes * 60
         while time.monotonic() < end:
             time.sleep(min(60, max(0.0, end - time.monotonic())))
             samples.append([{k: rss_mib(v) for k, v in g.items()} for g in pids])
+            print(f"{(time.monotonic() - started) / 60:.1f} min: {counts} RSS MiB "
+                  + " ".join(f"{k}{i + 1}={v:.0f}" for i, g in enumerate(samples[-1])
+                             for k, v in g.items()), flush=True)
         stop.set()
         for t in threads:
             t.join(60)
+        elapsed = time.monotonic() - started
     finally:
         for n in nodes:
             n.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     first, last = samples[1] if len(samples) > 2 else samples[0], samples[-1]
     print(f"\n{args.minutes:g} minutes, {args.clients} clients, tiny llama over a 3-rank "
-          f"pipeline: {counts['ok']} requests answered, {counts['failed']} failed.\n")
+          f"pipeline: {counts['ok']} requests answered, {counts['failed']} failed "
+          f"({(counts['ok'] + counts['failed']) / elapsed:.1f} requests/s over "
+          f"{elapsed / 60:.1f} minutes).\n")
     print("| node | process | RSS after 1 min (MiB) | RSS at the end (MiB) | growth |")
     print("|---|---|---|---|---|")
     for i, (a, b) in enumerate(zip(first, last)):
