@@ -104,27 +104,48 @@ def tensor_step_s(model: ModelSpec, nodes: Sequence[NodeSpec], ring: Sequence[Li
     return compute + comms
 
 
-def batched_step_s(model: ModelSpec, node: NodeSpec, streams: int, position: int,
-                   a: Assumptions = DEFAULT) -> float:
-    """One node decoding `streams` sequences in one step (continuous batching): the
+def _batched_rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bool,
+                    streams: int, shards: int, a: Assumptions) -> float:
+    """One rank decoding `streams` sequences in one step (continuous batching): its
     weights are read once for all of them (for MoE, every expert some sequence routes
     to), every sequence's KV and FLOPs are its own."""
-    r = _Rates(model, position)
-    one = _rank_s(r, node, (0, model.layers), True, 1, 1, a)
+    one = _rank_s(r, node, layers, head, 1, shards, a)
     if streams <= 1:
         return one
-    t = r.t
-    cached = r.kv[-1] if r.kv else 0
-    kv = cached * model.kv_per_token * model.kv_bytes
+    s, e = layers
+    model, t = r.model, r.t
+    cached = r.kv[e] - r.kv[s] if r.kv else 0
+    kv = cached * model.kv_per_token * model.kv_bytes / (shards if model.kv_sharded else 1)
     # experts touched grows with the batch, up to all of them
-    moe_weights = (t.weights[-1] - t.active[-1]) * model.bytes_per_param
+    moe_weights = ((t.weights[e] - t.weights[s]) - (t.active[e] - t.active[s])) \
+        / shards * model.bytes_per_param
     routed = min(1.0, streams * model.active_experts / model.experts) if model.experts \
         else 0.0
     extra_bytes = (streams - 1) * kv + routed * moe_weights
-    flops = 2 * (streams - 1) * (t.active[-1] + model.head_params +
-                                 model.heads * model.score_per_head * cached)
+    flops = 2 * (streams - 1) * ((t.active[e] - t.active[s]) / shards
+                                 + (model.head_params if head else 0)
+                                 + model.heads / shards * model.score_per_head * cached)
     return one + max(extra_bytes / (node.memory_bandwidth_Bps * a.bandwidth_efficiency),
                      flops / (node.compute_flops * a.compute_efficiency))
+
+
+def batched_step_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
+                   strategy: str, streams: int, position: int,
+                   a: Assumptions = DEFAULT) -> float:
+    """One decode step of `streams` sequences together, on one node or a group (a group
+    batches as one node does: every rank runs the whole batch, then passes it on)."""
+    r = _Rates(model, position)
+    act = streams * model.hidden * a.act_bytes
+    if strategy == "tensor":
+        n = len(stages)
+        compute = max(_batched_rank_s(r, st.node, (0, model.layers), True, streams, n, a)
+                      for st in stages)
+        return compute + 2 * model.layers * allreduce_s(act, ring)
+    total = sum(_batched_rank_s(r, st.node, st.layers, st.head, streams, 1, a)
+                for st in stages)
+    if len(stages) > 1:
+        total += sum(hop_s(link, act) for link in ring[:len(stages)])
+    return total
 
 
 def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
@@ -141,10 +162,7 @@ def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
     # each chunk attends to what came before it: on average half the prompt
     prefill = chunks * step(chunk, prompt // 2)
     one = 1 / step(1, prompt)
-    if len(stages) == 1 and strategy != "tensor":  # one node batches its streams
-        together = a.streams / batched_step_s(model, stages[0].node, a.streams, prompt, a)
-    else:  # a distributed instance serves one request at a time (for now)
-        together = one
+    together = a.streams / batched_step_s(model, stages, ring, strategy, a.streams, prompt, a)
     return Prediction(decode_tps=one, decode_tps_full=1 / step(1, context),
                       prefill_tps=prompt / prefill, decode_tps_streams=together,
                       streams=a.streams)

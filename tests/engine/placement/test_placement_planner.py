@@ -189,3 +189,16 @@ def test_a_node_nobody_is_cabled_to_is_left_out_not_fatal():
              node("c", 30)]
     found = plan(dense(bpp=1.0625), nodes, mesh(nodes[1:]), 4096)
     assert found and all("island" not in {r.node for r in p.ranks} for p in found)
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+def test_a_group_is_predicted_to_batch_its_streams_as_one_node_does(strategy):
+    """Groups decode their requests in one batch too: 8 streams together beat one stream,
+    by less than 8 (each sequence's KV and FLOPs are its own), for every placement."""
+    model = dense(bpp=1.0625)
+    nodes = [node("studio-1", 60), node("studio-2", 60)]
+    layout = [{"node": "studio-1", "layers": [0, 40]}, {"node": "studio-2", "layers": [40, 80]}] \
+        if strategy == "pipeline" else [{"node": "studio-1"}, {"node": "studio-2"}]
+    p = evaluate(model, nodes, mesh(nodes), CTX, strategy, layout).prediction
+    assert p.streams == 8
+    assert p.decode_tps < p.decode_tps_streams < 8 * p.decode_tps
