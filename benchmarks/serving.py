@@ -7,7 +7,7 @@ streaming), ratios measured in one run:
 - continuous batching: aggregate decode tokens/s of 4 concurrent streams over one alone,
   on one node and on a 2-node pipeline;
 - chunked prefill: time to first token of a short request while a ~3,000-token prompt
-  prefills, over the same request on an idle node.
+  prefills, over the same request on an idle node, on one node and on the pipeline.
 
 Run: .venv/bin/python benchmarks/serving.py [--tokens 64]
 Prints a markdown table; docs/benchmarks.md ("Serving") keeps the figures of the last run.
@@ -141,6 +141,9 @@ def main() -> None:
                          f"≤ 0.15 ({cached} tokens cached)"))
             rows.append(("2-node pipeline", "4 streams / 1 stream decode tokens/s",
                          concurrency(a.url, args.tokens), "≥ 1.5"))
+            rows.append(("2-node pipeline",
+                         "short TTFT while a 3,000-token prompt prefills / idle",
+                         prefill_stall(a.url), "≤ 3"))
         finally:
             a.stop()
             b.stop()

@@ -396,11 +396,12 @@ class GroupBatcher(Streams):
 
         try:
             while True:
-                self._take(block=self.state.idle and not self._waiting)
+                idle = self.state.idle and not self._waiting
+                if idle and self._busy:  # every rank goes back to sleep on its doorbell
+                    self._busy = False   # (inside a round their waits are bounded)
+                    self.link.end_round()
+                self._take(block=idle)
                 if self.state.idle and not self._waiting:
-                    if self._busy:  # every rank goes back to sleep on its doorbell
-                        self._busy = False
-                        self.link.end_round()
                     continue
                 if not self._busy:
                     self._busy = True

@@ -177,8 +177,9 @@ def test_concurrent_requests_decode_together_across_ranks(models, reference, tmp
 def test_long_prefill_does_not_stall_the_others(models, reference, tmp_path):
     """A 2,000-token prompt prefills in chunks between the others' steps: a short request
     sent after it starts answering before the long one's first token, both exactly; a
-    cancel in the batch frees its place and the ranks go idle."""
-    group = Group(tmp_path, models["llama"], 2, "pipeline", SPLITS[2], streams=4)
+    cancel in the batch frees its place, the ranks go idle and stay up."""
+    group = Group(tmp_path, models["llama"], 2, "pipeline", SPLITS[2], streams=4,
+                  timeout_s=3)
     try:
         group.ready()
         leader = group.leader
@@ -202,6 +203,9 @@ def test_long_prefill_does_not_stall_the_others(models, reference, tmp_path):
         before = [w.cpu_seconds() for w in group.ranks]
         time.sleep(1.0)
         assert all(w.cpu_seconds() - b < 0.1 for w, b in zip(group.ranks, before))
+        time.sleep(3.5)  # idle longer than a rank waits inside a round: the group holds
+        assert texts(generate(leader, "later", *REQUESTS[2][:1], **REQUESTS[2][1])) == \
+            reference["llama"][2]
         assert group.shutdown() == [0, 0]
     finally:
         group.kill()
