@@ -29,6 +29,7 @@ from app.common import message_of
 from app.logs import LogDialog
 from app.tasks import Tasks
 from engine.client import NodeClient
+from engine.protocol import InstanceInfo
 
 log = logging.getLogger(__name__)
 LAUNCH_POLL_S = 0.5
@@ -68,7 +69,7 @@ class NodeProgress(QWidget):
 class LaunchPanel(QWidget):
     """state_text: "", "Launching…", "Ready", "Failed", "Stopped" (tests wait on it)."""
 
-    launched = Signal(dict)
+    launched = Signal(object)  # the InstanceInfo launched
 
     def __init__(self, client: NodeClient, tasks: Tasks, state: ClusterState,
                  logs_dir: Path | None = None, parent: QWidget | None = None):
@@ -76,7 +77,8 @@ class LaunchPanel(QWidget):
         self.client, self.tasks, self.state = client, tasks, state
         self.logs_dir = Path(logs_dir) if logs_dir else None
         self.placement: tuple[str, str, str, list[tuple[str, tuple[int, int]]]] | None = None
-        self.instance: dict[str, Any] | None = None  # the instance this node owns
+        # the instance this node owns: launched (an InstanceInfo) or seen in its status
+        self.instance: InstanceInfo | dict[str, Any] | None = None
         self.launching: dict[str, Any] | None = None
         self.failed_node: str | None = None
         self.state_text = ""
@@ -154,7 +156,7 @@ class LaunchPanel(QWidget):
             row = self.rows[nid] = NodeProgress(self.state.node_name(nid))
             self.grid.addWidget(row, i, 0)
 
-    def _launched(self, instance: dict[str, Any]) -> None:
+    def _launched(self, instance: InstanceInfo) -> None:
         self.launching = None
         self.instance = instance
         self.state.poller.interval = TOPOLOGY_EVERY_S

@@ -27,6 +27,7 @@ from app.polling import Poller
 from app.snapshots import fit_label
 from app.tasks import Tasks
 from engine.client import NodeClient
+from engine.protocol import DownloadInfo
 
 log = logging.getLogger(__name__)
 DOWNLOADS_BUSY_S, DOWNLOADS_IDLE_S = 1.0, 5.0
@@ -235,7 +236,7 @@ class ModelsView(QWidget):
         if route_missing(error):
             self._no_hub()
 
-    def _fill_downloads(self, downloads: list[dict[str, Any]]) -> None:
+    def _fill_downloads(self, downloads: list[DownloadInfo]) -> None:
         self.downloads = sorted(downloads, key=lambda d: -float(d.get("started") or 0))
         running = any(d.get("state") == "running" for d in downloads)
         self.poller.interval = DOWNLOADS_BUSY_S if running else DOWNLOADS_IDLE_S

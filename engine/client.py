@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from engine.errors import PeerUnreachable, ShoalError
+from engine.protocol import ClusterInfo, DownloadInfo, InstanceInfo
 
 
 @dataclass(frozen=True)
@@ -153,19 +154,21 @@ class NodeClient:
             body["force"] = True
         return self._call("POST", "/shoal/plan", json=body)
 
-    def instances(self) -> dict[str, Any]:
-        return self._call("GET", "/shoal/instances")
+    def instances(self) -> ClusterInfo:
+        """This node's distributed instances and the ranks it runs for other owners."""
+        return ClusterInfo.from_json(self._call("GET", "/shoal/instances"))
 
     def launch(self, model: str, strategy: str, nodes: list[dict[str, Any]],
-               backend: str = "ring", timeout: float | None = 900.0) -> dict[str, Any]:
+               backend: str = "ring", timeout: float | None = 900.0) -> InstanceInfo:
         """Start a model over several nodes; returns when every rank has loaded (or raises
         a ShoalError naming the node that failed)."""
-        return self._call("POST", "/shoal/instances", json={
+        return InstanceInfo.from_json(self._call("POST", "/shoal/instances", json={
             "model": model, "strategy": strategy, "backend": backend, "nodes": nodes},
-            timeout=timeout)
+            timeout=timeout))
 
-    def stop_instance(self, instance_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/shoal/instances/{instance_id}", timeout=60.0)
+    def stop_instance(self, instance_id: str) -> InstanceInfo:
+        return InstanceInfo.from_json(
+            self._call("DELETE", f"/shoal/instances/{instance_id}", timeout=60.0))
 
     # --- models from the Hub (404 from a node without the hub routes) ----------------------
     def hub_catalog(self) -> dict[str, Any]:
@@ -174,15 +177,16 @@ class NodeClient:
     def hub_search(self, query: str) -> dict[str, Any]:
         return self._call("GET", "/shoal/hub/search", params={"q": query}, timeout=30.0)
 
-    def hub_pull(self, repo: str, revision: str | None = None) -> dict[str, Any]:
+    def hub_pull(self, repo: str, revision: str | None = None) -> DownloadInfo:
         body = {"repo": repo, **({"revision": revision} if revision else {})}
-        return self._call("POST", "/shoal/hub/pull", json=body)
+        return DownloadInfo.from_json(self._call("POST", "/shoal/hub/pull", json=body))
 
-    def hub_downloads(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/shoal/hub/downloads")
+    def hub_downloads(self) -> list[DownloadInfo]:
+        return [DownloadInfo.from_json(d) for d in self._call("GET", "/shoal/hub/downloads")]
 
-    def hub_cancel(self, download_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/shoal/hub/downloads/{download_id}")
+    def hub_cancel(self, download_id: str) -> DownloadInfo:
+        return DownloadInfo.from_json(
+            self._call("DELETE", f"/shoal/hub/downloads/{download_id}"))
 
     def remove_model(self, model_id: str) -> dict[str, Any]:
         return self._call("DELETE", f"/shoal/models/{model_id}")

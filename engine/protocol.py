@@ -1,4 +1,5 @@
-"""The messages between a node and its worker processes, typed, in one module both sides use.
+"""The shared vocabulary: the messages between a node and its worker processes, and the
+states and records of the node's JSON, typed, in one module every side uses.
 
 On the pipe each message is one JSON line whose "op" (node → worker) or "ev" (worker → node)
 names its class; `encode` and `decode` are the only places that spell those names.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
 
@@ -213,3 +215,123 @@ def make(cls: type[Message] | str, **fields: Any) -> Message:
         return cls(**known)
     except TypeError as e:
         raise ValueError(f"malformed {cls.tag}: {e}") from None
+
+
+# --- the node's JSON: states and records ----------------------------------------------------
+# The node builds these bodies from the records below and engine.client returns them, so
+# both sides spell a shape once. States are str enums: they go on the wire as the same
+# strings, and compare equal to them. Records also answer .get/[] for dict-style callers.
+class InstanceState(StrEnum):
+    """An instance's, or one of its follower ranks', life: starting → ready → failed|stopped."""
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+ENDED = (InstanceState.FAILED, InstanceState.STOPPED)
+
+
+class DownloadState(StrEnum):
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Record:
+    """A JSON object of the node's API as a frozen value."""
+    nested: ClassVar[dict[str, type[Record]]] = {}  # list fields holding records
+    optional: ClassVar[tuple[str, ...]] = ()  # fields left out of the JSON when None
+    states: ClassVar[dict[str, type[StrEnum]]] = {}  # fields holding a state
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is None and f.name in self.optional:
+                continue
+            out[f.name] = [x.to_json() for x in v] if f.name in self.nested else v
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Any:
+        """The record of a JSON object; keys it doesn't know (a newer node's) are dropped."""
+        known = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                v = data[f.name]
+                sub, state = cls.nested.get(f.name), cls.states.get(f.name)
+                known[f.name] = [sub.from_json(x) for x in v or []] if sub else \
+                    state(v) if state and v is not None else v
+        return cls(**known)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        fields = {f.name for f in dataclasses.fields(self)}
+        return getattr(self, name) if name in fields else default
+
+    def __getitem__(self, name: str) -> Any:
+        if not any(f.name == name for f in dataclasses.fields(self)):
+            raise KeyError(name)
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class RankInfo(Record):
+    rank: int
+    node: str
+    layers: list[int] | None = None  # [start, end) for pipeline; None for tensor
+    progress: list[int] | None = None  # layers loaded, total (while starting)
+    loaded: dict[str, Any] | None = None  # files, bytes_read, peak_rss, once loaded
+
+
+@dataclass(frozen=True)
+class InstanceInfo(Record):
+    """A model over several nodes (GET /shoal/instances, POST and DELETE answers)."""
+    nested = {"ranks": RankInfo}
+    optional = ("id", "warning")
+    states = {"state": InstanceState}
+    id: str | None = None  # None for a single-node launch (no distributed instance)
+    model: str = ""
+    strategy: str = "pipeline"  # pipeline | tensor | single
+    state: InstanceState = InstanceState.STARTING
+    reason: str | None = None
+    ranks: list[RankInfo] = field(default_factory=list)
+    warning: str | None = None  # a forced launch's memory warning
+
+
+@dataclass(frozen=True)
+class FollowerInfo(Record):
+    """A rank this node runs for an instance another node owns."""
+    states = {"state": InstanceState}
+    instance: str
+    rank: int
+    state: InstanceState
+    reason: str | None = None
+    progress: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class ClusterInfo(Record):
+    """This node's part in distributed instances (GET /shoal/instances)."""
+    nested = {"instances": InstanceInfo, "followers": FollowerInfo}
+    id: str
+    name: str
+    instances: list[InstanceInfo] = field(default_factory=list)
+    followers: list[FollowerInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DownloadInfo(Record):
+    """One pull into the Hugging Face cache (GET /shoal/hub/downloads and friends)."""
+    states = {"state": DownloadState}
+    id: str
+    repo: str
+    revision: str
+    layers: list[int] | None
+    state: DownloadState
+    progress: dict[str, Any] | None = None  # engine.hub.progress.Progress as JSON
+    error: dict[str, Any] | None = None  # the OpenAI-shaped error of a failed pull
+    path: str | None = None
+    started: float = 0.0

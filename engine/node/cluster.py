@@ -16,7 +16,7 @@ import logging
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,6 +38,7 @@ from engine.placement.validate import (
     check_strategy,
     check_tensor,
 )
+from engine.protocol import ENDED, ClusterInfo, FollowerInfo, InstanceInfo, InstanceState, RankInfo
 from engine.telemetry.versions import mlx_version
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class Follower:
     owner_url: str
     rank: int
     worker: WorkerHandle | None = None
-    state: str = "starting"  # starting | ready | failed | stopped
+    state: InstanceState = InstanceState.STARTING
     reason: str | None = None
     progress: list[int] = field(default_factory=lambda: [0, 0])  # layers loaded, total
     loaded: dict[str, Any] | None = None  # the rank's load report, once ready
@@ -70,18 +71,19 @@ class Instance:
     model: str
     strategy: str
     ranks: list[dict[str, Any]]  # {"node", "url" (None = self), "layers"}
-    state: str = "starting"
+    state: InstanceState = InstanceState.STARTING
     reason: str | None = None
     backend: str = "ring"
     devices: list[list[str | None]] | None = None  # jaccl: RDMA device per rank pair
     watch: asyncio.Task | None = field(default=None, repr=False)
 
+    def info(self) -> InstanceInfo:
+        return InstanceInfo(self.id, self.model, self.strategy, self.state, self.reason,
+                            [RankInfo(i, r["node"], r.get("layers"), r.get("progress"),
+                                      r.get("loaded")) for i, r in enumerate(self.ranks)])
+
     def public(self) -> dict[str, Any]:
-        return {"id": self.id, "model": self.model, "strategy": self.strategy,
-                "state": self.state, "reason": self.reason,
-                "ranks": [{"rank": i, "node": r["node"], "layers": r.get("layers"),
-                           "progress": r.get("progress"), "loaded": r.get("loaded")}
-                          for i, r in enumerate(self.ranks)]}
+        return self.info().to_json()
 
 
 def free_port(host: str) -> int:
@@ -148,19 +150,21 @@ class Cluster:
                 "model_config": self.model_config(model)}
 
     def describe(self) -> dict[str, Any]:
-        instances = [self.instance.public()] if self.instance else []
+        instances = [self.instance.info()] if self.instance else []
         run = self.node.runner
-        if instances and isinstance(run, Loading) and run.model == instances[0]["model"]:
-            instances[0]["ranks"][0]["progress"] = [run.layers_done, run.layers_total]
-        return {"id": self.id, "name": self.name, "instances": instances,
-                "followers": [{"instance": f.instance, "rank": f.rank, "state": f.state,
-                               "reason": f.reason, "progress": f.progress}
-                              for f in self.followers.values()]}
+        if instances and isinstance(run, Loading) and run.model == instances[0].model:
+            first = replace(instances[0].ranks[0], progress=[run.layers_done,
+                                                             run.layers_total])
+            instances[0] = replace(instances[0], ranks=[first, *instances[0].ranks[1:]])
+        return ClusterInfo(self.id, self.name, instances,
+                           [FollowerInfo(f.instance, f.rank, f.state, f.reason, f.progress)
+                            for f in self.followers.values()]).to_json()
 
     def remote_instances(self) -> list[tuple[str, dict[str, Any]]]:
         """(owner URL, instance) for every ready instance a trusted peer owns."""
         return [(p.url, inst) for p in self.peers.all() if p.trusted
-                for inst in p.info.get("instances") or [] if inst.get("state") == "ready"]
+                for inst in p.info.get("instances") or []
+                if inst.get("state") == InstanceState.READY]
 
     def owner_of(self, model: str) -> str | None:
         """URL of the peer that serves `model` as a distributed instance, if any."""
@@ -181,8 +185,8 @@ class Cluster:
             self._check_memory(body, model, "pipeline", ranks)
             await self.stop_instance("replaced by a new launch")
             await self.node.start_worker(model, self.node.resolve(model))
-            return {"model": model, "strategy": "single", "state": "ready",
-                    "ranks": [{"rank": 0, "node": self.id, "layers": None}]}
+            return InstanceInfo(None, model, "single", InstanceState.READY, None,
+                                [RankInfo(0, self.id)]).to_json()
         if ranks[0]["url"] is not None:  # rank 0 lives on its owner: hand the job over
             return await self.peers.call(ranks[0]["url"], "POST", "/shoal/instances",
                                          {**body, "nodes": [
@@ -214,7 +218,7 @@ class Cluster:
             reason = e.message if isinstance(e, ShoalError) else f"launch failed: {e}"
             await self._teardown(inst, reason)
             raise
-        inst.state = "ready"
+        inst.state = InstanceState.READY
         inst.watch = asyncio.create_task(self._watch(inst))
         return {**inst.public(), **({"warning": warning} if warning else {})}
 
@@ -377,10 +381,10 @@ class Cluster:
         while time.monotonic() < deadline:
             st = await self._follower_state(r["url"], inst.id)
             r["progress"] = st.get("progress")  # shown per rank while the instance starts
-            if st["state"] == "ready":
+            if st["state"] == InstanceState.READY:
                 r["loaded"] = st.get("loaded")
                 return
-            if st["state"] in ("failed", "stopped"):
+            if st["state"] in ENDED:
                 raise WorkerFailed(f"rank {i} on node {r['node']} failed: {st.get('reason')}")
             await asyncio.sleep(0.2)
         raise WorkerFailed(f"rank {i} on node {r['node']} did not load within {timeout:.0f} s")
@@ -402,7 +406,7 @@ class Cluster:
     # --- watching and tearing down -------------------------------------------------------
     async def _watch(self, inst: Instance) -> None:
         heard = {r["url"]: time.monotonic() for r in inst.ranks if r["url"]}  # last answer
-        while self.instance is inst and inst.state == "ready":
+        while self.instance is inst and inst.state == InstanceState.READY:
             await asyncio.sleep(WATCH_S)
             w = self.node.worker
             if w is None or not w.alive:
@@ -422,7 +426,7 @@ class Cluster:
                                              f"answering")
                         return
                     continue
-                if st["state"] != "ready":
+                if st["state"] != InstanceState.READY:
                     await self._teardown(inst, f"rank {i} on node {r['node']} "
                                          f"{st['state']}: {st.get('reason')}")
                     return
@@ -432,9 +436,9 @@ class Cluster:
             await self._teardown(self.instance, reason)
 
     async def _teardown(self, inst: Instance, reason: str) -> None:
-        if inst.state in ("failed", "stopped"):
+        if inst.state in ENDED:
             return
-        inst.state = "stopped" if reason == "stopped" else "failed"
+        inst.state = InstanceState.STOPPED if reason == "stopped" else InstanceState.FAILED
         inst.reason = reason
         log.warning("instance %s of %s ends: %s", inst.id, inst.model, reason)
         if inst.watch and inst.watch is not asyncio.current_task():
@@ -444,7 +448,7 @@ class Cluster:
                                                timeout=10)
                                for r in inst.ranks if r["url"] is not None),
                              return_exceptions=True)
-        await self.node.stop_worker(reason if inst.state == "failed" else None)
+        await self.node.stop_worker(reason if inst.state == InstanceState.FAILED else None)
 
     async def stop_instance(self, reason: str = "stopped") -> None:
         if self.instance is not None:
@@ -463,8 +467,7 @@ class Cluster:
         if old and old.worker:
             await old.worker.stop()
         f = Follower(inst_id, str(body["owner"]), int(config["rank"]))
-        for old_id in [k for k, v in self.followers.items()
-                       if v.state in ("stopped", "failed")][:-4]:
+        for old_id in [k for k, v in self.followers.items() if v.state in ENDED][:-4]:
             del self.followers[old_id]  # keep only the last few ended ones, for their reasons
         self.followers[inst_id] = f
         cfg = self._write_config(inst_id, config)
@@ -480,13 +483,13 @@ class Cluster:
         assert f.worker
         try:
             ready = await f.worker.start()
-            f.state, f.loaded = "ready", load_report(ready.extra)
+            f.state, f.loaded = InstanceState.READY, load_report(ready.extra)
         except ShoalError as e:
-            f.state, f.reason = "failed", e.message
+            f.state, f.reason = InstanceState.FAILED, e.message
 
     def _on_follower_event(self, f: Follower, ev: dict[str, Any]) -> None:
-        if ev["ev"] == "exited" and f.state != "stopped":
-            f.state, f.reason = "failed", ev.get("reason")
+        if ev["ev"] == "exited" and f.state != InstanceState.STOPPED:
+            f.state, f.reason = InstanceState.FAILED, ev.get("reason")
             task = asyncio.get_running_loop().create_task(self._tell_owner(f))
             self.node.keep(task)
         elif ev["ev"] == "fatal":
@@ -504,14 +507,14 @@ class Cluster:
     def follower_state(self, inst_id: str) -> dict[str, Any]:
         f = self.followers.get(inst_id)
         if f is None:
-            return {"state": "stopped", "reason": "this node runs no such instance"}
+            return {"state": InstanceState.STOPPED, "reason": "this node runs no such instance"}
         return {"state": f.state, "reason": f.reason, "rank": f.rank, "progress": f.progress,
                 "loaded": f.loaded}
 
     async def stop_follower(self, inst_id: str, reason: str) -> None:
         f = self.followers.get(inst_id)
         if f is not None:
-            f.state, f.reason = "stopped", reason
+            f.state, f.reason = InstanceState.STOPPED, reason
             if f.worker:
                 f.worker.dead_reason = "stopped"
                 await f.worker.stop()

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
 from engine.node.incoming import json_object
+from engine.protocol import DownloadInfo, DownloadState
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()  # for the GUI and the CLI
@@ -33,7 +34,7 @@ class Download:
     repo: str
     revision: str
     layers: tuple[int, int] | None
-    state: str = "running"  # running, done, failed, cancelled
+    state: DownloadState = DownloadState.RUNNING
     progress: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     path: str | None = None
@@ -41,10 +42,9 @@ class Download:
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def public(self) -> dict[str, Any]:
-        return {"id": self.id, "repo": self.repo, "revision": self.revision,
-                "layers": list(self.layers) if self.layers else None, "state": self.state,
-                "progress": self.progress, "error": self.error, "path": self.path,
-                "started": self.started}
+        return DownloadInfo(self.id, self.repo, self.revision,
+                            list(self.layers) if self.layers else None, self.state,
+                            self.progress, self.error, self.path, self.started).to_json()
 
 
 class Downloads:
@@ -57,11 +57,11 @@ class Downloads:
     def start(self, request: web.Request, repo: str, revision: str,
               layers: tuple[int, int] | None) -> tuple[Download, bool]:
         for d in self.all.values():
-            if d.state == "running" and (d.repo, d.revision, d.layers) == (repo, revision,
-                                                                         layers):
+            if d.state == DownloadState.RUNNING and \
+                    (d.repo, d.revision, d.layers) == (repo, revision, layers):
                 return d, False
         d = Download(uuid.uuid4().hex[:12], repo, revision, layers)
-        finished = [k for k, v in self.all.items() if v.state != "running"]
+        finished = [k for k, v in self.all.items() if v.state != DownloadState.RUNNING]
         for k in finished[:max(0, len(finished) - KEEP_FINISHED)]:
             del self.all[k]
         self.all[d.id] = d
@@ -81,14 +81,14 @@ class Downloads:
             path = pull(d.repo, d.revision, token=TokenStore(node.home).get(),
                         progress_cb=lambda p: setattr(d, "progress", p.to_json()),
                         cancel_event=d.cancel, layers=d.layers, sources=sources)
-            d.path, d.state = str(path), "done"
+            d.path, d.state = str(path), DownloadState.DONE
         except Cancelled as e:
-            d.state, d.error = "cancelled", e.to_openai()["error"]
+            d.state, d.error = DownloadState.CANCELLED, e.to_openai()["error"]
         except ShoalError as e:
-            d.state, d.error = "failed", e.to_openai()["error"]
+            d.state, d.error = DownloadState.FAILED, e.to_openai()["error"]
         except Exception as e:  # a bug must still end the download visibly
             log.exception("download of %s failed", d.repo)
-            d.state = "failed"
+            d.state = DownloadState.FAILED
             d.error = ShoalError(f"Internal error: {e}").to_openai()["error"]
         log.info("download %s of %s: %s", d.id, d.repo, d.state)
 
@@ -256,7 +256,7 @@ async def remove_model(request: web.Request) -> web.Response:
     node = request.app["node"]
     if getattr(node.runner, "model", None) == model_id:
         raise Busy(f"{model_id} is loaded on this node: unload it first.")
-    if any(d.state == "running" and d.repo == model_id
+    if any(d.state == DownloadState.RUNNING and d.repo == model_id
            for d in _downloads(request).all.values()):
         raise Busy(f"{model_id} is downloading: cancel the download first.")
     from engine.hub.catalog import remove_model as remove
