@@ -2,7 +2,7 @@
 
 A chunk can't be interrupted once MLX evaluates it, so a request that arrives while a long
 prompt prefills waits for the chunk in progress. Sizing chunks by time, not tokens, bounds
-that wait on any machine: on this CPU a 0.15 s chunk of SmolLM2 is ~16-32 tokens; on an
+that wait on any machine: on this CPU a 0.1 s chunk of SmolLM2 is ~16 tokens; on an
 Apple GPU the same rule gives chunks of hundreds. Measured on SmolLM2 (2-core CPU),
 prefill throughput is within 30% from 16- to 256-token chunks, so small chunks cost little.
 Attention over a growing prompt makes later chunks slower; each chunk's size follows the
@@ -11,7 +11,7 @@ last one's measured rate.
 
 from __future__ import annotations
 
-TARGET_S = 0.15   # one chunk's time: a short request waits about this long for a turn
+TARGET_S = 0.1   # one chunk's time: a short request waits about this long for a turn
 SMALLEST = 16
 LARGEST = 2048    # mlx-lm's prefill_step_size
 FIRST = 64
