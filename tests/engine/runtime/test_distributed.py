@@ -174,12 +174,13 @@ def test_concurrent_requests_decode_together_across_ranks(models, reference, tmp
         group.kill()
 
 
-def test_long_prefill_does_not_stall_the_others(models, reference, tmp_path):
+@pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+def test_long_prefill_does_not_stall_the_others(models, reference, tmp_path, strategy):
     """A 2,000-token prompt prefills in chunks between the others' steps: a short request
     sent after it starts answering before the long one's first token, both exactly; a
     cancel in the batch frees its place, the ranks go idle and stay up."""
-    group = Group(tmp_path, models["llama"], 2, "pipeline", SPLITS[2], streams=4,
-                  timeout_s=3)
+    group = Group(tmp_path, models["llama"], 2, strategy,
+                  SPLITS[2] if strategy == "pipeline" else None, streams=4, timeout_s=3)
     try:
         group.ready()
         leader = group.leader
