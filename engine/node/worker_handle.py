@@ -12,12 +12,27 @@ import contextlib
 import logging
 import sys
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from engine.errors import Overloaded, WorkerFailed
-from engine.protocol import (TERMINAL, Cancel, Error, Event, Exited, Fatal, Generate,
-                             GenerateRequest, Loading, Message, Ready, Shutdown, decode, encode)
+from engine.protocol import (
+    TERMINAL,
+    Cancel,
+    Error,
+    Event,
+    Exited,
+    Fatal,
+    Generate,
+    GenerateRequest,
+    Loading,
+    Message,
+    Ready,
+    Shutdown,
+    decode,
+    encode,
+)
 from engine.runtime.cpu import worker_env
 
 log = logging.getLogger(__name__)
@@ -80,7 +95,7 @@ class WorkerHandle:
             takes = int(ready.extra.get("streams") or 1)
             self._turn = asyncio.Semaphore(max(1, min(takes, self.max_streams)))
             return ready
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.stop()
             raise WorkerFailed(f"Loading {self.model_id} took longer than {timeout:.0f} s; "
                                f"see {self.log_path}.") from None
@@ -138,7 +153,7 @@ class WorkerHandle:
         self.waiting += 1
         try:
             await asyncio.wait_for(self._turn.acquire(), self.queue_wait_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Overloaded(f"{self.model_id} is serving as many requests as it takes and "
                              f"none finished within {self.queue_wait_s:.0f} s; try again "
                              "shortly.") from None
@@ -153,7 +168,7 @@ class WorkerHandle:
             while True:
                 try:
                     ev = await asyncio.wait_for(q.get(), self.token_timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     finished = True
                     await self.kill(f"The worker for {self.model_id} produced nothing for "
                                     f"{self.token_timeout:.0f} s and was stopped.")
@@ -215,12 +230,12 @@ class WorkerHandle:
                 proc.stdin.close()  # type: ignore[union-attr]
             try:
                 await asyncio.wait_for(proc.wait(), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
                 try:
                     await asyncio.wait_for(proc.wait(), grace)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
                     await proc.wait()

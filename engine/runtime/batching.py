@@ -15,8 +15,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from engine.runtime.chunking import LARGEST, Chunker
 from engine.runtime.generate import Record, Sampling
@@ -30,7 +31,7 @@ class _Job:
     prompt: list[int]
     sampling: Sampling
     tokenizer: Any
-    out: "queue.Queue[Any]" = field(default_factory=queue.Queue)
+    out: queue.Queue[Any] = field(default_factory=queue.Queue)
     uid: int | None = None
     cached: int = 0
 
@@ -41,7 +42,7 @@ class Streams:
     into `Record`s. Items on a job's queue: (token, (logprob, top), finish) or an error."""
 
     def __init__(self) -> None:
-        self._inbox: "queue.Queue[tuple[str, _Job]]" = queue.Queue()
+        self._inbox: queue.Queue[tuple[str, _Job]] = queue.Queue()
         self._jobs: dict[int, _Job] = {}
 
     @property

@@ -13,10 +13,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, NoReturn
 
 from engine.errors import BadRequest
 
@@ -54,7 +55,7 @@ class DistConfig:
     prefix_cache_tokens: int = 0  # the prefix cache's budget, the same on every rank
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DistConfig":
+    def from_dict(cls, d: dict[str, Any]) -> DistConfig:
         try:
             rank, world = int(d["rank"]), int(d["world"])
             backend, strategy = str(d.get("backend", "ring")), str(d["strategy"])
@@ -86,7 +87,7 @@ class DistConfig:
                    devices, d.get("coordinator"), max(0, prefix_tokens))
 
     @classmethod
-    def from_file(cls, path: Path) -> "DistConfig":
+    def from_file(cls, path: Path) -> DistConfig:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:

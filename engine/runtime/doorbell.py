@@ -17,7 +17,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from engine.errors import PeerUnreachable
 from engine.runtime.distributed import DistConfig
@@ -47,7 +47,7 @@ class Doorbell:
         self.cfg = cfg
         self._on_lost = on_lost
         self._on_quit = on_quit
-        self._ops: "queue.Queue[bytes]" = queue.Queue()
+        self._ops: queue.Queue[bytes] = queue.Queue()
         self._succ: socket.socket | None = None
         self._pred: socket.socket | None = None
         self._closing = False

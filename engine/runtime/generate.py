@@ -6,8 +6,9 @@ The HTTP API, the chat window, the CLI and the benchmark all consume this one st
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from engine.runtime.stops import StopMatcher
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from engine.runtime.batching import Streams, _Job
 from engine.runtime.chunking import Chunker
@@ -66,7 +67,7 @@ class Plan:
         return head[0] + head[1] + 2 * head[3] + head[4] + head[5] + 1
 
     @classmethod
-    def decode(cls, head: list[int], body: list[int]) -> "Plan":
+    def decode(cls, head: list[int], body: list[int]) -> Plan:
         nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt = head
         at = 0
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.errors import CorruptModel, ModelNotFound
 

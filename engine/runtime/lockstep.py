@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from engine.runtime.distributed import DistConfig, Watchdog
 from engine.runtime.doorbell import END, Doorbell
@@ -65,7 +66,7 @@ class Header:
         return mx.array(vals + [0] * (HEADER_LEN - len(vals)), dtype=mx.int32)
 
     @classmethod
-    def decode(cls, arr: Any) -> "Header":
+    def decode(cls, arr: Any) -> Header:
         import numpy as np
 
         v = [int(x) for x in arr.tolist()]

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from engine.errors import BadRequest, ContextTooLong
 from engine.protocol import Accepted, Delta, Done, GenerateRequest, Message, ToolCall
 from engine.runtime.generate import Sampling
 from engine.runtime.harmony import HarmonySplitter, is_harmony
-from engine.runtime.toolcalls import (GENERIC_END, GENERIC_PROMPT, GENERIC_START,
-                                      OutputSplitter, generic_parse)
+from engine.runtime.toolcalls import (
+    GENERIC_END,
+    GENERIC_PROMPT,
+    GENERIC_START,
+    OutputSplitter,
+    generic_parse,
+)
 
 
 def _tool_schema(tools: list[dict[str, Any]], choice: str | dict[str, Any]) -> dict[str, Any]:

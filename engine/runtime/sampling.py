@@ -15,7 +15,6 @@ from engine.runtime.generate import Sampling
 def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[Any]]:
     """mlx-lm's sampler and logits processors for a request. A constraint needs the
     tokenizer (the grammar is matched against its vocabulary)."""
-    import mlx.core as mx
     from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
     if sampling.seed is not None and sampling.temperature > 0:

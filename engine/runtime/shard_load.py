@@ -16,9 +16,10 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.errors import CorruptModel, ModelNotFound, ShardMismatch, UnsupportedModel
 from engine.runtime.load import check_safetensors, read_config

@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.runtime.doorbell import END, REQUEST, TOKEN
 from engine.runtime.generate import Sampling
-from engine.runtime.lockstep import HEADER_LEN, DTYPES, Header, Link, prefill_chunks
+from engine.runtime.lockstep import DTYPES, HEADER_LEN, Header, Link, prefill_chunks
 from engine.runtime.prefix import PrefixCache
 
 log = logging.getLogger(__name__)

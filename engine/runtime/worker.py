@@ -15,12 +15,24 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO
 
 from engine.errors import BadRequest, ShoalError
-from engine.protocol import Cancel, Error, Fatal, Generate, Loading, Message, Ready, Shutdown
-from engine.protocol import decode, encode, make
+from engine.protocol import (
+    Cancel,
+    Error,
+    Fatal,
+    Generate,
+    Loading,
+    Message,
+    Ready,
+    Shutdown,
+    decode,
+    encode,
+    make,
+)
 
 log = logging.getLogger("engine.runtime.worker")
 
@@ -53,7 +65,7 @@ def claim_stdout() -> BinaryIO:
     return out
 
 
-def read_commands(commands: "queue.Queue[Message | None]",
+def read_commands(commands: queue.Queue[Message | None],
                   cancels: dict[str, threading.Event]) -> None:
     """stdin reader thread: cancels act at once, everything else is queued in order."""
     for raw in sys.stdin.buffer:
@@ -84,7 +96,7 @@ def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
     from engine.runtime.generate import generate
 
     gen = gen or generate
-    commands: "queue.Queue[Message | None]" = queue.Queue()
+    commands: queue.Queue[Message | None] = queue.Queue()
     cancels: dict[str, threading.Event] = {}
     threading.Thread(target=read_commands, args=(commands, cancels), daemon=True).start()
     while (cmd := commands.get()) is not None:

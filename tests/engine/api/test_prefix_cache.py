@@ -68,10 +68,10 @@ def test_anthropic_and_streamed_openai_report_cache_reads(fresh_node):
 def test_linear_attention_state_hits_each_turn_on_a_batching_node(tmp_path):
     """qwen3_next's recurrent state can't be rewound, so the batching node keeps a copy of
     it at each prompt's end: the chat's next turn still hits, and the answers stay exact."""
-    from families import make_family_model
     from mlx_lm import load, stream_generate
     from mlx_lm.sample_utils import make_sampler
 
+    from families import make_family_model
     from nodes import NodeProcess, home_with
 
     model = make_family_model(tmp_path / "tiny-next", "qwen3_next", seed=2)

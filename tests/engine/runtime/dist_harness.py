@@ -12,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -45,7 +46,7 @@ class Worker:
             [sys.executable, "-m", "engine.runtime.worker", *args], cwd=ROOT,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._logf,
             env=env or worker_env(), start_new_session=True)
-        self.events: "queue.Queue[dict | None]" = queue.Queue()
+        self.events: queue.Queue[dict | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -66,7 +67,7 @@ class Worker:
             try:
                 ev = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"no matching event in {timeout} s:\n{self.tail()}")
+                raise TimeoutError(f"no matching event in {timeout} s:\n{self.tail()}") from None
             if ev is None:
                 raise RuntimeError(f"worker exited ({self.proc.poll()}):\n{self.tail()}")
             if pred(ev):

@@ -40,11 +40,11 @@ def test_unpacked_model_gives_the_same_tokens(tmp_path, monkeypatch):
     """Unpacking is exact: a 4-bit tiny model greedy-decodes the same tokens either way."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.generate import generate_step
-    from tiny import make_tiny_model
     from mlx_lm import load
+    from mlx_lm.generate import generate_step
 
     from engine.runtime.load import cpu_fast_path
+    from tiny import make_tiny_model
 
     monkeypatch.setenv("SHOAL_CPU_DEQUANTIZE", "1")
     model, _ = load(str(make_tiny_model(tmp_path / "m")))

@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dist_harness import Group, Worker, collect, generate, texts  # noqa: E402
+
 from tiny import LLAMA, QWEN3, make_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback, Linux CI")

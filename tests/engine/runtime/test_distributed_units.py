@@ -12,13 +12,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tiny import LLAMA, make_tiny_model  # noqa: E402
-
-from engine.errors import ModelNotFound, ShardMismatch, UnsupportedModel
-from engine.runtime.distributed import (BadDistConfig, DistConfig, Watchdog,
-                                        check_layer_ranges, mlx_environment)
+from engine.errors import ModelNotFound, ShardMismatch
+from engine.runtime.distributed import (
+    BadDistConfig,
+    DistConfig,
+    Watchdog,
+    check_layer_ranges,
+    mlx_environment,
+)
 from engine.runtime.generate import Sampling
 from engine.runtime.lockstep import Header, prefill_chunks
+from tiny import LLAMA, make_tiny_model  # noqa: E402
 
 CONFIG = {"rank": 1, "world": 3, "backend": "ring", "strategy": "pipeline",
           "hosts": ["127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002"],

@@ -54,9 +54,8 @@ def test_slices_read_from_disk_equal_mlx_slicing(tmp_path, family, rank):
 
 
 def test_a_wide_model_rank_reads_about_half(tmp_path):
-    from tiny import LLAMA, make_tiny_model
-
     from engine.runtime.shard_load import load_tensor_shard
+    from tiny import LLAMA, make_tiny_model
 
     folder = make_tiny_model(tmp_path / "wide", LLAMA, hidden_size=512, intermediate_size=2048,
                              num_attention_heads=8, num_key_value_heads=4)
