@@ -4,6 +4,7 @@ generation, whose typed events each adapter renders in its own shape."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -21,6 +22,7 @@ from engine.errors import BadRequest, PeerUnreachable, ShoalError, WorkerFailed
 M = TypeVar("M", bound=BaseModel)
 MAX_BODY_MB = 4.0  # the default of `shoal node --max-body-mb`
 MAX_DEPTH = 64  # deeper JSON is no request any client sends; refuse it before recursing
+RELAY_CHECK_S = 1.0  # how often a relayed answer checks that its owner is still reachable
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
 
 
@@ -118,12 +120,25 @@ async def relay(request: web.Request, model: str | None, body: Any) -> web.Strea
     w = node.worker
     if not model or cluster is None or (w is not None and w.alive and w.model_id == model):
         return None
-    owner = cluster.owner_of(model)
+    owner, peers = cluster.owner_of(model), cluster.peers
     if owner is None:
-        return None
-    peers = cluster.peers
+        held = next((f for f in cluster.followers.values() if f.worker is not None
+                     and f.worker.model_id == model and f.reason != "stopped"), None)
+        if held is None:
+            return None
+        # This node holds (or held, until a failure) a rank of the model's instance: its
+        # owner answers, or says why not; never a second, local copy of the model.
+        owner, peer = held.owner_url, peers.find(held.owner_url)
+        if peer is None or not peer.reachable:
+            raise PeerUnreachable(
+                f"{model} runs here as a rank of a distributed instance whose owner "
+                f"({owner}) can't be reached. Launch it again once the nodes can reach "
+                "each other.")
     raw = json.dumps(body).encode()
-    try:
+    resp: web.StreamResponse | None = None
+
+    async def forward() -> None:
+        nonlocal resp
         async with peers.session.post(
                 owner + request.path, data=raw,
                 headers={"Content-Type": "application/json",
@@ -135,10 +150,45 @@ async def relay(request: web.Request, model: str | None, body: Any) -> web.Strea
             async for chunk in up.content.iter_any():
                 await resp.write(chunk)
             await resp.write_eof()
-            return resp
+
+    task = asyncio.ensure_future(forward())
+    try:
+        # A stream has no read timeout (a long prefill is silent), so the owner's liveness
+        # is the peers' poll: a pulled cable ends the answer instead of stalling it.
+        while not task.done():
+            await asyncio.wait({task}, timeout=RELAY_CHECK_S)
+            peer = peers.find(owner)
+            if not task.done() and peer is not None and not peer.reachable:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                    await task
+                gone = PeerUnreachable(f"The node serving this model ({owner}) stopped "
+                                       "answering; this answer is lost. Try again once it "
+                                       "is back, or launch the model on the nodes that are.")
+                if resp is None:
+                    raise gone
+                await _end_with(resp, gone)
+                return resp
+        task.result()
+        return resp
     except aiohttp.ClientError as e:
         raise PeerUnreachable(f"The node serving this model ({owner}) did not answer: "
                               f"{e}") from None
+    finally:
+        task.cancel()
+
+
+async def _end_with(resp: web.StreamResponse, err: ShoalError) -> None:
+    """End an answer that has begun with an error its client recognises: an SSE `error`
+    event (the OpenAI and Anthropic SDKs both raise on it) or an NDJSON line (Ollama)."""
+    body = err.to_openai()
+    if resp.content_type == "text/event-stream":
+        line = f"event: error\ndata: {json.dumps({'type': 'error', **body})}\n\n"
+    else:
+        line = json.dumps({"error": err.message}) + "\n"
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await resp.write(line.encode())
+        await resp.write_eof()
 
 
 @dataclass
