@@ -26,25 +26,34 @@ class NodeProcess:
     """`shoal node` in its own process group, so stopping it reaps its workers too."""
 
     def __init__(self, home: Path, model: str = "none", *extra: str, port: int | None = None,
-                 cluster_port: int | None = None):
+                 cluster_port: int | None = None, netns: str | None = None,
+                 ip: str = "127.0.0.1", api_key: str | None = None):
         self.home, self.extra = home, extra  # enough to start it again the same way
+        self.netns, self.ip, self.api_key = netns, ip, api_key
         self.port = port or free_port()
         self.cluster_port = cluster_port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.cluster_url = f"http://127.0.0.1:{self.cluster_port}"  # where peers reach it
+        self.url = f"http://{ip}:{self.port}"
+        self.cluster_url = f"http://{ip}:{self.cluster_port}"  # where peers reach it
         self.log = home / "node-test.log"
         home.mkdir(parents=True, exist_ok=True)
         self._logf = self.log.open("ab")
         # Never the user's keyring: the secret lives in the test's home.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHOAL_KEYRING": "0"}
+        # In a network namespace `ip netns exec` execs the node: the pid is still the node's.
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        key = ["--api-key", api_key] if api_key else []  # off loopback the API needs one
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli", "node", "--host", "127.0.0.1",
+            [*prefix, sys.executable, "-m", "engine.cli", "node", "--host", ip,
              "--port", str(self.port), "--home", str(home), "--model", model,
-             "--cluster-host", "127.0.0.1", "--cluster-port", str(self.cluster_port), *extra],
+             "--cluster-host", ip, "--cluster-port", str(self.cluster_port), *key, *extra],
             cwd=ROOT, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
             start_new_session=True)
         from engine.client import NodeClient
-        self.client = NodeClient(self.url, timeout=30)
+        self.client = NodeClient(self.url, api_key=api_key, timeout=30)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def wait_healthy(self, timeout: float = 60) -> "NodeProcess":
         from engine.errors import PeerUnreachable
@@ -153,3 +162,56 @@ def worker_pids(n: NodeProcess) -> list[int]:
         if int(stat[2]) == n.proc.pid and b"engine.runtime.worker" in cmd and stat[0] != "Z":
             pids.append(int(d.name))
     return pids
+
+
+class NetnsLan:
+    """A bridge with n network namespaces on it (root and iproute2 only): a small LAN with
+    no way out, whose cables can be pulled (`cut`) and plugged back (`mend`). Raises
+    OSError or CalledProcessError where namespaces can't be made."""
+
+    def __init__(self, n: int):
+        import random
+        self.tag = f"sh{os.getpid() % 10000}{random.randint(0, 99)}"
+        self.net = f"10.234.{random.randint(1, 250)}"
+        self.bridge, self.names = f"{self.tag}br", [f"{self.tag}n{i}" for i in range(n)]
+        self.made: list[str] = []
+        try:
+            self._sh("ip", "link", "add", self.bridge, "type", "bridge")
+            self._sh("ip", "addr", "add", f"{self.net}.254/24", "dev", self.bridge)
+            self._sh("ip", "link", "set", self.bridge, "up")
+            for i, ns in enumerate(self.names):
+                self._sh("ip", "netns", "add", ns)
+                self.made.append(ns)
+                self._sh("ip", "link", "add", self.veth(i), "type", "veth", "peer", "name",
+                         "eth0", "netns", ns)
+                self._sh("ip", "link", "set", self.veth(i), "master", self.bridge)
+                self._sh("ip", "link", "set", self.veth(i), "up")
+                self._sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.ip(i)}/24",
+                         "dev", "eth0")
+                self._sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+                self._sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _sh(*cmd: str) -> None:
+        subprocess.run(cmd, check=True, capture_output=True, timeout=20)
+
+    def ip(self, i: int) -> str:
+        return f"{self.net}.{i + 1}"
+
+    def veth(self, i: int) -> str:
+        return f"{self.tag}v{i}"  # the host's end of namespace i's cable
+
+    def cut(self, i: int) -> None:
+        """Namespace i loses its cable: packets to and from it vanish, nothing is reset."""
+        self._sh("ip", "link", "set", self.veth(i), "down")
+
+    def mend(self, i: int) -> None:
+        self._sh("ip", "link", "set", self.veth(i), "up")
+
+    def close(self) -> None:
+        for ns in self.made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=20)
