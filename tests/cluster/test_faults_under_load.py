@@ -2,8 +2,8 @@
 while a rank is killed, a node is frozen (SIGSTOP) and a node restarts. Every request
 either answers or fails with a clear error within 10 s of the fault, no client is left
 hanging, no worker outlives its node, the instance relaunches after each fault, and the
-owner's memory stays flat. Prints the figures. (Cutting a link is not here: loopback has
-no link to cut without a firewall, which this test doesn't assume.)"""
+owner's memory stays flat. Prints the figures. (A cut link is test_link_cut_under_load.py:
+loopback has no link to cut, so that one runs the nodes in network namespaces.)"""
 
 from __future__ import annotations
 
