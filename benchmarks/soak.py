@@ -36,7 +36,8 @@ def rss_mib(pid: int) -> float:
 
 def group_pids(n: NodeProcess) -> dict[str, int]:
     """The node process and its worker, by role."""
-    return {"node": n.proc.pid, **{"worker": w for w in worker_pids(n)[:1]}}
+    workers = worker_pids(n)
+    return {"node": n.proc.pid, **({"worker": workers[0]} if workers else {})}
 
 
 def main() -> None:

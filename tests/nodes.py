@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +54,7 @@ class NodeProcess:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def wait_healthy(self, timeout: float = 60) -> "NodeProcess":
+    def wait_healthy(self, timeout: float = 60) -> NodeProcess:
         from engine.errors import PeerUnreachable
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -139,8 +138,8 @@ def start_cluster(root: Path, model_dir: Path, n: int,
         for nd in nodes:
             nd.wait_healthy()
         for nd in nodes:
-            wait_until(lambda: all(p["reachable"] for p in
-                                   nd.client._call("GET", "/shoal/peers")), 20)
+            wait_until(lambda nd=nd: all(p["reachable"] for p in
+                                         nd.client._call("GET", "/shoal/peers")), 20)
     except BaseException:
         for nd in nodes:
             nd.stop()

@@ -9,8 +9,9 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web

@@ -72,7 +72,7 @@ class Load:
                 if self.outcomes[-1].status != 200:
                     time.sleep(0.2)
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         for t in self.threads:
             t.start()
         return self

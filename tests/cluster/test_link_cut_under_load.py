@@ -16,9 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -132,7 +132,7 @@ class Load:
                 if not ok:
                     time.sleep(0.3)
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         for t in self.threads:
             t.start()
         return self
@@ -183,7 +183,7 @@ def test_link_cut_under_load(lan, tmp_path, tiny_model_dir):
         for n in nodes:
             n.wait_healthy()
         for n in nodes:
-            wait_until(lambda: all_reachable(n), 20)
+            wait_until(lambda n=n: all_reachable(n), 20)
         ids = [n.client.status()["cluster"]["id"] for n in nodes]
         launch(a, ids)
         local = local_client(lan, c, 2)
