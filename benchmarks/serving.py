@@ -91,16 +91,23 @@ def concurrency(url: str, tokens: int, n: int = 4) -> float:
     return together / alone
 
 
-def prefill_stall(url: str) -> float:
+def prefill_stall(url: str, runs: int = 3) -> float:
+    """The median over `runs` tries (one try depends on where in a chunk the short request
+    lands, and on this shared machine's load at that second)."""
+    import statistics
+
     short = [{"role": "user", "content": "Say hi."}]
-    idle = min(stream(url, short, 2)["ttft"] for _ in range(2))
     long = [{"role": "user", "content": FILLER * 110 + " Summarise."}]
-    t = threading.Thread(target=stream, args=(url, long, 2))
-    t.start()
-    time.sleep(2.0)  # the long prompt is prefilling
-    busy = stream(url, short, 2)["ttft"]
-    t.join()
-    return busy / idle
+    ratios = []
+    for _ in range(runs):
+        idle = min(stream(url, short, 2)["ttft"] for _ in range(2))
+        t = threading.Thread(target=stream, args=(url, long, 2))
+        t.start()
+        time.sleep(2.0)  # the long prompt is prefilling
+        busy = stream(url, short, 2)["ttft"]
+        t.join()
+        ratios.append(busy / idle)
+    return statistics.median(ratios)
 
 
 def main() -> None:

@@ -467,7 +467,9 @@ class GroupBatcher(Streams):
         ready = [(s.left, i) for i, s in enumerate(st.pending) if s.left > 0]
         if ready:
             left, plan.chunk = min(ready)
-            plan.chunk_len = min(left, self.chunker.size())
+            size = self.chunker.size()
+            # a prompt two chunks from its end runs whole: a short request starts at once
+            plan.chunk_len = left if left <= 2 * size else size
         return plan
 
     def _sample(self, logits: Any) -> None:
