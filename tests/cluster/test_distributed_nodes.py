@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from nodes import NodeProcess, start_cluster, worker_pids
 from engine.errors import ShoalError
+from nodes import NodeProcess, start_cluster, worker_pids
 from tests_support import wait_until
 
 HELLO = [{"role": "user", "content": "Hello from the cluster"}]

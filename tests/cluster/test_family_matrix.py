@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.placement.families import strategy_refusal
 from families import FAMILIES, make_family_model
 from nodes import NodeProcess, start_cluster
-from engine.placement.families import strategy_refusal
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback, Linux CI")
 

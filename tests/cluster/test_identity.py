@@ -30,7 +30,8 @@ def test_a_copied_state_folder_is_detected(tmp_path):
     b = NodeProcess(tmp_path / "b", "none", "--peer", f"127.0.0.1:{pa}", cluster_port=pb)
     try:
         a.wait_healthy(), b.wait_healthy()
-        ids = lambda: (a.client.status()["cluster"]["id"], b.client.status()["cluster"]["id"])
+        def ids() -> tuple[str, str]:
+            return a.client.status()["cluster"]["id"], b.client.status()["cluster"]["id"]
         wait_until(lambda: len(set(ids())) == 2, 15)
         assert a_id in ids()  # one kept it, the other changed
         wait_until(lambda: all(p["trusted"] for p in a.client._call("GET", "/shoal/peers")), 10)

@@ -104,10 +104,10 @@ def test_nodes_find_each_other_notice_a_leaver_and_see_it_rejoin(lan, tmp_path):
     nodes = [NsNode(ns, f"{net}.{i + 1}", tmp_path / f"home{i}") for i, ns in enumerate(names)]
     try:
         for n in nodes:
-            wait_until(lambda: _answers(n), 30)
+            wait_until(lambda n=n: _answers(n), 30)
         t0 = time.monotonic()
         for n in nodes:  # no --peer anywhere: only mDNS can have told them
-            wait_until(lambda: sum(p["trusted"] for p in n.peers().values()) == 2, 15)
+            wait_until(lambda n=n: sum(p["trusted"] for p in n.peers().values()) == 2, 15)
         found_s = time.monotonic() - t0
         assert found_s < 15
         leaver = nodes[2]

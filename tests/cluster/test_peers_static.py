@@ -38,7 +38,7 @@ def test_peers_are_remembered_and_bad_peers_are_shown_unreachable(tmp_path):
         def peers() -> dict:
             return {p["url"]: p for p in node.client._call("GET", "/shoal/peers")}
         wait_until(lambda: all(p["error"] for p in peers().values()), 15)
-        for url, p in peers().items():
+        for p in peers().values():
             assert not p["reachable"] and not p["trusted"] and p["error"]
         assert "not as a Shoal node" in peers()[f"http://{g}"]["error"] or \
             "did not answer" in peers()[f"http://{g}"]["error"]
