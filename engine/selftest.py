@@ -48,7 +48,8 @@ def _load(state: dict[str, Any]) -> str:
 
 
 def _generate(state: dict[str, Any]) -> str:
-    from engine.runtime.generate import Sampling, build_prompt, generate
+    from engine.runtime.generate import build_prompt, generate
+    from engine.runtime.sampling import Sampling
     prompt = build_prompt(state["tokenizer"], [{"role": "user", "content": "Say hello."}])
     records = list(generate(state["model"], state["tokenizer"], prompt,
                             Sampling(max_tokens=1)))

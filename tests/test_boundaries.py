@@ -139,3 +139,63 @@ def test_the_walk_follows_imports_through_modules():
     # engine.node.server loads aiohttp through its own imports and engine.api.common's
     assert "aiohttp" in _loads("engine.node.server")
     assert "engine.api.common" in _loads("engine.node.server")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Our modules and the modules of ours each imports anywhere (functions included,
+    `if TYPE_CHECKING:` not: it never runs)."""
+    graph: dict[str, set[str]] = {}
+    for package in OURS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = _module_name(path)
+            skip = {id(n) for node in ast.walk(_tree(path))
+                    if isinstance(node, ast.If) and _is_type_checking(node)
+                    for n in ast.walk(node)}
+            graph[module] = {name for node in ast.walk(_tree(path)) if id(node) not in skip
+                             and isinstance(node, (ast.Import, ast.ImportFrom))
+                             for name in _names(node, module)
+                             if name.split(".")[0] in OURS and _file_of(name) and name != module
+                             and not module.startswith(name + ".")}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of modules that reach each other (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_its_way_back_to_itself():
+    """No circles, not even through an import inside a function: each module can be read
+    knowing only what it imports."""
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.runtime.chunking import LARGEST, Chunker
-from engine.runtime.generate import Record, Sampling
+from engine.runtime.generate import Record
+from engine.runtime.sampling import Sampling
 from engine.runtime.stops import StopMatcher, text_step
 
 log = logging.getLogger(__name__)
@@ -175,10 +176,10 @@ class Batcher(Streams):
 
     def _keep(self, tokens: Any, cache: Any) -> None:
         """A finished request's KV goes into the prefix cache (keyed as mlx-lm keys it)."""
-        from engine.runtime.generate import _holds
+        from engine.runtime.generate import cache_holds
 
         tokens = list(tokens or [])
-        if cache is not None and tokens and _holds(cache, len(tokens)):
+        if cache is not None and tokens and cache_holds(cache, len(tokens)):
             self.prefix.finish(tokens, cache)
 
 

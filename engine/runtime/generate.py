@@ -10,26 +10,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.runtime.sampling import Sampling
 from engine.runtime.stops import StopMatcher
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """What the caller asked for; validated by the API layer before it gets here."""
-
-    max_tokens: int = 512
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    logprobs: int | None = None  # None: none; k: the chosen token's and the top k
-    constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
-    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,11 +88,11 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
         if last is None:  # stream_generate always yields; keep the one-finish promise
             yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0)
     finally:
-        if prefix is not None and _holds(cache, len(fed)):
+        if prefix is not None and cache_holds(cache, len(fed)):
             prefix.finish(fed, cache)
 
 
-def _holds(cache: list[Any], n: int) -> bool:
+def cache_holds(cache: list[Any], n: int) -> bool:
     """Does every position-keeping layer cache hold exactly n tokens?"""
     return all(getattr(c, "offset", n) == n for c in cache)
 

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from engine.runtime.distributed import DistConfig, Watchdog
 from engine.runtime.doorbell import END, Doorbell
-from engine.runtime.generate import Record, Sampling
+from engine.runtime.generate import Record
+from engine.runtime.sampling import Sampling
 from engine.runtime.stops import StopMatcher, text_step
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ import logging
 from typing import Any
 
 from engine.runtime.doorbell import END, REQUEST, STEP, TOKEN
-from engine.runtime.generate import Sampling
 from engine.runtime.lockstep import HEADER_LEN, Header, Link, prefill_chunks
 from engine.runtime.prefix import PrefixCache
+from engine.runtime.sampling import Sampling
 from engine.runtime.stage import Stage
 
 log = logging.getLogger(__name__)

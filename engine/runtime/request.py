@@ -13,8 +13,8 @@ from typing import Any
 
 from engine.errors import BadRequest, ContextTooLong
 from engine.protocol import Accepted, Delta, Done, GenerateRequest, Message, ToolCall
-from engine.runtime.generate import Sampling
 from engine.runtime.harmony import HarmonySplitter, is_harmony
+from engine.runtime.sampling import Sampling
 from engine.runtime.toolcalls import (
     GENERIC_END,
     GENERIC_PROMPT,

@@ -7,9 +7,27 @@ One place for both paths: the one-process worker and rank 0 of a group sample wi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from engine.runtime.generate import Sampling
+
+@dataclass(frozen=True)
+class Sampling:
+    """What the caller asked for; validated by the API layer before it gets here."""
+
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: none; k: the chosen token's and the top k
+    constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[Any]]:

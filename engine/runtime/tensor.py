@@ -12,9 +12,9 @@ import logging
 from typing import Any
 
 from engine.runtime.doorbell import END, REQUEST, TOKEN
-from engine.runtime.generate import Sampling
 from engine.runtime.lockstep import DTYPES, HEADER_LEN, Header, Link, prefill_chunks
 from engine.runtime.prefix import PrefixCache
+from engine.runtime.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
