@@ -81,10 +81,11 @@ class Metrics(QObject):
         self._trim(now)
         self.changed.emit()
 
-    def add_status(self, status: dict[str, Any]) -> None:
-        """The node's status: how many requests are in flight and waiting."""
+    def add_status(self, status: Any) -> None:
+        """The node's status (a StatusInfo, or a dict the app made while the node can't
+        answer): how many requests are in flight and waiting."""
         streams = status.get("streams")
-        if not isinstance(streams, dict):
+        if streams is None:
             return
         now = self.clock()
         self.in_flight.add(now, float(streams.get("in_flight") or 0))

@@ -13,7 +13,14 @@ from typing import Any
 import httpx
 
 from engine.errors import PeerUnreachable, ShoalError
-from engine.protocol import ClusterInfo, DownloadInfo, InstanceInfo
+from engine.protocol import (
+    ClusterInfo,
+    DownloadInfo,
+    InstanceInfo,
+    PlanInfo,
+    StatusInfo,
+    TopologyInfo,
+)
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,9 @@ class NodeClient:
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/health")
 
-    def status(self) -> dict[str, Any]:
-        """{"state": idle|loading|generating|error, "model", "error", "models_dir", ...}"""
-        return self._call("GET", "/shoal/status")
+    def status(self) -> StatusInfo:
+        """state (idle|loading|generating|error), model, error, runner, streams, cluster..."""
+        return StatusInfo.from_json(self._call("GET", "/shoal/status"))
 
     def models(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/models")["data"]
@@ -125,10 +132,10 @@ class NodeClient:
         return self._call("POST", "/shoal/settings/hf-token", json={"token": token})["message"]
 
     # --- cluster --------------------------------------------------------------------------
-    def topology(self) -> dict[str, Any]:
-        """{"nodes": [...], "links": [...]}: every node this one knows (itself first, with
-        "self": true) with its machine, platform and power facts, and every measured link."""
-        return self._call("GET", "/shoal/topology")
+    def topology(self) -> TopologyInfo:
+        """Every node this one knows (itself first, with "self": true) with its machine,
+        platform and power facts, every measured link, and the Thunderbolt cables."""
+        return TopologyInfo.from_json(self._call("GET", "/shoal/topology"))
 
     def peers(self) -> list[dict[str, Any]]:
         return self._call("GET", "/shoal/peers")
@@ -139,7 +146,7 @@ class NodeClient:
 
     def plan(self, model: str, context: int | None = None, strategy: str | None = None,
              nodes: list[dict[str, Any]] | None = None, backend: str | None = None,
-             force: bool = False) -> dict[str, Any]:
+             force: bool = False) -> PlanInfo:
         """Ranked placements for `model` on the live cluster; with `strategy` and `nodes`
         ([{"node": id, "layers"?: [start, end]}, ...], rank 0 first) the prediction for
         that one placement, or a ShoalError saying why it can't run."""
@@ -152,7 +159,7 @@ class NodeClient:
                 body["backend"] = backend
         if force:
             body["force"] = True
-        return self._call("POST", "/shoal/plan", json=body)
+        return PlanInfo.from_json(self._call("POST", "/shoal/plan", json=body))
 
     def instances(self) -> ClusterInfo:
         """This node's distributed instances and the ranks it runs for other owners."""

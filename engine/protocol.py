@@ -232,6 +232,14 @@ class InstanceState(StrEnum):
 ENDED = (InstanceState.FAILED, InstanceState.STOPPED)
 
 
+class NodeState(StrEnum):
+    """What a node's worker is doing (GET /shoal/status "state")."""
+    IDLE = "idle"
+    LOADING = "loading"
+    GENERATING = "generating"
+    ERROR = "error"
+
+
 class DownloadState(StrEnum):
     RUNNING = "running"
     DONE = "done"
@@ -243,6 +251,7 @@ class DownloadState(StrEnum):
 class Record:
     """A JSON object of the node's API as a frozen value."""
     nested: ClassVar[dict[str, type[Record]]] = {}  # list fields holding records
+    singles: ClassVar[dict[str, type[Record]]] = {}  # fields holding one record
     optional: ClassVar[tuple[str, ...]] = ()  # fields left out of the JSON when None
     states: ClassVar[dict[str, type[StrEnum]]] = {}  # fields holding a state
 
@@ -252,7 +261,8 @@ class Record:
             v = getattr(self, f.name)
             if v is None and f.name in self.optional:
                 continue
-            out[f.name] = [x.to_json() for x in v] if f.name in self.nested else v
+            out[f.name] = [x.to_json() for x in v] if f.name in self.nested else \
+                v.to_json() if f.name in self.singles and v is not None else v
         return out
 
     @classmethod
@@ -263,7 +273,9 @@ class Record:
             if f.name in data:
                 v = data[f.name]
                 sub, state = cls.nested.get(f.name), cls.states.get(f.name)
+                one = cls.singles.get(f.name)
                 known[f.name] = [sub.from_json(x) for x in v or []] if sub else \
+                    one.from_json(v) if one and isinstance(v, dict) else \
                     state(v) if state and v is not None else v
         return cls(**known)
 
@@ -335,3 +347,63 @@ class DownloadInfo(Record):
     error: dict[str, Any] | None = None  # the OpenAI-shaped error of a failed pull
     path: str | None = None
     started: float = 0.0
+
+
+@dataclass(frozen=True)
+class StreamsInfo(Record):
+    """Requests the node's model serves at once: in flight, waiting for a turn, at most."""
+    in_flight: int = 0
+    waiting: int = 0
+    max: int = 1
+
+
+@dataclass(frozen=True)
+class StatusInfo(Record):
+    """GET /shoal/status (and each /shoal/events snapshot)."""
+    singles = {"streams": StreamsInfo}
+    states = {"state": NodeState}
+    optional = ("cluster",)
+    state: NodeState = NodeState.IDLE
+    model: str | None = None
+    error: str | None = None
+    runner: dict[str, Any] = field(default_factory=dict)  # {"type": Idle|Loading|..., ...}
+    version: str | None = None
+    worker_pid: int | None = None
+    models_dir: str | None = None
+    default_model: str | None = None
+    streams: StreamsInfo = field(default_factory=StreamsInfo)
+    cluster: dict[str, Any] | None = None  # this node's id, name and URL in its cluster
+
+
+@dataclass(frozen=True)
+class TopologyInfo(Record):
+    """GET /shoal/topology: every node this one knows (itself first, with "self": true)
+    with its machine, platform and power facts, every measured link, and the Thunderbolt
+    cables between trusted nodes (each saying whether it carries RDMA and why not)."""
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    links: list[dict[str, Any]] = field(default_factory=list)
+    thunderbolt: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RejectedInfo(Record):
+    """A placement the planner can't run, and why."""
+    strategy: str
+    backend: str
+    nodes: list[str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanInfo(Record):
+    """POST /shoal/plan (and `shoal plan --json`): the ranked placements (the planner's
+    own dicts: ranks, memory, predicted tokens/s), the rejected ones, why a strategy can't
+    run the model at all (None: it can), and which placement a launch would take."""
+    nested = {"rejected": RejectedInfo}
+    model: str
+    context: int
+    notes: list[str] = field(default_factory=list)
+    strategies: dict[str, str | None] = field(default_factory=dict)
+    placements: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[RejectedInfo] = field(default_factory=list)
+    best: int | None = None  # the index of the placement a launch without nodes takes

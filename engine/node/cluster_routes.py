@@ -9,6 +9,7 @@ from engine.cluster.probes import cluster_cables
 from engine.errors import BadRequest
 from engine.node.cluster import Cluster
 from engine.node.incoming import json_object
+from engine.protocol import TopologyInfo
 
 routes = web.RouteTableDef()
 
@@ -58,7 +59,7 @@ async def topology(request: web.Request) -> web.Response:
     # Thunderbolt cables between trusted nodes, each saying whether it carries RDMA and why not.
     cables = cluster_cables({str(n["id"]): n.get("platform") for n in nodes
                              if n.get("trusted") and n.get("id")})
-    return web.json_response({"nodes": nodes, "links": links, "thunderbolt": cables})
+    return web.json_response(TopologyInfo(nodes, links, cables).to_json())
 
 
 @routes.get("/shoal/peers")

@@ -9,7 +9,7 @@ from aiohttp import web
 from engine.errors import BadRequest, InsufficientMemory
 from engine.node.cluster import Cluster
 from engine.node.incoming import json_object
-from engine.node.planning import best_placement, plan_from_cluster, report_json
+from engine.node.planning import best_placement, plan_from_cluster, plan_info
 from engine.placement.validate import NotEnoughMemory, PlacementError
 
 routes = web.RouteTableDef()
@@ -51,7 +51,7 @@ async def plan(request: web.Request) -> web.Response:
     except PlacementError as e:
         raise BadRequest(f"This placement can't run: {e}", param="nodes") from None
     best = best_placement(report.placements, c.id) if layout is None else None
-    return web.json_response({**report_json(report), "best": best})
+    return web.json_response(plan_info(report, best).to_json())
 
 
 def _cluster(request: web.Request) -> Cluster:

@@ -16,6 +16,7 @@ from engine.placement.planner import Placement, Rejection, evaluate, explain, pl
 from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT
 from engine.placement.validate import PlacementError
+from engine.protocol import PlanInfo, RejectedInfo
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet
@@ -152,14 +153,19 @@ def best_placement(placements: Sequence[Placement], self_id: str | None) -> int 
     return (mine or ring)[0]
 
 
-def report_json(r: PlanReport) -> dict[str, Any]:
+def plan_info(r: PlanReport, best: int | None = None) -> PlanInfo:
     """The /shoal/plan body (and `shoal plan --json`)."""
     mtype = r.model.model_type
-    return {"model": r.model.name, "context": r.context, "notes": r.notes,
-            # the family rule: why a strategy can't run this model at all (None: it can)
-            "strategies": {s: strategy_refusal(mtype, s) if mtype else None
-                           for s in ("pipeline", "tensor")},
-            "placements": [p.as_dict() for p in r.placements],
-            "rejected": [{"strategy": x.strategy, "backend": x.backend,
-                          "nodes": list(x.nodes), "reason": x.reason}
-                         for x in r.rejections]}
+    return PlanInfo(
+        model=r.model.name, context=r.context, notes=r.notes,
+        # the family rule: why a strategy can't run this model at all (None: it can)
+        strategies={s: strategy_refusal(mtype, s) if mtype else None
+                    for s in ("pipeline", "tensor")},
+        placements=[p.as_dict() for p in r.placements],
+        rejected=[RejectedInfo(x.strategy, x.backend, list(x.nodes), x.reason)
+                  for x in r.rejections],
+        best=best)
+
+
+def report_json(r: PlanReport) -> dict[str, Any]:
+    return plan_info(r).to_json()

@@ -108,9 +108,9 @@ async def health(request: web.Request) -> web.Response:
 @routes.get("/shoal/status")
 async def status(request: web.Request) -> web.Response:
     cluster = request.app.get("cluster")
-    extra = {"cluster": {**cluster.describe(), "url": cluster.peers.self_url}} \
-        if cluster is not None else {}
-    return web.json_response({**_node(request).status(), **extra})
+    mine = {**cluster.describe(), "url": cluster.peers.self_url} if cluster is not None \
+        else None
+    return web.json_response(_node(request).status(cluster=mine))
 
 
 @routes.get("/shoal/events")

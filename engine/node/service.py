@@ -10,9 +10,10 @@ from typing import Any
 
 from engine import __version__, protocol
 from engine.errors import ModelNotFound, ShoalError, WorkerFailed
-from engine.node.state import Failed, Idle, Loading, Ready, RunnerState, status_json
+from engine.node.state import Failed, Idle, Loading, Ready, RunnerState, status_record
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
+from engine.protocol import StreamsInfo
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +35,20 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
 
     # --- status ----------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        return status_json(self.runner, __version__, {
-            "worker_pid": self.worker.pid if self.worker and self.worker.alive else None,
-            "models_dir": str(self.models_dir), "default_model": self.default_model,
-            "streams": self._streams()})
+    def status(self, cluster: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The /shoal/status body (engine.protocol.StatusInfo as JSON)."""
+        return status_record(
+            self.runner, __version__,
+            worker_pid=self.worker.pid if self.worker and self.worker.alive else None,
+            models_dir=str(self.models_dir), default_model=self.default_model,
+            streams=self._streams(), cluster=cluster).to_json()
 
-    def _streams(self) -> dict[str, int]:
+    def _streams(self) -> StreamsInfo:
         """Requests in flight and waiting, for the charts."""
         w = self.worker
         if w is None or not w.alive:
-            return {"in_flight": 0, "waiting": 0, "max": self.max_streams}
-        return {"in_flight": w.in_flight, "waiting": w.waiting, "max": self.max_streams}
+            return StreamsInfo(0, 0, self.max_streams)
+        return StreamsInfo(w.in_flight, w.waiting, self.max_streams)
 
     def subscribe(self) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue(maxsize=100)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engine.protocol import NodeState, StatusInfo
+
 
 @dataclass(frozen=True)
 class Idle:
@@ -35,24 +37,20 @@ class Failed:
 RunnerState = Idle | Loading | Ready | Failed
 
 
-def state_name(s: RunnerState) -> str:
+def state_name(s: RunnerState) -> NodeState:
     if isinstance(s, Loading):
-        return "loading"
+        return NodeState.LOADING
     if isinstance(s, Ready):
-        return "generating" if s.generating else "idle"
+        return NodeState.GENERATING if s.generating else NodeState.IDLE
     if isinstance(s, Failed):
-        return "error"
-    return "idle"
+        return NodeState.ERROR
+    return NodeState.IDLE
 
 
-def status_json(s: RunnerState, version: str, extra: dict[str, Any] | None = None
-                ) -> dict[str, Any]:
+def status_record(s: RunnerState, version: str, **extra: Any) -> StatusInfo:
     """The /shoal/status body: a flat "state" for simple clients plus the typed runner."""
-    return {
-        "state": state_name(s),
-        "model": getattr(s, "model", None),
-        "error": s.reason if isinstance(s, Failed) else None,
-        "runner": {"type": type(s).__name__, **asdict(s)},
-        "version": version,
-        **(extra or {}),
-    }
+    return StatusInfo(state=state_name(s), model=getattr(s, "model", None),
+                      error=s.reason if isinstance(s, Failed) else None,
+                      runner={"type": type(s).__name__, **asdict(s)}, version=version,
+                      **extra)
+

@@ -5,6 +5,7 @@ the reason, and a time axis that follows the clock."""
 from app.charts import ChartsView
 from app.metrics import Metrics
 from app.snapshots import node_cards
+from engine.protocol import StatusInfo
 
 GB = 10**9
 
@@ -74,8 +75,9 @@ def test_charts_show_streams_in_flight_and_cache_reuse(qtbot):
     metrics = Metrics(window_s=120, clock=clock)
     view = ChartsView(metrics)
     qtbot.addWidget(view)
-    metrics.add_status({"state": "generating", "streams": {"in_flight": 3, "waiting": 1,
-                                                           "max": 8}})
+    # what engine.client returns, and what the app makes itself while the node is away
+    metrics.add_status(StatusInfo.from_json({"state": "generating", "streams": {
+        "in_flight": 3, "waiting": 1, "max": 8}}))
     clock.now += 1
     metrics.add_status({"state": "idle", "streams": {"in_flight": 0, "waiting": 0, "max": 8}})
     metrics.add_status({"state": "unreachable"})  # no figures: nothing is added

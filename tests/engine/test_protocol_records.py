@@ -55,3 +55,35 @@ def test_a_download():
     body = wire(d)
     assert body["state"] == "cancelled" and body["layers"] is None
     assert DownloadInfo.from_json(body).state is DownloadState.CANCELLED
+
+
+def test_a_status_snapshot_and_its_streams():
+    from engine.protocol import NodeState, StatusInfo, StreamsInfo
+
+    wire = {"state": "generating", "model": "m", "error": None,
+            "runner": {"type": "Ready", "model": "m", "context_length": 8192, "pid": 7,
+                       "generating": True}, "version": "0.1.0", "worker_pid": 7,
+            "models_dir": "/x", "default_model": "m",
+            "streams": {"in_flight": 2, "waiting": 1, "max": 8}}
+    st = StatusInfo.from_json(wire)
+    assert st.state is NodeState.GENERATING and st.state == "generating"
+    assert st.streams == StreamsInfo(2, 1, 8) and st["streams"]["in_flight"] == 2
+    assert st.get("cluster") is None and st.to_json() == wire  # no cluster: left out
+    with_cluster = {**wire, "cluster": {"id": "n1", "name": "a", "url": "http://a"}}
+    assert StatusInfo.from_json(with_cluster).to_json() == with_cluster
+
+
+def test_a_plan_and_a_topology_go_over_the_wire_and_back():
+    from engine.protocol import PlanInfo, RejectedInfo, TopologyInfo
+
+    plan = {"model": "m", "context": 8192, "notes": ["n"],
+            "strategies": {"pipeline": None, "tensor": "mlx-lm has no shard()"},
+            "placements": [{"strategy": "pipeline", "ranks": [{"node": "a"}]}],
+            "rejected": [{"strategy": "tensor", "backend": "ring", "nodes": ["a", "b"],
+                          "reason": "no"}], "best": 0}
+    p = PlanInfo.from_json(plan)
+    assert p.rejected == [RejectedInfo("tensor", "ring", ["a", "b"], "no")]
+    assert p["placements"][p.best]["ranks"][0]["node"] == "a" and p.to_json() == plan
+    topo = {"nodes": [{"id": "a", "self": True}], "links": [], "thunderbolt": []}
+    assert TopologyInfo.from_json(topo).to_json() == topo
+    assert TopologyInfo.from_json({"nodes": []}).get("thunderbolt") == []  # an older node

@@ -20,8 +20,8 @@ from engine.runtime.distributed import (
     check_layer_ranges,
     mlx_environment,
 )
-from engine.runtime.generate import Sampling
 from engine.runtime.lockstep import Header, prefill_chunks
+from engine.runtime.sampling import Sampling
 from tiny import LLAMA, make_tiny_model  # noqa: E402
 
 CONFIG = {"rank": 1, "world": 3, "backend": "ring", "strategy": "pipeline",
