@@ -176,7 +176,7 @@ class State:
 
 # --- the compute of one step, per strategy --------------------------------------------
 class PipelineSteps:
-    """Rank 0's part of a pipeline step, and the followers' loop."""
+    """Rank 0's part of a pipeline step (lead), and a follower's (receive, run)."""
 
     def __init__(self, stage: Any, link: Link):
         import mlx.core as mx
@@ -188,8 +188,6 @@ class PipelineSteps:
     def make_cache(self) -> list[Any]:
         return list(self.stage.make_cache())
 
-    def _out(self, h: Any) -> Any:
-        return h if h.dtype == self._dtype else h.astype(self._dtype)
 
     def lead(self, plan: Plan, state: State) -> Any:
         """Send the plan and run it; the decode batch's logits (B, vocab) or None."""
@@ -201,14 +199,14 @@ class PipelineSteps:
         link.send(body, cfg.successor, STEP)
         h_chunk, logits = None, None
         if plan.feed:
-            h = self._out(stage(mx.array(plan.feed)[:, None], state.batch))
+            h = _as(stage(mx.array(plan.feed)[:, None], state.batch), self._dtype)
             link.compute(h)
             link.send(h, cfg.successor, STEP)
         if plan.chunk >= 0:
             seq = state.pending[plan.chunk]
             at = len(seq.tokens)
-            h_chunk = self._out(stage(mx.array(seq.prompt[at:at + plan.chunk_len])[None],
-                                      seq.cache))
+            h_chunk = _as(stage(mx.array(seq.prompt[at:at + plan.chunk_len])[None],
+                                seq.cache), self._dtype)
             link.compute(h_chunk)  # while the next rank runs the decode batch
         if plan.feed:
             link.expect(TOKEN)
@@ -220,56 +218,47 @@ class PipelineSteps:
         link.stats.steps += 1
         return logits
 
-    def follow(self, state: State) -> None:
+    def receive(self) -> Plan:
+        """A follower's next plan, passed on to the successor."""
+        import mlx.core as mx
+
+        link, cfg = self.link, self.link.cfg
+        head = link.recv((HEAD_LEN,), mx.int32, cfg.predecessor)
+        link.expect(STEP)
+        hl = [int(x) for x in head.tolist()]
+        body = link.recv((Plan.body_len(hl),), mx.int32, cfg.predecessor)
+        if not self.stage.last:
+            link.send(head, cfg.successor, BATCH)
+            link.send(body, cfg.successor, STEP)
+        plan = Plan.decode(hl, [int(x) for x in body.tolist()])
+        self.stage.set_dtype(plan.dtype)
+        return plan
+
+    def run(self, plan: Plan, state: State) -> None:
+        """A follower's part of the step: its layers over the decode batch and the chunk."""
         import mlx.core as mx
 
         link, cfg, stage = self.link, self.link.cfg, self.stage
         src, dst = cfg.predecessor, cfg.successor
-        busy = False
-        while True:
-            op = link.wait(busy)
-            if op == END:
-                link.bell.ring(END)  # the last rank's END reaches rank 0: all are idle
-                busy = False
-                mx.clear_cache()
-                link.end_request()
-                continue
-            if op != BATCH:
-                link.fail(f"the group is out of step (expected a plan, got {op!r})")
-            if not busy:
-                link.new_request()
-            busy = True
-            head = link.recv((HEAD_LEN,), mx.int32, src)
+        dtype = getattr(mx, plan.dtype)
+        if plan.feed:
             link.expect(STEP)
-            hl = [int(x) for x in head.tolist()]
-            body = link.recv((Plan.body_len(hl),), mx.int32, src)
-            if not stage.last:
-                link.send(head, dst, BATCH)
-                link.send(body, dst, STEP)
-            plan = Plan.decode(hl, [int(x) for x in body.tolist()])
-            stage.set_dtype(plan.dtype)
-            dtype = getattr(mx, plan.dtype)
-            apply_plan(plan, state)
-            if plan.feed:
-                link.expect(STEP)
-                h = stage(link.recv((len(plan.feed), 1, plan.hidden), dtype, src), state.batch)
-                h = h if h.dtype == dtype else h.astype(dtype)
+            h = _as(stage(link.recv((len(plan.feed), 1, plan.hidden), dtype, src),
+                          state.batch), dtype)
+            link.compute(h)
+            link.send(h, dst, TOKEN if stage.last else STEP)
+        if plan.chunk >= 0:
+            seq = state.pending[plan.chunk]
+            link.expect(STEP)
+            h = _as(stage(link.recv((1, plan.chunk_len, plan.hidden), dtype, src),
+                          seq.cache), dtype)
+            if stage.last:
+                assert seq.cache is not None
+                link.compute([c.state for c in seq.cache[stage.start:stage.end]])
+            else:
                 link.compute(h)
-                link.send(h, dst, TOKEN if stage.last else STEP)
-            if plan.chunk >= 0:
-                seq = state.pending[plan.chunk]
-                link.expect(STEP)
-                h = stage(link.recv((1, plan.chunk_len, plan.hidden), dtype, src), seq.cache)
-                h = h if h.dtype == dtype else h.astype(dtype)
-                if stage.last:
-                    assert seq.cache is not None
-                    link.compute([c.state for c in seq.cache[stage.start:stage.end]])
-                else:
-                    link.compute(h)
-                    link.send(h, dst, STEP)
-            link.stats.steps += 1
-            state.fed(plan)
-            state.joined()
+                link.send(h, dst, STEP)
+        link.stats.steps += 1
 
 
 class TensorSteps:
@@ -315,34 +304,18 @@ class TensorSteps:
         link.all_sum(body)
         return self._run(plan, state, lead=True)
 
-    def follow(self, state: State) -> None:
+    def receive(self) -> Plan:
         import mlx.core as mx
 
         link, cfg = self.link, self.link.cfg
-        last = cfg.rank == cfg.world - 1
-        busy = False
-        while True:
-            op = link.wait(busy)
-            if op == BATCH and not last:
-                link.bell.ring(op)  # first, so the whole group enters the collective together
-            if op == END:
-                link.bell.ring(END)  # the last rank's END reaches rank 0: all are idle
-                busy = False
-                mx.clear_cache()
-                link.end_request()
-                continue
-            if op != BATCH:
-                link.fail(f"the group is out of step (expected a plan, got {op!r})")
-            if not busy:
-                link.new_request()
-            busy = True
-            hl = [int(x) for x in link.all_sum(mx.zeros((HEAD_LEN,), mx.int32)).tolist()]
-            body = link.all_sum(mx.zeros((Plan.body_len(hl),), mx.int32))
-            plan = Plan.decode(hl, [int(x) for x in body.tolist()])
-            apply_plan(plan, state)
-            self._run(plan, state, lead=False)
-            state.fed(plan)
-            state.joined()
+        if cfg.rank != cfg.world - 1:
+            link.bell.ring(BATCH)  # first, so the whole group enters the collective together
+        hl = [int(x) for x in link.all_sum(mx.zeros((HEAD_LEN,), mx.int32)).tolist()]
+        body = link.all_sum(mx.zeros((Plan.body_len(hl),), mx.int32))
+        return Plan.decode(hl, [int(x) for x in body.tolist()])
+
+    def run(self, plan: Plan, state: State) -> None:
+        self._run(plan, state, lead=False)
 
 
 def apply_plan(plan: Plan, state: State) -> None:
@@ -365,10 +338,31 @@ class OutOfStep(RuntimeError):
 
 def serve_follower(steps: PipelineSteps | TensorSteps, link: Link,
                    prefix: PrefixCache) -> None:
-    """Ranks 1…n-1: follow rank 0's plans until the group quits."""
+    """Ranks 1…n-1: follow rank 0's plans until the group quits. Between rounds a rank
+    sleeps on its doorbell unbounded; inside one every wait is bounded (Link.wait)."""
+    import mlx.core as mx
+
     state = State(prefix, steps.make_cache)
+    busy = False
     try:
-        steps.follow(state)
+        while True:
+            op = link.wait(busy)
+            if op == END:
+                link.bell.ring(END)  # the last rank's END reaches rank 0: all are idle
+                busy = False
+                mx.clear_cache()
+                link.end_request()
+                continue
+            if op != BATCH:
+                link.fail(f"the group is out of step (expected a plan, got {op!r})")
+            if not busy:
+                link.new_request()
+            busy = True
+            plan = steps.receive()
+            apply_plan(plan, state)
+            steps.run(plan, state)
+            state.fed(plan)
+            state.joined()
     except OutOfStep as e:
         link.fail(str(e))
 
@@ -438,7 +432,7 @@ class GroupBatcher(Streams):
 
     def _plan(self) -> Plan:
         """Decide this step, applying rank 0's side of it as it goes."""
-        from engine.runtime.sampling import make_sampling
+        from engine.runtime.sampling import token_sampler
 
         st = self.state
         plan = Plan(hidden=getattr(self.steps, "hidden", 0),
@@ -451,7 +445,7 @@ class GroupBatcher(Streams):
         while self._waiting and len(st.pending) + len(st.decoding) < self.streams:
             job = self._waiting.pop(0)
             try:
-                sampler, processors = make_sampling(job.sampling, job.tokenizer)
+                sample = token_sampler(job.sampling, job.tokenizer, job.prompt)
             except Exception as e:  # e.g. a grammar that can't be built
                 job.out.put(e)
                 continue
@@ -459,7 +453,7 @@ class GroupBatcher(Streams):
             job.uid, self._uid = self._uid, self._uid + 1
             self._jobs[job.uid] = job
             seq = st.admit(job.prompt, cache, job.cached)
-            seq.job, seq.sample = job, _sampler(job, sampler, processors)
+            seq.job, seq.sample = job, sample
             plan.admit.append(job.prompt)
             plan.cached.append(job.cached)
         st.joined()  # prompts the prefix cache held all but the last token of
@@ -500,6 +494,11 @@ class GroupBatcher(Streams):
             self._jobs.pop(uid, None)
 
 
+def _as(h: Any, dtype: Any) -> Any:
+    """Hidden states travel between ranks in the group's dtype."""
+    return h if h.dtype == dtype else h.astype(dtype)
+
+
 def _uid(seq: Seq) -> int:
     return seq.job.uid if seq.job is not None and seq.job.uid is not None else -1
 
@@ -507,25 +506,3 @@ def _uid(seq: Seq) -> int:
 def _next(seq: Seq) -> int:
     """The token a decoding sequence feeds next: its prompt's last, then what it sampled."""
     return seq.prompt[-1] if seq.next is None else seq.next
-
-
-def _sampler(job: _Job, sampler: Any, processors: list[Any]) -> Callable[[Any], Any]:
-    """Rank 0's sampling of one request, as engine/runtime/lockstep.generate does it."""
-    import mlx.core as mx
-
-    from engine.runtime.sampling import token_logprobs
-
-    history = mx.array(job.prompt, dtype=mx.int32)
-
-    def sample(logits: Any) -> tuple[int, Any]:
-        nonlocal history
-        for p in processors:
-            logits = p(history, logits)
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        y = sampler(logprobs)
-        if processors:
-            history = mx.concat([history, y.astype(mx.int32).reshape(-1)])
-        token = int(y.item())
-        return token, token_logprobs(logprobs, token, job.sampling.logprobs)
-
-    return sample

@@ -213,33 +213,19 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
     Sampling happens here, on rank 0, as mlx-lm's generate_step does it."""
     import mlx.core as mx
 
-    from engine.runtime.sampling import make_sampling, token_logprobs
+    from engine.runtime.sampling import token_sampler
 
     detok = tokenizer.detokenizer
     eos = tokenizer.eos_token_ids
     stops = StopMatcher(sampling.stop)
-    sampler, processors = make_sampling(sampling, tokenizer)
-    history = mx.array(prompt, dtype=mx.int32)
-    lp: tuple[float | None, tuple[tuple[int, float], ...]] = (None, ())
-
-    def sample(logits: Any) -> int:
-        nonlocal history, lp
-        for p in processors:
-            logits = p(history, logits)
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        y = sampler(logprobs)
-        if processors:
-            history = mx.concat([history, y.astype(mx.int32)])
-        token = int(y.item())
-        lp = token_logprobs(logprobs, token, sampling.logprobs)
-        return token
+    sample = token_sampler(sampling, tokenizer, prompt)
 
     tic = time.perf_counter()
     started = False
     try:
         logits = runner.start(prompt, sampling)
         started = True
-        token = sample(logits)
+        token, lp = sample(logits)
         # tokens run per second: a cached prefix isn't run (as mlx-lm counts it)
         prompt_tps = (len(prompt) - getattr(runner, "cached", 0)) / (time.perf_counter() - tic)
         tic = time.perf_counter()
@@ -257,7 +243,7 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
                          cached_tokens=getattr(runner, "cached", 0))
             if finish is not None:
                 return
-            token = sample(runner.next(token))
+            token, lp = sample(runner.next(token))
             n += 1
     finally:
         if started:

@@ -7,6 +7,7 @@ One place for both paths: the one-process worker and rank 0 of a group sample wi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,34 @@ def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[
     return sampler, processors
 
 
+LogProbs = tuple[float | None, tuple[tuple[int, float], ...]]
+
+
+def token_sampler(sampling: Sampling, tokenizer: Any, prompt: list[int]
+                  ) -> Callable[[Any], tuple[int, LogProbs]]:
+    """One request's sampling step over logits (1, vocab), as mlx-lm's generate_step does
+    it (processors see the prompt and every token sampled so far): (token, its logprobs
+    as token_logprobs gives them). Rank 0 of a group samples with this, in lockstep or in
+    a batch."""
+    import mlx.core as mx
+
+    sampler, processors = make_sampling(sampling, tokenizer)
+    history = mx.array(prompt, dtype=mx.int32)
+
+    def sample(logits: Any) -> tuple[int, LogProbs]:
+        nonlocal history
+        for p in processors:
+            logits = p(history, logits)
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        y = sampler(logprobs)
+        if processors:
+            history = mx.concat([history, y.astype(mx.int32)])
+        token = int(y.item())
+        return token, token_logprobs(logprobs, token, sampling.logprobs)
+
+    return sample
+
+
 def seeded_sampler(sampling: Sampling) -> Any:
     """mlx-lm's sampling chain drawing from the request's own random key. mlx-lm's draws
     from MLX's global key, which every request in a batch shares: with its own key a
@@ -79,8 +108,7 @@ def seeded_sampler(sampling: Sampling) -> Any:
     return sample
 
 
-def token_logprobs(logprobs: Any, token: int, top: int | None
-                   ) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+def token_logprobs(logprobs: Any, token: int, top: int | None) -> LogProbs:
     """The sampled token's log-probability and the `top` most likely (token, logprob)
     pairs from one step's log-softmax vector; (None, ()) when not asked for."""
     if top is None:
