@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import httpx
 import pytest
 
 from nodes import NodeProcess, start_cluster, worker_pids
-from tests_support import wait_until
+from tests_support import ClientLoad, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback, Linux CI")
 
@@ -46,16 +45,14 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-class Load:
+class Load(ClientLoad):
     """Clients sending short chats through every node until stopped."""
 
     def __init__(self, nodes: list[NodeProcess]):
-        self.nodes, self.outcomes = nodes, []  # type: ignore[var-annotated]
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._client, args=(n,), daemon=True)
-                        for n in nodes]
+        self.nodes = nodes
+        super().__init__([(n,) for n in nodes])
 
-    def _client(self, n: NodeProcess) -> None:
+    def client(self, n: NodeProcess) -> None:
         with httpx.Client(timeout=30) as http:
             while not self.stop.is_set():
                 t0 = time.monotonic()
@@ -71,17 +68,6 @@ class Load:
                     time.sleep(0.2)
                 if self.outcomes[-1].status != 200:
                     time.sleep(0.2)
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(40)
-        assert not any(t.is_alive() for t in self.threads), "a client was left hanging"
 
 
 def launch(a: NodeProcess, nodes: list[NodeProcess]) -> None:

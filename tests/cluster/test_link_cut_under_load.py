@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import httpx
 import pytest
 
 from nodes import NetnsLan, NodeProcess, home_with, worker_pids
-from tests_support import wait_until
+from tests_support import ClientLoad, wait_until
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
@@ -111,16 +110,14 @@ def stream_once(http: httpx.Client, n: NodeProcess) -> tuple[bool, str]:
     return False, "the stream ended without a finish reason"
 
 
-class Load:
+class Load(ClientLoad):
     """Streaming clients through the given nodes until stopped."""
 
     def __init__(self, nodes: list[NodeProcess], via: list[int]):
-        self.nodes, self.outcomes = nodes, []  # type: ignore[var-annotated]
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True)
-                        for i in via for _ in range(2)]
+        self.nodes = nodes
+        super().__init__([(i,) for i in via for _ in range(2)])
 
-    def _client(self, i: int) -> None:
+    def client(self, i: int) -> None:
         with httpx.Client(timeout=httpx.Timeout(30, connect=5)) as http:
             while not self.stop.is_set():
                 t0 = time.monotonic()
@@ -131,17 +128,6 @@ class Load:
                 self.outcomes.append(Outcome(i, t0, time.monotonic(), ok, msg))
                 if not ok:
                     time.sleep(0.3)
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(40)
-        assert not any(t.is_alive() for t in self.threads), "a client was left hanging"
 
 
 # A user on the node that loses its cable: a client in that namespace, streaming through its
