@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Job:
+class Job:
+    """One request handed to the scheduler thread."""
     prompt: list[int]
     sampling: Sampling
     tokenizer: Any
@@ -43,8 +44,8 @@ class Streams:
     into `Record`s. Items on a job's queue: (token, (logprob, top), finish) or an error."""
 
     def __init__(self) -> None:
-        self._inbox: queue.Queue[tuple[str, _Job]] = queue.Queue()
-        self._jobs: dict[int, _Job] = {}
+        self._inbox: queue.Queue[tuple[str, Job]] = queue.Queue()
+        self._jobs: dict[int, Job] = {}
 
     @property
     def in_flight(self) -> int:
@@ -52,7 +53,7 @@ class Streams:
 
     def __call__(self, model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
                  cancel: threading.Event | None = None) -> Iterator[Record]:
-        job = _Job(prompt, sampling, tokenizer)
+        job = Job(prompt, sampling, tokenizer)
         self._inbox.put(("add", job))
         detok, stops = tokenizer.detokenizer, StopMatcher(sampling.stop)
         tic, first, n, done = time.perf_counter(), 0.0, 0, False
@@ -152,7 +153,7 @@ class Batcher(Streams):
                 del self._jobs[job.uid]
                 self._gen.remove([job.uid])
 
-    def _add(self, job: _Job) -> None:
+    def _add(self, job: Job) -> None:
         from mlx_lm.models.cache import make_prompt_cache
 
         from engine.runtime.sampling import make_sampling

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.runtime.batching import Streams, _Job
+from engine.runtime.batching import Job, Streams
 from engine.runtime.chunking import Chunker
 from engine.runtime.doorbell import BATCH, END, STEP, TOKEN
 from engine.runtime.lockstep import DTYPES, Link
@@ -91,7 +91,7 @@ class Seq:
     prompt: list[int]
     tokens: list[int]          # exactly the tokens its KV holds (its prefix cache key)
     cache: list[Any] | None    # its own cache while it prefills
-    job: _Job | None = None    # rank 0 only
+    job: Job | None = None    # rank 0 only
     sample: Callable[[Any], tuple[int, Any]] | None = None
     generated: int = 0
     next: int | None = None    # the token it feeds at the next decode step
@@ -380,7 +380,7 @@ class GroupBatcher(Streams):
         self.state = State(prefix, steps.make_cache)
         self.chunker = chunker or Chunker()
         self._on_fatal = on_fatal
-        self._waiting: list[_Job] = []
+        self._waiting: list[Job] = []
         self._gone: set[int] = set()
         self._uid = 0
         self._busy = False
@@ -435,8 +435,7 @@ class GroupBatcher(Streams):
         from engine.runtime.sampling import token_sampler
 
         st = self.state
-        plan = Plan(hidden=getattr(self.steps, "hidden", 0),
-                    dtype=getattr(self.steps, "dtype", DTYPES[0]))
+        plan = Plan(hidden=self.steps.hidden, dtype=self.steps.dtype)
         plan.drop = [i for i, s in enumerate(st.decoding) if _uid(s) in self._gone]
         plan.cancel = [i for i, s in enumerate(st.pending) if _uid(s) in self._gone]
         self._forget([st.decoding[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
