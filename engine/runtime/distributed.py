@@ -53,6 +53,7 @@ class DistConfig:
     devices: tuple[tuple[str | None, ...], ...] | None = None
     coordinator: str | None = None
     prefix_cache_tokens: int = 0  # the prefix cache's budget, the same on every rank
+    lanes: int = 1  # micro-batches a batching pipeline keeps in flight (group_batch.py)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistConfig:
@@ -65,6 +66,7 @@ class DistConfig:
             timeout = float(d.get("timeout_s", 30))
             devices = d.get("devices")
             prefix_tokens = int(d.get("prefix_cache_tokens") or 0)
+            lanes = int(d.get("lanes", 1))
         except (KeyError, TypeError, ValueError) as e:
             raise BadDistConfig(f"The distributed config is incomplete or malformed ({e}).") from e
         if world < 2 or not 0 <= rank < world:
@@ -83,8 +85,11 @@ class DistConfig:
             devices = tuple(tuple(r) for r in devices)
         if timeout <= 0:
             raise BadDistConfig("timeout_s must be positive.")
+        if not 1 <= lanes <= (world if strategy == "pipeline" else 1):
+            raise BadDistConfig(f"lanes must be 1 to {world} for a pipeline (one per rank at "
+                                f"most), and 1 for tensor; not {lanes}.")
         return cls(rank, world, backend, hosts, bells, strategy, layers, timeout,
-                   devices, d.get("coordinator"), max(0, prefix_tokens))
+                   devices, d.get("coordinator"), max(0, prefix_tokens), lanes)
 
     @classmethod
     def from_file(cls, path: Path) -> DistConfig:

@@ -1,182 +1,53 @@
 """Continuous batching across the ranks of a group (pipeline or tensor parallel).
 
 Rank 0 schedules as engine/runtime/batching.py does on one node: the requests in flight
-decode together in one batch, and prompts are prefilled one time-sized chunk at a time
-between decode steps, the shortest remaining first, so a short request never waits behind
-a long prompt for more than a chunk.
+decode together, and prompts are prefilled one time-sized chunk at a time between decode
+steps, the shortest remaining first, so a short request never waits behind a long prompt
+for more than a chunk. Before each step rank 0 sends a `Plan` (engine/runtime/group_state.py)
+that every rank applies in the same order.
 
-Every rank keeps the same state: the decoding sequences' KV in one batched cache per layer
-(mlx-lm's BatchKVCache and friends: merge, extend, filter, extract) and each prefilling
-prompt's own cache. Before each step rank 0 sends a `Plan`: which sequences leave (their KV
-goes into the prefix cache on every rank), which prompts join (with how many of their
-tokens rank 0's prefix cache gave), the tokens fed to the decode batch, and which prompt's
-chunk runs. Every rank applies it in the same order, so caches and prefix tries stay alike.
-
-On a pipeline rank 0 keeps two stages busy: it sends the decode batch on, computes the
-prefill chunk while the next rank runs the decode batch, and only then takes the decode
-output back, runs the head and samples, while the last rank works on the chunk.
+A pipeline keeps every stage busy: the decoding sequences are split into one lane per rank,
+and while rank 1 runs one lane's step rank 0 already runs the next lane's (and the last
+rank the one before). The sends are blocking and, over RDMA, wait for the receiver, so the
+order is chosen to never close a circle of waits:
+- what travels is a series of items (a plan with its decode batch, or a prompt's chunk);
+  every rank but rank 0 receives an item whole before it passes anything of it on, so
+  ranks 1…n-1 hold one item each at most;
+- an item with a decode batch leaves the ring only when rank 0 takes its output back, so
+  before rank 0 sends item i it takes the outputs of items i-(n-1) and older.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.runtime.batching import Job, Streams
 from engine.runtime.chunking import Chunker
 from engine.runtime.doorbell import BATCH, END, STEP, TOKEN
+from engine.runtime.group_state import HEAD_LEN, OutOfStep, Plan, Seq, State, apply_plan
 from engine.runtime.lockstep import DTYPES, Link
 from engine.runtime.prefix import PrefixCache
 
 log = logging.getLogger(__name__)
 
-HEAD_LEN = 10
-
-
-@dataclass
-class Plan:
-    """One step of the group, decided by rank 0."""
-
-    drop: list[int] = field(default_factory=list)    # decoding sequences that leave
-    cancel: list[int] = field(default_factory=list)  # prefilling prompts that leave
-    keep: int = 0        # prefix cache entries rank 0 holds after the drops
-    admit: list[list[int]] = field(default_factory=list)  # prompts that join
-    cached: list[int] = field(default_factory=list)  # their tokens the prefix cache holds
-    feed: list[int] = field(default_factory=list)    # one token per decoding sequence
-    chunk: int = -1      # the prefilling prompt whose chunk runs (-1: none)
-    chunk_len: int = 0
-    hidden: int = 0
-    dtype: str = DTYPES[0]
-
-    def encode(self) -> tuple[Any, Any]:
-        import mlx.core as mx
-
-        ids = [t for p in self.admit for t in p]
-        head = [len(self.drop), len(self.cancel), self.keep, len(self.admit), len(ids),
-                len(self.feed), self.chunk, self.chunk_len, self.hidden,
-                DTYPES.index(self.dtype)]
-        body = [*self.drop, *self.cancel, *(len(p) for p in self.admit), *self.cached,
-                *ids, *self.feed, 0]  # never empty
-        return mx.array(head, dtype=mx.int32), mx.array(body, dtype=mx.int32)
-
-    @staticmethod
-    def body_len(head: list[int]) -> int:
-        return head[0] + head[1] + 2 * head[3] + head[4] + head[5] + 1
-
-    @classmethod
-    def decode(cls, head: list[int], body: list[int]) -> Plan:
-        nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt = head
-        at = 0
-
-        def take(n: int) -> list[int]:
-            nonlocal at
-            at += n
-            return body[at - n:at]
-
-        drop, cancel, lens, cached, ids, feed = (take(nd), take(nc), take(na), take(na),
-                                                 take(nids), take(nf))
-        admit, at = [], 0
-        for n in lens:
-            admit.append(ids[at:at + n])
-            at += n
-        return cls(drop, cancel, keep, admit, cached, feed, chunk, chunk_len, hidden,
-                   DTYPES[dt])
-
-
-@dataclass
-class Seq:
-    prompt: list[int]
-    tokens: list[int]          # exactly the tokens its KV holds (its prefix cache key)
-    cache: list[Any] | None    # its own cache while it prefills
-    job: Job | None = None    # rank 0 only
-    sample: Callable[[Any], tuple[int, Any]] | None = None
-    generated: int = 0
-    next: int | None = None    # the token it feeds at the next decode step
-
-    @property
-    def left(self) -> int:
-        """Prompt tokens still to prefill (the last one runs in the decode batch)."""
-        return len(self.prompt) - 1 - len(self.tokens)
-
-
-def _extract(batch: list[Any], i: int) -> list[Any]:
-    from mlx_lm.models.cache import ArraysCache
-
-    out = []
-    for c in batch:
-        if isinstance(c, ArraysCache) and any(x is None for x in c.cache):
-            out.append(ArraysCache(len(c.cache)))  # another rank's layer: holds nothing
-        else:
-            out.append(c.extract(i))
-    return out
-
-
-class State:
-    """What every rank of the group holds about the requests in flight."""
-
-    def __init__(self, prefix: PrefixCache, make_cache: Callable[[], list[Any]]):
-        self.prefix, self.make_cache = prefix, make_cache
-        self.pending: list[Seq] = []
-        self.decoding: list[Seq] = []
-        self.batch: list[Any] | None = None
-
-    @property
-    def idle(self) -> bool:
-        return not self.pending and not self.decoding
-
-    def drop(self, plan: Plan) -> None:
-        """The plan's leavers go, decoding ones into the prefix cache."""
-        for i in plan.drop:
-            seq = self.decoding[i]
-            assert self.batch is not None
-            self.prefix.finish(seq.tokens, _extract(self.batch, i))
-        if plan.drop:
-            keep = [i for i in range(len(self.decoding)) if i not in set(plan.drop)]
-            self.decoding = [self.decoding[i] for i in keep]
-            if keep:
-                assert self.batch is not None
-                for c in self.batch:
-                    c.filter(keep)
-            else:
-                self.batch = None
-        gone = set(plan.cancel)
-        self.pending = [s for i, s in enumerate(self.pending) if i not in gone]
-
-    def admit(self, prompt: list[int], cache: list[Any] | None, cached: int) -> Seq:
-        seq = Seq(prompt, list(prompt[:cached]), cache or self.make_cache())
-        self.pending.append(seq)
-        return seq
-
-    def joined(self) -> None:
-        """Prompts with only their last token left join the decode batch (that token is
-        the first they feed)."""
-        for seq in [s for s in self.pending if s.left == 0]:
-            self.pending.remove(seq)
-            assert seq.cache is not None
-            self.prefix.snapshot(seq.prompt, seq.cache)
-            merged = [c.merge([c]) for c in seq.cache]
-            if self.batch is None:
-                self.batch = merged
-            else:
-                for a, b in zip(self.batch, merged):
-                    a.extend(b)
-            seq.cache = None
-            self.decoding.append(seq)
-
-    def fed(self, plan: Plan) -> None:
-        for seq, t in zip(self.decoding, plan.feed):
-            seq.tokens.append(t)
-        if plan.chunk >= 0:
-            seq = self.pending[plan.chunk]
-            seq.tokens += seq.prompt[len(seq.tokens):len(seq.tokens) + plan.chunk_len]
+Outputs = list[tuple[list[Seq], Any]]  # a lane's sequences and their logits (B, vocab)
 
 
 # --- the compute of one step, per strategy --------------------------------------------
+@dataclass
+class Flight:
+    item: int          # the item whose decode output rank 0 has yet to take back
+    lane: int
+    seqs: list[Seq]    # the lane's sequences, in the output's row order
+
+
 class PipelineSteps:
-    """Rank 0's part of a pipeline step (lead), and a follower's (receive, run)."""
+    """Rank 0's part of a pipeline step (settle, lead), and a follower's (receive, run)."""
 
     def __init__(self, stage: Any, link: Link):
         import mlx.core as mx
@@ -184,42 +55,76 @@ class PipelineSteps:
         self.stage, self.link = stage, link
         self.hidden, self.dtype = stage.hidden, stage.dtype
         self._dtype = getattr(mx, stage.dtype)
+        self.lanes = link.cfg.lanes  # 1: one batch, stage after stage
+        self._items = 0                        # items rank 0 has sent
+        self._flights: deque[Flight] = deque()
+        self._outs: list[tuple[list[Seq], Any]] = []  # hidden states taken back
+        self._plan_msgs: tuple[Any, Any] | None = None
 
     def make_cache(self) -> list[Any]:
         return list(self.stage.make_cache())
 
+    # rank 0
+    def settle(self, lane: int) -> Outputs:
+        """Take back the lane's step in flight (and any before it), so it can be planned."""
+        while any(f.lane == lane for f in self._flights):
+            self._take()
+        return self._heads()
 
-    def lead(self, plan: Plan, state: State) -> Any:
-        """Send the plan and run it; the decode batch's logits (B, vocab) or None."""
+    def lead(self, plan: Plan, state: State) -> Outputs:
+        """Send the plan and run rank 0's layers; the outputs taken back meanwhile."""
         import mlx.core as mx
 
-        link, cfg, stage = self.link, self.link.cfg, self.stage
+        link, stage = self.link, self.stage
+        lane = state.lanes[plan.lane]
         head, body = plan.encode()
-        link.send(head, cfg.successor, BATCH)
-        link.send(body, cfg.successor, STEP)
-        h_chunk, logits = None, None
+        item = [(head, BATCH), (body, STEP)]
         if plan.feed:
-            h = _as(stage(mx.array(plan.feed)[:, None], state.batch), self._dtype)
+            h = _as(stage(mx.array(plan.feed)[:, None], lane.batch), self._dtype)
             link.compute(h)
-            link.send(h, cfg.successor, STEP)
-        if plan.chunk >= 0:
+            item.append((h, STEP))
+            link.stats.overlapped += bool(self._flights)
+        self._send(item)
+        if plan.feed:
+            self._flights.append(Flight(self._items - 1, plan.lane, list(lane.decoding)))
+        if plan.chunk >= 0:  # while the next ranks run the decode batch
             seq = state.pending[plan.chunk]
             at = len(seq.tokens)
-            h_chunk = _as(stage(mx.array(seq.prompt[at:at + plan.chunk_len])[None],
-                                seq.cache), self._dtype)
-            link.compute(h_chunk)  # while the next rank runs the decode batch
-        if plan.feed:
-            link.expect(TOKEN)
-            out = link.recv((len(plan.feed), 1, self.hidden), self._dtype, cfg.predecessor)
-            logits = stage.logits(out)[:, -1, :]
-            link.compute(logits)
-        if h_chunk is not None:
-            link.send(h_chunk, cfg.successor, STEP)
+            h = _as(stage(mx.array(seq.prompt[at:at + plan.chunk_len])[None], seq.cache),
+                    self._dtype)
+            link.compute(h)
+            self._send([(h, STEP)])
         link.stats.steps += 1
-        return logits
+        return self._heads()
 
+    def _send(self, item: list[tuple[Any, bytes]]) -> None:
+        # Ranks 1…n-1 hold an item each; room for this one comes only once the output of
+        # item i-(n-1) is off the last rank, i.e. taken back by rank 0.
+        world = self.link.cfg.world
+        while self._flights and self._flights[0].item <= self._items - (world - 1):
+            self._take()
+        for x, op in item:
+            self.link.send(x, self.link.cfg.successor, op)
+        self._items += 1
+
+    def _take(self) -> None:
+        link, f = self.link, self._flights.popleft()
+        link.expect(TOKEN)
+        out = link.recv((len(f.seqs), 1, self.hidden), self._dtype, link.cfg.predecessor)
+        self._outs.append((f.seqs, out))
+
+    def _heads(self) -> Outputs:
+        done = []
+        for seqs, out in self._outs:
+            logits = self.stage.logits(out)[:, -1, :]
+            self.link.compute(logits)
+            done.append((seqs, logits))
+        self._outs = []
+        return done
+
+    # ranks 1…n-1
     def receive(self) -> Plan:
-        """A follower's next plan, passed on to the successor."""
+        """A follower's next plan (passed on with the decode batch, once that is here)."""
         import mlx.core as mx
 
         link, cfg = self.link, self.link.cfg
@@ -227,26 +132,30 @@ class PipelineSteps:
         link.expect(STEP)
         hl = [int(x) for x in head.tolist()]
         body = link.recv((Plan.body_len(hl),), mx.int32, cfg.predecessor)
-        if not self.stage.last:
-            link.send(head, cfg.successor, BATCH)
-            link.send(body, cfg.successor, STEP)
+        self._plan_msgs = (head, body)
         plan = Plan.decode(hl, [int(x) for x in body.tolist()])
         self.stage.set_dtype(plan.dtype)
         return plan
 
     def run(self, plan: Plan, state: State) -> None:
-        """A follower's part of the step: its layers over the decode batch and the chunk."""
+        """A follower's part of the step: its layers over the lane's batch and the chunk.
+        Each item is here whole before any of it goes on (see the module's docstring)."""
         import mlx.core as mx
 
         link, cfg, stage = self.link, self.link.cfg, self.stage
         src, dst = cfg.predecessor, cfg.successor
         dtype = getattr(mx, plan.dtype)
+        assert self._plan_msgs is not None
+        head, body = self._plan_msgs
+        item = [] if stage.last else [(head, BATCH), (body, STEP)]
         if plan.feed:
             link.expect(STEP)
             h = _as(stage(link.recv((len(plan.feed), 1, plan.hidden), dtype, src),
-                          state.batch), dtype)
+                          state.lanes[plan.lane].batch), dtype)
             link.compute(h)
-            link.send(h, dst, TOKEN if stage.last else STEP)
+            item.append((h, TOKEN if stage.last else STEP))
+        for x, op in item:
+            link.send(x, dst, op)
         if plan.chunk >= 0:
             seq = state.pending[plan.chunk]
             link.expect(STEP)
@@ -263,7 +172,9 @@ class PipelineSteps:
 
 class TensorSteps:
     """Every rank runs each step together; the plan is shared with an all_sum to which
-    the other ranks add zeros."""
+    the other ranks add zeros. One lane: nothing is ever in flight between steps."""
+
+    lanes = 1
 
     def __init__(self, model: Any, link: Link):
         from engine.runtime.tensor import head_is_sharded
@@ -276,17 +187,18 @@ class TensorSteps:
         from mlx_lm.models.cache import make_prompt_cache
         return list(make_prompt_cache(self.model))
 
-    def _run(self, plan: Plan, state: State, lead: bool) -> Any:
+    def _run(self, plan: Plan, state: State, lead: bool) -> Outputs:
         import mlx.core as mx
 
-        link, logits = self.link, None
+        link, lane, done = self.link, state.lanes[plan.lane], []
         if plan.feed:
             x = mx.array(plan.feed)[:, None]
             if lead:
-                logits = self.model(x, cache=state.batch)[:, -1, :]
+                logits = self.model(x, cache=lane.batch)[:, -1, :]
                 link.compute(logits, collective=True)
+                done.append((list(lane.decoding), logits))
             else:
-                link.compute(self.body(x, cache=state.batch), collective=True)
+                link.compute(self.body(x, cache=lane.batch), collective=True)
         if plan.chunk >= 0:
             seq = state.pending[plan.chunk]
             at = len(seq.tokens)
@@ -294,9 +206,12 @@ class TensorSteps:
             self.model(mx.array(seq.prompt[at:at + plan.chunk_len])[None], cache=seq.cache)
             link.compute([c.state for c in seq.cache], collective=True)
         link.stats.steps += 1
-        return logits
+        return done
 
-    def lead(self, plan: Plan, state: State) -> Any:
+    def settle(self, lane: int) -> Outputs:
+        return []
+
+    def lead(self, plan: Plan, state: State) -> Outputs:
         link = self.link
         head, body = plan.encode()
         link.bell.ring(BATCH)
@@ -318,31 +233,13 @@ class TensorSteps:
         self._run(plan, state, lead=False)
 
 
-def apply_plan(plan: Plan, state: State) -> None:
-    """A follower's side of the plan's bookkeeping before the step's compute, in rank 0's
-    order (GroupBatcher._plan): leavers, the prefix cache's count, joiners."""
-    state.drop(plan)
-    state.prefix.keep(plan.keep)
-    for prompt, cached in zip(plan.admit, plan.cached):
-        cache, n = state.prefix.fetch(prompt)
-        if n != cached:
-            raise OutOfStep(f"the prefix cache is out of step (rank 0 holds {cached} of the "
-                            f"prompt's tokens, this rank {n})")
-        state.admit(prompt, cache, cached)
-    state.joined()
-
-
-class OutOfStep(RuntimeError):
-    pass
-
-
 def serve_follower(steps: PipelineSteps | TensorSteps, link: Link,
                    prefix: PrefixCache) -> None:
     """Ranks 1…n-1: follow rank 0's plans until the group quits. Between rounds a rank
     sleeps on its doorbell unbounded; inside one every wait is bounded (Link.wait)."""
     import mlx.core as mx
 
-    state = State(prefix, steps.make_cache)
+    state = State(prefix, steps.make_cache, steps.lanes)
     busy = False
     try:
         while True:
@@ -359,6 +256,8 @@ def serve_follower(steps: PipelineSteps | TensorSteps, link: Link,
                 link.new_request()
             busy = True
             plan = steps.receive()
+            if not 0 <= plan.lane < steps.lanes:
+                raise OutOfStep(f"the plan names lane {plan.lane} of {steps.lanes}")
             apply_plan(plan, state)
             steps.run(plan, state)
             state.fed(plan)
@@ -377,12 +276,13 @@ class GroupBatcher(Streams):
         super().__init__()
         self.steps, self.link, self.streams = steps, steps.link, streams
         self.eos = set(int(t) for t in tokenizer.eos_token_ids)
-        self.state = State(prefix, steps.make_cache)
+        self.state = State(prefix, steps.make_cache, steps.lanes)
         self.chunker = chunker or Chunker()
         self._on_fatal = on_fatal
         self._waiting: list[Job] = []
         self._gone: set[int] = set()
         self._uid = 0
+        self._lane = 0
         self._busy = False
         threading.Thread(target=self._run, name="group-batcher", daemon=True).start()
 
@@ -401,14 +301,18 @@ class GroupBatcher(Streams):
                 if not self._busy:
                     self._busy = True
                     self.link.new_request()
-                plan = self._plan()
+                # the lanes take turns; one in flight is taken back before it is planned
+                lane, self._lane = self._lane, (self._lane + 1) % self.steps.lanes
+                self._sample(self.steps.settle(lane))
+                plan = self._plan(lane)
+                if plan.empty:
+                    continue
                 t = time.perf_counter()
-                logits = self.steps.lead(plan, self.state)
+                outputs = self.steps.lead(plan, self.state)
                 if plan.chunk >= 0:  # the step's time is what the other streams waited
                     self.chunker.took(plan.chunk_len, time.perf_counter() - t)
                 self.state.fed(plan)
-                if logits is not None:
-                    self._sample(logits)
+                self._sample(outputs)
                 self.state.joined()
         except Exception as e:  # the group's state is unknown now: take it down
             log.exception("batched generation failed on rank 0")
@@ -430,18 +334,19 @@ class GroupBatcher(Streams):
             elif job.uid is not None:
                 self._gone.add(job.uid)
 
-    def _plan(self) -> Plan:
-        """Decide this step, applying rank 0's side of it as it goes."""
+    def _plan(self, lane: int) -> Plan:
+        """Decide this step of `lane`, applying rank 0's side of it as it goes."""
         from engine.runtime.sampling import token_sampler
 
         st = self.state
-        plan = Plan(hidden=self.steps.hidden, dtype=self.steps.dtype)
-        plan.drop = [i for i, s in enumerate(st.decoding) if _uid(s) in self._gone]
+        seqs = st.lanes[lane].decoding
+        plan = Plan(lane=lane, hidden=self.steps.hidden, dtype=self.steps.dtype)
+        plan.drop = [i for i, s in enumerate(seqs) if _uid(s) in self._gone]
         plan.cancel = [i for i, s in enumerate(st.pending) if _uid(s) in self._gone]
-        self._forget([st.decoding[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
+        self._forget([seqs[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
         st.drop(plan)
         plan.keep = len(st.prefix)
-        while self._waiting and len(st.pending) + len(st.decoding) < self.streams:
+        while self._waiting and len(st.pending) + st.n_decoding < self.streams:
             job = self._waiting.pop(0)
             try:
                 sample = token_sampler(job.sampling, job.tokenizer, job.prompt)
@@ -456,35 +361,36 @@ class GroupBatcher(Streams):
             plan.admit.append(job.prompt)
             plan.cached.append(job.cached)
         st.joined()  # prompts the prefix cache held all but the last token of
-        plan.feed = [_next(s) for s in st.decoding]
+        plan.feed = [_next(s) for s in st.lanes[lane].decoding]
         ready = [(s.left, i) for i, s in enumerate(st.pending) if s.left > 0]
-        if ready:
+        # one chunk a round of the lanes, so each stream waits for one chunk at most
+        if ready and st.first_busy_lane() in (lane, -1):
             left, plan.chunk = min(ready)
             size = self.chunker.size()
             # a prompt two chunks from its end runs whole: a short request starts at once
             plan.chunk_len = left if left <= 2 * size else size
         return plan
 
-    def _sample(self, logits: Any) -> None:
-        st = self.state
-        for i, seq in enumerate(st.decoding):
-            job = seq.job
-            assert job is not None and seq.sample is not None
-            if job.uid in self._gone:
-                continue
-            try:
-                token, lp = seq.sample(logits[i:i + 1])
-            except Exception as e:  # this request's sampling failed (e.g. its grammar)
-                job.out.put(e)
-                self._gone.add(job.uid)  # type: ignore[arg-type]
-                continue
-            seq.generated += 1
-            finish = "stop" if token in self.eos else \
-                "length" if seq.generated >= job.sampling.max_tokens else None
-            seq.next = token
-            job.out.put((token, lp, finish))
-            if finish is not None:
-                self._gone.add(job.uid)  # type: ignore[arg-type]
+    def _sample(self, outputs: Outputs) -> None:
+        for seqs, logits in outputs:
+            for i, seq in enumerate(seqs):
+                job = seq.job
+                assert job is not None and seq.sample is not None
+                if job.uid in self._gone:
+                    continue
+                try:
+                    token, lp = seq.sample(logits[i:i + 1])
+                except Exception as e:  # this request's sampling failed (e.g. its grammar)
+                    job.out.put(e)
+                    self._gone.add(job.uid)  # type: ignore[arg-type]
+                    continue
+                seq.generated += 1
+                finish = "stop" if token in self.eos else \
+                    "length" if seq.generated >= job.sampling.max_tokens else None
+                seq.next = token
+                job.out.put((token, lp, finish))
+                if finish is not None:
+                    self._gone.add(job.uid)  # type: ignore[arg-type]
 
     def _forget(self, seqs: list[Seq]) -> None:
         for s in seqs:

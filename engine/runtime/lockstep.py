@@ -88,6 +88,7 @@ class Stats:
     comm_s: float = 0.0   # inside MLX send/recv/all_sum
     wait_s: float = 0.0   # asleep on the doorbell, i.e. waiting for other ranks' compute
     bytes_sent: int = 0
+    overlapped: int = 0   # rank 0's steps run while another lane's was on the next ranks
     t0: float = field(default_factory=time.perf_counter)
 
     def line(self, rank: int) -> str:
@@ -96,7 +97,8 @@ class Stats:
         return (f"rank {rank} request stats: steps={self.steps} total_ms={total * 1e3:.1f} "
                 f"compute_ms_per_step={self.compute_s / n * 1e3:.3f} "
                 f"comm_ms_per_step={self.comm_s / n * 1e3:.3f} "
-                f"wait_ms_per_step={self.wait_s / n * 1e3:.3f} bytes_sent={self.bytes_sent}")
+                f"wait_ms_per_step={self.wait_s / n * 1e3:.3f} bytes_sent={self.bytes_sent} "
+                f"overlapped_steps={self.overlapped}")
 
 
 class Link:

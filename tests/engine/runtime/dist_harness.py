@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -37,13 +38,14 @@ def free_ports(n: int) -> list[int]:
 class Worker:
     """One worker process; its stdout events land in a queue."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None):
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None,
+                 prefix: list[str] | None = None):
         from engine.runtime.cpu import worker_env
 
         self.log = log
         self._logf = log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.runtime.worker", *args], cwd=ROOT,
+            [*(prefix or []), sys.executable, "-m", "engine.runtime.worker", *args], cwd=ROOT,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._logf,
             env=env or worker_env(), start_new_session=True)
         self.events: queue.Queue[dict | None] = queue.Queue()
@@ -119,13 +121,13 @@ class Group:
     def __init__(self, tmp: Path, model: Path, world: int, strategy: str,
                  layers: list[list[int]] | None = None, timeout_s: float = 20,
                  env: dict[str, str] | None = None, prefix_cache_tokens: int = 8192,
-                 streams: int = 1):
+                 streams: int = 1, lanes: int = 1, prefix: list[str] | None = None):
         ports = free_ports(2 * world)
         self.config = {"world": world, "backend": "ring", "strategy": strategy,
                        "hosts": [f"127.0.0.1:{p}" for p in ports[:world]],
                        "bells": [f"127.0.0.1:{p}" for p in ports[world:]],
                        "layers": layers or [], "timeout_s": timeout_s,
-                       "prefix_cache_tokens": prefix_cache_tokens}
+                       "prefix_cache_tokens": prefix_cache_tokens, "lanes": lanes}
         tmp.mkdir(parents=True, exist_ok=True)
         self.ranks: list[Worker] = []
         for r in range(world):
@@ -133,7 +135,7 @@ class Group:
             cfg.write_text(json.dumps({**self.config, "rank": r}))
             self.ranks.append(Worker(["--model", str(model), "--model-id", "m",
                                       "--dist", str(cfg), "--streams", str(streams)],
-                                     tmp / f"rank{r}.log", env))
+                                     tmp / f"rank{r}.log", env, prefix))
 
     @property
     def leader(self) -> Worker:
@@ -162,3 +164,36 @@ class Group:
     def kill(self) -> None:
         for w in self.ranks:
             w.kill()
+
+
+def send_all(leader: Worker, requests: list, tag: str) -> None:
+    for i, (msgs, s) in enumerate(requests):
+        leader.send({"op": "generate", "id": f"{tag}{i}",
+                     "request": {"messages": msgs, "sampling": s}})
+
+
+def collect_all(leader: Worker, ids: list[str], timeout: float = 120) -> dict[str, list]:
+    """Every event of several requests in flight at once, in arrival order per request,
+    with the time each arrived."""
+    got: dict[str, list] = {i: [] for i in ids}
+    left = set(ids)
+    while left:
+        ev = leader.expect(lambda e: e.get("id") in left, timeout)
+        ev["t"] = time.monotonic()
+        got[ev["id"]].append(ev)
+        if ev["ev"] in ("done", "error"):
+            left.discard(ev["id"])
+    return got
+
+
+def overlapped_steps(rank0: Worker, timeout: float = 10) -> int:
+    """Rank 0's count, from the stats line it logs as the round ends, of its steps run
+    while another lane's step was on the next ranks."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.findall(r"rank 0 request stats: .* overlapped_steps=(\d+)",
+                           rank0.log.read_text(errors="replace"))
+        if found:
+            return int(found[-1])
+        time.sleep(0.1)
+    raise AssertionError("rank 0 logged no request stats")

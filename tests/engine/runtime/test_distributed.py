@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dist_harness import Group, Worker, collect, generate, texts  # noqa: E402
+from dist_harness import (  # noqa: E402
+    Group,
+    Worker,
+    collect,
+    collect_all,
+    generate,
+    overlapped_steps,
+    send_all,
+    texts,
+)
 
 from tiny import LLAMA, QWEN3, make_tiny_model  # noqa: E402
 
@@ -127,34 +136,17 @@ def test_requests_queue_and_cancel_stops_every_rank(models, reference, tmp_path)
         group.kill()
 
 
-def send_all(leader: Worker, requests: list, tag: str) -> None:
-    for i, (msgs, s) in enumerate(requests):
-        leader.send({"op": "generate", "id": f"{tag}{i}",
-                     "request": {"messages": msgs, "sampling": s}})
-
-
-def collect_all(leader: Worker, ids: list[str], timeout: float = 120) -> dict[str, list]:
-    """Every event of several requests in flight at once, in arrival order per request,
-    with the time each arrived."""
-    got: dict[str, list] = {i: [] for i in ids}
-    left = set(ids)
-    while left:
-        ev = leader.expect(lambda e: e.get("id") in left, timeout)
-        ev["t"] = time.monotonic()
-        got[ev["id"]].append(ev)
-        if ev["ev"] in ("done", "error"):
-            left.discard(ev["id"])
-    return got
-
-
-@pytest.mark.parametrize("strategy,world", [("pipeline", 2), ("pipeline", 3), ("tensor", 2)])
+@pytest.mark.parametrize("strategy,world,lanes", [
+    ("pipeline", 2, 1), ("pipeline", 2, 2), ("pipeline", 3, 3), ("tensor", 2, 1)])
 def test_concurrent_requests_decode_together_across_ranks(models, reference, tmp_path,
-                                                          strategy, world):
-    """A group that takes several requests at once (--streams) decodes them in one batch
-    on every rank: each answer (greedy, penalised and seeded alike) is token for token
-    what one process gives alone, and a resend afterwards hits the prefix cache."""
+                                                          strategy, world, lanes):
+    """A group that takes several requests at once (--streams) decodes them together on
+    every rank: each answer (greedy, penalised and seeded alike) is token for token what
+    one process gives alone, and a resend afterwards hits the prefix cache. With a lane
+    per rank a pipeline keeps its stages busy at once: rank 0 runs one lane's step while
+    the next ranks run another's; with one lane it never does."""
     group = Group(tmp_path, models["qwen3"], world, strategy,
-                  SPLITS[world] if strategy == "pipeline" else None, streams=4)
+                  SPLITS[world] if strategy == "pipeline" else None, streams=4, lanes=lanes)
     try:
         assert [r["extra"]["streams"] for r in group.ready()] == [4] * world
         leader = group.leader
@@ -168,6 +160,8 @@ def test_concurrent_requests_decode_together_across_ranks(models, reference, tmp
         firsts = [next(e["t"] for e in got[k] if e["ev"] == "delta") for k in got]
         ends = [got[k][-1]["t"] for k in got]
         assert sum(f < min(ends) for f in firsts) >= 3
+        overlapped = overlapped_steps(leader)
+        assert overlapped > 10 if lanes > 1 else overlapped == 0
         again = generate(leader, "again", *REQUESTS[1][:1], **REQUESTS[1][1])
         assert texts(again) == reference["qwen3"][1] and again[-1]["cached_tokens"] > 0
         assert group.shutdown() == [0] * world
@@ -181,7 +175,8 @@ def test_long_prefill_does_not_stall_the_others(models, reference, tmp_path, str
     sent after it starts answering before the long one's first token, both exactly; a
     cancel in the batch frees its place, the ranks go idle and stay up."""
     group = Group(tmp_path, models["llama"], 2, strategy,
-                  SPLITS[2] if strategy == "pipeline" else None, streams=4, timeout_s=3)
+                  SPLITS[2] if strategy == "pipeline" else None, streams=4, timeout_s=3,
+                  lanes=2 if strategy == "pipeline" else 1)
     try:
         group.ready()
         leader = group.leader

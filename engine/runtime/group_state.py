@@ -1,0 +1,201 @@
+"""What every rank of a batching group holds about the requests in flight, and the plan
+rank 0 sends before each step (engine/runtime/group_batch.py runs the steps).
+
+The decoding sequences sit in lanes: each lane's KV is one batched cache per layer
+(mlx-lm's BatchKVCache and friends: merge, extend, filter, extract), and a step runs one
+lane. A pipeline has a lane per rank, so while rank 1 runs one lane's step rank 0 runs the
+next lane's; tensor groups have one lane. Each prefilling prompt has its own cache.
+
+Every rank applies the plans in the order rank 0 sent them, so caches, lanes and prefix
+tries stay alike: the rules below (which lane a prompt joins, which KV goes into the prefix
+cache) read only that shared state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.runtime.batching import Job
+from engine.runtime.lockstep import DTYPES
+from engine.runtime.prefix import PrefixCache
+
+HEAD_LEN = 11
+
+
+@dataclass
+class Plan:
+    """One step of the group, decided by rank 0."""
+
+    lane: int = 0        # the lane whose sequences this step decodes
+    drop: list[int] = field(default_factory=list)    # the lane's sequences that leave
+    cancel: list[int] = field(default_factory=list)  # prefilling prompts that leave
+    keep: int = 0        # prefix cache entries rank 0 holds after the drops
+    admit: list[list[int]] = field(default_factory=list)  # prompts that join
+    cached: list[int] = field(default_factory=list)  # their tokens the prefix cache holds
+    feed: list[int] = field(default_factory=list)    # one token per sequence of the lane
+    chunk: int = -1      # the prefilling prompt whose chunk runs (-1: none)
+    chunk_len: int = 0
+    hidden: int = 0
+    dtype: str = DTYPES[0]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to run and nothing to tell the other ranks."""
+        return not (self.drop or self.cancel or self.admit or self.feed or self.chunk >= 0)
+
+    def encode(self) -> tuple[Any, Any]:
+        import mlx.core as mx
+
+        ids = [t for p in self.admit for t in p]
+        head = [self.lane, len(self.drop), len(self.cancel), self.keep, len(self.admit),
+                len(ids), len(self.feed), self.chunk, self.chunk_len, self.hidden,
+                DTYPES.index(self.dtype)]
+        body = [*self.drop, *self.cancel, *(len(p) for p in self.admit), *self.cached,
+                *ids, *self.feed, 0]  # never empty
+        return mx.array(head, dtype=mx.int32), mx.array(body, dtype=mx.int32)
+
+    @staticmethod
+    def body_len(head: list[int]) -> int:
+        return head[1] + head[2] + 2 * head[4] + head[5] + head[6] + 1
+
+    @classmethod
+    def decode(cls, head: list[int], body: list[int]) -> Plan:
+        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt = head
+        at = 0
+
+        def take(n: int) -> list[int]:
+            nonlocal at
+            at += n
+            return body[at - n:at]
+
+        drop, cancel, lens, cached, ids, feed = (take(nd), take(nc), take(na), take(na),
+                                                 take(nids), take(nf))
+        admit, at = [], 0
+        for n in lens:
+            admit.append(ids[at:at + n])
+            at += n
+        return cls(lane, drop, cancel, keep, admit, cached, feed, chunk, chunk_len, hidden,
+                   DTYPES[dt])
+
+
+@dataclass
+class Seq:
+    prompt: list[int]
+    tokens: list[int]          # exactly the tokens its KV holds (its prefix cache key)
+    cache: list[Any] | None    # its own cache while it prefills
+    job: Job | None = None    # rank 0 only
+    sample: Callable[[Any], tuple[int, Any]] | None = None
+    generated: int = 0
+    next: int | None = None    # the token it feeds at its lane's next step
+
+    @property
+    def left(self) -> int:
+        """Prompt tokens still to prefill (the last one runs in the decode batch)."""
+        return len(self.prompt) - 1 - len(self.tokens)
+
+
+@dataclass
+class Lane:
+    decoding: list[Seq] = field(default_factory=list)
+    batch: list[Any] | None = None  # their KV, one batched cache per layer
+
+
+def _extract(batch: list[Any], i: int) -> list[Any]:
+    from mlx_lm.models.cache import ArraysCache
+
+    out = []
+    for c in batch:
+        if isinstance(c, ArraysCache) and any(x is None for x in c.cache):
+            out.append(ArraysCache(len(c.cache)))  # another rank's layer: holds nothing
+        else:
+            out.append(c.extract(i))
+    return out
+
+
+class State:
+    """What every rank of the group holds about the requests in flight."""
+
+    def __init__(self, prefix: PrefixCache, make_cache: Callable[[], list[Any]],
+                 lanes: int = 1):
+        self.prefix, self.make_cache = prefix, make_cache
+        self.pending: list[Seq] = []
+        self.lanes = [Lane() for _ in range(lanes)]
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and not self.n_decoding
+
+    @property
+    def n_decoding(self) -> int:
+        return sum(len(lane.decoding) for lane in self.lanes)
+
+    def first_busy_lane(self) -> int:
+        """The lowest lane with sequences decoding (-1: none)."""
+        return next((i for i, lane in enumerate(self.lanes) if lane.decoding), -1)
+
+    def drop(self, plan: Plan) -> None:
+        """The plan's leavers go, decoding ones into the prefix cache."""
+        lane = self.lanes[plan.lane]
+        for i in plan.drop:
+            assert lane.batch is not None
+            self.prefix.finish(lane.decoding[i].tokens, _extract(lane.batch, i))
+        if plan.drop:
+            keep = [i for i in range(len(lane.decoding)) if i not in set(plan.drop)]
+            lane.decoding = [lane.decoding[i] for i in keep]
+            if keep:
+                assert lane.batch is not None
+                for c in lane.batch:
+                    c.filter(keep)
+            else:
+                lane.batch = None
+        gone = set(plan.cancel)
+        self.pending = [s for i, s in enumerate(self.pending) if i not in gone]
+
+    def admit(self, prompt: list[int], cache: list[Any] | None, cached: int) -> Seq:
+        seq = Seq(prompt, list(prompt[:cached]), cache or self.make_cache())
+        self.pending.append(seq)
+        return seq
+
+    def joined(self) -> None:
+        """Prompts with only their last token left join the lane with the fewest sequences
+        (that token is the first they feed)."""
+        for seq in [s for s in self.pending if s.left == 0]:
+            self.pending.remove(seq)
+            assert seq.cache is not None
+            self.prefix.snapshot(seq.prompt, seq.cache)
+            merged = [c.merge([c]) for c in seq.cache]
+            lane = min(self.lanes, key=lambda ln: len(ln.decoding))
+            if lane.batch is None:
+                lane.batch = merged
+            else:
+                for a, b in zip(lane.batch, merged):
+                    a.extend(b)
+            seq.cache = None
+            lane.decoding.append(seq)
+
+    def fed(self, plan: Plan) -> None:
+        for seq, t in zip(self.lanes[plan.lane].decoding, plan.feed):
+            seq.tokens.append(t)
+        if plan.chunk >= 0:
+            seq = self.pending[plan.chunk]
+            seq.tokens += seq.prompt[len(seq.tokens):len(seq.tokens) + plan.chunk_len]
+
+
+class OutOfStep(RuntimeError):
+    pass
+
+
+def apply_plan(plan: Plan, state: State) -> None:
+    """A follower's side of the plan's bookkeeping before the step's compute, in rank 0's
+    order (GroupBatcher._plan): leavers, the prefix cache's count, joiners."""
+    state.drop(plan)
+    state.prefix.keep(plan.keep)
+    for prompt, cached in zip(plan.admit, plan.cached):
+        cache, n = state.prefix.fetch(prompt)
+        if n != cached:
+            raise OutOfStep(f"the prefix cache is out of step (rank 0 holds {cached} of the "
+                            f"prompt's tokens, this rank {n})")
+        state.admit(prompt, cache, cached)
+    state.joined()
