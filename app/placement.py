@@ -368,6 +368,8 @@ class PlacementView(QWidget):
                if (full := placement.get("decode_tps_full_context")) and
                abs(full - placement["decode_tps"]) > 0.01 * placement["decode_tps"] else "")
             + (f" · {fmt_tps(many)} tokens/s over {placement.get('streams')} streams"
+               + (f" in {lanes} lanes" if (lanes := placement.get("lanes") or 1)
+                  > 1 else "")
                if (many := placement.get("decode_tps_streams")) else ""))
         self.reason_label.setVisible(bool(placement.get("warnings")))
         self.reason_label.setText("\n".join(placement.get("warnings") or []))

@@ -141,7 +141,7 @@ def render(r: PlanReport, top: int = 10) -> str:
         return "\n".join(lines)
     full = f"@{context_label(r.context)}"
     head = ["#", "STRATEGY", "BACKEND", "NODE", "LAYERS", "MEMORY GB (USABLE)",
-            "DECODE tok/s", full, "PREFILL tok/s"]
+            "DECODE tok/s", full, "PREFILL tok/s", "STREAMS tok/s"]
     rows = []
     for k, p in enumerate(r.placements[:top], 1):
         for j, rk in enumerate(p.ranks):
@@ -151,7 +151,7 @@ def render(r: PlanReport, top: int = 10) -> str:
             backend = p.backend if p.strategy != "single" else "-"
             first = [str(k), p.strategy, backend] if j == 0 else ["", "", ""]
             pred = [f"{p.decode_tps:.1f}", f"{p.prediction.decode_tps_full:.1f}",
-                    f"{p.prefill_tps:.0f}"] if j == 0 else ["", "", ""]
+                    f"{p.prefill_tps:.0f}", _streams(p.prediction)] if j == 0 else [""] * 4
             rows.append([*first, rk.name, layers, mem + (" !" if not rk.memory.fits else ""),
                          *pred])
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
@@ -161,3 +161,9 @@ def render(r: PlanReport, top: int = 10) -> str:
         lines.append(f"... and {len(r.placements) - top} more (--top N)")
     lines += [f"warning: {w}" for p in r.placements[:top] for w in p.warnings]
     return "\n".join(lines)
+
+
+def _streams(p: Any) -> str:
+    """All of `streams` sequences decoding together, and the lanes a pipeline keeps."""
+    lanes = f", {p.lanes} lanes" if p.lanes > 1 else ""
+    return f"{p.decode_tps_streams:.1f} ({p.streams}{lanes})"

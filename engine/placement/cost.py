@@ -35,6 +35,7 @@ class Prediction:
     prefill_tps: float  # a prompt of Assumptions.prefill_tokens tokens
     decode_tps_streams: float = 0.0  # `streams` sequences together, all of them
     streams: int = 1
+    lanes: int = 1  # micro-batches a pipeline keeps in flight for them (lanes_round_s)
 
 
 
@@ -108,25 +109,25 @@ def _batched_rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bo
                     streams: int, shards: int, a: Assumptions) -> float:
     """One rank decoding `streams` sequences in one step (continuous batching): its
     weights are read once for all of them (for MoE, every expert some sequence routes
-    to), every sequence's KV and FLOPs are its own."""
-    one = _rank_s(r, node, layers, head, 1, shards, a)
+    to), every sequence's KV and FLOPs are its own; the step is paced by the larger of
+    memory and compute, as a single token's is."""
     if streams <= 1:
-        return one
+        return _rank_s(r, node, layers, head, 1, shards, a)
     s, e = layers
     model, t = r.model, r.t
+    active = (t.active[e] - t.active[s]) / shards + (model.head_params if head else 0)
     cached = r.kv[e] - r.kv[s] if r.kv else 0
     kv = cached * model.kv_per_token * model.kv_bytes / (shards if model.kv_sharded else 1)
-    # experts touched grows with the batch, up to all of them
-    moe_weights = ((t.weights[e] - t.weights[s]) - (t.active[e] - t.active[s])) \
-        / shards * model.bytes_per_param
-    routed = min(1.0, streams * model.active_experts / model.experts) if model.experts \
-        else 0.0
-    extra_bytes = (streams - 1) * kv + routed * moe_weights
-    flops = 2 * (streams - 1) * ((t.active[e] - t.active[s]) / shards
-                                 + (model.head_params if head else 0)
-                                 + model.heads / shards * model.score_per_head * cached)
-    return one + max(extra_bytes / (node.memory_bandwidth_Bps * a.bandwidth_efficiency),
-                     flops / (node.compute_flops * a.compute_efficiency))
+    # the other sequences route to other experts, up to all of them
+    idle = ((t.weights[e] - t.weights[s]) - (t.active[e] - t.active[s])) / shards
+    routed = min(1.0, (streams - 1) * model.active_experts / model.experts) \
+        if model.experts else 0.0
+    nbytes = (active + routed * idle) * model.bytes_per_param + streams * kv
+    flops = 2 * streams * (active + model.heads / shards * model.score_per_head * cached)
+    moe = t.moe[e] - t.moe[s]
+    fixed = moe * a.moe_layer_overhead_s + (e - s - moe) * a.layer_overhead_s
+    return max(nbytes / (node.memory_bandwidth_Bps * a.bandwidth_efficiency),
+               flops / (node.compute_flops * a.compute_efficiency)) + fixed
 
 
 def batched_step_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
@@ -148,6 +149,34 @@ def batched_step_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[Lin
     return total
 
 
+def lanes_round_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
+                  streams: int, lanes: int, position: int, a: Assumptions = DEFAULT) -> float:
+    """One decode step of every one of `streams` sequences on a pipeline that splits them
+    into `lanes` micro-batches in flight: while one rank runs one lane the others run the
+    others, so the busiest rank paces the round (each lane a step of its own, weights read
+    again), and no lane comes round faster than the stages one after another. It pays where
+    a step's cost grows with its batch: experts routed to, FLOPs, KV."""
+    r = _Rates(model, position)
+    per = math.ceil(streams / lanes)
+    act = per * model.hidden * a.act_bytes
+    ranks = [_batched_rank_s(r, st.node, st.layers, st.head, per, 1, a) for st in stages]
+    hops = [hop_s(link, act) for link in ring[:len(stages)]]
+    return max(min(lanes, streams) * max(t + h for t, h in zip(ranks, hops)),
+               sum(ranks) + sum(hops))
+
+
+def pipeline_lanes(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
+                   streams: int, position: int, a: Assumptions = DEFAULT) -> tuple[int, float]:
+    """(lanes, seconds per round of `streams` sequences): a lane per stage where that is
+    predicted at least 5% faster than one batch going stage after stage (the rest is
+    overhead the model doesn't count: more steps, more messages), else one."""
+    one = batched_step_s(model, stages, ring, "pipeline", streams, position, a)
+    if len(stages) < 2 or streams < 2:
+        return 1, one
+    many = lanes_round_s(model, stages, ring, streams, len(stages), position, a)
+    return (len(stages), many) if many < 0.95 * one else (1, one)
+
+
 def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
             ring: Sequence[LinkSpec], context: int, a: Assumptions = DEFAULT) -> Prediction:
     """Decode and prefill tokens/s for a pipeline (or single node) or tensor placement."""
@@ -162,7 +191,10 @@ def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
     # each chunk attends to what came before it: on average half the prompt
     prefill = chunks * step(chunk, prompt // 2)
     one = 1 / step(1, prompt)
-    together = a.streams / batched_step_s(model, stages, ring, strategy, a.streams, prompt, a)
+    if strategy == "tensor":
+        lanes, round_s = 1, batched_step_s(model, stages, ring, strategy, a.streams, prompt, a)
+    else:
+        lanes, round_s = pipeline_lanes(model, stages, ring, a.streams, prompt, a)
     return Prediction(decode_tps=one, decode_tps_full=1 / step(1, context),
-                      prefill_tps=prompt / prefill, decode_tps_streams=together,
-                      streams=a.streams)
+                      prefill_tps=prompt / prefill, decode_tps_streams=a.streams / round_s,
+                      streams=a.streams, lanes=lanes)

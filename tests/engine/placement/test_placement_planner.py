@@ -202,3 +202,31 @@ def test_a_group_is_predicted_to_batch_its_streams_as_one_node_does(strategy):
     p = evaluate(model, nodes, mesh(nodes), CTX, strategy, layout).prediction
     assert p.streams == 8
     assert p.decode_tps < p.decode_tps_streams < 8 * p.decode_tps
+
+
+def test_a_pipeline_keeps_a_lane_per_stage_in_flight_where_it_pays():
+    """Splitting the streams into one micro-batch per stage keeps every stage busy, but each
+    rank then reads its weights once per lane. It pays where a step's cost grows with its
+    batch: a mixture of experts routes more sequences to more experts. Where it doesn't (two
+    streams of a dense model: the weights dominate) one batch goes stage after stage."""
+    from engine.placement.cost import Stage, batched_step_s, pipeline_lanes
+
+    nodes = [node("studio-1", 400), node("studio-2", 400)]
+    moe = ModelSpec(name="moe", layers=61, hidden=7168, heads=128, kv_heads=128,
+                    head_dim=128, intermediate=18432, vocab=129280, experts=256,
+                    active_experts=8, moe_intermediate=2048, dense_layers=3,
+                    bytes_per_param=0.5625)
+    layout = [{"node": "studio-1", "layers": [0, 30]}, {"node": "studio-2", "layers": [30, 61]}]
+    p = evaluate(moe, nodes, mesh(nodes), CTX, "pipeline", layout).prediction
+    stages = [Stage(nodes[0], (0, 30), True), Stage(nodes[1], (30, 61), False)]
+    one = batched_step_s(moe, stages, mesh(nodes), "pipeline", 8, 4096)
+    assert p.lanes == 2 and p.decode_tps_streams > 1.25 * 8 / one
+
+    model = dense(bpp=0.5625)
+    stages = [Stage(nodes[0], (0, 40), True), Stage(nodes[1], (40, 80), False)]
+    lanes, round_s = pipeline_lanes(model, stages, mesh(nodes), 2, 512)
+    assert lanes == 1 and round_s == batched_step_s(model, stages, mesh(nodes), "pipeline",
+                                                    2, 512)
+    alone = evaluate(model, nodes[:1], [], CTX, "pipeline",
+                     [{"node": "studio-1", "layers": [0, 80]}]).prediction
+    assert alone.lanes == 1
