@@ -310,6 +310,7 @@ class InstanceInfo(Record):
     state: InstanceState = InstanceState.STARTING
     reason: str | None = None
     ranks: list[RankInfo] = field(default_factory=list)
+    lanes: int = 1  # micro-batches a pipeline keeps in flight (one per rank at most)
     warning: str | None = None  # a forced launch's memory warning
 
 

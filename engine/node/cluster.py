@@ -75,12 +75,14 @@ class Instance:
     reason: str | None = None
     backend: str = "ring"
     devices: list[list[str | None]] | None = None  # jaccl: RDMA device per rank pair
+    lanes: int = 1  # micro-batches a pipeline keeps in flight
     watch: asyncio.Task | None = field(default=None, repr=False)
 
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.id, self.model, self.strategy, self.state, self.reason,
                             [RankInfo(i, r["node"], r.get("layers"), r.get("progress"),
-                                      r.get("loaded")) for i, r in enumerate(self.ranks)])
+                                      r.get("loaded")) for i, r in enumerate(self.ranks)],
+                            lanes=self.lanes)
 
     def public(self) -> dict[str, Any]:
         return self.info().to_json()
@@ -97,6 +99,20 @@ def _prefix_budget(path: Path) -> int:
     from engine.runtime.load import context_length, read_config
     from engine.runtime.prefix import default_budget
     return default_budget(context_length(read_config(path)))
+
+
+def _lanes(body: dict[str, Any], strategy: str, world: int, predicted: int) -> int:
+    """The body's "lanes" (micro-batches a pipeline keeps in flight, 1 to one per rank),
+    or the planner's choice for this placement."""
+    lanes = body.get("lanes")
+    if lanes is None:
+        return predicted if strategy == "pipeline" else 1
+    top = world if strategy == "pipeline" else 1
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= top:
+        raise BadRequest(f"'lanes' must be a whole number from 1 to {top} for this "
+                         f"{strategy} placement (one per rank at most; tensor ranks run "
+                         "every step together), not {lanes!r}.", param="lanes")
+    return lanes
 
 
 def model_shape(config: dict[str, Any]) -> tuple[ModelShape, str]:
@@ -183,6 +199,7 @@ class Cluster:
                                              {**body, "nodes": [{"node": "self"}]},
                                              timeout=900)
             self._check_memory(body, model, "pipeline", ranks)
+            _lanes(body, "pipeline", 1, 1)  # one process: one batch
             await self.stop_instance("replaced by a new launch")
             await self.node.start_worker(model, self.node.resolve(model))
             return InstanceInfo(None, model, "single", InstanceState.READY, None,
@@ -207,10 +224,16 @@ class Cluster:
                 check_tensor(shape, len(ranks), mtype)
         except PlacementError as e:
             raise BadRequest(f"This placement can't run: {e}.", param="nodes") from None
-        warning = self._check_memory(body, model, strategy, ranks)
+        warning, predicted = self._check_memory(body, model, strategy, ranks)
+        hosts = [self.host if r["url"] is None else _host_of(r["url"]) for r in ranks]
+        if len(set(hosts)) < len(hosts) and predicted > 1:
+            # ranks on one machine share its memory bus: their steps at once don't gain
+            log.info("one batch for %s: some of its ranks share a machine", model)
+            predicted = 1
+        lanes = _lanes(body, strategy, len(ranks), predicted)
         await self.stop_instance("replaced by a new launch")
         inst = Instance(uuid.uuid4().hex[:12], model, strategy, ranks)
-        inst.backend, inst.devices = backend, rdma
+        inst.backend, inst.devices, inst.lanes = backend, rdma, lanes
         self.instance = inst
         try:
             await self._start(inst, path)
@@ -236,9 +259,9 @@ class Cluster:
         return {"strategy": launch["strategy"], "backend": "ring", "nodes": launch["nodes"]}
 
     def _check_memory(self, body: dict[str, Any], model: str, strategy: str,
-                      ranks: list[dict[str, Any]]) -> str | None:
+                      ranks: list[dict[str, Any]]) -> tuple[str | None, int]:
         """Refuse a placement that would swap, with the numbers, unless forced (then the
-        numbers come back as a warning)."""
+        numbers come back as a warning). Also the lanes the planner predicts best."""
         layout = (strategy, "ring",
                   [{"node": r["node"], **({"layers": r["layers"]} if r["layers"] else {})}
                    for r in ranks])
@@ -252,9 +275,10 @@ class Cluster:
                                      param="nodes") from None
         except PlacementError as e:
             log.info("memory check skipped: %s", e)
-            return None
+            return None, 1
         warnings = [w for p in report.placements for w in getattr(p, "warnings", ())]
-        return "; ".join(warnings) or None
+        lanes = report.placements[0].prediction.lanes if report.placements else 1
+        return "; ".join(warnings) or None, lanes
 
     def _rdma_matrix(self, ranks: list[dict[str, Any]], backend: str
                      ) -> list[list[str | None]]:
@@ -349,7 +373,8 @@ class Cluster:
                 "layers": [r["layers"] for r in inst.ranks]
                 if inst.strategy == "pipeline" else [],
                 # one token or one 2048-token prefill chunk round the whole group
-                "timeout_s": 120, "prefix_cache_tokens": _prefix_budget(path)}
+                "timeout_s": 120, "prefix_cache_tokens": _prefix_budget(path),
+                "lanes": inst.lanes}
         # 2. start every rank at once (MLX's init needs them all)
         starts = [self.peers.call(r["url"], "POST", "/shoal/peer/start",
                                   {"instance": inst.id, "model": inst.model,

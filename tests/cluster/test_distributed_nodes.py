@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -74,10 +75,27 @@ def test_model_missing_on_a_node_is_named(trio, tmp_path):
     assert "not-here" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("strategy,lanes,words", [
+    ("pipeline", 0, "from 1 to 2"), ("pipeline", 3, "from 1 to 2"),
+    ("pipeline", "2", "whole number"), ("pipeline", True, "whole number"),
+    ("tensor", 2, "from 1 to 1")])
+def test_bad_lanes_are_refused_before_anything_starts(trio, strategy, lanes, words):
+    a, b, _ = trio
+    nodes = [{"node": "self", "layers": [0, 2]}, {"node": node_id(b), "layers": [2, 4]}] \
+        if strategy == "pipeline" else [{"node": "self"}, {"node": node_id(b)}]
+    r = launch(a, {"model": "tiny-llama", "strategy": strategy, "nodes": nodes,
+                   "lanes": lanes})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "lanes" and words in r.json()["error"]["message"]
+    assert a.client.status()["worker_pid"] is None  # nothing was started
+
+
 def test_pipeline_over_three_nodes_serves_through_any_node(trio, tiny_node):
+    """Launched from any node, served through any node; with a lane per rank, concurrent
+    requests each get the one-process answer."""
     expected = greedy(tiny_node)  # the single-process answer
     a, b, c = trio
-    r = launch(b, {"model": "tiny-llama", "strategy": "pipeline",
+    r = launch(b, {"model": "tiny-llama", "strategy": "pipeline", "lanes": 3,
                    "nodes": [{"node": node_id(a), "layers": [0, 1]},
                              {"node": node_id(b), "layers": [1, 3]},
                              {"node": node_id(c), "layers": [3, 4]}]})
@@ -85,7 +103,10 @@ def test_pipeline_over_three_nodes_serves_through_any_node(trio, tiny_node):
     inst = r.json()
     assert inst["state"] == "ready" and [x["layers"] for x in inst["ranks"]] == \
         [[0, 1], [1, 3], [3, 4]]
+    assert inst["lanes"] == 3
     assert greedy(a) == expected  # a owns rank 0
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda n: greedy(n), [a, a, b, c])) == [expected] * 4
     wait_until(lambda: any(m["id"] == "tiny-llama" for m in c.client.models()), 10)
     assert greedy(c) == expected  # c relays to the owner
     stream = c.client.chat(HELLO, model="tiny-llama", max_tokens=24, temperature=0)
