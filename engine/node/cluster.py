@@ -111,7 +111,7 @@ def _lanes(body: dict[str, Any], strategy: str, world: int, predicted: int) -> i
     if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= top:
         raise BadRequest(f"'lanes' must be a whole number from 1 to {top} for this "
                          f"{strategy} placement (one per rank at most; tensor ranks run "
-                         "every step together), not {lanes!r}.", param="lanes")
+                         f"every step together), not {lanes!r}.", param="lanes")
     return lanes
 
 

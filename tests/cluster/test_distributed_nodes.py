@@ -86,7 +86,9 @@ def test_bad_lanes_are_refused_before_anything_starts(trio, strategy, lanes, wor
     r = launch(a, {"model": "tiny-llama", "strategy": strategy, "nodes": nodes,
                    "lanes": lanes})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == "lanes" and words in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "lanes" and words in message
+    assert f"not {lanes!r}" in message
     assert a.client.status()["worker_pid"] is None  # nothing was started
 
 

@@ -208,18 +208,27 @@ def test_long_prefill_does_not_stall_the_others(models, reference, tmp_path, str
         group.kill()
 
 
-def test_killed_rank_takes_the_group_down(models, tmp_path):
-    group = Group(tmp_path, models["llama"], 3, "pipeline", SPLITS[3], timeout_s=5)
+@pytest.mark.parametrize("streams,lanes", [(1, 1), (4, 3)])
+def test_killed_rank_takes_the_group_down(models, tmp_path, streams, lanes):
+    """In lockstep, and with three lanes in flight: every request gets the reason."""
+    group = Group(tmp_path, models["llama"], 3, "pipeline", SPLITS[3], timeout_s=5,
+                  streams=streams, lanes=lanes)
     try:
         group.ready()
         leader = group.leader
-        leader.send({"op": "generate", "id": "x", "request": {
-            "messages": REQUESTS[0][0], "sampling": {"max_tokens": 5000}}})
-        leader.expect(lambda e: e.get("id") == "x" and e["ev"] == "delta")
+        ids = [f"x{i}" for i in range(streams if streams == 1 else 3)]
+        for rid in ids:
+            leader.send({"op": "generate", "id": rid, "request": {
+                "messages": REQUESTS[0][0], "sampling": {"max_tokens": 5000}}})
+        for rid in ids:
+            leader.expect(lambda e, rid=rid: e.get("id") == rid and e["ev"] == "delta")
         t0 = time.monotonic()
         os.kill(group.ranks[1].proc.pid, signal.SIGKILL)
-        ev = leader.expect(lambda e: e["ev"] == "error" or e["ev"] == "fatal", 10)
-        assert ev["code"] == "peer_lost" and ev.get("id", "x") == "x"
+        told = set()
+        while told != set(ids):
+            ev = leader.expect(lambda e: e["ev"] in ("error", "fatal"), 10)
+            assert ev["code"] == "peer_lost"
+            told |= {ev["id"]} if ev.get("id") else set(ids)
         lost = group.ranks[2].expect(lambda e: e["ev"] == "fatal", 10)
         assert lost["code"] == "peer_lost" and lost["extra"]["peer"] in (0, 1)
         codes = group.exit_codes(10)
