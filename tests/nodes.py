@@ -122,9 +122,11 @@ def home_with(tmp: Path, model_dir: Path) -> Path:
 
 
 def start_cluster(root: Path, model_dir: Path, n: int,
-                  secret: str = "test-cluster-secret") -> list[NodeProcess]:
-    """n nodes on loopback, each told about the others with --peer, each holding the model;
-    returns once every node sees every other as reachable."""
+                  secret: str = "test-cluster-secret", extra: tuple[str, ...] = ()
+                  ) -> list[NodeProcess]:
+    """n nodes on loopback, each told about the others with --peer, each holding the model
+    (and started with `extra` arguments); returns once every node sees every other as
+    reachable."""
     from tests_support import wait_until
     cports = [free_port() for _ in range(n)]  # peers meet on their cluster ports
     nodes = []
@@ -133,7 +135,7 @@ def start_cluster(root: Path, model_dir: Path, n: int,
             peers = [a for j, p in enumerate(cports) if j != i
                      for a in ("--peer", f"127.0.0.1:{p}")]
             home = home_with(root / f"node{i}", model_dir)
-            nodes.append(NodeProcess(home, "none", *peers, "--secret", secret,
+            nodes.append(NodeProcess(home, "none", *peers, "--secret", secret, *extra,
                                      cluster_port=cports[i]))
         for nd in nodes:
             nd.wait_healthy()

@@ -231,6 +231,11 @@ class Cluster:
             log.info("one batch for %s: some of its ranks share a machine", model)
             predicted = 1
         lanes = _lanes(body, strategy, len(ranks), predicted)
+        if lanes > 1 and self.node.max_streams < 2:
+            if body.get("lanes") is not None:
+                raise BadRequest("'lanes' needs a node that decodes several requests at "
+                                 "once; this one runs with --max-streams 1.", param="lanes")
+            lanes = 1  # one request at a time: there is nothing to split
         await self.stop_instance("replaced by a new launch")
         inst = Instance(uuid.uuid4().hex[:12], model, strategy, ranks)
         inst.backend, inst.devices, inst.lanes = backend, rdma, lanes

@@ -92,6 +92,24 @@ def test_bad_lanes_are_refused_before_anything_starts(trio, strategy, lanes, wor
     assert a.client.status()["worker_pid"] is None  # nothing was started
 
 
+def test_lanes_need_a_node_that_batches(tmp_path, tiny_model_dir):
+    """With --max-streams 1 the group runs one request at a time: asking for lanes is
+    refused with the reason, and without asking the instance has one."""
+    a, b = start_cluster(tmp_path, tiny_model_dir, 2, extra=("--max-streams", "1"))
+    try:
+        nodes = [{"node": "self", "layers": [0, 2]}, {"node": node_id(b), "layers": [2, 4]}]
+        r = launch(a, {"model": "tiny-llama", "strategy": "pipeline", "nodes": nodes,
+                       "lanes": 2})
+        assert r.status_code == 400, r.text
+        assert "--max-streams 1" in r.json()["error"]["message"]
+        r = launch(a, {"model": "tiny-llama", "strategy": "pipeline", "nodes": nodes})
+        assert r.status_code == 201, r.text
+        assert r.json()["lanes"] == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_pipeline_over_three_nodes_serves_through_any_node(trio, tiny_node):
     """Launched from any node, served through any node; with a lane per rank, concurrent
     requests each get the one-process answer."""
