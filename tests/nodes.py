@@ -212,6 +212,13 @@ class NetnsLan:
     def mend(self, i: int) -> None:
         self._sh("ip", "link", "set", self.veth(i), "up")
 
+    def partition(self, i: int, j: int, heal: bool = False) -> None:
+        """Namespaces i and j lose the path between them (packets vanish) while both keep
+        their cables to everyone else; `heal` gives it back."""
+        for a, b in ((i, j), (j, i)):
+            self._sh("ip", "netns", "exec", self.names[a], "ip", "route",
+                     "del" if heal else "add", "blackhole", f"{self.ip(b)}/32")
+
     def close(self) -> None:
         for ns in self.made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)

@@ -519,7 +519,8 @@ class Cluster:
 
     def _on_follower_event(self, f: Follower, ev: dict[str, Any]) -> None:
         if ev["ev"] == "exited" and f.state != InstanceState.STOPPED:
-            f.state, f.reason = InstanceState.FAILED, ev.get("reason")
+            # the worker's own reason, where it gave one, says more than its exit
+            f.state, f.reason = InstanceState.FAILED, f.reason or ev.get("reason")
             task = asyncio.get_running_loop().create_task(self._tell_owner(f))
             self.node.keep(task)
         elif ev["ev"] == "fatal":

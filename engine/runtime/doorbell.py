@@ -15,6 +15,7 @@ import logging
 import queue
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,28 @@ REQUEST, STEP, TOKEN, END, QUIT, LOADED = b"R", b"S", b"T", b"E", b"Q", b"L"
 BATCH = b"B"  # a batched step's plan (engine/runtime/group_batch.py)
 HELLO = b"SHOALBELL1"
 _HELLO_LEN = len(HELLO) + 4 + 16
+
+
+DEAD_PATH_S = 10  # a neighbour whose TCP stack doesn't answer this long is gone
+
+
+def watch_path(s: socket.socket) -> None:
+    """Have the kernel notice a dead path to the neighbour within about DEAD_PATH_S, idle
+    or not: keepalive probes while nothing is in flight, and a bound on unacknowledged
+    data while a byte is. Either ends the reader's recv with an error, and the group
+    fails with the reason. Without it a cable cut between two ranks that both still
+    reach the owner went unnoticed while idle, and for the group's whole watchdog
+    timeout (120 s) while busy."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+    for opt, value in ((idle, 4), (getattr(socket, "TCP_KEEPINTVL", None), 2),
+                       (getattr(socket, "TCP_KEEPCNT", None), 3)):
+        if opt is not None:
+            s.setsockopt(socket.IPPROTO_TCP, opt, value)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux: milliseconds
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PATH_S * 1000)
+    elif sys.platform == "darwin":  # TCP_RXT_CONNDROPTIME (netinet/tcp.h): seconds
+        s.setsockopt(socket.IPPROTO_TCP, 0x80, DEAD_PATH_S)
 
 
 def _split(addr: str) -> tuple[str, int]:
@@ -85,6 +108,7 @@ class Doorbell:
         for s in (self._succ, self._pred):
             s.settimeout(None)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            watch_path(s)
         threading.Thread(target=self._read_pred, name="bell-pred", daemon=True).start()
         threading.Thread(target=self._watch_succ, name="bell-succ", daemon=True).start()
 
@@ -165,8 +189,8 @@ class Doorbell:
         while True:
             try:
                 data = self._pred.recv(256)
-            except OSError:
-                data = b""
+            except OSError as e:
+                return self._ended(self.cfg.predecessor, e)
             if not data:
                 return self._ended(self.cfg.predecessor)
             for i in range(len(data)):
@@ -181,18 +205,22 @@ class Doorbell:
         while True:
             try:
                 data = self._succ.recv(256)
-            except OSError:
-                data = b""
+            except OSError as e:
+                return self._ended(self.cfg.successor, e)
             if not data:
                 return self._ended(self.cfg.successor)
             if QUIT in data:
                 return self._quit_from(self.cfg.successor)
 
-    def _ended(self, peer: int) -> None:
+    def _ended(self, peer: int, error: OSError | None = None) -> None:
         if self._closing:
             self.closed.set()
+        elif isinstance(error, TimeoutError):
+            self._on_lost(peer, f"the connection to it went silent for {DEAD_PATH_S} s "
+                          "(a cable or network problem between the two machines)")
         else:
-            self._on_lost(peer, "its connection closed (the process exited or was killed)")
+            self._on_lost(peer, "its connection closed (the process exited or was killed)"
+                          if error is None else f"its connection failed ({error})")
 
     def _quit_from(self, peer: int) -> None:
         if self._closing:

@@ -230,3 +230,44 @@ def test_link_cut_under_load(lan, tmp_path, tiny_model_dir):
         for n in nodes:
             n.stop()
     assert not any(worker_pids(n) for n in nodes), "a worker outlived its node"
+
+
+def test_a_cut_between_two_ranks_is_noticed_within_seconds(lan, tmp_path, tiny_model_dir):
+    """Nodes 2 and 3 (ranks 1 and 2) lose the path between them while both still reach the
+    owner, so no node looks gone: the ranks' own connections notice. Under load a stream
+    in flight ends with an error and the owner reports the instance failed within 20 s;
+    once the path is back the instance relaunches and serves; idle, the cut is noticed
+    within 20 s too."""
+    nodes = start(lan, tmp_path, tiny_model_dir)
+    a, _, _ = nodes
+    try:
+        for n in nodes:
+            n.wait_healthy()
+        for n in nodes:
+            wait_until(lambda n=n: all_reachable(n), 20)
+        ids = [n.client.status()["cluster"]["id"] for n in nodes]
+        launch(a, ids)
+        with Load(nodes, via=[0]) as load:
+            wait_until(lambda: sum(o.ok for o in load.outcomes) >= 10, 30)
+            cut = time.monotonic()
+            lan.partition(1, 2)
+            wait_until(lambda: instance(a).get("state") == "failed", 25)
+            noticed = time.monotonic() - cut
+            reason = instance(a).get("reason") or ""
+            wait_until(lambda: any(not o.ok and o.ended > cut for o in load.outcomes), 10)
+        lan.partition(1, 2, heal=True)
+        launch(a, ids)
+        with httpx.Client(timeout=30) as http:
+            assert stream_once(http, a)[0]
+        cut = time.monotonic()  # and with no request in flight
+        lan.partition(1, 2)
+        wait_until(lambda: instance(a).get("state") == "failed", 25)
+        idle = time.monotonic() - cut
+        lan.partition(1, 2, heal=True)
+        print(f"\npartition between ranks 1 and 2: the owner saw the instance fail "
+              f"{noticed:.1f} s after it under load, {idle:.1f} s idle ({reason})")
+        assert noticed < 20 and idle < 20 and "went silent" in reason, reason
+    finally:
+        for n in nodes:
+            n.stop()
+    assert not any(worker_pids(n) for n in nodes), "a worker outlived its node"
