@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -130,7 +131,8 @@ class WorkerHandle:
         code = await self._proc.wait()
         self.dead_reason = self.dead_reason or (
             f"The worker for {self.model_id} exited unexpectedly (exit code {code}); "
-            f"its log is {self.log_path}. The next request starts a new one.")
+            f"its log is {self.log_path} on {socket.gethostname()}. The next request "
+            "starts a new one.")  # the message may reach a client of another node
         failure = WorkerFailed(self.dead_reason)
         if self._ready and not self._ready.done():
             self._ready.set_exception(failure)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import httpx
@@ -47,6 +48,7 @@ def test_worker_killed_mid_stream_gives_an_error_then_recovers(fresh_node):
             pass
     assert time.monotonic() - t0 < 5
     assert "exited unexpectedly" in str(e.value)
+    assert f"on {socket.gethostname()}" in str(e.value)  # which machine holds the log
     st = fresh_node.client.status()
     assert st["state"] == "error" and "exited unexpectedly" in st["error"]
     # The next request starts a fresh worker.
