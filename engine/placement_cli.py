@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import placement_profiles
-from engine.node.planning import Layout, PlanReport, make_report, plan_from_cluster, report_json  # noqa: F401
+from engine.node.planning import Layout, PlanReport, make_report, plan_from_cluster, report_json
 from engine.placement.memory import context_label, gb
 from engine.placement.model import QUANTIZATIONS, ModelSpec
 from engine.placement.profiles import SimulationError, parse_simulation, profile_model

@@ -11,8 +11,9 @@ import pytest
 from placement_support import LLAMA_CONFIG
 
 from engine import placement_profiles
+from engine.node.planning import plan_from_cluster
 from engine.placement.profiles import SimulationError, parse_simulation
-from engine.placement_cli import add_plan_parser, plan_from_cluster
+from engine.placement_cli import add_plan_parser
 
 STUDIOS = {
     "nodes": [{"name": "studio-1", "profile": "mac-studio-m3-ultra", "memory_gb": 512,
