@@ -161,7 +161,7 @@ def test_concurrent_requests_decode_together_across_ranks(models, reference, tmp
         ends = [got[k][-1]["t"] for k in got]
         assert sum(f < min(ends) for f in firsts) >= 3
         overlapped = overlapped_steps(leader)
-        assert overlapped > 10 if lanes > 1 else overlapped == 0
+        assert overlapped >= 5 if lanes > 1 else overlapped == 0
         again = generate(leader, "again", *REQUESTS[1][:1], **REQUESTS[1][1])
         assert texts(again) == reference["qwen3"][1] and again[-1]["cached_tokens"] > 0
         assert group.shutdown() == [0] * world
