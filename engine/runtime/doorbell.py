@@ -41,16 +41,21 @@ def watch_path(s: socket.socket) -> None:
     fails with the reason. Without it a cable cut between two ranks that both still
     reach the owner went unnoticed while idle, and for the group's whole watchdog
     timeout (120 s) while busy."""
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
-    for opt, value in ((idle, 4), (getattr(socket, "TCP_KEEPINTVL", None), 2),
-                       (getattr(socket, "TCP_KEEPCNT", None), 3)):
-        if opt is not None:
-            s.setsockopt(socket.IPPROTO_TCP, opt, value)
+    opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, idle, 4),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), 2),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3)]
     if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux: milliseconds
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PATH_S * 1000)
+        opts.append((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PATH_S * 1000))
     elif sys.platform == "darwin":  # TCP_RXT_CONNDROPTIME (netinet/tcp.h): seconds
-        s.setsockopt(socket.IPPROTO_TCP, 0x80, DEAD_PATH_S)
+        opts.append((socket.IPPROTO_TCP, 0x80, DEAD_PATH_S))
+    for level, opt, value in opts:
+        if opt is None:
+            continue
+        try:
+            s.setsockopt(level, opt, value)
+        except OSError as e:  # an OS without it: the group's watchdog is still the bound
+            log.warning("doorbell: socket option %s not set (%s)", opt, e)
 
 
 def _split(addr: str) -> tuple[str, int]:

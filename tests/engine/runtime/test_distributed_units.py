@@ -165,3 +165,25 @@ def test_unreadable_config_file_is_a_clear_error(tmp_path):
         DistConfig.from_file(bad)
     bad.write_text(json.dumps(CONFIG))
     assert DistConfig.from_file(bad).rank == 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's TCP options back")
+def test_doorbell_sockets_watch_their_path(monkeypatch, caplog):
+    """Keepalive and a bound on unacknowledged data are set; an option the OS refuses is
+    logged, not fatal (the group's watchdog still bounds every wait)."""
+    import socket
+
+    from engine.runtime.doorbell import DEAD_PATH_S, watch_path
+
+    with socket.create_server(("127.0.0.1", 0)) as srv, \
+            socket.create_connection(srv.getsockname()) as s:
+        watch_path(s)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        idle = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        intvl = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        count = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        assert idle + intvl * count <= DEAD_PATH_S
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == DEAD_PATH_S * 1000
+        monkeypatch.setattr(socket, "TCP_KEEPCNT", 12345)  # an option this OS lacks
+        watch_path(s)
+        assert "not set" in caplog.text
