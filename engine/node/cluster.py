@@ -101,17 +101,25 @@ def _prefix_budget(path: Path) -> int:
     return default_budget(context_length(read_config(path)))
 
 
-def _lanes(body: dict[str, Any], strategy: str, world: int, predicted: int) -> int:
-    """The body's "lanes" (micro-batches a pipeline keeps in flight, 1 to one per rank),
-    or the planner's choice for this placement."""
+def choose_lanes(body: dict[str, Any], strategy: str, hosts: list[str], predicted: int,
+                 max_streams: int) -> int:
+    """The micro-batches a launch's pipeline keeps in flight: the body's "lanes" (1 to one
+    per rank), else the planner's choice for the placement. Ranks on one machine (the same
+    host) get one lane unless asked: they share its memory bus, so their steps at once
+    don't gain (docs/benchmarks.md, "Pipeline lanes"). A node with --max-streams 1 runs a
+    group one request at a time, so there is nothing to split."""
     lanes = body.get("lanes")
+    top = len(hosts) if strategy == "pipeline" else 1
     if lanes is None:
-        return predicted if strategy == "pipeline" else 1
-    top = world if strategy == "pipeline" else 1
+        shared = len(set(hosts)) < len(hosts)
+        return 1 if strategy != "pipeline" or shared or max_streams < 2 else predicted
     if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= top:
         raise BadRequest(f"'lanes' must be a whole number from 1 to {top} for this "
                          f"{strategy} placement (one per rank at most; tensor ranks run "
                          f"every step together), not {lanes!r}.", param="lanes")
+    if lanes > 1 and max_streams < 2:
+        raise BadRequest("'lanes' needs a node that decodes several requests at once; this "
+                         "one runs with --max-streams 1.", param="lanes")
     return lanes
 
 
@@ -199,7 +207,7 @@ class Cluster:
                                              {**body, "nodes": [{"node": "self"}]},
                                              timeout=900)
             self._check_memory(body, model, "pipeline", ranks)
-            _lanes(body, "pipeline", 1, 1)  # one process: one batch
+            choose_lanes(body, "pipeline", [self.host], 1, 1)  # one process: one batch
             await self.stop_instance("replaced by a new launch")
             await self.node.start_worker(model, self.node.resolve(model))
             return InstanceInfo(None, model, "single", InstanceState.READY, None,
@@ -226,16 +234,10 @@ class Cluster:
             raise BadRequest(f"This placement can't run: {e}.", param="nodes") from None
         warning, predicted = self._check_memory(body, model, strategy, ranks)
         hosts = [self.host if r["url"] is None else _host_of(r["url"]) for r in ranks]
-        if len(set(hosts)) < len(hosts) and predicted > 1:
-            # ranks on one machine share its memory bus: their steps at once don't gain
-            log.info("one batch for %s: some of its ranks share a machine", model)
-            predicted = 1
-        lanes = _lanes(body, strategy, len(ranks), predicted)
-        if lanes > 1 and self.node.max_streams < 2:
-            if body.get("lanes") is not None:
-                raise BadRequest("'lanes' needs a node that decodes several requests at "
-                                 "once; this one runs with --max-streams 1.", param="lanes")
-            lanes = 1  # one request at a time: there is nothing to split
+        lanes = choose_lanes(body, strategy, hosts, predicted, self.node.max_streams)
+        if lanes != predicted:
+            log.info("%s runs %d lane(s), the planner predicted %d best", model, lanes,
+                     predicted)
         await self.stop_instance("replaced by a new launch")
         inst = Instance(uuid.uuid4().hex[:12], model, strategy, ranks)
         inst.backend, inst.devices, inst.lanes = backend, rdma, lanes
