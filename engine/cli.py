@@ -43,7 +43,14 @@ def _cmd_node(a: argparse.Namespace) -> int:
         allowed_hosts=a.allowed_host or [
             h for h in os.environ.get("SHOAL_ALLOWED_HOSTS", "").split(",") if h.strip()],
         max_body_mb=a.max_body_mb, max_streams=a.max_streams, queue_wait_s=a.queue_wait)))
-    return 0
+    # Everything is closed and every worker reaped. Leave without C++ static destructors:
+    # MLX (imported for this machine's facts) can still hold a thread then, and a joinable
+    # std::thread destroyed at exit aborts the process (seen once: exit code -6 after a
+    # clean stop of the frozen app).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _cmd_models_list(a: argparse.Namespace) -> int:
