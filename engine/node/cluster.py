@@ -37,6 +37,7 @@ from engine.placement.validate import (
     check_pipeline,
     check_strategy,
     check_tensor,
+    max_lanes,
 )
 from engine.protocol import ENDED, ClusterInfo, FollowerInfo, InstanceInfo, InstanceState, RankInfo
 from engine.telemetry.versions import mlx_version
@@ -109,7 +110,7 @@ def choose_lanes(body: dict[str, Any], strategy: str, hosts: list[str], predicte
     don't gain (docs/benchmarks.md, "Pipeline lanes"). A node with --max-streams 1 runs a
     group one request at a time, so there is nothing to split."""
     lanes = body.get("lanes")
-    top = len(hosts) if strategy == "pipeline" else 1
+    top = max_lanes(strategy, len(hosts))
     if lanes is None:
         shared = len(set(hosts)) < len(hosts)
         return 1 if strategy != "pipeline" or shared or max_streams < 2 else predicted

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 STRATEGIES = ("pipeline", "tensor")
 
 
+def max_lanes(strategy: str, world: int) -> int:
+    """The micro-batches a group can keep in flight: one per rank for a pipeline (each
+    rank past 0 holds one at most), one for tensor (its ranks run every step together)."""
+    return world if strategy == "pipeline" else 1
+
+
 class PlacementError(ValueError):
     """The placement can't run; the message says exactly why."""
 

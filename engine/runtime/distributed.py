@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from engine.errors import BadRequest
+from engine.placement.validate import max_lanes
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class DistConfig:
             devices = tuple(tuple(r) for r in devices)
         if timeout <= 0:
             raise BadDistConfig("timeout_s must be positive.")
-        if not 1 <= lanes <= (world if strategy == "pipeline" else 1):
+        if not 1 <= lanes <= max_lanes(strategy, world):
             raise BadDistConfig(f"lanes must be 1 to {world} for a pipeline (one per rank at "
                                 f"most), and 1 for tensor; not {lanes}.")
         return cls(rank, world, backend, hosts, bells, strategy, layers, timeout,
