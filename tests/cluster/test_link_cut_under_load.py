@@ -88,6 +88,18 @@ def launch(a: NodeProcess, ids: list[str]) -> None:
     assert r.status_code == 201, r.text
 
 
+def launched(nodes: list[NodeProcess]) -> list[str]:
+    """Once every node is up and sees the others: the 3-rank pipeline, owned by node 1.
+    Returns the nodes' ids."""
+    for n in nodes:
+        n.wait_healthy()
+    for n in nodes:
+        wait_until(lambda n=n: all_reachable(n), 20)
+    ids = [n.client.status()["cluster"]["id"] for n in nodes]
+    launch(nodes[0], ids)
+    return ids
+
+
 def instance(a: NodeProcess) -> dict:
     inst = a.client._call("GET", "/shoal/instances")["instances"]
     return inst[0] if inst else {}
@@ -166,12 +178,7 @@ def test_link_cut_under_load(lan, tmp_path, tiny_model_dir):
     a, b, c = nodes
     cleanup: list = []
     try:
-        for n in nodes:
-            n.wait_healthy()
-        for n in nodes:
-            wait_until(lambda n=n: all_reachable(n), 20)
-        ids = [n.client.status()["cluster"]["id"] for n in nodes]
-        launch(a, ids)
+        ids = launched(nodes)
         local = local_client(lan, c, 2)
         cleanup.append(local.kill)
         with Load(nodes, via=[0, 1]) as load:
@@ -241,12 +248,7 @@ def test_a_cut_between_two_ranks_is_noticed_within_seconds(lan, tmp_path, tiny_m
     nodes = start(lan, tmp_path, tiny_model_dir)
     a, _, _ = nodes
     try:
-        for n in nodes:
-            n.wait_healthy()
-        for n in nodes:
-            wait_until(lambda n=n: all_reachable(n), 20)
-        ids = [n.client.status()["cluster"]["id"] for n in nodes]
-        launch(a, ids)
+        ids = launched(nodes)
         with Load(nodes, via=[0]) as load:
             wait_until(lambda: sum(o.ok for o in load.outcomes) >= 10, 30)
             cut = time.monotonic()
