@@ -191,6 +191,17 @@ class Stage:
         holder.layers = self.held
         return holder
 
+    def unheld(self) -> frozenset[int]:
+        """Ids of the weights outside this rank's share (on ranks past 0: the final norm and
+        head), never read here and so never evaluated."""
+        from engine.runtime.realize import flat
+
+        if self.first:
+            return frozenset()
+        mine = {id(a) for _, a in flat(self.held_modules().parameters())}
+        return frozenset(id(a) for _, a in flat(self.model.parameters())
+                         if id(a) not in mine)
+
     def probe(self) -> tuple[int, str]:
         """(hidden size, dtype) of the hidden states, from the embedding (rank 0)."""
         import mlx.core as mx
