@@ -97,9 +97,9 @@ def free_port(host: str) -> int:
 
 def _prefix_budget(path: Path) -> int:
     """The prefix cache budget every rank of a group shares (the planner counts it)."""
-    from engine.runtime.load import context_length, read_config
+    from engine.runtime.checkpoint import model_context, read_config
     from engine.runtime.prefix import default_budget
-    return default_budget(context_length(read_config(path)))
+    return default_budget(model_context(read_config(path)))
 
 
 def choose_lanes(body: dict[str, Any], strategy: str, hosts: list[str], predicted: int,

@@ -37,6 +37,20 @@ PIPELINE_REFUSED = {
 }
 
 
+# Families whose batched forward pass mlx-lm gets wrong: they run one request at a time.
+UNBATCHED = {
+    "bailing_moe_linear": "its linear-attention layers ignore the batch's padding, so a "
+                          "request batched with a shorter one gets other tokens",
+}
+
+
+def batching_refusal(model_type: str) -> str | None:
+    """Why requests of `model_type` can't decode together (then they take turns), or None."""
+    family = resolve(model_type)
+    return f"{family} models run one request at a time: {UNBATCHED[family]}" \
+        if family in UNBATCHED else None
+
+
 def resolve(model_type: str) -> str:
     """The mlx-lm module that runs checkpoints of `model_type`."""
     return REMAPPING.get(model_type, model_type)

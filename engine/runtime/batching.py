@@ -97,7 +97,8 @@ class Batcher(Streams):
         eos = [[int(t)] for t in tokenizer.eos_token_ids]
         self._gen = BatchGenerator(model, stop_tokens=eos, completion_batch_size=streams,
                                    prefill_batch_size=streams, prefill_step_size=LARGEST)
-        # linear-attention state can't be rewound: keep it at each prompt's end
+        # linear-attention state and sliding windows can't be rewound: keep a copy at each
+        # prompt's end
         self._recurrent = prefix.budget_tokens > 0 and not _trimmable(model)
         threading.Thread(target=self._run, name="batcher", daemon=True).start()
 
@@ -185,8 +186,20 @@ class Batcher(Streams):
 
 
 def _trimmable(model: Any) -> bool:
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-    return bool(can_trim_prompt_cache(make_prompt_cache(model)))
+    """Whether every layer's cache can always be rewound: not a sliding window's ring
+    (which can't once the prompt passes the window) nor recurrent state."""
+    from mlx_lm.models.cache import (
+        ArraysCache,
+        CacheList,
+        RotatingKVCache,
+        make_prompt_cache,
+    )
+
+    def rewinds(c: Any) -> bool:
+        if isinstance(c, CacheList):
+            return all(rewinds(x) for x in c.caches)
+        return not isinstance(c, (ArraysCache, RotatingKVCache))
+    return all(rewinds(c) for c in make_prompt_cache(model))
 
 
 def _peak_gb() -> float:

@@ -48,9 +48,10 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
              serve: Callable[..., None], streams: int = 1) -> int:
     import mlx.core as mx
 
+    from engine.placement.families import batching_refusal
+    from engine.runtime.checkpoint import model_context
     from engine.runtime.distributed import DistConfig, Fatal, Watchdog, init_group
     from engine.runtime.doorbell import LOADED, Doorbell
-    from engine.runtime.load import context_length
     from engine.runtime.lockstep import Link
 
     t0 = time.perf_counter()
@@ -88,6 +89,10 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         if cfg.rank != 0:
             threading.Thread(target=_follow_stdin, args=(quit_group,), daemon=True).start()
         model, tokenizer, config, info = _load(Path(model_path), cfg, group, emit)
+        why = batching_refusal(str(config.get("model_type")))
+        if why and streams > 1 and cfg.rank == 0:
+            log.warning("%s", why)
+            streams = 1
         # Ranks load at their own pace: wait on the doorbell (asleep), not in MLX.
         if cfg.rank == 0:
             bell.ring(LOADED)
@@ -108,7 +113,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         log.exception("starting rank %d failed", cfg.rank)
         fatal("load_failed", f"Rank {cfg.rank} couldn't load {model_path}: {e}")
 
-    ctx = context_length(config)
+    ctx = model_context(config)
     emit("ready", model=model_id, context_length=ctx, pid=os.getpid(),
          load_s=round(time.perf_counter() - t0, 3), rank=cfg.rank, world=cfg.world,
          strategy=cfg.strategy, layers=list(info.layers), files=list(info.files),
@@ -145,10 +150,8 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
 
 def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict, Any]:
     """(model or stage, tokenizer on rank 0, config, ShardInfo)."""
-    from mlx_lm.utils import load_tokenizer
-
     from engine.runtime.distributed import check_layer_ranges
-    from engine.runtime.load import read_config
+    from engine.runtime.load import load_tokenizer, read_config
     from engine.runtime.shard_load import load_pipeline_stage, load_tensor_shard
 
     def progress(done: int, total: int) -> None:
@@ -168,7 +171,7 @@ def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict
         model, config, info = load_tensor_shard(folder, group, progress)
     tokenizer = None
     if cfg.rank == 0:
-        tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id", None))
+        tokenizer = load_tokenizer(folder, read_config(folder))
     return model, tokenizer, config, info
 
 

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.errors import CorruptModel, ModelNotFound
+from engine.errors import CorruptModel, ShardMismatch
+from engine.runtime.checkpoint import read_config
+from engine.runtime.realize import flat, realize
 
 log = logging.getLogger(__name__)
 
@@ -39,62 +41,179 @@ def check_safetensors(path: Path) -> None:
                            "folder and download or import it again.")
 
 
-def read_config(folder: Path) -> dict[str, Any]:
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        raise ModelNotFound(f"{folder} is not a model folder (no config.json).")
+def tensor_bytes(path: Path) -> int:
+    """The bytes of the tensors in a (checked) safetensors file: its size less the header."""
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    return path.stat().st_size - 8 - n
+
+
+Progress = Callable[[int, int], None]
+
+
+def lazy_model(folder: Path, files: list[str] | None = None,
+               keep: Callable[[str], bool] | None = None
+               ) -> tuple[Any, dict[str, Any], set[str]]:
+    """(model, config, names of the tensors loaded into it) through mlx-lm's own loader
+    (sanitize, quantization formats), reading no tensor yet. With `files`, over a view of
+    the folder that shows only those weight files, and with `keep`, only the checkpoint's
+    tensors it accepts reach the family's sanitize() (a pipeline rank's share: a file
+    also holding a neighbour layer's tensors must not hand sanitize half a layer)."""
+    import shutil
+    import tempfile
+
+    from mlx_lm.utils import _get_classes
+    from mlx_lm.utils import load_model as mlx_load_model
+
+    loaded: set[str] = set()
+
+    def classes(config: dict[str, Any]) -> tuple[Any, Any]:
+        cls, args = _get_classes(config)
+
+        def build(a: Any) -> Any:  # the model, telling which tensors the checkpoint gave
+            model = cls(a)
+            real = model.load_weights
+
+            def load_weights(weights: Any, strict: bool = True) -> Any:
+                loaded.update(k for k, _ in weights)
+                return real(weights, strict=strict)
+            object.__setattr__(model, "load_weights", load_weights)
+            if keep is not None:
+                object.__setattr__(model, "sanitize", _share_sanitize(model, keep))
+            return model
+        return build, args
+
+    if files is None:
+        model, config = mlx_load_model(folder, lazy=True, get_model_classes=classes)
+        return model, config, loaded
+    view = Path(tempfile.mkdtemp(prefix="shoal-shard-"))
     try:
-        return json.loads(cfg.read_text())
-    except ValueError as e:
-        raise CorruptModel(f"The model file {cfg} is not valid JSON ({e}).") from e
+        for p in folder.iterdir():
+            if p.suffix != ".safetensors" or p.name in files:
+                (view / p.name).symlink_to(p.resolve())
+        model, config = mlx_load_model(view, lazy=True, strict=False,
+                                       get_model_classes=classes)
+        return model, config, loaded
+    finally:  # the lazy arrays keep their files open: the view can go now
+        shutil.rmtree(view, ignore_errors=True)
 
 
-def context_length(config: dict[str, Any]) -> int:
-    """The model's context window, from the fields the common families use."""
-    for key in ("max_position_embeddings", "max_sequence_length", "n_positions",
-                "seq_length", "context_length"):
-        v = config.get(key) or (config.get("text_config") or {}).get(key)
-        if isinstance(v, int) and v > 0:
-            return v
-    return 4096
+def _share_sanitize(model: Any, keep: Callable[[str], bool]) -> Callable[[Any], Any]:
+    """The family's sanitize() over the tensors `keep` accepts, then the adapters it needs
+    on a pipeline rank (engine/runtime/adapters.py)."""
+    from engine.runtime.adapters import after_sanitize
+
+    real = getattr(model, "sanitize", None)
+
+    def sanitize(weights: dict[str, Any]) -> dict[str, Any]:
+        weights = {k: v for k, v in weights.items() if keep(k)}
+        out = real(weights) if real is not None else weights
+        return after_sanitize(model, out)
+    return sanitize
 
 
-def load_model(folder: Path, progress: Callable[[int, int], None] | None = None
-               ) -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, config). Every weight file is checked before loading."""
+def load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
+    """mlx-lm's tokenizer wrapper, with every end-of-turn id of config.json and
+    generation_config.json. Never runs code from the folder, and never asks on stdin."""
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    eos = config.get("eos_token_id")
+    extra: dict[str, Any] = {"trust_remote_code": False}
+    try:
+        return mlx_load_tokenizer(folder, extra, eos_token_ids=eos)
+    except (AttributeError, ValueError, KeyError, TypeError) as e:
+        # transformers reads config.json only to pick the tokenizer class, and some real
+        # configs trip it (kimi_k2's rope block under a type it doesn't know); when the
+        # tokenizer files name their class, it needs no model config at all.
+        if not _names_tokenizer_class(folder):
+            raise CorruptModel(f"The tokenizer in {folder} couldn't be loaded: {e}") from e
+        from transformers import PretrainedConfig
+        log.info("tokenizer: loading without config.json (%s)", e)
+        return mlx_load_tokenizer(folder, {**extra, "config": PretrainedConfig()},
+                                  eos_token_ids=eos)
+
+
+def _names_tokenizer_class(folder: Path) -> bool:
+    try:
+        tc = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(tc, dict) and isinstance(tc.get("tokenizer_class"), str)
+
+
+def check_loaded(model: Any, loaded: set[str], wanted: Callable[[str], bool],
+                 folder: Path) -> None:
+    """Every weight this process keeps came from the checkpoint: a loader that skips a
+    tensor (a partial view, a sanitize() that expects other names) would otherwise leave
+    it at its random initial value, silently."""
+    names = [k for k, _ in flat(model.parameters()) if wanted(k)]
+    missing = [k for k in names if k not in loaded]
+    if missing:
+        raise ShardMismatch(f"The checkpoint in {folder} has no weights for "
+                            f"{', '.join(missing[:4])}{' and others' if len(missing) > 4 else ''}"
+                            f" ({len(missing)} of {len(names)}): its files don't match its "
+                            "config.json, or are incomplete. Download the model again.")
+
+
+def materialise(layers: list[Any], whole: Any, progress: Progress | None) -> None:
+    """Read (and unpack) layer by layer, reporting progress, then the rest."""
     import mlx.core as mx
-    from mlx_lm.utils import load
 
-    config = read_config(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelNotFound(f"{folder} holds no .safetensors weights.")
-    for f in files:
-        check_safetensors(f)
-    model, tokenizer = load(str(folder), lazy=True)[:2]  # (model, tokenizer[, config])
-    layers = list(getattr(getattr(model, "model", model), "layers", []) or [])
-    total = len(layers)
     for i, layer in enumerate(layers):
         mx.eval(layer.parameters())
         if progress:
-            progress(i + 1, total)
-    mx.eval(model.parameters())
-    return cpu_fast_path(model), tokenizer, config
+            progress(i + 1, len(layers))
+    mx.eval(whole.parameters())
 
 
-def cpu_fast_path(model: Any) -> Any:
-    """Unpack quantized layers to float32 on the CPU when that fits (see cpu.py)."""
+def load_model(folder: Path, progress: Progress | None = None
+               ) -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, config). Every weight file is checked before loading."""
+    from engine.runtime.checkpoint import check_files, weight_files
+    from engine.runtime.stage import layer_list
+
+    config = read_config(folder)
+    check_files(folder, weight_files(folder))
+    model, _, loaded = lazy_model(folder)
+    check_loaded(model, loaded, lambda k: True, folder)
+    model = cpu_fast_path(model)
+    try:
+        layers = layer_list(model)
+    except ValueError:
+        layers = []
+    materialise(layers, model, progress)
+    realize(model)  # private arrays (RoPE tables) too: the batcher's thread runs it
+    return model, load_tokenizer(folder, config), config
+
+
+def cpu_fast_path(modules: Any, world: int = 1) -> Any:
+    """On the CPU, when the float32 copy fits (see cpu.py): quantized layers unpacked and
+    half-precision weights widened, both to float32. BLAS runs float32 only, and MLX's
+    CPU expert kernel (gather_mm) takes nothing else, so a bf16 MoE couldn't run at all.
+    Lazy: each layer is converted as it is read. `world`: ranks sharing the weights."""
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model, get_total_parameters
 
     from engine.runtime.cpu import available_memory_bytes, should_dequantize
 
-    quantized = any(hasattr(m, "bits") for _, m in model.named_modules())
-    on_gpu = mx.default_device() == mx.gpu
-    fp32 = 4 * get_total_parameters(model)
-    if quantized and should_dequantize(fp32, on_gpu, available=available_memory_bytes()):
-        log.info("CPU: unpacking quantized weights to float32 (%.2f GB) for BLAS speed",
-                 fp32 / 1e9)
-        model = dequantize_model(model)
-        mx.eval(model.parameters())
-    return model
+    params = [v for _, v in _leaves(modules)]
+    quantized = any(hasattr(m, "bits") for _, m in modules.named_modules())
+    half = any(v.dtype in (mx.bfloat16, mx.float16) for v in params)
+    if not (quantized or half):
+        return modules
+    fp32 = 4 * get_total_parameters(modules) // world
+    if not should_dequantize(fp32, mx.default_device() == mx.gpu,
+                             available=available_memory_bytes()):
+        return modules
+    log.info("CPU: %s to float32 (%.2f GB) for BLAS speed",
+             "unpacking quantized weights" if quantized else "widening bf16/fp16 weights",
+             fp32 / 1e9)
+    if quantized:
+        modules = dequantize_model(modules)
+    modules.apply(lambda v: v.astype(mx.float32) if v.dtype in (mx.bfloat16, mx.float16)
+                  else v)
+    return modules
+
+
+def _leaves(modules: Any) -> list[tuple[str, Any]]:
+    return flat(modules.parameters())

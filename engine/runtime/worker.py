@@ -135,6 +135,27 @@ def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
         cancels.pop(rid, None)
 
 
+def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], streams: int,
+                          prefix_tokens: int) -> tuple[Callable[..., Iterator[Any]], int]:
+    """(the generator a one-process worker serves with, the requests it takes at once):
+    mlx-lm's BatchGenerator for several, one at a time where the family can't batch."""
+    from functools import partial
+
+    from engine.placement.families import batching_refusal
+    from engine.runtime.generate import generate
+    from engine.runtime.prefix import PrefixCache
+
+    prefix, streams = PrefixCache(prefix_tokens), max(1, streams)
+    why = batching_refusal(str(config.get("model_type")))
+    if why and streams > 1:
+        log.warning("%s", why)
+        streams = 1
+    if streams > 1:
+        from engine.runtime.batching import Batcher
+        return Batcher(model, tokenizer, prefix, streams), streams
+    return partial(generate, prefix=prefix), 1
+
+
 def _reexec_with_quiet_blas_threads() -> None:
     """OpenBLAS's idle threads spin for ~0.1 s after every call before they sleep. In a
     group whose ranks share cores the next rank computes during exactly that time, at half
@@ -169,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         from engine.runtime.group_worker import run_rank
         return run_rank(args.model, args.model_id, args.dist, emit, serve,
                         max(1, args.streams))
-    from engine.runtime.load import context_length, load_model
+    from engine.runtime.checkpoint import model_context
+    from engine.runtime.load import load_model
 
     t0 = time.perf_counter()
     try:
@@ -182,19 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("loading %s failed", args.model)
         emit(Fatal("load_failed", f"Couldn't load the model in {args.model}: {e}"))
         return 1
-    ctx = context_length(config)
-    from functools import partial
-
-    from engine.runtime.generate import generate
-    from engine.runtime.prefix import PrefixCache, default_budget
+    ctx = model_context(config)
+    from engine.runtime.prefix import default_budget
     budget = default_budget(ctx) if args.prefix_cache_tokens is None \
         else max(0, args.prefix_cache_tokens)
-    prefix, streams = PrefixCache(budget), max(1, args.streams)
-    if streams > 1:
-        from engine.runtime.batching import Batcher
-        gen: Callable[..., Iterator[Any]] = Batcher(model, tokenizer, prefix, streams)
-    else:
-        gen = partial(generate, prefix=prefix)
+    gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget)
     emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3),
                extra={"streams": streams}))
     serve(model, tokenizer, ctx, emit, gen=gen, concurrent=streams > 1)
