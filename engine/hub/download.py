@@ -285,9 +285,9 @@ class _Job:
         try:
             if not isinstance(total, int):
                 raise ValueError("config.json has no num_hidden_layers")
-            wanted = files_for_layers(index, layers, total, layers[0] == 0,
-                                      layers[1] == total)
-        except (TypeError, ValueError) as e:
+            wanted = files_for_layers(index.get("weight_map"), layers, total,
+                                      layers[0] == 0)
+        except (TypeError, ValueError, AttributeError) as e:
             raise BadRequest(f"Can't pick the files for layers {list(layers)} of "
                              f"{self.plan.repo_id}: {e}.", param="layers") from None
         return [f for f in files if not f.path.endswith(".safetensors") or f.path in wanted]

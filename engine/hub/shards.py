@@ -4,7 +4,6 @@ layers, read from model.safetensors.index.json. Pure functions, no I/O."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 # "model.layers.12.mlp...", "language_model.model.layers.3...", "transformer.h.7..."
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
@@ -17,9 +16,14 @@ SIDE_PATTERNS = ("*.json", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.mo
                  "*.txt", "*.jsonl", "*.jinja")
 
 
+_NOT_TEXT = ("vision", "visual", "mm_projector", "multi_modal_projector", "audio")
+
+
 def tensor_role(name: str) -> tuple[str, int | None]:
-    """("layer", i) for a tensor of decoder layer i, else ("embed"|"head"|"norm"|"other",
-    None)."""
+    """("layer", i) for a tensor of the language model's decoder layer i, else ("embed" |
+    "head" | "norm" | "other", None). A vision tower's own numbered blocks are "other"."""
+    if any(k in name for k in _NOT_TEXT):
+        return "other", None
     m = _LAYER.search(name)
     if m:
         return "layer", int(m.group(1))
@@ -32,29 +36,36 @@ def tensor_role(name: str) -> tuple[str, int | None]:
     return "other", None
 
 
-def files_for_layers(index: dict[str, Any], layers: tuple[int, int], total_layers: int,
-                     first: bool, last: bool) -> set[str]:
-    """The weight files a pipeline rank holding layers [start, end) must have.
+def rank_keeps(name: str, start: int, end: int, first: bool) -> bool:
+    """Whether a pipeline rank holding layers [start, end) keeps this tensor: its layers',
+    and on the first rank everything outside the layers (embedding, final norm, head:
+    rank 0 runs the head; vision towers, which the text model drops)."""
+    role, i = tensor_role(name)
+    if role == "layer":
+        return i is not None and start <= i < end
+    return first
 
-    The first rank also needs the embeddings; the last rank the final norm and the head,
-    and the embeddings too when the head is tied to them (no lm_head tensor). Tensors
-    Shoal can't place (vision towers, projectors, ...) go to every rank, so a load never
-    misses one. Config and tokenizer files are not weight files: see SIDE_PATTERNS.
-    """
+
+def files_for_layers(weight_map: dict[str, str], layers: tuple[int, int], total_layers: int,
+                     first: bool) -> set[str]:
+    """The weight files a pipeline rank holding layers [start, end) must have (see
+    rank_keeps). ValueError when the range is outside the model or the index names no
+    tensor of some layer in it. Config and tokenizer files are not weight files: see
+    SIDE_PATTERNS."""
     start, end = layers
     if not (0 <= start < end <= total_layers):
         raise ValueError(f"layers [{start}, {end}) is not inside 0..{total_layers}")
-    weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError("the index has no weight_map")
-    tied = not any(tensor_role(k)[0] == "head" for k in weight_map)
     files: set[str] = set()
+    seen: set[int] = set()
     for name, file in weight_map.items():
         role, i = tensor_role(name)
-        wanted = (role == "layer" and i is not None and start <= i < end
-                  or role == "embed" and (first or (last and tied))
-                  or role in ("head", "norm") and last
-                  or role == "other")
-        if wanted:
+        if role == "layer" and i is not None:
+            seen.add(i)
+        if rank_keeps(name, start, end, first):
             files.add(str(file))
+    missing = sorted(set(range(start, end)) - seen)
+    if missing:
+        raise ValueError(f"the checkpoint has no weights for layers {missing}")
     return files

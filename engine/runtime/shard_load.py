@@ -14,15 +14,22 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.errors import CorruptModel, ModelNotFound, ShardMismatch, UnsupportedModel
-from engine.runtime.load import check_safetensors, read_config
+from engine.hub.shards import rank_keeps
+from engine.runtime.load import (
+    check_loaded,
+    check_safetensors,
+    cpu_fast_path,
+    lazy_model,
+    materialise,
+    read_config,
+)
+from engine.runtime.realize import flat, realize
 
 log = logging.getLogger(__name__)
 
@@ -69,73 +76,20 @@ def weight_map(folder: Path) -> dict[str, str]:
     return out
 
 
-def files_for_layers(wmap: dict[str, str], start: int, end: int, total: int,
-                     ends: bool) -> list[str]:
-    """Files holding layers [start, end), plus the non-layer tensors (embedding, final
-    norm, head) when `ends` (rank 0)."""
-    files, seen = set(), set()
-    for key, f in wmap.items():
-        m = LAYER_KEY.search(key)
-        if m is None:
-            if ends:
-                files.add(f)
-            continue
-        layer = int(m.group(1))
-        seen.add(layer)
-        if start <= layer < end:
-            files.add(f)
-    missing = sorted(set(range(start, min(end, total))) - seen)
-    if missing:
-        raise ShardMismatch(f"The checkpoint has no weights for layers {missing}; "
-                            "the model folder is incomplete.")
-    return sorted(files)
+def _share(model: Any, start: int, end: int) -> Callable[[str], bool]:
+    """Which of the model's weights a rank holding layers [start, end) keeps: those
+    layers', and on rank 0 everything outside the layers too."""
+    from engine.runtime.stage import layer_list
 
+    def ids(m: Any) -> set[int]:
+        return {id(a) for _, a in flat(m.parameters())}
 
-def _lazy_model(folder: Path, files: list[str] | None) -> tuple[Any, dict[str, Any]]:
-    """mlx-lm's own loader (sanitize, quantization formats) over a folder that shows only
-    `files` of the weights, without reading any tensor yet."""
-    from mlx_lm.utils import load_model
-
-    if files is None:
-        return load_model(folder, lazy=True)
-    view = Path(tempfile.mkdtemp(prefix="shoal-shard-"))
-    try:
-        for p in folder.iterdir():
-            if p.suffix != ".safetensors" or p.name in files:
-                (view / p.name).symlink_to(p.resolve())
-        return load_model(view, lazy=True, strict=False)
-    finally:  # the lazy arrays keep their files open: the view can go now
-        shutil.rmtree(view, ignore_errors=True)
-
-
-def _unpack_if_fast(modules: Any, world: int = 1) -> Any:
-    """On the CPU, quantized weights become float32 (see cpu.py); decided on this rank's
-    share and done lazily, so each layer is unpacked as it is read."""
-    import mlx.core as mx
-    from mlx_lm.utils import dequantize_model, get_total_parameters
-
-    from engine.runtime.cpu import available_memory_bytes, should_dequantize
-
-    if not any(hasattr(m, "bits") for _, m in modules.named_modules()):
-        return modules
-    fp32 = 4 * get_total_parameters(modules) // world
-    if should_dequantize(fp32, mx.default_device() == mx.gpu,
-                         available=available_memory_bytes()):
-        log.info("CPU: unpacking this rank's quantized weights to float32 (%.2f GB)",
-                 fp32 / 1e9)
-        return dequantize_model(modules)
-    return modules
-
-
-def _materialise(layers: list[Any], whole: Any, progress: Progress | None) -> None:
-    """Read (and unpack) layer by layer, reporting progress, then the rest."""
-    import mlx.core as mx
-
-    for i, layer in enumerate(layers):
-        mx.eval(layer.parameters())
-        if progress:
-            progress(i + 1, len(layers))
-    mx.eval(whole.parameters())
+    layers = layer_list(model)
+    mine = set().union(*(ids(layer) for layer in layers[start:end]))
+    if start == 0:
+        mine |= ids(model) - set().union(*(ids(layer) for layer in layers))
+    names = {k for k, a in flat(model.parameters()) if id(a) in mine}
+    return names.__contains__
 
 
 def load_pipeline_stage(folder: Path, start: int, end: int, progress: Progress | None = None
@@ -149,20 +103,28 @@ def load_pipeline_stage(folder: Path, start: int, end: int, progress: Progress |
                 or (config.get("text_config") or {}).get("num_hidden_layers") or 0)
     if total and not 0 <= start < end <= total:
         raise ShardMismatch(f"Layers [{start}, {end}) are outside this model's {total}.")
+    from engine.hub.shards import files_for_layers
+
     wmap = weight_map(folder)
-    files = files_for_layers(wmap, start, end, total or end, ends=start == 0)
+    try:
+        files = sorted(files_for_layers(wmap, (start, end), max(total, end), start == 0))
+    except ValueError as e:
+        raise ShardMismatch(f"The model folder {folder} is incomplete: {e}.") from None
     for f in files:
         if not (folder / f).is_file():
             raise ModelNotFound(f"{folder / f} holds layers of this rank's share and is "
                                 "missing; download the model again.")
         check_safetensors(folder / f)
-    model, config = _lazy_model(folder, files)
+    model, config, loaded = lazy_model(
+        folder, files, keep=lambda k: rank_keeps(k, start, end, start == 0))
     try:
+        check_loaded(model, loaded, _share(model, start, end), folder)
         stage = Stage(model, start, end)  # the other layers' lazy weights go, unread
     except ValueError as e:
         raise UnsupportedModel(f"This model can't be split into a pipeline: {e}.") from e
-    _unpack_if_fast(stage.held_modules())
-    _materialise(stage.layers, stage.held_modules(), progress)
+    cpu_fast_path(stage.held_modules())  # in place: the slots keep the same layers
+    materialise(stage.layers, stage.held_modules(), progress)
+    realize(stage, skip=stage.unheld())
     info = ShardInfo(tuple(files), read_bytes() - before, (start, end))
     log.info("pipeline shard: layers [%d, %d) from %s, %.1f MB read", start, end,
              ", ".join(files), info.bytes_read / 1e6)
@@ -195,18 +157,19 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
         check_safetensors(folder / f)
     sources = Sources()
     with remember_loads(sources):
-        model, config = _lazy_model(folder, None)
+        model, config, _ = lazy_model(folder)
     if not hasattr(model, "shard"):
         raise UnsupportedModel(f"mlx-lm has no tensor parallel split for "
                                f"{type(model).__module__.rsplit('.', 1)[-1]} models; use "
                                "pipeline placement.")
     # Unpack before slicing: shard() turns quantized layers into sharded quantized ones,
     # which the unpacker would turn back into plain (unsharded) layers.
-    model = _unpack_if_fast(model, group.size())
+    model = cpu_fast_path(model, group.size())
     with slice_reads(sources):
         model.shard(group)
     log.info("tensor shard: %.1f MB read as slices", sources.bytes_read / 1e6)
     sources.by_id.clear()  # the whole tensors' lazy arrays can go now
     layers = layer_list(model)
-    _materialise(layers, model, progress)
+    materialise(layers, model, progress)
+    realize(model)
     return model, config, ShardInfo(tuple(files), read_bytes() - before, (0, len(layers)))

@@ -102,31 +102,31 @@ def test_a_network_that_stays_down_gives_a_clean_error_and_nothing_loadable(
 
 
 def test_a_pipeline_rank_fetches_only_its_shard(hub, hf_env: Path) -> None:
-    snap = pull(SHARDED, layers=(2, 4))  # the last rank: layers 2-3, the norm and the head
-    names = {p.name for p in snap.iterdir()}
+    snap = pull(SHARDED, layers=(2, 4))  # the last rank: layers 2-3 only (rank 0 runs
+    names = {p.name for p in snap.iterdir()}  # the norm and the head)
     assert "model-00001-of-00003.safetensors" not in names
-    assert {"model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
-            "config.json", "model.safetensors.index.json", "tokenizer.json"} <= names
+    assert {"model-00002-of-00003.safetensors", "config.json",
+            "model.safetensors.index.json", "tokenizer.json"} <= names
     assert hub.served(SHARDED, "model-00001-of-00003.safetensors") == 0
-    # the first rank adds shard 1 (embeddings + layers 0-1) and nothing it doesn't need
+    # the first rank adds shard 1 (embeddings + layers 0-1) and the head's shard 3
     hub.reset_counters()
     snap = pull(SHARDED, layers=(0, 2))
     served = {r["file"] for r in hub.file_requests() if r["method"] == "GET"}
-    assert served == {"model-00001-of-00003.safetensors"}
+    assert served == {"model-00001-of-00003.safetensors", "model-00003-of-00003.safetensors"}
 
 
 def test_files_for_layers_reads_the_index() -> None:
     wm = {"model.embed_tokens.weight": "a", "model.layers.0.mlp.w": "a",
           "model.layers.1.mlp.w": "b", "model.layers.2.mlp.w": "c", "model.norm.weight": "c",
           "lm_head.weight": "d"}
-    index = {"weight_map": wm}
-    assert files_for_layers(index, (0, 1), 3, True, False) == {"a"}
-    assert files_for_layers(index, (1, 3), 3, False, True) == {"b", "c", "d"}
-    tied = {"weight_map": {k: v for k, v in wm.items() if k != "lm_head.weight"}}
-    # tied embeddings: the last rank needs them as its head
-    assert files_for_layers(tied, (2, 3), 3, False, True) == {"a", "c"}
+    # rank 0 runs the embedding, the final norm and the head; the others their layers
+    assert files_for_layers(wm, (0, 1), 3, True) == {"a", "c", "d"}
+    assert files_for_layers(wm, (1, 3), 3, False) == {"b", "c"}
+    vision = {**wm, "vision_tower.encoder.layers.2.fc.weight": "v"}  # not a text layer
+    assert files_for_layers(vision, (1, 3), 3, False) == {"b", "c"}
+    assert files_for_layers(vision, (0, 1), 3, True) == {"a", "c", "d", "v"}
     with pytest.raises(ValueError):
-        files_for_layers(index, (2, 5), 3, False, True)
+        files_for_layers(wm, (2, 5), 3, False)
 
 
 class _Source:

@@ -138,14 +138,14 @@ def test_a_middle_rank_reads_only_its_layers(tmp_path):
 
 
 def test_missing_layers_in_the_checkpoint_are_named():
-    from engine.runtime.shard_load import files_for_layers
+    from engine.hub.shards import files_for_layers
 
     wmap = {"model.layers.0.mlp.weight": "a", "model.layers.2.mlp.weight": "b",
             "model.norm.weight": "b"}
-    assert files_for_layers(wmap, 2, 3, 3, ends=True) == ["b"]
-    assert files_for_layers(wmap, 0, 1, 3, ends=False) == ["a"]
-    with pytest.raises(ShardMismatch, match=r"\[1\]"):
-        files_for_layers(wmap, 0, 3, 3, ends=False)
+    assert files_for_layers(wmap, (2, 3), 3, first=True) == {"b"}
+    assert files_for_layers(wmap, (0, 1), 3, first=False) == {"a"}
+    with pytest.raises(ValueError, match=r"\[1\]"):
+        files_for_layers(wmap, (0, 3), 3, first=False)
 
 
 def test_tensor_split_needs_heads_divisible():
