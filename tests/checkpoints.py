@@ -282,8 +282,14 @@ def _save(folder: Path, weights: dict[str, Any], shards: int) -> None:
         index.update({k: fname for k in part})
     if shards > 1:
         (folder / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": sum(p.stat().st_size for p in folder.glob(
+            {"metadata": {"total_size": sum(_tensor_bytes(p) for p in folder.glob(
                 "model-*.safetensors"))}, "weight_map": index}, indent=2))
+
+
+def _tensor_bytes(path: Path) -> int:
+    """What the Hub's index counts: the tensors' bytes, not the headers."""
+    (n,) = struct.unpack("<Q", path.read_bytes()[:8])
+    return path.stat().st_size - 8 - n
 
 
 def _retag(path: Path, keys: list[str], dtype: str) -> None:

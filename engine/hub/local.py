@@ -107,20 +107,39 @@ def _snapshot(repo: Path) -> Path | None:
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
-def _describe(folder: Path, model_id: str, source: Source) -> LocalModel | None:
+def why_unusable(folder: Path) -> str | None:
+    """Why a folder in the models folder isn't listed as a model (None if it is one)."""
+    try:
+        _read(folder)
+    except (OSError, ValueError) as e:
+        return str(e)
+    return None
+
+
+def _read(folder: Path) -> tuple[dict[str, Any], list[Path]]:
+    """(config.json, weight files): ValueError naming the file that is damaged or missing."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        if not isinstance(config, dict):
-            raise ValueError("config.json is not an object")
-        model_type = config.get("model_type")
-        if not isinstance(model_type, str):
-            raise ValueError("config.json has no model_type")
-        weights = _weight_files(folder)
+    except ValueError as e:
+        raise ValueError(f"{folder / 'config.json'} is not valid JSON ({e})") from None
+    except FileNotFoundError:
+        raise ValueError(f"{folder} has no config.json") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{folder / 'config.json'} is not a JSON object")
+    if not isinstance(config.get("model_type"), str):
+        raise ValueError(f"{folder / 'config.json'} has no model_type")
+    return config, _weight_files(folder)
+
+
+def _describe(folder: Path, model_id: str, source: Source) -> LocalModel | None:
+    try:
+        config, weights = _read(folder)
+        model_type = str(config["model_type"])
         text = config.get("text_config")
         text = text if isinstance(text, dict) else {}  # multimodal configs nest the LM
         layers = config.get("num_hidden_layers", text.get("num_hidden_layers"))
-        context = config.get("max_position_embeddings",
-                             text.get("max_position_embeddings"))
+        from engine.runtime.checkpoint import model_context
+        context = model_context(config)
         size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
         return LocalModel(
             id=model_id, path=folder, source=source, size_bytes=size,
@@ -145,7 +164,8 @@ def _weight_files(folder: Path) -> list[Path]:
         raise ValueError("no model*.safetensors")
     missing = [p.name for p in files if not p.is_file()]  # also dangling cache symlinks
     if missing:
-        raise ValueError(f"missing {', '.join(missing)}")
+        raise ValueError(f"{', '.join(missing)} (named in {index.name}) "
+                         f"{'is' if len(missing) == 1 else 'are'} missing")
     return files
 
 

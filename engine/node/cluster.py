@@ -168,11 +168,20 @@ class Cluster:
     def model_config(self, model: str) -> dict[str, Any]:
         return json.loads((self.node.resolve(model) / "config.json").read_text())
 
+    def model_facts(self, model: str) -> dict[str, Any]:
+        """plan_from_cluster's model inputs: config.json, the weights' bytes in memory and
+        the context, read from the checkpoint here."""
+        from engine.runtime.checkpoint import memory_bytes, model_context
+        path = self.node.resolve(model)
+        config = self.model_config(model)
+        return {"model_config": config, "weight_bytes": memory_bytes(path, config),
+                "model_context": model_context(config)}
+
     def plan_inputs(self, model: str) -> dict[str, Any]:
-        """plan_from_cluster's node_infos, links and model_config for `model` here."""
+        """plan_from_cluster's node_infos, links and model facts for `model` here."""
         view = cluster_view(self.plan_infos())
         return {"node_infos": view["nodes"], "links": view["links"],
-                "model_config": self.model_config(model)}
+                **self.model_facts(model)}
 
     def describe(self) -> dict[str, Any]:
         instances = [self.instance.info()] if self.instance else []
@@ -209,6 +218,7 @@ class Cluster:
                                              timeout=900)
             self._check_memory(body, model, "pipeline", ranks)
             choose_lanes(body, "pipeline", [self.host], 1, 1)  # one process: one batch
+            await self.node.check_model(self.node.resolve(model))  # before anything stops
             await self.stop_instance("replaced by a new launch")
             await self.node.start_worker(model, self.node.resolve(model))
             return InstanceInfo(None, model, "single", InstanceState.READY, None,
@@ -219,6 +229,7 @@ class Cluster:
                                              {**n, "node": r["node"]} for n, r in
                                              zip(body["nodes"], ranks)]}, timeout=900)
         path = self.node.resolve(model)
+        await self.node.check_model(path, all_files=strategy == "tensor")
         backend = body.get("backend", "ring")
         rdma = self._rdma_matrix(ranks, backend) if backend != "ring" else None
         shape, mtype = model_shape(json.loads((path / "config.json").read_text()))
@@ -489,7 +500,7 @@ class Cluster:
 
     # --- follower side -------------------------------------------------------------------
     async def prepare(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.node.resolve(str(body.get("model")))
+        await self.node.check_model(self.node.resolve(str(body.get("model"))), all_files=False)
         host = str(body.get("host") or self.host)
         return {"host": host, "ports": [free_port(host), free_port(host)]}
 

@@ -182,8 +182,9 @@ def _planner_fit(request: web.Request, found: dict[str, Any]) -> None:
         if view is None or not entry.get("local"):
             continue
         try:
-            report = plan_from_cluster(view["nodes"], cluster.model_config(entry["id"]),
-                                       None, view["links"], entry["id"])
+            report = plan_from_cluster(view["nodes"], context=None, links=view["links"],
+                                       model_name=entry["id"],
+                                       **cluster.model_facts(entry["id"]))
         except Exception as e:  # an odd config must not break the list
             log.info("no plan for %s: %s", entry["id"], e)
             continue

@@ -79,7 +79,8 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
                       context: int | None = None,
                       links: Sequence[Mapping[str, Any]] | None = None,
                       model_name: str | None = None, force: bool = False,
-                      layout: Layout | None = None) -> PlanReport:
+                      layout: Layout | None = None, weight_bytes: int | None = None,
+                      model_context: int | None = None) -> PlanReport:
     """Plan from what nodes report, as plain dicts.
 
     node_infos: {"id", "name", "memory_usable_bytes" (the GPU working-set limit) or
@@ -87,9 +88,11 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
     "compute_flops", "chip" (e.g. "Apple M3 Ultra", to look up missing figures),
     "has_model" or "models" (ids on disk), "rdma"}. links: {"a", "b", "latency_s",
     "bandwidth_Bps", "rdma"} from the link probes; unmeasured pairs are assumed 10GbE.
-    model_config: the model's config.json."""
+    model_config: the model's config.json; weight_bytes what its weights take in memory,
+    model_context its context window, where the checkpoint on disk tells them."""
     notes: list[str] = []
-    model = ModelSpec.from_config(model_config, name=model_name)
+    model = ModelSpec.from_config(model_config, name=model_name, weight_bytes=weight_bytes,
+                                  context=model_context)
     nodes = [_node_from_info(i, info, model_name, notes) for i, info in enumerate(node_infos)]
     specs = [LinkSpec(str(k["a"]), str(k["b"]), float(k["latency_s"]),
                       float(k["bandwidth_Bps"]), bool(k.get("rdma", False)))

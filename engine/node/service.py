@@ -18,6 +18,13 @@ from engine.protocol import StreamsInfo
 log = logging.getLogger(__name__)
 
 
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 class Node:
     def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
                  token_timeout: float = 300.0, port: int = 0, max_streams: int = 8,
@@ -33,6 +40,7 @@ class Node:
         self._load_lock = asyncio.Lock()
         self._subscribers: set[asyncio.Queue] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._checked: dict[tuple[str, bool], tuple[tuple[float, ...], Any]] = {}
 
     # --- status ----------------------------------------------------------------------
     def status(self, cluster: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -74,14 +82,35 @@ class Node:
         return list_local_models(self.models_dir)
 
     def resolve(self, model_id: str) -> Path:
-        from engine.hub.local import find_local_model
+        from engine.hub.local import find_local_model, why_unusable
         found = find_local_model(self.models_dir, model_id)
+        folder = self.models_dir / model_id
+        if found is None and "/" not in model_id and not model_id.startswith(".") \
+                and folder.is_dir() and (why := why_unusable(folder)):
+            from engine.errors import CorruptModel
+            raise CorruptModel(f"The model '{model_id}' can't be used: {why}. Download or "
+                               "import it again.", param="model")
         if found is None:
             names = ", ".join(m.id for m in self.local_models()) or "none"
             raise ModelNotFound(f"The model '{model_id}' is not on this node. Models here: "
                                 f"{names}. Import or download it first (shoal models).",
                                 param="model")
         return Path(found.path)
+
+    async def check_model(self, path: Path, all_files: bool = True) -> Any:
+        """engine.runtime.checkpoint.inspect off the event loop, remembered while the
+        folder's config and index are unchanged: a refusal names the field or file."""
+        from engine.runtime.checkpoint import inspect
+
+        stamp = tuple(_mtime(path / n) for n in ("config.json", "model.safetensors.index.json",
+                                                  "tokenizer_config.json"))
+        key = (str(path), all_files)
+        hit = self._checked.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        found = await asyncio.to_thread(inspect, path, True, all_files)
+        self._checked[key] = (stamp, found)
+        return found
 
     # --- the worker ------------------------------------------------------------------
     async def ensure_loaded(self, model_id: str | None = None) -> WorkerHandle:
@@ -110,6 +139,12 @@ class Node:
 
     async def _start(self, model_id: str, path: Path, dist_config: Path | None
                      ) -> WorkerHandle:
+        try:  # refused before the running worker is stopped
+            await self.check_model(path)
+        except ShoalError as e:
+            if self.worker is None or not self.worker.alive:
+                self._set(Failed(model_id, e.message))  # the status says why
+            raise
         w = self.worker
         if w is not None:
             w.dead_reason = w.dead_reason or f"The model was switched to {model_id}."

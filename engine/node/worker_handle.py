@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from engine.errors import Overloaded, WorkerFailed
+from engine.errors import Overloaded, ShoalError, WorkerFailed
 from engine.protocol import (
     TERMINAL,
     Cancel,
@@ -123,7 +123,7 @@ class WorkerHandle:
                 if isinstance(ev, Ready) and self._ready and not self._ready.done():
                     self._ready.set_result(ev)
                 if isinstance(ev, Fatal) and self._ready and not self._ready.done():
-                    self._ready.set_exception(WorkerFailed(ev.message, code=ev.code))
+                    self._ready.set_exception(_load_error(ev))
                 continue
             q = self._queues.get(getattr(ev, "id", ""))
             if q is not None:
@@ -244,3 +244,10 @@ class WorkerHandle:
         if self._reader:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._reader, grace)
+
+
+def _load_error(ev: Fatal) -> ShoalError:
+    """A worker's fatal load error as the error of its kind (a damaged file, a model that
+    can't run), so the client gets that status; else WorkerFailed."""
+    known = ShoalError.from_openai({"error": {"message": ev.message, "code": ev.code}}, 500)
+    return known if type(known) is not ShoalError else WorkerFailed(ev.message, code=ev.code)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.modelconfig import context_length
 from engine.placement.families import strategy_refusal
 from engine.placement.validate import PlacementError
 
@@ -174,10 +175,13 @@ class ModelSpec:
     # --- from an mlx-lm / Hugging Face config.json ----------------------------------------
     @classmethod
     def from_config(cls, config: Mapping[str, Any], bytes_per_param: float | None = None,
-                    name: str | None = None) -> ModelSpec:
+                    name: str | None = None, weight_bytes: float | None = None,
+                    context: int | None = None) -> ModelSpec:
         """Read the shape from a config.json dict (llama, qwen2/3, mistral, qwen3_moe,
         deepseek_v3, kimi_k2, gpt_oss...). bytes_per_param defaults to what the config's
-        quantization (or torch_dtype) says."""
+        quantization (or torch_dtype) says; `weight_bytes` (what the checkpoint's tensors
+        take in memory: mixed bits, layers left unquantized) overrides it. `context` is the
+        model's window where the caller knows it better than config.json says."""
         cfg = {**config, **(config.get("text_config") or {})}
         mtype = str(config.get("model_type") or cfg.get("model_type") or "")
 
@@ -228,15 +232,17 @@ class ModelSpec:
             bytes_per_param = quantized_bytes_per_param(
                 config.get("quantization") or config.get("quantization_config"),
                 str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"))
-        return cls(name=name or str(config.get("_name_or_path") or mtype or "model"),
+        window = context or context_length(config, fallback=PLANNING_CONTEXT_CAP)
+        spec = cls(name=name or str(config.get("_name_or_path") or mtype or "model"),
                    layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                    head_dim=head_dim, intermediate=num("intermediate_size", default=0),
                    vocab=num("vocab_size"), bytes_per_param=bytes_per_param,
                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                   context=planning_context(num("max_position_embeddings",
-                                                default=PLANNING_CONTEXT_CAP)),
-                   model_type=mtype,
+                   context=planning_context(window), model_type=mtype,
                    shardable=strategy_refusal(mtype, "tensor") is None, **extra)
+        if weight_bytes and weight_bytes > 0:  # the checkpoint's real size beats the format
+            spec = spec.with_quantization(weight_bytes / spec.total_params)
+        return spec
 
 
 def quantized_bytes_per_param(quant: Any, dtype: str = "bfloat16") -> float:
@@ -244,8 +250,12 @@ def quantized_bytes_per_param(quant: Any, dtype: str = "bfloat16") -> float:
     or the plain dtype when there is none."""
     if isinstance(quant, Mapping) and not quant.get("bits"):  # Hugging Face's own block
         method = str(quant.get("quant_method", ""))
-        if method in ("fp8", "mxfp4"):
-            return 1.0 if method == "fp8" else QUANTIZATIONS["mxfp4"]
+        if method == "fp8":  # mlx-lm unpacks FP8 blocks to bfloat16 at load, unless their
+            mx = quant.get("scale_fmt") == "ue8m0" and \
+                list(quant.get("weight_block_size") or ()) == [32, 32]  # scales make mxfp8
+            return 1 + 1 / 32 if mx else 2.0
+        if method == "mxfp4":
+            return QUANTIZATIONS["mxfp4"]
     if not isinstance(quant, Mapping) or not quant.get("bits"):
         return _DTYPE_BYTES.get(dtype, 2.0)
     bits, group = quant["bits"], quant.get("group_size") or 64

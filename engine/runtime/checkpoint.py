@@ -10,8 +10,10 @@ Runs in the node (static checks import model code but make no arrays) and in wor
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -66,6 +68,56 @@ def read_config(folder: Path) -> dict[str, Any]:
         if eos:
             config["eos_token_id"] = eos
     return config
+
+
+def check_safetensors(path: Path) -> None:
+    """Raise CorruptModel naming `path` if its header is unreadable or the file is shorter
+    than the header says (a truncated download or copy)."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise ValueError("file is shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", raw)
+            if n > min(size - 8, 100_000_000):
+                raise ValueError("header length is larger than the file")
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+                  default=0)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CorruptModel(f"The model file {path} is damaged ({e}). Delete the model "
+                           "folder and download or import it again.") from e
+    if 8 + n + end != size:
+        raise CorruptModel(f"The model file {path} is truncated or damaged: it holds "
+                           f"{size} bytes, its header says {8 + n + end}. Delete the model "
+                           "folder and download or import it again.")
+
+
+def tensor_bytes(path: Path) -> int:
+    """The bytes of the tensors in a (checked) safetensors file: its size less the header."""
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    return path.stat().st_size - 8 - n
+
+
+def weight_map(folder: Path) -> dict[str, str]:
+    """Tensor name → file name, from the index when there is one, else the headers."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return dict(json.loads(index.read_text())["weight_map"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptModel(f"The model index {index} is damaged ({e}).") from e
+    out: dict[str, str] = {}
+    for f in sorted(folder.glob("model*.safetensors")):
+        check_safetensors(f)
+        with f.open("rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            out.update({k: f.name for k in json.loads(fh.read(n)) if k != "__metadata__"})
+    if not out:
+        raise ModelNotFound(f"{folder} holds no model*.safetensors weights.")
+    return out
 
 
 def model_classes(config: dict[str, Any]) -> tuple[Any, Any, str]:
@@ -178,8 +230,6 @@ def weight_files(folder: Path) -> list[Path]:
 
 def check_files(folder: Path, files: list[Path]) -> int:
     """Every file present and whole; the tensors' bytes."""
-    from engine.runtime.load import check_safetensors, tensor_bytes
-
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise ModelNotFound(f"The model folder {folder} is incomplete: "
@@ -192,6 +242,37 @@ def check_files(folder: Path, files: list[Path]) -> int:
         check_safetensors(f)
         total += tensor_bytes(f)
     return total
+
+
+def stored_bytes(folder: Path) -> int | None:
+    """The checkpoint's tensor bytes: the index's total_size, else the files' (None when
+    neither is known, e.g. a share of a checkpoint without an index)."""
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            total = json.loads(index.read_text(encoding="utf-8")).get("metadata", {}) \
+                .get("total_size")
+            if isinstance(total, (int, float)) and total > 0:
+                return int(total)
+        files = weight_files(folder)
+        if all(f.is_file() for f in files):
+            return sum(tensor_bytes(f) for f in files)
+    except (OSError, ValueError, AttributeError, struct.error, ModelNotFound, CorruptModel):
+        pass
+    return None
+
+
+def memory_bytes(folder: Path, config: dict[str, Any]) -> int | None:
+    """What the weights take in memory once loaded: their stored bytes, but twice that for
+    FP8 blocks, which mlx-lm's sanitize() unpacks to bfloat16 (not the mxfp8 kind)."""
+    stored = stored_bytes(folder)
+    qc = config.get("quantization_config") or \
+        (config.get("text_config") or {}).get("quantization_config")
+    if stored and isinstance(qc, dict) and qc.get("quant_method") == "fp8" and not (
+            qc.get("scale_fmt") == "ue8m0"
+            and list(qc.get("weight_block_size") or ()) == [32, 32]):
+        return 2 * stored
+    return stored
 
 
 def check_tokenizer(folder: Path) -> None:
@@ -225,13 +306,8 @@ def default_context(config: dict[str, Any]) -> int | None:
         return None
     text = text_config(config)
     mtype = str((config.get("text_config") or {}).get("model_type") or text.get("model_type"))
-    try:
-        from transformers import AutoConfig
-        v = getattr(AutoConfig.for_model(mtype), "max_position_embeddings", None)
-        if isinstance(v, int) and v > 0:
-            return v
-    except (ImportError, ValueError, KeyError, TypeError):
-        pass
+    if (v := _hub_default_context(mtype)) is not None:
+        return v
     try:
         return getattr(model_args(text if "text_config" in config else config),
                        "max_position_embeddings", None)
@@ -239,14 +315,26 @@ def default_context(config: dict[str, Any]) -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=64)
+def _hub_default_context(model_type: str) -> int | None:
+    """transformers' default max_position_embeddings for a model type, if it has one."""
+    try:
+        from transformers import AutoConfig
+        v = getattr(AutoConfig.for_model(model_type), "max_position_embeddings", None)
+    except (ImportError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return v if isinstance(v, int) and v > 0 else None
+
+
 def model_context(config: dict[str, Any]) -> int:
     """The model's context window as every part of Shoal shows and enforces it."""
     return context_length(config, default_context(config))
 
 
-def inspect(folder: Path, trial: bool = True) -> Checkpoint:
+def inspect(folder: Path, trial: bool = True, all_files: bool = True) -> Checkpoint:
     """Every check above; the first failure is raised. `trial=False` skips the lazy trial
-    build (in the worker, whose own load is that build)."""
+    build; `all_files=False` checks only the weight files present (a pipeline rank's node
+    may hold only its share; its worker checks those it needs)."""
     folder = Path(folder)
     config = read_config(folder)
     _cls, _args, module = model_classes(config)
@@ -254,8 +342,8 @@ def inspect(folder: Path, trial: bool = True) -> Checkpoint:
     needs_trial = check_quantization(config)
     check_tokenizer(folder)
     files = weight_files(folder)
-    size = check_files(folder, files)
-    if trial and needs_trial:
+    size = check_files(folder, files if all_files else [f for f in files if f.is_file()])
+    if trial and needs_trial and all(f.is_file() for f in files):
         try_build(folder, config)
     return Checkpoint(folder, config, module, model_context(config),
                       tuple(f.name for f in files), size)

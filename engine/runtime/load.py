@@ -5,47 +5,15 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.errors import CorruptModel, ShardMismatch
-from engine.runtime.checkpoint import read_config
+from engine.errors import CorruptModel, ShardMismatch, UnsupportedModel
+from engine.runtime.checkpoint import read_config, weight_map
 from engine.runtime.realize import flat, realize
 
 log = logging.getLogger(__name__)
-
-
-def check_safetensors(path: Path) -> None:
-    """Raise CorruptModel naming `path` if its header is unreadable or the file is shorter
-    than the header says (a truncated download or copy)."""
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise ValueError("file is shorter than a safetensors header")
-            (n,) = struct.unpack("<Q", raw)
-            if n > min(size - 8, 100_000_000):
-                raise ValueError("header length is larger than the file")
-            header = json.loads(f.read(n))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
-                  default=0)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise CorruptModel(f"The model file {path} is damaged ({e}). Delete the model "
-                           "folder and download or import it again.") from e
-    if 8 + n + end != size:
-        raise CorruptModel(f"The model file {path} is truncated or damaged: it holds "
-                           f"{size} bytes, its header says {8 + n + end}. Delete the model "
-                           "folder and download or import it again.")
-
-
-def tensor_bytes(path: Path) -> int:
-    """The bytes of the tensors in a (checked) safetensors file: its size less the header."""
-    with path.open("rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-    return path.stat().st_size - 8 - n
 
 
 Progress = Callable[[int, int], None]
@@ -71,7 +39,10 @@ def lazy_model(folder: Path, files: list[str] | None = None,
         cls, args = _get_classes(config)
 
         def build(a: Any) -> Any:  # the model, telling which tensors the checkpoint gave
-            model = cls(a)
+            try:
+                model = cls(a)
+            except (KeyError, TypeError, ValueError) as e:
+                raise unbuildable(config, cls, e) from e
             real = model.load_weights
 
             def load_weights(weights: Any, strict: bool = True) -> Any:
@@ -84,18 +55,54 @@ def lazy_model(folder: Path, files: list[str] | None = None,
         return build, args
 
     if files is None:
-        model, config = mlx_load_model(folder, lazy=True, get_model_classes=classes)
+        try:
+            model, config = mlx_load_model(folder, lazy=True, get_model_classes=classes)
+        except ValueError as e:
+            raise mismatch(folder, e) from e
         return model, config, loaded
     view = Path(tempfile.mkdtemp(prefix="shoal-shard-"))
     try:
         for p in folder.iterdir():
             if p.suffix != ".safetensors" or p.name in files:
                 (view / p.name).symlink_to(p.resolve())
-        model, config = mlx_load_model(view, lazy=True, strict=False,
-                                       get_model_classes=classes)
+        try:
+            model, config = mlx_load_model(view, lazy=True, strict=False,
+                                           get_model_classes=classes)
+        except ValueError as e:
+            raise mismatch(folder, e) from e
         return model, config, loaded
     finally:  # the lazy arrays keep their files open: the view can go now
         shutil.rmtree(view, ignore_errors=True)
+
+
+def unbuildable(config: dict[str, Any], cls: Any, e: Exception) -> UnsupportedModel:
+    """mlx-lm's model code failed on the config's values: name the block it read."""
+    key = e.args[0] if isinstance(e, KeyError) and e.args else None
+    text = str(e).lower()
+    fields = {**config, **(config.get("text_config") or {})}
+    field = next((k for k, v in fields.items() if isinstance(v, dict) and (
+        k in text or ("rope" in k and ("rope" in text or key is not None)))), None)
+    what = f"lacks {key!r}" if key is not None else f"has a value it can't use ({e})"
+    module = cls.__module__.rsplit(".", 1)[-1]
+    return UnsupportedModel(f"mlx-lm's {module} model can't be built from config.json: "
+                            f"{field or 'it'} {what}.", param=field)
+
+
+def mismatch(folder: Path, e: ValueError) -> ShardMismatch:
+    """mlx-lm's refusal of the checkpoint's tensors, naming the files they are in."""
+    import re
+
+    text = " ".join(str(e).split())
+    try:
+        wmap = weight_map(folder)
+    except (CorruptModel, OSError, ValueError):
+        wmap = {}
+    named = re.findall(r"[\w.]+\.(?:weight|bias|scales|biases)\b", text)
+    files = sorted({wmap[n] for n in named if n in wmap})
+    where = f"The model file{'s' if len(files) > 1 else ''} {', '.join(files)} in {folder}" \
+        if files else f"The weights in {folder}"
+    return ShardMismatch(f"{where} don't match config.json ({text[:300]}). The download is "
+                         "damaged or mixed with another model's: download it again.")
 
 
 def _share_sanitize(model: Any, keep: Callable[[str], bool]) -> Callable[[Any], Any]:
@@ -209,9 +216,37 @@ def cpu_fast_path(modules: Any, world: int = 1) -> Any:
              "unpacking quantized weights" if quantized else "widening bf16/fp16 weights",
              fp32 / 1e9)
     if quantized:
-        modules = dequantize_model(modules)
+        modules = _unquantize_sharded(dequantize_model(modules))
     modules.apply(lambda v: v.astype(mx.float32) if v.dtype in (mx.bfloat16, mx.float16)
                   else v)
+    return modules
+
+
+def _unquantize_sharded(modules: Any) -> Any:
+    """Tensor parallel's quantized layers (what shard() made of quantized ones) as their
+    plain counterparts, so a rank can read its slice packed and unpack only that."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.nn.layers import distributed as dist
+    from mlx.utils import tree_unflatten
+
+    plain = {dist.QuantizedAllToShardedLinear: dist.AllToShardedLinear,
+             dist.QuantizedShardedToAllLinear: dist.ShardedToAllLinear}
+    swaps = []
+    for name, m in modules.named_modules():
+        cls = plain.get(type(m))
+        if cls is None:
+            continue
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.group = m.group
+        new.weight = mx.dequantize(m.weight, m.scales, m.get("biases"),
+                                   group_size=m.group_size, bits=m.bits, mode=m.mode)
+        if "bias" in m:
+            new.bias = m.bias
+        swaps.append((name, new))
+    if swaps:
+        modules.update_modules(tree_unflatten(swaps))
     return modules
 
 

@@ -11,7 +11,6 @@ Tensor: the whole model is loaded lazily and mlx-lm's `shard()` slices every lay
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -19,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import CorruptModel, ModelNotFound, ShardMismatch, UnsupportedModel
+from engine.errors import ModelNotFound, ShardMismatch, UnsupportedModel
 from engine.hub.shards import rank_keeps
+from engine.runtime.checkpoint import check_safetensors, weight_map
 from engine.runtime.load import (
     check_loaded,
-    check_safetensors,
     cpu_fast_path,
     lazy_model,
     materialise,
@@ -55,25 +54,6 @@ def read_bytes() -> int:
     except OSError:
         pass
     return 0
-
-
-def weight_map(folder: Path) -> dict[str, str]:
-    """Tensor name → file name, from the index when there is one, else the headers."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            return dict(json.loads(index.read_text())["weight_map"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptModel(f"The model index {index} is damaged ({e}).") from e
-    out: dict[str, str] = {}
-    for f in sorted(folder.glob("model*.safetensors")):
-        check_safetensors(f)
-        with f.open("rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            out.update({k: f.name for k in json.loads(fh.read(n)) if k != "__metadata__"})
-    if not out:
-        raise ModelNotFound(f"{folder} holds no model*.safetensors weights.")
-    return out
 
 
 def _share(model: Any, start: int, end: int) -> Callable[[str], bool]:
@@ -162,13 +142,11 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
         raise UnsupportedModel(f"mlx-lm has no tensor parallel split for "
                                f"{type(model).__module__.rsplit('.', 1)[-1]} models; use "
                                "pipeline placement.")
-    # Unpack before slicing: shard() turns quantized layers into sharded quantized ones,
-    # which the unpacker would turn back into plain (unsharded) layers.
-    model = cpu_fast_path(model, group.size())
-    with slice_reads(sources):
+    with slice_reads(sources):  # quantized weights too: split packed, unpacked after
         model.shard(group)
     log.info("tensor shard: %.1f MB read as slices", sources.bytes_read / 1e6)
     sources.by_id.clear()  # the whole tensors' lazy arrays can go now
+    model = cpu_fast_path(model)  # this rank's slices only
     layers = layer_list(model)
     materialise(layers, model, progress)
     realize(model)

@@ -42,7 +42,10 @@ def test_every_machine_figure_names_its_source():
     ({"bits": 4, "group_size": 64}, "bfloat16", 0.5 + 4 / 64),
     ({"bits": 8, "group_size": 32}, "bfloat16", 1 + 4 / 32),
     ({"bits": 4, "group_size": 32, "mode": "mxfp4"}, "bfloat16", 0.5 + 1 / 32),
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "bfloat16", 1.0),
+    # FP8 blocks: mlx-lm unpacks them to bfloat16 as it loads them (DeepSeek, MiniMax)
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "bfloat16", 2.0),
+    ({"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0"},
+     "bfloat16", 1 + 1 / 32),  # ...unless the scales make them MLX's mxfp8
     (None, "bfloat16", 2.0),
     (None, "float32", 4.0),
 ])
