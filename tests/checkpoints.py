@@ -61,10 +61,15 @@ def write_checkpoint(folder: Path, name: str, seed: int = 0, shards: int = 1) ->
         model_cls, args_cls = _get_classes(text_only)
         model = model_cls(args_cls.from_dict(text_only))
         prefix = "language_model."
-    weights = {prefix + k: v for k, v in tree_flatten(model.parameters())}
+    weights = dict(tree_flatten(model.parameters()))
     _pin_end_of_turn(weights, tokens)
-    kind = quant_kind(config)
     text = config.get("text_config") or config
+    if "bfloat16" in (config.get("torch_dtype"), config.get("dtype"), text.get("dtype")):
+        weights = {k: v.astype(mx.bfloat16) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}  # as published: bfloat16 tensors
+    model.load_weights(list(weights.items()))
+    weights = {prefix + k: v for k, v in weights.items()}
+    kind = quant_kind(config)
     if kind == "mlx":
         weights = _mlx_quantized(model, weights, config["quantization"])
     elif kind == "fp8":

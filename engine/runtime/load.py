@@ -201,17 +201,10 @@ def cpu_fast_path(modules: Any, world: int = 1) -> Any:
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model, get_total_parameters
 
-    from engine.runtime.cpu import available_memory_bytes, should_dequantize
-
-    params = [v for _, v in _leaves(modules)]
+    if not unpacks_on_cpu(modules, world):
+        return modules
     quantized = any(hasattr(m, "bits") for _, m in modules.named_modules())
-    half = any(v.dtype in (mx.bfloat16, mx.float16) for v in params)
-    if not (quantized or half):
-        return modules
     fp32 = 4 * get_total_parameters(modules) // world
-    if not should_dequantize(fp32, mx.default_device() == mx.gpu,
-                             available=available_memory_bytes()):
-        return modules
     log.info("CPU: %s to float32 (%.2f GB) for BLAS speed",
              "unpacking quantized weights" if quantized else "widening bf16/fp16 weights",
              fp32 / 1e9)
@@ -220,6 +213,22 @@ def cpu_fast_path(modules: Any, world: int = 1) -> Any:
     modules.apply(lambda v: v.astype(mx.float32) if v.dtype in (mx.bfloat16, mx.float16)
                   else v)
     return modules
+
+
+def unpacks_on_cpu(modules: Any, world: int = 1) -> bool:
+    """Whether cpu_fast_path converts these weights (quantized or half precision, on the
+    CPU, and the float32 copy of this rank's share fits)."""
+    import mlx.core as mx
+    from mlx_lm.utils import get_total_parameters
+
+    from engine.runtime.cpu import available_memory_bytes, should_dequantize
+
+    quantized = any(hasattr(m, "bits") for _, m in modules.named_modules())
+    half = any(v.dtype in (mx.bfloat16, mx.float16) for _, v in _leaves(modules))
+    if not (quantized or half):
+        return False
+    return should_dequantize(4 * get_total_parameters(modules) // world,
+                             mx.default_device() == mx.gpu, available=available_memory_bytes())
 
 
 def _unquantize_sharded(modules: Any) -> Any:

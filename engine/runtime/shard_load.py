@@ -27,6 +27,7 @@ from engine.runtime.load import (
     lazy_model,
     materialise,
     read_config,
+    unpacks_on_cpu,
 )
 from engine.runtime.realize import flat, realize
 
@@ -142,8 +143,21 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
         raise UnsupportedModel(f"mlx-lm has no tensor parallel split for "
                                f"{type(model).__module__.rsplit('.', 1)[-1]} models; use "
                                "pipeline placement.")
-    with slice_reads(sources):  # quantized weights too: split packed, unpacked after
-        model.shard(group)
+    try:
+        with slice_reads(sources):  # quantized weights too: split packed, unpacked after
+            model.shard(group)
+    except ValueError as e:  # a quantized layer whose groups don't divide by the ranks
+        if not unpacks_on_cpu(model, group.size()):
+            raise UnsupportedModel(f"Tensor parallelism over {group.size()} ranks can't split "
+                                   f"this model's quantized layers ({e}); use pipeline "
+                                   "placement.") from e
+        log.info("tensor shard: splitting the unpacked weights (%s)", e)
+        sources = Sources()
+        with remember_loads(sources):
+            model, config, _ = lazy_model(folder)
+        model = cpu_fast_path(model, group.size())
+        with slice_reads(sources):
+            model.shard(group)
     log.info("tensor shard: %.1f MB read as slices", sources.bytes_read / 1e6)
     sources.by_id.clear()  # the whole tensors' lazy arrays can go now
     model = cpu_fast_path(model)  # this rank's slices only
