@@ -3,19 +3,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
 from engine import protocol as wire
-from engine.api import common
+from engine.api import common, hints
 from engine.api.anthropic_schemas import (
     CountTokensRequest,
     MessagesRequest,
+    dropped_tools,
     stop_reason,
     to_request,
     tool_input,
@@ -35,9 +34,9 @@ def error_body(e: ShoalError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": e.message}}
 
 
-def _usage(done: wire.Done | None, prompt_tokens: int) -> dict[str, int]:
+def _usage(done: wire.Done | None, prompt_tokens: int, cached: int = 0) -> dict[str, int]:
     """Anthropic counts prompt tokens read from the cache apart from input_tokens."""
-    cached = done.cached_tokens if done else 0
+    cached = done.cached_tokens if done else cached
     return {"input_tokens": prompt_tokens - cached,
             "output_tokens": done.generation_tokens if done else 0,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
@@ -50,7 +49,9 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     relayed = await common.relay(request, body.model, raw)
     if relayed is not None:
         return relayed
-    async with common.generation(request, body.model, to_request(body, True)) as g:
+    req = to_request(body, True)
+    hints.note(request, body.hints() + dropped_tools(body))
+    async with common.generation(request, body.model, req) as g:
         await g.answer()
         return web.json_response({"input_tokens": g.accepted.prompt_tokens})
 
@@ -62,7 +63,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
     relayed = await common.relay(request, body.model, raw)
     if relayed is not None:
         return relayed
-    async with common.generation(request, body.model, to_request(body)) as g:
+    req = to_request(body)
+    hints.note(request, body.hints() + dropped_tools(body))
+    async with common.generation(request, body.model, req) as g:
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         if body.stream:
             return await _stream(request, g, mid)
@@ -82,28 +85,6 @@ async def messages(request: web.Request) -> web.StreamResponse:
             "usage": _usage(a.done, g.accepted.prompt_tokens)})
 
 
-async def with_pings(events: AsyncIterator[wire.Event], every: float
-                     ) -> AsyncIterator[wire.Event | None]:
-    """The events, with None whenever `every` seconds pass without one (time for a ping)."""
-    it = aiter(events)
-    nxt: asyncio.Future = asyncio.ensure_future(anext(it))
-    try:
-        while True:
-            done, _ = await asyncio.wait({nxt}, timeout=every)
-            if not done:
-                yield None
-                continue
-            try:
-                ev = nxt.result()
-            except StopAsyncIteration:
-                return
-            yield ev
-            nxt = asyncio.ensure_future(anext(it))
-    finally:
-        if not nxt.done():
-            nxt.cancel()
-
-
 async def _stream(request: web.Request, g: common.Generation, mid: str) -> web.StreamResponse:
     resp = await common.sse(request)
 
@@ -112,10 +93,11 @@ async def _stream(request: web.Request, g: common.Generation, mid: str) -> web.S
                          f"{json.dumps({'type': kind, **data}, separators=(',', ':'))}\n\n"
                          .encode())
 
+    cached = await g.admitted()  # message_start reports the cache hit, as Anthropic's does
     await send("message_start", {"message": {
         "id": mid, "type": "message", "role": "assistant", "model": g.model, "content": [],
         "stop_reason": None, "stop_sequence": None,
-        "usage": {**_usage(None, g.accepted.prompt_tokens), "output_tokens": 1}}})
+        "usage": {**_usage(None, g.accepted.prompt_tokens, cached), "output_tokens": 1}}})
     await send("ping", {})
     index, open_kind = -1, None
 
@@ -136,7 +118,7 @@ async def _stream(request: web.Request, g: common.Generation, mid: str) -> web.S
         await send("content_block_stop", {"index": index})
         open_kind = None
 
-    async for ev in with_pings(g.events, PING_EVERY_S):
+    async for ev in g.stream(PING_EVERY_S):
         if ev is None:
             await send("ping", {})
         elif isinstance(ev, wire.Error):

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from engine import protocol as wire
-from engine.api import common
+from engine.api import common, hints
 from engine.api.openai_schemas import ChatCompletionRequest, ChatMessage, choose_tool, constraint_of
 from engine.errors import BadRequest, ModelNotFound
 
@@ -102,7 +102,18 @@ def thinking_of(body: ChatCompletionRequest) -> bool | None:
     return None if think is None else bool(think)
 
 
+REFUSED = {"audio": "this model answers in text only",
+           "functions": "send them as 'tools' (each {\"type\": \"function\", "
+                        "\"function\": ...}), the API's current form",
+           "function_call": "use 'tool_choice', the API's current form",
+           "web_search_options": "this node doesn't search the web; give the model a "
+                                 "search tool of your own"}
+
+
 def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
+    for name, why in REFUSED.items():
+        if getattr(body, name) is not None:
+            raise BadRequest(f"'{name}' can't be served here: {why}.", param=name)
     if body.n not in (None, 1):
         raise BadRequest("Only n=1 is supported: ask again for another answer.", param="n")
     if body.top_logprobs is not None and not body.logprobs:
@@ -145,6 +156,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if relayed is not None:
         return relayed
     req = to_request(body)
+    hints.note(request, body.hints())
     async with common.generation(request, body.model, req) as g:
         base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                 "model": g.model}
@@ -187,7 +199,10 @@ async def _stream(request: web.Request, g: common.Generation, base: dict[str, An
 
     await send(chunk({"role": "assistant", "content": ""}))
     ttft, calls = None, 0
-    async for ev in g.events:
+    async for ev in g.stream():
+        if ev is None:
+            await resp.write(common.SSE_KEEPALIVE)
+            continue
         if ttft is None:
             ttft = time.perf_counter() - g.t0
         if isinstance(ev, wire.Error):

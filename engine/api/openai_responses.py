@@ -12,8 +12,14 @@ from typing import Any
 from aiohttp import web
 
 from engine import protocol as wire
-from engine.api import common
-from engine.api.responses_schemas import NamedTool, ResponsesRequest, to_request
+from engine.api import common, hints
+from engine.api.responses_schemas import (
+    NamedTool,
+    ResponsesRequest,
+    ToolNames,
+    flatten_tools,
+    to_request,
+)
 from engine.errors import ModelNotFound
 
 routes = web.RouteTableDef()
@@ -41,7 +47,10 @@ def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
             out["status"] = "incomplete"
             out["incomplete_details"] = {"reason": "max_output_tokens"}
         out["usage"] = {"input_tokens": done.prompt_tokens,
-                        "input_tokens_details": {"cached_tokens": done.cached_tokens},
+                        "input_tokens_details": {
+                            "cached_tokens": done.cached_tokens,
+                            # what this prompt added to the prefix cache
+                            "cache_write_tokens": done.prompt_tokens - done.cached_tokens},
                         "output_tokens": done.generation_tokens,
                         "output_tokens_details": {"reasoning_tokens": 0},
                         "total_tokens": done.prompt_tokens + done.generation_tokens}
@@ -60,9 +69,21 @@ def _reasoning(iid: str, text: str) -> dict[str, Any]:
             "content": [{"type": "reasoning_text", "text": text}] if text else []}
 
 
-def _call(iid: str, c: wire.ToolCall, arguments: str, status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": iid, "call_id": c.call_id, "name": c.name,
+def _call(iid: str, c: wire.ToolCall, arguments: str, status: str,
+          names: ToolNames) -> dict[str, Any]:
+    """A function_call item (naming its namespace), or a freeform tool's custom_tool_call."""
+    name, namespace, freeform = names.call(c.name)
+    if freeform:
+        try:
+            text = json.loads(arguments or "{}").get("input", "")
+        except (ValueError, AttributeError):
+            text = arguments
+        return {"type": "custom_tool_call", "id": iid, "call_id": c.call_id, "name": name,
+                "input": text if isinstance(text, str) else json.dumps(text),
+                "status": status}
+    item = {"type": "function_call", "id": iid, "call_id": c.call_id, "name": name,
             "arguments": arguments, "status": status}
+    return {**item, "namespace": namespace} if namespace else item
 
 
 @routes.get("/v1/responses/{rid}")
@@ -78,22 +99,25 @@ async def responses(request: web.Request) -> web.StreamResponse:
     relayed = await common.relay(request, body.model, raw)
     if relayed is not None:
         return relayed
-    async with common.generation(request, body.model, to_request(body)) as g:
+    req = to_request(body)
+    names = flatten_tools(body.tools)
+    hints.note(request, body.hints())
+    async with common.generation(request, body.model, req) as g:
         rid = _id("resp")
         if body.stream:
-            return await _stream(request, body, g, rid)
+            return await _stream(request, body, g, rid, names)
         a = await g.answer()
         output: list[dict[str, Any]] = []
         if a.reasoning:
             output.append(_reasoning(_id("rs"), a.reasoning))
         if a.content or not a.tool_calls:
             output.append(_message(_id("msg"), a.content, a.logprobs, "completed"))
-        output += [_call(_id("fc"), c, c.arguments, "completed") for c in a.tool_calls]
+        output += [_call(_id("fc"), c, c.arguments, "completed", names) for c in a.tool_calls]
         return web.json_response(_envelope(body, rid, g.model, "completed", output, a.done))
 
 
 async def _stream(request: web.Request, body: ResponsesRequest, g: common.Generation,
-                  rid: str) -> web.StreamResponse:
+                  rid: str, names: ToolNames) -> web.StreamResponse:
     resp = await common.sse(request)
     seq = 0
     output: list[dict[str, Any]] = []
@@ -146,10 +170,16 @@ async def _stream(request: web.Request, body: ResponsesRequest, g: common.Genera
     start = _envelope(body, rid, g.model, "in_progress", [], None)
     await send("response.created", response=start)
     await send("response.in_progress", response=start)
-    async for ev in g.events:
-        if isinstance(ev, wire.Error):
+    async for ev in g.stream():
+        if ev is None:
+            await resp.write(common.SSE_KEEPALIVE)
+            continue
+        if isinstance(ev, wire.Error):  # the protocol's own end for a failed response
+            await close()
             err = common.error_of(ev)
-            await send("error", code=err.code, message=err.message, param=err.param)
+            failed = _envelope(body, rid, g.model, "failed", output, None)
+            failed["error"] = {"code": err.code or "server_error", "message": err.message}
+            await send("response.failed", response=failed)
             break
         if isinstance(ev, wire.Delta):
             kind = "reasoning" if ev.kind == "reasoning" else "message"
@@ -165,13 +195,19 @@ async def _stream(request: web.Request, body: ResponsesRequest, g: common.Genera
         elif isinstance(ev, wire.ToolCall):
             await close()
             i, iid = len(output), _id("fc")
-            await send("response.output_item.added", output_index=i,
-                       item=_call(iid, ev, "", "in_progress"))
-            await send("response.function_call_arguments.delta", item_id=iid, output_index=i,
-                       delta=ev.arguments)
-            await send("response.function_call_arguments.done", item_id=iid, output_index=i,
-                       arguments=ev.arguments, name=ev.name)
-            item = _call(iid, ev, ev.arguments, "completed")
+            item = _call(iid, ev, ev.arguments, "completed", names)
+            started = _call(iid, ev, "", "in_progress", names)
+            await send("response.output_item.added", output_index=i, item=started)
+            if item["type"] == "custom_tool_call":
+                await send("response.custom_tool_call_input.delta", item_id=iid,
+                           output_index=i, delta=item["input"])
+                await send("response.custom_tool_call_input.done", item_id=iid,
+                           output_index=i, input=item["input"])
+            else:
+                await send("response.function_call_arguments.delta", item_id=iid,
+                           output_index=i, delta=ev.arguments)
+                await send("response.function_call_arguments.done", item_id=iid,
+                           output_index=i, arguments=ev.arguments, name=item["name"])
             await send("response.output_item.done", output_index=i, item=item)
             output.append(item)
         elif isinstance(ev, wire.Done):

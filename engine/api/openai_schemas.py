@@ -121,6 +121,11 @@ class ResponseFormat(Strict):
     json_schema: JsonSchemaSpec | None = None
 
 
+CHAT_HINTS = ("user", "metadata", "store", "service_tier", "safety_identifier",
+              "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+              "verbosity", "prediction", "moderation")
+
+
 class StreamOptions(Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
@@ -152,6 +157,18 @@ class ChatCompletionRequest(SamplingFields):
     prompt_cache_options: dict[str, Any] | None = None
     prompt_cache_retention: str | None = None
     modalities: list[Literal["text"]] | None = None  # text is all there is
+    verbosity: Literal["low", "medium", "high"] | None = None  # a hint to the model
+    prediction: dict[str, Any] | None = None  # predicted output: speed, not the answer
+    moderation: Any = None
+    # refused when given (to_request says why)
+    audio: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    web_search_options: Any = None
+
+    def hints(self) -> list[str]:
+        """The bookkeeping and hint fields this request carries (accepted, not used)."""
+        return [k for k in CHAT_HINTS if getattr(self, k) is not None]
 
 
 def constraint_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:
