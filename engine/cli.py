@@ -28,9 +28,10 @@ def _setup_logging(home: Path | None, name: str, verbose: bool) -> None:
 def _cmd_node(a: argparse.Namespace) -> int:
     from engine.node.main import NodeConfig, run_node
     home = Path(a.home).expanduser() if a.home else default_home()
-    if a.max_streams < 1 or not a.queue_wait > 0 or not a.max_body_mb > 0:
-        print("shoal node: --max-streams must be 1 or more, --queue-wait and --max-body-mb "
-              "above 0.", file=sys.stderr)
+    if a.max_streams < 1 or not a.queue_wait > 0 or not a.max_body_mb > 0 \
+            or not a.stall_timeout > 0:
+        print("shoal node: --max-streams must be 1 or more, --queue-wait, --stall-timeout and "
+              "--max-body-mb above 0.", file=sys.stderr)
         return 2
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(NodeConfig(
@@ -42,7 +43,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
             o for o in os.environ.get("SHOAL_CORS_ORIGINS", "").split(",") if o.strip()],
         allowed_hosts=a.allowed_host or [
             h for h in os.environ.get("SHOAL_ALLOWED_HOSTS", "").split(",") if h.strip()],
-        max_body_mb=a.max_body_mb, max_streams=a.max_streams, queue_wait_s=a.queue_wait)))
+        max_body_mb=a.max_body_mb, max_streams=a.max_streams, queue_wait_s=a.queue_wait,
+        stall_s=a.stall_timeout)))
     # Everything is closed and every worker reaped. Leave without C++ static destructors:
     # MLX (imported for this machine's facts) can still hold a thread then, and a joinable
     # std::thread destroyed at exit aborts the process (seen once: exit code -6 after a
@@ -120,6 +122,17 @@ def _cmd_chat(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_connect(a: argparse.Namespace) -> int:
+    from engine.connect import KEY_ENV, render, target, write
+    t = target(a.url, a.model, os.environ.get(KEY_ENV))
+    if a.write:
+        path = write(a.agent, t, Path.home())
+        print(f"Wrote {a.agent}'s settings for {t.model} at {t.url} to {path}.")
+        return 0
+    sys.stdout.write(render(a.agent, t))
+    return 0
+
+
 def _cmd_app(a: argparse.Namespace) -> int:
     print("shoal: the window is started by `shoal` (app.cli); try `shoal node` or "
           "`shoal models list` here.", file=sys.stderr)
@@ -145,6 +158,9 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--queue-wait", type=float, default=60.0, metavar="SECONDS",
                    help="how long a request waits for a turn before a 503 with "
                         "Retry-After (default 60)")
+    n.add_argument("--stall-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="a worker that says nothing this long (no token and no prefill "
+                        "progress) is stuck and restarted (default 300)")
     n.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000; '*' for any) "
                    "call the API from a browser; repeatable (default: none, or "
@@ -193,6 +209,16 @@ def parser() -> argparse.ArgumentParser:
     from engine.placement_cli import add_plan_parser, cmd_plan
     pl = add_plan_parser(sub)
     pl.set_defaults(func=lambda a: cmd_plan(a, cluster=_plan_inputs(a.url)))
+
+    from engine.connect import AGENTS
+    co = sub.add_parser("connect", help="settings that point a coding agent at a node")
+    co.add_argument("agent", choices=AGENTS)
+    co.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}",
+                    help="the node (default: this machine's)")
+    co.add_argument("--model", help="the model (default: the loaded one)")
+    co.add_argument("--write", action="store_true",
+                    help="write them into the agent's config file instead of printing")
+    co.set_defaults(func=_cmd_connect)
 
     c = sub.add_parser("chat", help="ask a running node")
     c.add_argument("prompt")

@@ -53,6 +53,7 @@ class GenerateRequest:
     thinking: bool | None = None  # the template's thinking switch, where it has one
     sampling: dict[str, Any] = field(default_factory=dict)
     count_only: bool = False  # just count the prompt's tokens (Anthropic count_tokens)
+    continue_final: bool = False  # the last (assistant) message is the answer's beginning
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,19 @@ class Accepted(Message):
     id: str
     prompt_tokens: int
     prompt_text: str | None = None  # the rendered prompt, when asked for (echo)
+
+
+@dataclass(frozen=True)
+class Progress(Message):
+    """Prefill under way: `done` of the prompt's `total` tokens are in the cache, of which
+    `cached` came from the prefix cache (sent when the request is admitted, then as chunks
+    finish). A long prefill is work, not silence: the node's watchdog counts it."""
+
+    tag = "progress"
+    id: str
+    cached: int
+    done: int
+    total: int
 
 
 @dataclass(frozen=True)
@@ -169,11 +183,12 @@ class Exited(Message):
     reason: str
 
 
-Event = Loading | Ready | Fatal | Accepted | Delta | ToolCall | Done | Error | Exited
+Event = (Loading | Ready | Fatal | Accepted | Progress | Delta | ToolCall | Done | Error
+         | Exited)
 TERMINAL = (Done, Error)
 _CLASSES: dict[tuple[str, str], type[Message]] = {
     (c.key, c.tag): c for c in (Generate, Cancel, Shutdown, Loading, Ready, Fatal, Accepted,
-                                Delta, ToolCall, Done, Error, Exited)}
+                                Progress, Delta, ToolCall, Done, Error, Exited)}
 
 
 def encode(msg: Message) -> bytes:

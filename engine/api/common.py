@@ -216,12 +216,90 @@ class Answer:
             self.logprobs += ev.logprobs
 
 
-@dataclass
+KEEPALIVE_S = 10.0  # while nothing else is said: an SSE comment (or Anthropic's ping)
+SSE_KEEPALIVE = b": keep-alive\n\n"  # a comment line: every SSE client skips it
+
+
 class Generation:
-    model: str
-    accepted: wire.Accepted
-    events: AsyncIterator[wire.Event]
-    t0: float
+    """One generation's events for an adapter. Prefill progress is kept, not passed on:
+    `admitted()` waits for the first (the prefix cache's hit is known then), and
+    `stream(every)` yields None whenever `every` seconds pass in silence, for a
+    keep-alive, so clients with read timeouts wait out a long prefill."""
+
+    def __init__(self, model: str, accepted: wire.Accepted, source: AsyncIterator[wire.Event],
+                 t0: float):
+        self.model, self.accepted, self.t0 = model, accepted, t0
+        self.progress: wire.Progress | None = None
+        self._source = aiter(source)
+        self._held: list[wire.Event] = []
+        self._next: asyncio.Future | None = None
+
+    async def _pull(self, timeout: float | None) -> wire.Event | None:
+        """The next event that isn't progress; None when `timeout` passes first; raises
+        StopAsyncIteration at the end."""
+        if self._held:
+            return self._held.pop(0)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._next is None:
+                self._next = asyncio.ensure_future(anext(self._source))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, _ = await asyncio.wait({self._next}, timeout=left)
+            if not done:
+                return None
+            fut, self._next = self._next, None
+            ev = fut.result()
+            if isinstance(ev, wire.Progress):
+                self.progress = ev
+                if timeout is not None and self._waiting_admission:
+                    return None
+                continue
+            return ev
+
+    _waiting_admission = False
+
+    async def admitted(self, timeout: float = 30.0) -> int:
+        """The prompt tokens the prefix cache held, once the request is admitted (or 0 if
+        the first token, an error or `timeout` comes first)."""
+        deadline = time.monotonic() + timeout
+        self._waiting_admission = True
+        try:
+            while self.progress is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    ev = await self._pull(left)
+                except StopAsyncIteration:
+                    break
+                if ev is not None:
+                    self._held.append(ev)
+                    break
+        finally:
+            self._waiting_admission = False
+        return self.progress.cached if self.progress else 0
+
+    async def stream(self, every: float | None = KEEPALIVE_S
+                     ) -> AsyncIterator[wire.Event | None]:
+        try:
+            while True:
+                try:
+                    ev = await self._pull(every)
+                except StopAsyncIteration:
+                    return
+                yield ev
+        finally:
+            if self._next is not None and not self._next.done():
+                self._next.cancel()
+
+    @property
+    def events(self) -> AsyncIterator[wire.Event]:
+        """The events without keep-alives."""
+        async def only() -> AsyncIterator[wire.Event]:
+            async for ev in self.stream(None):
+                if ev is not None:
+                    yield ev
+        return only()
 
     async def answer(self) -> Answer:
         a = Answer()

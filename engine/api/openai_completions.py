@@ -100,7 +100,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
         at = len(echo)
         if echo:
             await send({"index": 0, "text": echo, "logprobs": None, "finish_reason": None})
-        async for ev in g.events:
+        async for ev in g.stream():
+            if ev is None:
+                await resp.write(common.SSE_KEEPALIVE)
+                continue
             if isinstance(ev, wire.Error):
                 await resp.write(f"data: {json.dumps(common.error_of(ev).to_openai())}\n\n"
                                  .encode())

@@ -53,6 +53,7 @@ class NodeConfig:
     max_body_mb: float = 4.0  # request bodies over this are refused (413) unread
     max_streams: int = 8  # requests decoded together; more wait for a turn
     queue_wait_s: float = 60.0  # how long a request waits for a turn before a 503
+    stall_s: float = 300.0  # a worker silent this long (no token, no prefill progress) is stuck
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -82,7 +83,7 @@ async def run_node(cfg: NodeConfig) -> None:
     else:
         default = None if cfg.model == "none" else cfg.model
     node = Node(home, mdir, default_model=default, port=cport, max_streams=cfg.max_streams,
-                queue_wait_s=cfg.queue_wait_s)
+                queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s)
     ident = load_identity(home)
     store = SecretStore(home)
     secret = await asyncio.to_thread(store.ensure, cfg.secret)

@@ -31,19 +31,20 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ShoalError as e:
-        if e.status >= 500:
-            log.warning("%s %s failed: %s", request.method, request.path, e.message)
+        refused(request, e.status, e.message, e.param)
         retry = getattr(e, "retry_after", None)
         return web.json_response(error_body(request.path, e), status=e.status,
                                  headers={"Retry-After": str(retry)} if retry else None)
     except web.HTTPRequestEntityTooLarge:
         # aiohttp found the body over client_max_size while reading it
         big = too_large(request.app["max_body"])
+        refused(request, big.status, big.message, None)
         return web.json_response(error_body(request.path, big), status=big.status)
     except web.HTTPException as e:
         if e.status < 400:
             raise
         err = ShoalError(f"{e.reason}: {request.method} {request.path}", code=str(e.status))
+        refused(request, e.status, err.message, None)
         err.type = "invalid_request_error"
         err.status = e.status
         return web.json_response(error_body(request.path, err), status=e.status)
@@ -53,6 +54,16 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("unexpected error in %s %s", request.method, request.path)
         err = ShoalError(f"Internal error: {e}. The node keeps running; see its log.")
         return web.json_response(error_body(request.path, err), status=500)
+
+
+def refused(request: web.Request, status: int, reason: str, param: str | None) -> None:
+    """Every refused request in the node's log: status, route, reason, the field and the
+    client's name. Never its body or headers (keys, prompts)."""
+    client = request.headers.get("User-Agent", "?")[:80]
+    field = f" ({param})" if param else ""
+    level = logging.WARNING if status >= 500 else logging.INFO
+    log.log(level, "%d %s %s%s: %s [%s]", status, request.method, request.path, field,
+            reason[:300], client)
 
 
 def body_limit(max_body: int) -> Any:

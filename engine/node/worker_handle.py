@@ -168,13 +168,15 @@ class WorkerHandle:
         async def events() -> AsyncIterator[Event]:
             nonlocal finished
             while True:
-                try:
+                try:  # prefill progress counts: a long prompt is work, not silence
                     ev = await asyncio.wait_for(q.get(), self.token_timeout)
                 except TimeoutError:
                     finished = True
                     await self.kill(f"The worker for {self.model_id} produced nothing for "
                                     f"{self.token_timeout:.0f} s and was stopped.")
-                    raise WorkerFailed(self.dead_reason or "worker stalled") from None
+                    failed = WorkerFailed(self.dead_reason or "The worker stalled.")
+                    yield Error(rid, failed.code, failed.message, None, failed.status)
+                    return
                 if isinstance(ev, TERMINAL):
                     finished = True
                 yield ev
@@ -198,10 +200,11 @@ class WorkerHandle:
 
     async def _drain(self, rid: str, q: asyncio.Queue,
                      on_turn: Callable[[bool], None] | None) -> None:
+        """After a cancel: the request's remaining events until its end. Only a worker
+        silent about it for CANCEL_GRACE_S is stuck (its progress counts as an answer)."""
         try:
-            async with asyncio.timeout(15):
-                while not isinstance(await q.get(), TERMINAL):
-                    pass
+            while not isinstance(await asyncio.wait_for(q.get(), CANCEL_GRACE_S), TERMINAL):
+                pass
         except TimeoutError:
             await self.kill(f"The worker for {self.model_id} did not stop when asked.")
         finally:
@@ -244,6 +247,9 @@ class WorkerHandle:
         if self._reader:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._reader, grace)
+
+
+CANCEL_GRACE_S = 15.0
 
 
 def _load_error(ev: Fatal) -> ShoalError:

@@ -20,11 +20,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.runtime.chunking import LARGEST, Chunker
-from engine.runtime.generate import Record
+from engine.runtime.generate import ProgressFn, Record
 from engine.runtime.sampling import Sampling
 from engine.runtime.stops import StopMatcher, text_step
 
 log = logging.getLogger(__name__)
+
+
+CANCEL_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """On a job's queue: `done` of its prompt's tokens are in (`cached` of them cached)."""
+    cached: int
+    done: int
 
 
 @dataclass
@@ -52,16 +62,28 @@ class Streams:
         return len(self._jobs)
 
     def __call__(self, model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
-                 cancel: threading.Event | None = None) -> Iterator[Record]:
+                 cancel: threading.Event | None = None,
+                 progress: ProgressFn | None = None) -> Iterator[Record]:
         job = Job(prompt, sampling, tokenizer)
         self._inbox.put(("add", job))
         detok, stops = tokenizer.detokenizer, StopMatcher(sampling.stop)
         tic, first, n, done = time.perf_counter(), 0.0, 0, False
         try:
             while True:
-                item = job.out.get()
+                try:  # a cancel is seen within CANCEL_POLL_S, even mid-prefill
+                    item = job.out.get(timeout=CANCEL_POLL_S)
+                except queue.Empty:
+                    if n == 0 and cancel is not None and cancel.is_set():
+                        yield Record("", None, "cancelled", len(prompt), 0, 0.0, 0.0,
+                                     _peak_gb(), cached_tokens=job.cached)
+                        return  # the finally removes it from the batch
+                    continue
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item, Prefilled):
+                    if progress is not None:
+                        progress(item.cached, item.done, len(prompt))
+                    continue
                 token, lp, finish = item
                 n += 1
                 if n == 1:
@@ -116,9 +138,12 @@ class Batcher(Streams):
                 with self._gen.stats() as st:
                     prompts, responses = self._gen.next()
                 self.chunker.took(st.prompt_tokens, st.prompt_time)
-                for p in prompts:  # all of a prompt but its last token is in
+                for p in prompts:
                     if p.end_of_segment and not p.end_of_prompt and self._recurrent:
-                        self._snapshot(p.uid)
+                        self._snapshot(p.uid)  # all of a prompt but its last token is in
+                    job = self._jobs.get(p.uid)
+                    if job is not None and isinstance(p.progress, tuple):
+                        job.out.put(Prefilled(job.cached, job.cached + int(p.progress[0])))
             except Exception as e:  # the batch's state is unknown: fail what is in it
                 log.exception("batched generation failed")
                 for job in list(self._jobs.values()):
@@ -169,6 +194,7 @@ class Batcher(Streams):
                                   logits_processors=[processors])
         job.uid = uid
         self._jobs[uid] = job
+        job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
 
     def _snapshot(self, uid: int) -> None:
         job = self._jobs.get(uid)

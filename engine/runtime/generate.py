@@ -6,7 +6,7 @@ The HTTP API, the chat window, the CLI and the benchmark all consume this one st
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,11 +44,20 @@ def build_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int
     return list(tokenizer.encode(text))
 
 
+ProgressFn = Callable[[int, int, int], None]  # (cached, done, total) prompt tokens
+
+
+class _Cancelled(Exception):
+    """Raised inside mlx-lm's prefill loop to leave it between two chunks."""
+
+
 def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
-             cancel: threading.Event | None = None, prefix: Any = None) -> Iterator[Record]:
-    """Stream records for `prompt`. Setting `cancel` ends the stream at the next token
-    with finish_reason "cancelled". With a `prefix` (engine.runtime.prefix.PrefixCache)
-    the prompt starts from the longest cached prefix, and its KV is kept afterwards."""
+             cancel: threading.Event | None = None, prefix: Any = None,
+             progress: ProgressFn | None = None) -> Iterator[Record]:
+    """Stream records for `prompt`. Setting `cancel` ends the stream at the next token, or
+    at the next prefill chunk, with finish_reason "cancelled". With a `prefix`
+    (engine.runtime.prefix.PrefixCache) the prompt starts from the longest cached prefix,
+    and its KV is kept afterwards. `progress` hears how far the prefill is."""
     import mlx.core as mx
     from mlx_lm.generate import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
@@ -60,17 +69,22 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
     cache, cached = prefix.fetch(prompt) if prefix is not None else (None, 0)
     cache = cache if cache is not None else make_prompt_cache(model)
     fed = list(prompt)  # every token the cache holds: mlx-lm feeds each one it yields
+    tell = progress or (lambda cached, done, total: None)
+    tell(cached, cached, len(prompt))
 
-    def progress(done: int, total: int) -> None:
-        if prefix is not None and done == total - 1:  # all of the prompt but its last
+    def prefilled(done: int, total: int) -> None:
+        if prefix is not None and cached + done == len(prompt) - 1:  # all but its last
             prefix.mark(prompt, cache)
+        tell(cached, cached + done, len(prompt))
+        if cancel is not None and cancel.is_set() and done < total:
+            raise _Cancelled
 
     last = None
     try:
         for r in stream_generate(model, tokenizer, mx.array(prompt[cached:]),
                                  max_tokens=sampling.max_tokens, sampler=sampler,
                                  logits_processors=processors, prompt_cache=cache,
-                                 prompt_progress_callback=progress):
+                                 prompt_progress_callback=prefilled):
             last = r
             fed.append(int(r.token))
             lp = token_logprobs(r.logprobs, r.token, sampling.logprobs)
@@ -87,6 +101,9 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
             yield _record(r, text, None, lp, len(prompt), cached)
         if last is None:  # stream_generate always yields; keep the one-finish promise
             yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0)
+    except _Cancelled:  # left during the prefill: nothing was generated
+        yield Record("", None, "cancelled", len(prompt), 0, 0.0, 0.0, 0.0,
+                     cached_tokens=cached)
     finally:
         if prefix is not None and cache_holds(cache, len(fed)):
             prefix.finish(fed, cache)

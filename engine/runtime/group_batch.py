@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.runtime.batching import Job, Streams
+from engine.runtime.batching import Job, Prefilled, Streams
 from engine.runtime.chunking import Chunker
 from engine.runtime.doorbell import BATCH, END, STEP, TOKEN
 from engine.runtime.group_state import HEAD_LEN, OutOfStep, Plan, Seq, State, apply_plan
@@ -311,6 +311,8 @@ class GroupBatcher(Streams):
                 outputs = self.steps.lead(plan, self.state)
                 if plan.chunk >= 0:  # the step's time is what the other streams waited
                     self.chunker.took(plan.chunk_len, time.perf_counter() - t)
+                if plan.chunk >= 0:  # the prefilled prompt's progress, before fed() moves it
+                    self._prefilled(self.state.pending[plan.chunk], plan.chunk_len)
                 self.state.fed(plan)
                 self._sample(outputs)
                 self.state.joined()
@@ -354,6 +356,7 @@ class GroupBatcher(Streams):
                 job.out.put(e)
                 continue
             cache, job.cached = st.prefix.fetch(job.prompt)
+            job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
             job.uid, self._uid = self._uid, self._uid + 1
             self._jobs[job.uid] = job
             seq = st.admit(job.prompt, cache, job.cached)
@@ -370,6 +373,11 @@ class GroupBatcher(Streams):
             # a prompt two chunks from its end runs whole: a short request starts at once
             plan.chunk_len = left if left <= 2 * size else size
         return plan
+
+    @staticmethod
+    def _prefilled(seq: Seq, n: int) -> None:
+        if seq.job is not None:
+            seq.job.out.put(Prefilled(seq.job.cached, len(seq.tokens) + n))
 
     def _sample(self, outputs: Outputs) -> None:
         for seqs, logits in outputs:

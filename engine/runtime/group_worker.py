@@ -178,10 +178,10 @@ def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict
 def _lockstep(runner: Any, fatal: Any) -> Callable[..., Iterator[Any]]:
     """One request at a time through the group (engine/runtime/lockstep.py)."""
     def generate(_model: Any, tok: Any, prompt: list[int], sampling: Any,
-                 cancel: threading.Event | None) -> Iterator[Any]:
+                 cancel: threading.Event | None, progress: Any = None) -> Iterator[Any]:
         from engine.runtime.lockstep import generate as lockstep_generate
-        try:
-            yield from lockstep_generate(runner, tok, prompt, sampling, cancel)
+        try:  # a lockstep prefill runs whole once begun: progress at its start and end
+            yield from lockstep_generate(runner, tok, prompt, sampling, cancel, progress)
         except Exception as e:  # the group's state is unknown now: take it down
             log.exception("generation failed on rank 0")
             fatal("group_failed", f"Generation failed in the model's group: {e}")

@@ -209,7 +209,8 @@ class Runner(Protocol):
 
 
 def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampling,
-             cancel: threading.Event | None = None) -> Iterator[Record]:
+             cancel: threading.Event | None = None,
+             progress: Callable[[int, int, int], None] | None = None) -> Iterator[Record]:
     """Records for `prompt`, exactly as engine.runtime.generate.generate yields them
     (mlx-lm's stream_generate semantics: EOS ends with "stop", max_tokens with "length").
     Sampling happens here, on rank 0, as mlx-lm's generate_step does it."""
@@ -227,6 +228,8 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
     try:
         logits = runner.start(prompt, sampling)
         started = True
+        if progress is not None:
+            progress(getattr(runner, "cached", 0), len(prompt), len(prompt))
         token, lp = sample(logits)
         # tokens run per second: a cached prefix isn't run (as mlx-lm counts it)
         prompt_tps = (len(prompt) - getattr(runner, "cached", 0)) / (time.perf_counter() - tic)

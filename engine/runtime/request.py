@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.errors import BadRequest, ContextTooLong
-from engine.protocol import Accepted, Delta, Done, GenerateRequest, Message, ToolCall
+from engine.protocol import (
+    Accepted,
+    Delta,
+    Done,
+    GenerateRequest,
+    Message,
+    Progress,
+    ToolCall,
+)
 from engine.runtime.harmony import HarmonySplitter, is_harmony
 from engine.runtime.sampling import Sampling
 from engine.runtime.toolcalls import (
@@ -61,6 +70,14 @@ def _generic_history(m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
+def too_long(tokens: str, ctx_len: int) -> ContextTooLong:
+    """In the words clients look for: Claude Code compacts on "prompt is too long", OpenAI
+    clients read "maximum context length" (and the code context_length_exceeded)."""
+    return ContextTooLong(f"prompt is too long: {tokens} tokens > {ctx_len} maximum (this "
+                          f"model's maximum context length is {ctx_len} tokens). Shorten the "
+                          "conversation or start a new one.", param="messages")
+
+
 PEEK_CHARS_PER_TOKEN = 4  # the first look at a long prompt: 4 characters a context token
 
 
@@ -100,9 +117,7 @@ def _encode(tokenizer: Any, text: str, ctx_len: int | None, **kw: Any) -> list[i
         if settled is None:
             break
         if settled >= ctx_len:
-            raise ContextTooLong(
-                f"The prompt is more than {settled} tokens; this model's context is {ctx_len} "
-                "tokens. Shorten the conversation or start a new one.", param="messages")
+            raise too_long(f"more than {settled}", ctx_len)
         head *= 2  # costs at most as much again as tokenizing it whole
     return list(tokenizer.encode(text, **kw))
 
@@ -133,12 +148,7 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
     if req.thinking is not None:
         kwargs["enable_thinking"] = req.thinking
     if getattr(tokenizer, "has_chat_template", False):
-        try:
-            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
-                                                 tokenize=False, **kwargs)
-        except Exception as e:  # templates raise on conversations they don't allow
-            raise BadRequest(f"The model's chat template refused this conversation: {e}",
-                             param="messages") from None
+        text = _render(tokenizer, msgs, req.continue_final, kwargs)
         prompt = _encode(tokenizer, text, ctx_len, add_special_tokens=False)
     else:  # no template: plain "role: content" lines, the least surprising fallback
         text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in msgs) + "assistant: "
@@ -162,6 +172,53 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
     if harmony and not forced:  # gpt-oss: channels, not markers mlx-lm knows
         splitter = HarmonySplitter()
     return prompt, text, splitter, constraint
+
+
+def _render(tokenizer: Any, msgs: list[dict[str, Any]], continue_final: bool,
+            kwargs: dict[str, Any]) -> str:
+    """The chat template's text. Many templates refuse a system turn past the first or two
+    turns of one role in a row (agents send both): those get the conversation folded as
+    the Anthropic API folds it, system turns into the next user turn, same-role turns
+    joined."""
+    ends = {"add_generation_prompt": not continue_final,
+            "continue_final_message": continue_final} if continue_final else \
+        {"add_generation_prompt": True}
+    try:
+        return str(tokenizer.apply_chat_template(msgs, tokenize=False, **ends, **kwargs))
+    except Exception as first:  # templates raise on conversations they don't allow
+        folded = fold_turns(msgs)
+        if folded == msgs:
+            raise BadRequest(f"The model's chat template refused this conversation: {first}",
+                             param="messages") from None
+        try:
+            return str(tokenizer.apply_chat_template(folded, tokenize=False, **ends,
+                                                     **kwargs))
+        except Exception as e:
+            raise BadRequest(f"The model's chat template refused this conversation: {e}",
+                             param="messages") from None
+
+
+def fold_turns(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System turns after the first become text of the next user turn; consecutive user
+    (or assistant) turns without tool calls become one."""
+    out: list[dict[str, Any]] = []
+    carry = ""
+    for i, m in enumerate(msgs):
+        if m["role"] == "system" and i > 0:
+            carry += f"{m.get('content') or ''}\n\n"
+            continue
+        m = dict(m)
+        if carry and m["role"] == "user":
+            m["content"], carry = carry + str(m.get("content") or ""), ""
+        prev = out[-1] if out else None
+        if prev and prev["role"] == m["role"] and m["role"] in ("user", "assistant") \
+                and not prev.get("tool_calls") and not m.get("tool_calls"):
+            prev["content"] = f"{prev.get('content') or ''}\n\n{m.get('content') or ''}"
+            continue
+        out.append(m)
+    if carry:
+        out.append({"role": "user", "content": carry.strip()})
+    return out
 
 
 FIM_TOKENS = [("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
@@ -188,6 +245,24 @@ def _entry(tokenizer: Any, token: int, logprob: float,
     return {**one(token, logprob), "top_logprobs": [one(t, lp) for t, lp in top]}
 
 
+PROGRESS_EVERY_S = 0.5  # prefill progress reaches the node at most this often
+
+
+def _progress_emitter(rid: str, emit: Callable[[Message], None]
+                      ) -> Callable[[int, int, int], None]:
+    """Progress events for one request: the first (its admission: the cache hit), then
+    at most one a PROGRESS_EVERY_S, and the last chunk's."""
+    last = [0.0]
+
+    def progress(cached: int, done: int, total: int) -> None:
+        now = time.monotonic()
+        if last[0] and now - last[0] < PROGRESS_EVERY_S and done < total - 1:
+            return
+        last[0] = now
+        emit(Progress(rid, cached, done, total))
+    return progress
+
+
 def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int,
         gen: Callable[..., Iterator[Any]], cancel: threading.Event,
         emit: Callable[[Message], None]) -> None:
@@ -196,9 +271,7 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     ctx_len = min(ctx_len, int(s.pop("context_limit", None) or ctx_len))  # Ollama's num_ctx
     prompt, text, splitter, constraint = prepare(tokenizer, req, ctx_len)
     if len(prompt) >= ctx_len:
-        raise ContextTooLong(
-            f"The prompt is {len(prompt)} tokens; this model's context is {ctx_len} tokens. "
-            "Shorten the conversation or start a new one.", param="messages")
+        raise too_long(str(len(prompt)), ctx_len)
     emit(Accepted(rid, len(prompt), text if req.messages is None else None))
     if req.count_only:
         emit(Done(rid, "stop", len(prompt), 0))
@@ -216,7 +289,8 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     s["logit_bias"] = tuple((int(k), float(v)) for k, v in (s.get("logit_bias") or {}).items())
     sampling = Sampling(**s)
     lps: list[dict[str, Any]] = []
-    records = gen(model, tokenizer, prompt, sampling, cancel)
+    records = gen(model, tokenizer, prompt, sampling, cancel,
+                  progress=_progress_emitter(rid, emit))
     try:
         for r in records:
             if r.logprob is not None and r.token is not None:

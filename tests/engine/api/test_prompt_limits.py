@@ -133,4 +133,4 @@ def test_prompt_over_the_context_but_short_gets_its_exact_count(oai):
                                     messages=[{"role": "user", "content": text}])
     err = e.value.body
     assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
-    assert err["message"].startswith("The prompt is ") and "more than" not in err["message"]
+    assert err["message"].startswith("prompt is too long: ") and "more than" not in err["message"]
