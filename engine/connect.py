@@ -1,0 +1,165 @@
+"""Settings that point a coding agent at a node: `shoal connect claude|codex|opencode|
+continue` prints them (or, with --write, writes them into the agent's own config file).
+
+Each agent gets the node's address, the model for every tier it has, the model's real
+context window and when to compact (so it neither overruns the window nor compacts a
+quarter of the way in, as it does for model names it doesn't know), and the switches that
+keep the prefix cache warm. A key never goes into a file: an agent that needs one reads it
+from the SHOAL_API_KEY environment variable."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+AGENTS = ("claude", "codex", "opencode", "continue")
+KEY_ENV = "SHOAL_API_KEY"
+COMPACT_AT = 0.85  # of the window, as Claude Code's own default trigger
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str  # the node's base address, e.g. http://127.0.0.1:8421 (no /v1)
+    model: str
+    context: int
+    needs_key: bool = False
+
+    @property
+    def compact_at(self) -> int:
+        return int(self.context * COMPACT_AT)
+
+
+def claude_env(t: Target) -> dict[str, str]:
+    """Claude Code's environment (also the "env" block of ~/.claude/settings.json)."""
+    env = {"ANTHROPIC_BASE_URL": t.url,
+           "ANTHROPIC_AUTH_TOKEN": f"${KEY_ENV}" if t.needs_key else "shoal",
+           "ANTHROPIC_MODEL": t.model, "ANTHROPIC_DEFAULT_OPUS_MODEL": t.model,
+           "ANTHROPIC_DEFAULT_SONNET_MODEL": t.model,
+           "ANTHROPIC_DEFAULT_HAIKU_MODEL": t.model, "ANTHROPIC_SMALL_FAST_MODEL": t.model,
+           "CLAUDE_CODE_SUBAGENT_MODEL": t.model,
+           # it assumes 200K or 1M for a name it doesn't know: say the real window
+           "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(t.context),
+           "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(t.context),
+           # no per-request billing header at the top of the system prompt (Shoal drops
+           # it too), and no calls to Anthropic's servers for telemetry or updates
+           "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    return env
+
+
+def codex_toml(t: Target) -> str:
+    """~/.codex/config.toml: a provider for the node over the Responses API."""
+    lines = [f'model = "{t.model}"', 'model_provider = "shoal"',
+             f"model_context_window = {t.context}",
+             f"model_auto_compact_token_limit = {t.compact_at}", "",
+             "[model_providers.shoal]", 'name = "Shoal"', f'base_url = "{t.url}/v1"',
+             'wire_api = "responses"']
+    if t.needs_key:
+        lines.append(f'env_key = "{KEY_ENV}"')
+    return "\n".join(lines) + "\n"
+
+
+def opencode_json(t: Target) -> dict[str, Any]:
+    """OpenCode's config (~/.config/opencode/opencode.json): an OpenAI-compatible
+    provider, the model's limits, and auto-compaction."""
+    return {"$schema": "https://opencode.ai/config.json",
+            "provider": {"shoal": {
+                "npm": "@ai-sdk/openai-compatible", "name": "Shoal",
+                "options": {"baseURL": f"{t.url}/v1",
+                            "apiKey": f"{{env:{KEY_ENV}}}" if t.needs_key else "shoal"},
+                "models": {t.model: {"name": t.model, "limit": {
+                    "context": t.context, "output": min(32768, t.context // 4)}}}}},
+            "model": f"shoal/{t.model}",
+            "compaction": {"auto": True, "reserved": t.context - t.compact_at}}
+
+
+def continue_yaml(t: Target) -> str:
+    """Continue's ~/.continue/config.yaml: the model for chat, edit, apply and
+    autocomplete, with its context length."""
+    key = f"${{{{ secrets.{KEY_ENV} }}}}" if t.needs_key else "shoal"
+    out = ["name: Shoal", "version: 1.0.0", "schema: v1", "models:"]
+    for name, roles in (("Shoal", "[chat, edit, apply]"),
+                        ("Shoal autocomplete", "[autocomplete]")):
+        out += [f"  - name: {name}", "    provider: openai", f"    model: {t.model}",
+                f"    apiBase: {t.url}/v1", f"    apiKey: {key}", f"    roles: {roles}",
+                "    defaultCompletionOptions:", f"      contextLength: {t.context}"]
+    return "\n".join(out) + "\n"
+
+
+def config_path(agent: str, home: Path) -> Path:
+    return {"claude": home / ".claude" / "settings.json",
+            "codex": home / ".codex" / "config.toml",
+            "opencode": home / ".config" / "opencode" / "opencode.json",
+            "continue": home / ".continue" / "config.yaml"}[agent]
+
+
+def render(agent: str, t: Target) -> str:
+    """What `shoal connect AGENT` prints: the settings and where they go."""
+    key = f"\n# the node needs a key: export {KEY_ENV}=<your key> first" if t.needs_key else ""
+    if agent == "claude":
+        exports = "\n".join(f"export {k}={_shell(v)}" for k, v in claude_env(t).items())
+        return f"# Claude Code: in your shell, then run `claude`{key}\n{exports}\n"
+    text = {"codex": codex_toml, "continue": continue_yaml}.get(agent)
+    body = text(t) if text else json.dumps(opencode_json(t), indent=2) + "\n"
+    return f"# {agent}: {config_path(agent, Path('~'))}{key}\n{body}"
+
+
+def _shell(v: str) -> str:
+    return v if re.fullmatch(r"[\w$./:-]+", v) else f"'{v}'"
+
+
+def write(agent: str, t: Target, home: Path) -> Path:
+    """Write (merging with what is there) the agent's config file; its path."""
+    path = config_path(agent, home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if agent == "claude":
+        settings = json.loads(path.read_text()) if path.is_file() else {}
+        env = claude_env(t)
+        if t.needs_key:  # the key stays in the environment: the helper reads it there
+            env.pop("ANTHROPIC_AUTH_TOKEN")
+            settings["apiKeyHelper"] = f"printenv {KEY_ENV}"
+        settings["env"] = {**settings.get("env", {}), **env}
+        path.write_text(json.dumps(settings, indent=2) + "\n")
+    elif agent == "opencode":
+        current = json.loads(path.read_text()) if path.is_file() else {}
+        fresh = opencode_json(t)
+        providers = {**current.get("provider", {}), **fresh["provider"]}
+        path.write_text(json.dumps({**current, **fresh, "provider": providers}, indent=2))
+    else:
+        new: str = codex_toml(t) if agent == "codex" else continue_yaml(t)
+        if path.is_file() and path.read_text() != new:  # a file of the user's: kept aside
+            path.with_name(path.name + ".bak").write_text(path.read_text())
+        path.write_text(new)
+    return path
+
+
+def target(url: str, model: str | None, key: str | None) -> Target:
+    """The node at `url` and its model (the one asked for, else the loaded one, else the
+    first it has), read from the node itself."""
+    import httpx
+
+    from engine.errors import ModelNotFound, PeerUnreachable
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    base = url.rstrip("/").removesuffix("/v1")
+    try:
+        r = httpx.get(f"{base}/v1/models", headers=headers, timeout=10)
+        status = httpx.get(f"{base}/shoal/status", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise PeerUnreachable(f"No node answers at {base} ({e}); start one with "
+                              "`shoal node` or the app, or give --url.") from None
+    if r.status_code == 401:
+        raise PeerUnreachable(f"The node at {base} needs its API key: export {KEY_ENV}=KEY "
+                              "and run this again.")
+    cards = {c["id"]: c for c in r.json().get("data", [])}
+    loaded = (status.json().get("runner") or {}).get("model") if status.is_success else None
+    name = model or (loaded if loaded in cards else None) or next(iter(cards), None)
+    if name is None or name not in cards:
+        raise ModelNotFound(f"The node at {base} has no model {name or ''}; models there: "
+                            f"{', '.join(cards) or 'none'}.", param="model")
+    info = cards[name].get("shoal") or {}
+    ctx = info.get("context_length") or (info.get("instance") or {}).get("context_length")
+    return Target(base, name, int(ctx or 32768), needs_key=bool(key))

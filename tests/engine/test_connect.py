@@ -1,0 +1,101 @@
+"""`shoal connect AGENT`: the settings each coding agent needs for a node's model, read
+from the node itself, printed or written into the agent's own file without a secret."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+import yaml
+
+from engine import connect
+from engine.connect import Target
+
+
+@pytest.fixture
+def target() -> Target:
+    return Target("http://127.0.0.1:8421", "SmolLM2-135M-Instruct", 8192)
+
+
+def test_claude_code_gets_every_tier_the_real_window_and_no_billing_header(target):
+    env = connect.claude_env(target)
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8421"  # it appends /v1 itself
+    tiers = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
+             "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+             "ANTHROPIC_SMALL_FAST_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
+    assert {env[t] for t in tiers} == {"SmolLM2-135M-Instruct"}
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] \
+        == "8192"
+    assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+
+
+def test_codex_uses_the_responses_api_with_the_window_and_a_compaction_limit(target):
+    cfg = tomllib.loads(connect.codex_toml(target))
+    assert cfg["model"] == "SmolLM2-135M-Instruct" and cfg["model_provider"] == "shoal"
+    assert cfg["model_providers"]["shoal"] == {
+        "name": "Shoal", "base_url": "http://127.0.0.1:8421/v1", "wire_api": "responses"}
+    assert cfg["model_context_window"] == 8192
+    assert cfg["model_auto_compact_token_limit"] == int(8192 * connect.COMPACT_AT)
+
+
+def test_opencode_and_continue_know_the_limits(target):
+    oc = connect.opencode_json(target)
+    model = oc["provider"]["shoal"]["models"]["SmolLM2-135M-Instruct"]
+    assert model["limit"]["context"] == 8192 and oc["model"] == "shoal/SmolLM2-135M-Instruct"
+    assert oc["compaction"]["auto"] is True
+    cn = yaml.safe_load(connect.continue_yaml(target))
+    assert {m["apiBase"] for m in cn["models"]} == {"http://127.0.0.1:8421/v1"}
+    assert all(m["defaultCompletionOptions"]["contextLength"] == 8192 for m in cn["models"])
+
+
+@pytest.mark.parametrize("agent", connect.AGENTS)
+def test_a_key_is_never_written_to_a_file(tmp_path, agent):
+    t = Target("http://10.0.0.2:8421", "m", 32768, needs_key=True)
+    path = connect.write(agent, t, tmp_path)
+    text = path.read_text()
+    assert connect.KEY_ENV in text  # read from the environment at run time
+    assert "secret-key" not in text
+    if agent == "claude":
+        settings = json.loads(text)
+        assert settings["apiKeyHelper"] == f"printenv {connect.KEY_ENV}"
+        assert "ANTHROPIC_AUTH_TOKEN" not in settings["env"]
+
+
+def test_writing_keeps_the_users_other_settings(tmp_path, target):
+    path = connect.config_path("claude", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"theme": "dark", "env": {"MY_VAR": "1"}}))
+    connect.write("claude", target, tmp_path)
+    settings = json.loads(path.read_text())
+    assert settings["theme"] == "dark" and settings["env"]["MY_VAR"] == "1"
+    codex = connect.config_path("codex", tmp_path)
+    codex.parent.mkdir(parents=True)
+    codex.write_text('model = "gpt-5"\n')
+    connect.write("codex", target, tmp_path)
+    assert codex.with_name("config.toml.bak").read_text() == 'model = "gpt-5"\n'
+
+
+def test_the_command_reads_the_model_and_window_from_a_running_node(tiny_node, capsys):
+    from engine.cli import main
+    assert main(["connect", "codex", "--url", tiny_node.url]) == 0
+    cfg = tomllib.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert cfg["model"] == "tiny-llama" and cfg["model_context_window"] == 4096
+    assert cfg["model_providers"]["shoal"]["base_url"] == tiny_node.url + "/v1"
+
+
+def test_the_readme_shows_what_the_command_prints():
+    """README's agent section is `shoal connect`'s output for SmolLM2 (8192 tokens)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Pointing agents and chat UIs at Shoal", 1)[1].split("\n## ")[0]
+    t = Target("http://127.0.0.1:8421", "SmolLM2-135M-Instruct", 8192)
+    toml_block = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    shown = [line for line in toml_block.splitlines() if not line.startswith("#")]
+    assert shown == connect.codex_toml(t).splitlines()
+    env = connect.claude_env(t)
+    for line in re.search(r"which sets.*?```sh\n(.*?)```", section, re.S).group(1).splitlines():
+        name, value = line.removeprefix("export ").split("#")[0].strip().split("=", 1)
+        assert env[name] == value, name
