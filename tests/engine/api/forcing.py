@@ -16,34 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tiny import LLAMA, write_byte_tokenizer  # noqa: E402
+from tool_template import TEMPLATE  # noqa: E402
 
 CALL = '{"name":"get_weather","arguments":{"city":"Paris"}}'
 # what the model says after "<|im_start|>assistant\n", one added token per piece
 CHAIN = ["<think>", "Checking.", "</think>", "<tool_call>", CALL, "</tool_call>", "<|im_end|>"]
-
-TEMPLATE = """{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-
-{% endif %}# Tools
-<tools>
-{% for t in tools %}{{ t | tojson }}
-{% endfor %}</tools>
-Call a tool with <tool_call>{"name": <name>, "arguments": <args>}</tool_call><|im_end|>
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == 'system' and tools %}
-{%- elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
-{{ m.content or '' }}{% for tool_call in m.tool_calls %}{% set tool_call = tool_call.function %}<tool_call>
-{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif m.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ m.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
 
 
 def make_forcing_model(folder: Path) -> Path:
