@@ -54,6 +54,9 @@ class ChatMessage(Strict):
     images: list[Any] | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
+    # Not Ollama's own, but Ollama accepts it and Open WebUI sends it on tool results:
+    # which call a result answers (chat templates use it)
+    tool_call_id: str | None = None
 
 
 class Common(Strict):
@@ -108,13 +111,18 @@ def _no_images(images: list[Any] | None, where: str) -> None:
         raise BadRequest(f"'{where}': this model takes text only.", param=where)
 
 
+def _call_id(c: ToolCallIn) -> dict[str, str]:
+    cid = (c.model_extra or {}).get("id")
+    return {"id": cid} if isinstance(cid, str) else {}
+
+
 def chat_request(body: ChatRequest) -> wire.GenerateRequest:
     msgs = []
     for i, m in enumerate(body.messages):
         _no_images(m.images, f"messages[{i}].images")
         d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
         if m.tool_calls:
-            d["tool_calls"] = [{"type": "function", "function": {
+            d["tool_calls"] = [{"type": "function", **_call_id(c), "function": {
                 "name": c.function.name, "arguments": c.function.arguments
                 if isinstance(c.function.arguments, dict) else tool_arguments(
                     c.function.arguments or "", f"messages[{i}].tool_calls[{j}].function"
@@ -123,6 +131,8 @@ def chat_request(body: ChatRequest) -> wire.GenerateRequest:
             d["reasoning_content"] = m.thinking
         if m.tool_name:
             d["name"] = m.tool_name
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
         msgs.append(d)
     for i, t in enumerate(body.tools or []):
         f = t.get("function") if isinstance(t, dict) else None
