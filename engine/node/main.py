@@ -78,8 +78,11 @@ async def run_node(cfg: NodeConfig) -> None:
     home = ensure(cfg.home)
     ensure(logs_dir(home))
     mdir = ensure(models_dir(home))
-    if cfg.model in (None, "default"):
-        default = await asyncio.to_thread(_default_model, mdir)
+    from engine.hub.bundled import DEFAULT_MODEL_ID, is_imported
+    importing = cfg.model in (None, "default") and not is_imported(mdir / DEFAULT_MODEL_ID)
+    if cfg.model in (None, "default"):  # imported after the API is up, if it isn't yet
+        default: str | None = DEFAULT_MODEL_ID if importing else \
+            await asyncio.to_thread(_default_model, mdir)
     else:
         default = None if cfg.model == "none" else cfg.model
     node = Node(home, mdir, default_model=default, port=cport, max_streams=cfg.max_streams,
@@ -136,7 +139,10 @@ async def run_node(cfg: NodeConfig) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        if default:
+        if importing:  # the first run: the window shows this step while it lasts
+            node.prepare_in_background(DEFAULT_MODEL_ID, "importing the default model",
+                                       lambda: _default_model(mdir))
+        elif default:
             node.load_in_background(default)
         await stop.wait()
     finally:

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from engine import __version__, protocol
 from engine.errors import ModelNotFound, ShoalError, WorkerFailed
-from engine.node.state import Failed, Idle, Loading, Ready, RunnerState, status_record
+from engine.node.state import (
+    Failed,
+    Idle,
+    Loading,
+    Preparing,
+    Ready,
+    RunnerState,
+    status_record,
+)
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
 from engine.protocol import StreamsInfo
@@ -41,6 +50,7 @@ class Node:
         self._subscribers: set[asyncio.Queue] = set()
         self._tasks: set[asyncio.Task] = set()
         self._checked: dict[tuple[str, bool], tuple[tuple[float, ...], Any]] = {}
+        self._preparing: asyncio.Task | None = None
 
     # --- status ----------------------------------------------------------------------
     def status(self, cluster: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -117,6 +127,8 @@ class Node:
         """The running worker for model_id (or the current/default model), starting or
         switching the worker as needed. A failed distributed instance is not silently
         replaced by a single-process one: it must be launched again."""
+        if self._preparing is not None and not self._preparing.done():
+            await asyncio.wait_for(asyncio.shield(self._preparing), 900)  # e.g. importing
         async with self._load_lock:
             model_id = model_id or self._current_model() or self.default_model
             if model_id is None:
@@ -189,6 +201,28 @@ class Node:
                 if not isinstance(self.runner, Failed):  # e.g. unknown model: show why
                     self._set(Failed(model_id, e.message))
         self.keep(asyncio.get_running_loop().create_task(run()))
+
+    def prepare_in_background(self, model_id: str, step: str,
+                              prepare: Callable[[], str | None]) -> None:
+        """Run `prepare` (blocking: off the loop) with the status saying `step`, then load
+        the model it returns."""
+        what = f"{step[0].upper()}{step[1:]}"
+
+        async def run() -> None:
+            self._set(Preparing(model_id, step))
+            try:
+                ready = await asyncio.to_thread(prepare)
+            except Exception as e:  # a failed import says why, and the node stays up
+                log.exception("%s failed", step)
+                self._set(Failed(model_id, f"{what} failed: {e}"))
+                return
+            if ready is None:
+                self.default_model = None
+                self._set(Failed(model_id, f"{what} failed: see the node's log."))
+                return
+            self.load_in_background(ready)
+        self._preparing = asyncio.get_running_loop().create_task(run())
+        self.keep(self._preparing)
 
     def _on_worker_event(self, ev: protocol.Message) -> None:
         if isinstance(ev, protocol.Loading) and isinstance(self.runner, Loading):

@@ -14,6 +14,16 @@ class Idle:
 
 
 @dataclass(frozen=True)
+class Preparing:
+    """Before a model can load: e.g. the bundled default model being imported on first
+    run. `done`/`total` are 0 when the step can't say how far it is."""
+    model: str
+    step: str
+    done: int = 0
+    total: int = 0
+
+
+@dataclass(frozen=True)
 class Loading:
     model: str
     layers_done: int = 0
@@ -34,11 +44,11 @@ class Failed:
     reason: str
 
 
-RunnerState = Idle | Loading | Ready | Failed
+RunnerState = Idle | Preparing | Loading | Ready | Failed
 
 
 def state_name(s: RunnerState) -> NodeState:
-    if isinstance(s, Loading):
+    if isinstance(s, (Loading, Preparing)):
         return NodeState.LOADING
     if isinstance(s, Ready):
         return NodeState.GENERATING if s.generating else NodeState.IDLE
