@@ -33,6 +33,8 @@ class ChatDelta:
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
     shoal: dict[str, float] = field(default_factory=dict)
+    # while the prompt prefills: (tokens from the prefix cache, done, total)
+    prefill: tuple[int, int, int] | None = None
 
 
 class ChatStream:
@@ -53,7 +55,11 @@ class ChatStream:
 
     def __iter__(self) -> Iterator[ChatDelta]:
         try:
-            for data in _sse_data(self._response):
+            for data in _sse_data(self._response, progress=True):
+                if data.startswith(PROGRESS):
+                    cached, done, total = (int(x) for x in data[len(PROGRESS):].split())
+                    yield ChatDelta(prefill=(cached, done, total))
+                    continue
                 if data == "[DONE]":
                     return
                 chunk = json.loads(data)
@@ -231,11 +237,17 @@ class NodeClient:
         return self._call("POST", "/v1/chat/completions", json=body, timeout=None)
 
 
-def _sse_data(response: httpx.Response) -> Iterator[str]:
-    """The data fields of a server-sent event stream (comments and keep-alives skipped)."""
+PROGRESS = ": shoal-progress "
+
+
+def _sse_data(response: httpx.Response, progress: bool = False) -> Iterator[str]:
+    """The data fields of a server-sent event stream (comments and keep-alives skipped;
+    with `progress`, Shoal's prefill-progress comments are passed on as they are)."""
     data: list[str] = []
     for line in response.iter_lines():
-        if line.startswith("data:"):
+        if progress and line.startswith(PROGRESS):
+            yield line
+        elif line.startswith("data:"):
             data.append(line[5:].lstrip())
         elif line == "" and data:
             yield "\n".join(data)

@@ -220,6 +220,12 @@ KEEPALIVE_S = 10.0  # while nothing else is said: an SSE comment (or Anthropic's
 SSE_KEEPALIVE = b": keep-alive\n\n"  # a comment line: every SSE client skips it
 
 
+def sse_progress(p: wire.Progress) -> bytes:
+    """Prefill progress as an SSE comment: clients skip it, Shoal's own client (the chat
+    window's waiting bubble) reads it."""
+    return f": shoal-progress {p.cached} {p.done} {p.total}\n\n".encode()
+
+
 class Generation:
     """One generation's events for an adapter. Prefill progress is kept, not passed on:
     `admitted()` waits for the first (the prefix cache's hit is known then), and
@@ -251,12 +257,15 @@ class Generation:
             ev = fut.result()
             if isinstance(ev, wire.Progress):
                 self.progress = ev
+                if self._show_progress:
+                    return ev
                 if timeout is not None and self._waiting_admission:
                     return None
                 continue
             return ev
 
     _waiting_admission = False
+    _show_progress = False
 
     async def admitted(self, timeout: float = 30.0) -> int:
         """The prompt tokens the prefix cache held, once the request is admitted (or 0 if
@@ -279,8 +288,10 @@ class Generation:
             self._waiting_admission = False
         return self.progress.cached if self.progress else 0
 
-    async def stream(self, every: float | None = KEEPALIVE_S
+    async def stream(self, every: float | None = KEEPALIVE_S, progress: bool = False
                      ) -> AsyncIterator[wire.Event | None]:
+        """The events; None after `every` seconds of silence; Progress too if asked."""
+        self._show_progress = progress
         try:
             while True:
                 try:

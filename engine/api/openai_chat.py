@@ -199,9 +199,12 @@ async def _stream(request: web.Request, g: common.Generation, base: dict[str, An
 
     await send(chunk({"role": "assistant", "content": ""}))
     ttft, calls = None, 0
-    async for ev in g.stream():
+    async for ev in g.stream(progress=True):
         if ev is None:
             await resp.write(common.SSE_KEEPALIVE)
+            continue
+        if isinstance(ev, wire.Progress):
+            await resp.write(common.sse_progress(ev))
             continue
         if ttft is None:
             ttft = time.perf_counter() - g.t0
