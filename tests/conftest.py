@@ -19,6 +19,24 @@ from nodes import NodeProcess, home_with  # noqa: E402
 from tiny import make_tiny_model  # noqa: E402
 
 
+# What `scripts/test --fast` leaves out: the bundle and wheel builds (packaging) and the
+# tests that start groups of processes or whole clusters (slow). CI runs everything.
+SLOW_PATHS = ("tests/cluster/", "tests/engine/runtime/test_distributed.py",
+              "tests/engine/runtime/test_pipeline_lanes.py",
+              "tests/engine/runtime/test_real_checkpoints_groups.py",
+              "tests/engine/api/test_agents_e2e.py", "tests/engine/api/test_openapi_fuzz.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    for item in items:
+        where = Path(str(item.fspath)).resolve().relative_to(root).as_posix()
+        if where.startswith("tests/packaging/"):
+            item.add_marker(pytest.mark.packaging)
+        elif where.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
