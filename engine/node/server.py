@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from engine.api.routes import error_body
 from engine.api.routes import routes as api_routes
 from engine.errors import BadRequest, ShoalError, Unauthorized
 from engine.node.incoming import json_object, require_local
+from engine.node.request_log import RequestLog
 from engine.node.service import Node
 
 log = logging.getLogger(__name__)
@@ -27,11 +29,19 @@ routes = web.RouteTableDef()
 
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """One mapping from the error tree to HTTP status + OpenAI error body."""
+    """One mapping from the error tree to HTTP status + OpenAI error body; every user-API
+    request's outcome goes into the request log."""
+    started = time.monotonic()
+    log_ = request.app.get("requests")
     try:
-        return await handler(request)
+        resp = await handler(request)
+        if log_ is not None:
+            log_.add(request, resp.status, started)
+        return resp
     except ShoalError as e:
         refused(request, e.status, e.message, e.param)
+        if log_ is not None:
+            log_.add(request, e.status, started, e.message)
         retry = getattr(e, "retry_after", None)
         return web.json_response(error_body(request.path, e), status=e.status,
                                  headers={"Retry-After": str(retry)} if retry else None)
@@ -39,12 +49,16 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         # aiohttp found the body over client_max_size while reading it
         big = too_large(request.app["max_body"])
         refused(request, big.status, big.message, None)
+        if log_ is not None:
+            log_.add(request, big.status, started, big.message)
         return web.json_response(error_body(request.path, big), status=big.status)
     except web.HTTPException as e:
         if e.status < 400:
             raise
         err = ShoalError(f"{e.reason}: {request.method} {request.path}", code=str(e.status))
         refused(request, e.status, err.message, None)
+        if log_ is not None:
+            log_.add(request, e.status, started, err.message)
         err.type = "invalid_request_error"
         err.status = e.status
         return web.json_response(error_body(request.path, err), status=e.status)
@@ -53,6 +67,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as e:
         log.exception("unexpected error in %s %s", request.method, request.path)
         err = ShoalError(f"Internal error: {e}. The node keeps running; see its log.")
+        if log_ is not None:
+            log_.add(request, 500, started, err.message)
         return web.json_response(error_body(request.path, err), status=500)
 
 
@@ -146,6 +162,16 @@ async def events(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+@routes.get("/shoal/requests")
+async def requests_log(request: web.Request) -> web.Response:
+    """The node's recent API requests (engine/node/request_log.py); ?since=UNIX_TIME."""
+    try:
+        since = float(request.query.get("since", 0))
+    except ValueError:
+        raise BadRequest("'since' is a unix time in seconds.", param="since") from None
+    return web.json_response({"requests": request.app["requests"].recent(since)})
+
+
 @routes.post("/shoal/load")
 async def load(request: web.Request) -> web.Response:
     usage = "Send {\"model\": \"<model id>\"}."
@@ -189,6 +215,7 @@ def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
     app.on_response_prepare.append(cors.add_headers(origins))
     app["max_body"] = max_body
     app["node"] = node
+    app["requests"] = RequestLog()
     app["cluster"] = cluster
     app["stop"] = asyncio.Event()
     from engine.node.settings_routes import routes as settings_routes

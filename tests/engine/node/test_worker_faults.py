@@ -119,3 +119,22 @@ def test_an_unknown_start_model_shows_as_an_error(tmp_path):
         assert "no-such-model" in st["error"]
     finally:
         node.stop()
+
+
+def test_the_request_log_shows_answers_and_refusals_without_bodies(tiny_node):
+    """GET /shoal/requests (the app's Developer panel): route, status, client, reason."""
+    import time as _time
+
+    since = _time.time() - 1
+    httpx.post(tiny_node.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny-llama", "messages": HELLO, "max_tokens": 2},
+        headers={"User-Agent": "log-test/1"})
+    httpx.post(tiny_node.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "SECRET-PROMPT"}],
+        "temprature": 1}, headers={"User-Agent": "log-test/1"})
+    got = httpx.get(tiny_node.url + "/shoal/requests", params={"since": since},
+                    timeout=10).json()["requests"]
+    mine = [e for e in got if e["client"] == "log-test/1"]
+    assert [(e["path"], e["status"]) for e in mine] == [("/v1/chat/completions", 200),
+                                                         ("/v1/chat/completions", 400)]
+    assert "temprature" in mine[1]["reason"] and "SECRET-PROMPT" not in str(got)
