@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import theme
 from app.common import message_of as _message_of
 from app.conversations import Conversation, ConversationStore, Message
 from app.messages import MessageView, PromptEdit
@@ -36,21 +37,49 @@ from engine.client import ChatDelta, NodeClient
 
 log = logging.getLogger(__name__)
 NODE_DEFAULT = "node default"
+DEFAULT_MAX_TOKENS = 1024  # long enough for most answers; a runaway stops, Continue goes on
+CONTINUE_PROMPT = ("Continue exactly where your last answer stopped, without repeating "
+                   "anything or saying that you continue.")
+BUSY = ("Preparing", "Loading")  # runner types during which a reply waits for the model
+
+
+def _buddy(text: str, control: QWidget) -> QLabel:
+    """A label tied to its control: Alt+letter focuses it, screen readers read it."""
+    label = QLabel(text)
+    label.setBuddy(control)
+    return label
+
+
+def runner_text(runner: dict[str, Any]) -> str | None:
+    """What the node is doing before it can answer, in a few words: 'importing the
+    default model (40%)', 'loading 12/30 layers'; None when it is ready or idle."""
+    kind = runner.get("type")
+    if kind == "Preparing":
+        done, total = int(runner.get("done") or 0), int(runner.get("total") or 0)
+        step = str(runner.get("step") or "preparing the model")
+        return f"{step} ({100 * done // total}%)" if total else step
+    if kind == "Loading":
+        done, total = runner.get("layers_done") or 0, runner.get("layers_total") or 0
+        return f"loading {done}/{total} layers" if total else "starting the worker"
+    return None
 
 
 class ChatPane(QWidget):
     """Chat with the local node. `chat_params` go with every request (max_tokens, ...);
-    the sampling boxes edit it. reply_finished(stats) and reply_progress(tokens, seconds)
-    feed the charts."""
+    the sampling boxes edit it. reply_finished(stats), reply_progress(tokens, seconds)
+    and reply_ended() feed the charts and the tray; request_done(record) the request log."""
 
     reply_finished = Signal(dict)
     reply_progress = Signal(int, float)
+    reply_ended = Signal()  # finished, failed or stopped: nothing streams now
+    request_done = Signal(dict)  # one request, for the Developer panel's log
 
     def __init__(self, client: NodeClient, store: ConversationStore, tasks: Tasks,
                  parent: QWidget | None = None):
         super().__init__(parent)
         self.client, self.store, self.tasks = client, store, tasks
         self.chat_params: dict[str, Any] = {}
+        self.node_status: dict[str, Any] = {}
         self._stream: StreamTask | None = None
         self._stream_conv: Conversation | None = None
         self._build()
@@ -63,10 +92,14 @@ class ChatPane(QWidget):
     # --- layout ---------------------------------------------------------------------------
     def _build(self) -> None:
         self.conversation_list = QListWidget()
+        self.conversation_list.setAccessibleName("Conversations")
         self.conversation_list.currentItemChanged.connect(self._on_select)
         self.new_button = QPushButton("New")
+        self.new_button.setToolTip("New conversation (Ctrl+N)")
+        self.new_button.setAccessibleName("New conversation")
         self.new_button.clicked.connect(self.new_conversation)
         self.delete_button = QPushButton("Delete")
+        self.delete_button.setAccessibleName("Delete this conversation")
         self.delete_button.clicked.connect(self.delete_conversation)
         left = QWidget()
         lv = QVBoxLayout(left)
@@ -79,32 +112,50 @@ class ChatPane(QWidget):
 
         self.model_picker = QComboBox()
         self.model_picker.setEditable(True)  # a model id or path not in the list is allowed
-        self.model_picker.setMinimumContentsLength(24)
+        self.model_picker.setMinimumContentsLength(16)
+        self.model_picker.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.model_picker.lineEdit().setPlaceholderText("Choose a model")
+        self.model_picker.setAccessibleName("Model")
+        self.model_picker.setToolTip("The model to chat with (Ctrl+L)")
         self.model_picker.textActivated.connect(self.load_model)
+        self.model_state = QLabel()
+        self.model_state.setObjectName("modelState")
+        theme.set_role(self.model_state, "muted")
         self.system_edit = QLineEdit()
         self.system_edit.setPlaceholderText("System prompt for this conversation (optional)")
+        self.system_edit.setAccessibleName("System prompt")
         self.system_edit.editingFinished.connect(self._system_edited)
         self.temperature = self._sampling_box(QDoubleSpinBox(), "temperature", -0.1, 2.0, 0.1)
         self.top_p = self._sampling_box(QDoubleSpinBox(), "top_p", 0.0, 1.0, 0.05)
-        self.max_tokens = self._sampling_box(QSpinBox(), "max_tokens", 0, 32768, 64)
+        self.max_tokens = self._sampling_box(QSpinBox(), "max_tokens", 0, 32768, 256)
+        self.max_tokens.setValue(DEFAULT_MAX_TOKENS)  # a bounded answer; Continue for more
+        self.max_tokens.setToolTip("The longest answer, in tokens; a reply that reaches it "
+                                   "offers Continue")
         self.error_label = QLabel()
         self.error_label.setObjectName("chatError")
         self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet("color: #c0392b;")
+        theme.set_role(self.error_label, "error")
         self.error_label.hide()
         self.view = MessageView()
+        self.view.continue_requested.connect(self.continue_reply)
         self.prompt = PromptEdit()
         self.prompt.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line)")
+        self.prompt.setAccessibleName("Message")
         self.prompt.setMaximumHeight(110)
+        self.prompt.setMinimumHeight(48)
         self.prompt.submitted.connect(self.send)
         self.send_button = QPushButton("Send")
+        self.send_button.setAccessibleName("Send the message")
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop the reply (Esc)")
+        self.stop_button.setAccessibleName("Stop the reply")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop)
         self.regenerate_button = QPushButton("Regenerate")
         self.regenerate_button.setToolTip("Answer the last message again")
+        self.regenerate_button.setAccessibleName("Answer the last message again")
         self.regenerate_button.setEnabled(False)
         self.regenerate_button.clicked.connect(self.regenerate)
 
@@ -112,14 +163,15 @@ class ChatPane(QWidget):
         rv = QVBoxLayout(right)
         rv.setContentsMargins(0, 0, 0, 0)
         top = QHBoxLayout()
-        top.addWidget(QLabel("Model:"))
+        top.addWidget(_buddy("&Model:", self.model_picker))
         top.addWidget(self.model_picker, 1)
+        top.addWidget(self.model_state)
         rv.addLayout(top)
         rv.addWidget(self.system_edit)
         sampling = QHBoxLayout()
-        for text, box in (("Temperature:", self.temperature), ("Top p:", self.top_p),
-                          ("Max tokens:", self.max_tokens)):
-            sampling.addWidget(QLabel(text))
+        for text, box in (("&Temperature:", self.temperature), ("Top &p:", self.top_p),
+                          ("Max t&okens:", self.max_tokens)):
+            sampling.addWidget(_buddy(text, box))
             sampling.addWidget(box)
         sampling.addStretch(1)
         rv.addLayout(sampling)
@@ -139,7 +191,16 @@ class ChatPane(QWidget):
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
         splitter.setSizes([200, 600])
+        splitter.setChildrenCollapsible(False)
+        left.setMinimumWidth(140)
         QVBoxLayout(self).addWidget(splitter)
+        # Tab goes through the pane in reading order (the splitter's own order is not it).
+        order = [self.conversation_list, self.new_button, self.delete_button,
+                 self.model_picker, self.system_edit, self.temperature, self.top_p,
+                 self.max_tokens, self.view, self.prompt, self.send_button,
+                 self.stop_button, self.regenerate_button]
+        for a, b in zip(order, order[1:]):
+            QWidget.setTabOrder(a, b)
 
     def _sampling_box(self, box: QSpinBox | QDoubleSpinBox, key: str, low: float,
                       high: float, step: float) -> QSpinBox | QDoubleSpinBox:
@@ -150,6 +211,7 @@ class ChatPane(QWidget):
         box.setSpecialValueText(NODE_DEFAULT)
         box.setValue(low)
         box.setObjectName(key)
+        box.setAccessibleName(key.replace("_", " "))
 
         def changed(value: float) -> None:
             if value == box.minimum():
@@ -196,12 +258,25 @@ class ChatPane(QWidget):
             f"Couldn't load {name}: {_message_of(e)}"), owner=self)
 
     def set_node_status(self, status: dict[str, Any]) -> None:
-        """Follow the node: show its model, and its error inline (e.g. a failed load)."""
+        """Follow the node: its model, what it is doing before it can answer (in the
+        pane and in a reply that waits), and its error inline (e.g. a failed load)."""
+        self.node_status = status
         model = status.get("model")
         if model and not self.model_picker.lineEdit().hasFocus():
             self.model_picker.setCurrentText(str(model))
+        runner = status.get("runner") or {}
+        busy = runner_text(runner)
+        self.model_state.setText(busy[:1].upper() + busy[1:] + "…" if busy else "")
+        self.model_state.setVisible(bool(busy))
         if status.get("state") == "error" and status.get("error"):
             self.show_error(str(status["error"]))
+        self._follow_wait(runner)
+
+    def focus_model_picker(self) -> None:
+        """Ctrl+L: straight to the model list."""
+        self.model_picker.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.model_picker.lineEdit().selectAll()
+        self.model_picker.showPopup()
 
     # --- conversations --------------------------------------------------------------------
     def current(self) -> Conversation | None:
@@ -256,7 +331,7 @@ class ChatPane(QWidget):
             self.show_error(f"Couldn't save conversations to {self.store.path}: {e}. "
                             "Free some disk space; nothing is lost while Shoal runs.")
 
-    # --- chat -----------------------------------------------------------------------------
+    # --- chat ---------------------------------------------------------------------------
     @property
     def streaming(self) -> bool:
         return self._stream is not None
@@ -291,15 +366,41 @@ class ChatPane(QWidget):
             self.clear_error()
             self._answer(conv)
 
+    def continue_reply(self, reply: Message) -> None:
+        """A reply that stopped at the answer length goes on in the same bubble."""
+        conv = self.current()
+        if (conv is None or self.streaming or not conv.messages
+                or conv.messages[-1] is not reply):
+            return
+        self.clear_error()
+        # The node has no "continue this message" for OpenAI chat: the model is asked to
+        # go on, and what it says is added to the reply (the request is not shown).
+        history = conv.history() + [{"role": "user", "content": CONTINUE_PROMPT}]
+        done = int(reply.stats.get("completion_tokens") or 0)
+        for key in ("finish_reason", "generation_tps", "wait_s", "ttft_s", "load_s"):
+            reply.stats.pop(key, None)
+        reply.stats["_earlier_tokens"] = done
+        self._stream_reply(conv, reply, history)
+
     def _answer(self, conv: Conversation) -> None:
         history = conv.history()
         reply = Message("assistant", "")
         conv.messages.append(reply)
         self.view.add(reply)
+        self._stream_reply(conv, reply, history)
+
+    def _stream_reply(self, conv: Conversation, reply: Message,
+                      history: list[dict[str, str]]) -> None:
         model = self.model_picker.currentText().strip() or None
         conv.model = model or conv.model
         params = dict(self.chat_params)
         started = time.monotonic()
+        reply.stats["_started"] = started
+        reply.stats["_wall"] = time.time()
+        if model:
+            reply.stats["model"] = model
+        if (self.node_status.get("runner") or {}).get("type") in BUSY:
+            reply.stats["_loading_since"] = started
         self._stream_conv = conv
         client = self.client  # the worker must hold no widget (see app/tasks.py)
         self._stream = self.tasks.stream(
@@ -308,6 +409,7 @@ class ChatPane(QWidget):
             on_done=lambda: self._finish(reply),
             on_error=lambda e: self._fail(reply, e), owner=self)
         self._set_streaming(True)
+        self._show_wait(reply, "Waiting for the node…")
 
     def stop(self) -> None:
         """Stop the reply: nothing more is shown; the worker closes the stream at the next
@@ -317,9 +419,11 @@ class ChatPane(QWidget):
         self._stream.cancel()
         reply = self._stream_conv.messages[-1]
         reply.stats["stopped"] = True
+        self._show_wait(reply, None)
         self.view.refresh(reply)
         self.stop_button.setEnabled(False)
         self.stop_button.setText("Stopping…")
+        self.reply_ended.emit()
 
     def _set_streaming(self, on: bool) -> None:
         self.send_button.setEnabled(not on)
@@ -328,43 +432,106 @@ class ChatPane(QWidget):
         conv = self.current()
         self.regenerate_button.setEnabled(
             not on and conv is not None and any(m.role == "user" for m in conv.messages))
+        if conv is not None and conv.messages:
+            w = self.view.widget_of(conv.messages[-1])
+            if w is not None and w.streaming != (on and conv is self._stream_conv):
+                w.set_streaming(on and conv is self._stream_conv)
+
+    # --- what a reply waits for -----------------------------------------------------------
+    def _waiting_reply(self) -> Message | None:
+        """The streaming reply while it has no text yet."""
+        if self._stream is None or self._stream_conv is None:
+            return None
+        reply = self._stream_conv.messages[-1]
+        return None if "_first_at" in reply.stats else reply
+
+    def _show_wait(self, reply: Message, text: str | None) -> None:
+        w = self.view.widget_of(reply)
+        if w is not None:
+            w.set_pending(text)
+
+    def _follow_wait(self, runner: dict[str, Any]) -> None:
+        """A reply waiting while the node prepares or loads the model: say so, and count
+        that time apart in its figures."""
+        reply = self._waiting_reply()
+        if reply is None:
+            return
+        now = time.monotonic()
+        if runner.get("type") in BUSY:
+            reply.stats.setdefault("_loading_since", now)
+            reply.stats.pop("_loaded_at", None)
+            self._show_wait(reply, f"Waiting for the model: {runner_text(runner)}…")
+        elif "_loading_since" in reply.stats and "_loaded_at" not in reply.stats:
+            reply.stats["_loaded_at"] = now
+            self._show_wait(reply, "The model is ready; reading your message…")
 
     def _on_deltas(self, reply: Message, deltas: list[ChatDelta], started: float) -> None:
         for d in deltas:
-            if d.text and "ttft_s" not in reply.stats:
-                reply.stats["ttft_s"] = time.monotonic() - started  # until the node says
-                reply.stats["_first_at"] = time.monotonic()
+            if d.prefill is not None and "_first_at" not in reply.stats:
+                cached, done, total = d.prefill
+                self._show_wait(reply, f"Reading your message: {done:,}/{total:,} tokens"
+                                + (f" ({cached:,} from the cache)" if cached else "") + "…")
+            if (d.text or d.reasoning) and "_first_at" not in reply.stats:
+                now = time.monotonic()
+                reply.stats["_first_at"] = now
+                reply.stats["wait_s"] = now - started  # what the user waited, from Send
+                if "_loading_since" in reply.stats:
+                    end = reply.stats.get("_loaded_at", now)
+                    reply.stats["load_s"] = max(end - reply.stats["_loading_since"], 0.0)
+                self._show_wait(reply, None)
             if d.text:
                 reply.stats["_pieces"] = reply.stats.get("_pieces", 0) + 1
             reply.content += d.text
-            if d.reasoning:  # kept with the reply, apart from what is sent back to the model
-                reply.stats["reasoning"] = reply.stats.get("reasoning", "") + d.reasoning
-            if d.shoal:
-                for key in ("ttft_s", "generation_tps", "prompt_tps"):
-                    if key in d.shoal:
-                        reply.stats[key] = d.shoal[key]
+            reply.reasoning += d.reasoning  # kept apart from what is sent back to the model
+            for key in ("ttft_s", "generation_tps", "prompt_tps"):
+                if key in d.shoal:
+                    reply.stats[key] = d.shoal[key]
             if d.usage:
-                reply.stats["completion_tokens"] = d.usage.get("completion_tokens")
+                earlier = int(reply.stats.get("_earlier_tokens") or 0)
+                tokens = d.usage.get("completion_tokens")
+                reply.stats["completion_tokens"] = None if tokens is None else tokens + earlier
                 details = d.usage.get("prompt_tokens_details") or {}
                 reply.stats["cached_tokens"] = details.get("cached_tokens")
             if d.finish_reason:
                 reply.stats["finish_reason"] = d.finish_reason
         self.view.refresh(reply)
-        if "_first_at" in reply.stats:
+        if reply.stats.get("_pieces"):
             self.reply_progress.emit(int(reply.stats["_pieces"]),
                                      time.monotonic() - reply.stats["_first_at"])
 
     def _finish(self, reply: Message) -> None:
+        stopped = self._stream is not None and self._stream.cancelled.is_set()
         self._stream = None
-        for key in ("_first_at", "_pieces"):  # bookkeeping, not figures to keep
-            reply.stats.pop(key, None)
+        started, wall = reply.stats.get("_started"), reply.stats.get("_wall")
+        for key in [k for k in reply.stats if k.startswith("_")]:  # bookkeeping, not figures
+            reply.stats.pop(key)
+        self._show_wait(reply, None)
         self._set_streaming(False)
         self.view.refresh(reply)
         self._save()
+        self.reply_ended.emit()
         if reply.stats.get("generation_tps") is not None:
             self.reply_finished.emit(dict(reply.stats))
+        self.request_done.emit(self._request_record(reply, started, wall, stopped))
 
     def _fail(self, reply: Message, error: BaseException) -> None:
         log.info("Chat failed: %s", error)
         reply.error = _message_of(error)
         self._finish(reply)
+
+    @staticmethod
+    def _request_record(reply: Message, started: float | None, wall: float | None,
+                        stopped: bool) -> dict[str, Any]:
+        """One line of the Developer panel's request log."""
+        took = time.monotonic() - started if started else None
+        s = reply.stats
+        if reply.error:
+            outcome = reply.error
+        elif stopped or s.get("stopped"):
+            outcome = "stopped by the user"
+        else:
+            tokens, why = s.get("completion_tokens", "?"), s.get("finish_reason") or "done"
+            outcome = f"{tokens} tokens, {why}"
+        return {"at": wall or time.time(), "route": "POST /v1/chat/completions",
+                "client": "Shoal chat", "model": s.get("model"), "ok": reply.error is None,
+                "outcome": outcome, "seconds": took}

@@ -27,9 +27,11 @@ FORMAT_VERSION = 1
 class Message:
     role: str  # "user" | "assistant"
     content: str
-    # Speed figures under a reply: ttft_s, generation_tps, completion_tokens, stopped.
+    # Figures under a reply: wait_s, ttft_s, generation_tps, completion_tokens, stopped,
+    # finish_reason.
     stats: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # a failed reply; shown, never sent back to the model
+    reasoning: str = ""  # a thinking model's reasoning: shown folded, never sent back
 
 
 @dataclass
@@ -50,9 +52,13 @@ class Conversation:
 
 
 def _conversation_from(d: dict[str, Any]) -> Conversation:
-    msgs = [Message(role=str(m["role"]), content=str(m["content"]),
-                    stats=dict(m.get("stats") or {}), error=m.get("error"))
-            for m in d.get("messages", [])]
+    msgs = []
+    for m in d.get("messages", []):
+        stats = dict(m.get("stats") or {})
+        # files written before reasoning had its own field kept it in the stats
+        reasoning = str(m.get("reasoning") or stats.pop("reasoning", "") or "")
+        msgs.append(Message(role=str(m["role"]), content=str(m["content"]), stats=stats,
+                            error=m.get("error"), reasoning=reasoning))
     return Conversation(id=str(d["id"]), title=str(d.get("title") or "Conversation"),
                         created=float(d.get("created") or 0.0), model=d.get("model"),
                         messages=msgs, system=str(d.get("system") or ""))

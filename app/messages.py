@@ -1,59 +1,53 @@
-"""Widgets that show a conversation: one bubble per message (prose, code blocks, Copy),
-the prompt box."""
+"""Widgets that show a conversation: one bubble per message (markdown prose, highlighted
+code blocks, a folded reasoning section, what the reply is waiting for, its figures,
+Continue when it stopped at the length limit), the column they sit in, the prompt box."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QFontDatabase, QGuiApplication, QKeyEvent
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QKeyEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QPushButton,
     QScrollArea,
+    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from app import theme
+from app.codeblock import CodeBlock, CopyButton
 from app.conversations import Conversation, Message
+from app.markdown import split_fences, to_html, to_plain
 
-FENCE = re.compile(r"^[ \t]*```(.*)$", re.MULTILINE)
+READABLE_PX = 860  # the message column's widest: lines longer than this are hard to read
+DESCRIPTION_CHARS = 600  # of a reply, for a screen reader's description
 
-
-def split_fences(text: str) -> list[tuple[str, str]]:
-    """Prose and ``` fenced code, in order: [("text", ...), ("code", ...), ...]. A fence
-    still open (a reply mid-stream) runs to the end of the text."""
-    parts: list[tuple[str, str]] = []
-    pos, in_code = 0, False
-    for m in FENCE.finditer(text):
-        chunk = text[pos:m.start()]
-        if in_code:
-            parts.append(("code", chunk.removesuffix("\n")))
-        elif chunk.strip():
-            parts.append(("text", chunk.strip("\n")))
-        pos = min(m.end() + 1, len(text))  # skip the fence line and its newline
-        in_code = not in_code
-    rest = text[pos:]
-    if in_code:
-        parts.append(("code", rest))
-    elif rest.strip() or not parts:
-        parts.append(("text", rest.strip("\n") if parts else rest))
-    return parts
+__all__ = ["CodeBlock", "MessageView", "MessageWidget", "PromptEdit", "format_stats"]
 
 
 def format_stats(stats: dict[str, Any]) -> str:
-    """The line under a reply, e.g. '41.2 tokens/s · first token 0.18 s · 64 tokens'."""
+    """The line under a reply, e.g. '41.2 tokens/s · first token after 6.30 s (5.1 s
+    loading the model) · 64 tokens'. The wait is the one the user had, from Send."""
     parts = []
     if stats.get("stopped"):
         parts.append("Stopped")
+    elif stats.get("finish_reason") == "length":
+        parts.append("Stopped at the length limit")
     if stats.get("generation_tps") is not None:
         parts.append(f"{stats['generation_tps']:.1f} tokens/s")
-    if stats.get("ttft_s") is not None:
-        parts.append(f"first token {stats['ttft_s']:.2f} s")
+    wait = stats.get("wait_s", stats.get("ttft_s"))
+    if wait is not None:
+        text = f"first token after {wait:.2f} s"
+        if stats.get("load_s"):
+            text += f" ({stats['load_s']:.1f} s loading the model)"
+        parts.append(text)
     if stats.get("completion_tokens") is not None:
         parts.append(f"{stats['completion_tokens']} tokens")
     if stats.get("cached_tokens"):
@@ -61,131 +55,211 @@ def format_stats(stats: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def copy_text(text: str) -> None:
-    QGuiApplication.clipboard().setText(text)
-
-
-class CodeBlock(QFrame):
-    """A fenced block: monospace on a dark background, with its own Copy button."""
+class ProseLabel(QLabel):
+    """Markdown prose. Links open in the browser (http and https only)."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.setObjectName("codeBlock")
-        self.setStyleSheet("#codeBlock { background: #23272e; border-radius: 6px; }"
-                           "QLabel { color: #e6e6e6; }")
-        self.label = QLabel()
-        self.label.setTextFormat(Qt.TextFormat.PlainText)
-        self.label.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.copy_button = QToolButton()
-        self.copy_button.setText("Copy")
-        self.copy_button.clicked.connect(lambda: copy_text(self.label.text()))
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(8, 6, 6, 6)
-        layout.addWidget(self.label, 1)
-        layout.addWidget(self.copy_button, 0, Qt.AlignmentFlag.AlignTop)
+        self.source = ""
+        self.setTextFormat(Qt.TextFormat.RichText)
+        self.setWordWrap(True)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                     | Qt.TextInteractionFlag.LinksAccessibleByMouse)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.linkActivated.connect(self._open)
 
-    def text(self) -> str:
-        return self.label.text()
+    def set_markdown(self, text: str) -> None:
+        if text != self.source:
+            self.source = text
+            self.setText(to_html(text))
 
-    def setText(self, text: str) -> None:  # noqa: N802 - like QLabel's
-        self.label.setText(text)
+    def plain(self) -> str:
+        return to_plain(self.source)
 
+    @staticmethod
+    def _open(url: str) -> None:
+        if QUrl(url).scheme() in ("http", "https"):
+            QDesktopServices.openUrl(QUrl(url))
 
-def _prose_label() -> QLabel:
-    label = QLabel()
-    label.setTextFormat(Qt.TextFormat.PlainText)
-    label.setWordWrap(True)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    return label
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and self.source:
+            self.setText(to_html(self.source))  # link colours follow the palette
 
 
 class MessageWidget(QFrame):
-    """One message: its prose and code blocks (a model's output is never HTML), the speed
-    figures, the error if it failed, and Copy."""
+    """One message: its prose and code blocks, the reasoning folded away, the figures,
+    the error if it failed, Copy, and Continue when it stopped at the length limit."""
+
+    continue_requested = Signal(object)  # the Message
 
     def __init__(self, message: Message, parent: QWidget | None = None):
         super().__init__(parent)
         self.message = message
+        self.streaming = False
         self.setObjectName(f"{message.role}Message")
-        self.setFrameShape(QFrame.Shape.StyledPanel)
+        theme.set_role(self, f"bubble-{'user' if message.role == 'user' else 'assistant'}")
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        who = "You" if message.role == "user" else "Assistant"
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 6, 8, 6)
+        layout.setContentsMargins(10, 6, 10, 8)
         head = QHBoxLayout()
-        self.role_label = QLabel("You" if message.role == "user" else "Assistant")
-        self.role_label.setStyleSheet("font-weight: bold;")
-        self.copy_button = QToolButton()
-        self.copy_button.setText("Copy")
+        self.role_label = QLabel(who)
+        theme.set_role(self.role_label, "strong")
+        self.copy_button = CopyButton(lambda: self.message.content,
+                                      "your message" if message.role == "user" else "reply")
         self.copy_button.setAutoRaise(True)
-        self.copy_button.clicked.connect(lambda: copy_text(self.message.content))
         head.addWidget(self.role_label)
         head.addStretch(1)
         head.addWidget(self.copy_button)
+        self.reasoning_button = QToolButton()
+        self.reasoning_button.setCheckable(True)
+        self.reasoning_button.setAutoRaise(True)
+        self.reasoning_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.reasoning_button.setArrowType(Qt.ArrowType.RightArrow)
+        self.reasoning_button.toggled.connect(self._fold)
+        self.reasoning_label = QLabel()
+        self.reasoning_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.reasoning_label.setWordWrap(True)
+        self.reasoning_label.setTextInteractionFlags(
+            Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.reasoning_label.setAccessibleName("Reasoning")
+        theme.set_role(self.reasoning_label, "reasoning")
+        self.reasoning_label.hide()
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
-        self.segments: list[QWidget] = []  # QLabel for prose, CodeBlock for code
+        self.segments: list[QWidget] = []  # ProseLabel for prose, CodeBlock for code
+        self.pending_label = QLabel()
+        theme.set_role(self.pending_label, "pending")
+        self.pending_label.setWordWrap(True)
+        self.pending_label.hide()
         self.stats_label = QLabel()
         self.stats_label.setObjectName("stats")
-        self.stats_label.setStyleSheet("color: gray; font-size: small;")
+        self.stats_label.setWordWrap(True)
+        theme.set_role(self.stats_label, "stats")
         self.error_label = QLabel()
         self.error_label.setObjectName("error")
         self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet("color: #c0392b;")
+        theme.set_role(self.error_label, "error")
+        self.continue_button = QPushButton("Continue")
+        self.continue_button.setToolTip("The reply reached the answer length: ask for the "
+                                        "rest of it")
+        self.continue_button.setAccessibleName("Continue the reply")
+        self.continue_button.clicked.connect(lambda: self.continue_requested.emit(self.message))
+        foot = QHBoxLayout()
+        foot.addWidget(self.stats_label, 1)
+        foot.addWidget(self.continue_button)
         layout.addLayout(head)
+        layout.addWidget(self.reasoning_button, 0, Qt.AlignmentFlag.AlignLeft)
+        layout.addWidget(self.reasoning_label)
         layout.addLayout(self.body)
-        layout.addWidget(self.stats_label)
+        layout.addWidget(self.pending_label)
+        layout.addLayout(foot)
         layout.addWidget(self.error_label)
         self.refresh()
 
     def text(self) -> str:
-        """The text shown (prose and code, without the fences)."""
-        return "\n".join(w.text() for w in self.segments if not w.isHidden())
+        """The text shown (prose as read, code without the fences)."""
+        return "\n".join(w.plain() if isinstance(w, ProseLabel) else w.text()
+                         for w in self.segments if not w.isHidden())
 
     def code_blocks(self) -> list[CodeBlock]:
         return [w for w in self.segments if isinstance(w, CodeBlock)]
+
+    def set_pending(self, text: str | None) -> None:
+        """What a reply without text yet is waiting for (loading, reading the prompt)."""
+        self.pending_label.setText(text or "")
+        self.pending_label.setVisible(bool(text))
+
+    def set_streaming(self, on: bool) -> None:
+        self.streaming = on
+        self.refresh()
+
+    def _fold(self, open_: bool) -> None:
+        self.reasoning_label.setVisible(open_)
+        self.reasoning_button.setArrowType(Qt.ArrowType.DownArrow if open_
+                                           else Qt.ArrowType.RightArrow)
 
     def refresh(self) -> None:
         m = self.message
         parts = split_fences(m.content)
         # Reuse the widgets of an unchanged prefix: a streaming reply only grows at the end.
-        for i, (kind, text) in enumerate(parts):
-            want = CodeBlock if kind == "code" else QLabel
-            if i < len(self.segments) and type(self.segments[i]) is not want:
-                for w in self.segments[i:]:
-                    self.body.removeWidget(w)
-                    w.deleteLater()
-                del self.segments[i:]
+        for i, part in enumerate(parts):
+            want = CodeBlock if part.kind == "code" else ProseLabel
+            if i < len(self.segments) and (type(self.segments[i]) is not want or (
+                    want is CodeBlock and self.segments[i].info != part.info)):
+                self._drop(i)
             if i == len(self.segments):
-                w = CodeBlock(self) if kind == "code" else _prose_label()
+                w = CodeBlock(part.info, self) if part.kind == "code" else ProseLabel(self)
                 self.segments.append(w)
                 self.body.addWidget(w)
-            if self.segments[i].text() != text:
-                self.segments[i].setText(text)
-        for w in self.segments[len(parts):]:
-            self.body.removeWidget(w)
-            w.deleteLater()
-        del self.segments[len(parts):]
+            w = self.segments[i]
+            if isinstance(w, ProseLabel):
+                w.set_markdown(part.text)
+            else:
+                w.setText(part.text)
+        self._drop(len(parts))
         if self.segments:
             self.segments[0].setVisible(bool(m.content) or m.error is None)
+        self._show_reasoning()
         stats = format_stats(m.stats)
         self.stats_label.setText(stats)
         self.stats_label.setVisible(bool(stats))
         self.error_label.setText(m.error or "")
         self.error_label.setVisible(m.error is not None)
+        self.continue_button.setVisible(
+            m.role == "assistant" and not self.streaming and m.error is None
+            and m.stats.get("finish_reason") == "length" and not m.stats.get("stopped"))
+        role = "Your message" if m.role == "user" else "Reply"
+        self.setAccessibleName(role)
+        self.setAccessibleDescription(self.text()[:DESCRIPTION_CHARS])
+
+    def _show_reasoning(self) -> None:
+        text = self.message.reasoning.strip()
+        self.reasoning_button.setVisible(bool(text))
+        if not text:
+            return
+        words = len(text.split())
+        thinking = self.streaming and not self.message.content
+        self.reasoning_button.setText(f"Thinking… ({words} words)" if thinking
+                                      else f"Reasoning ({words} words)")
+        self.reasoning_button.setAccessibleName("Show the reasoning")
+        self.reasoning_label.setText(text)
+
+    def _drop(self, start: int) -> None:
+        for w in self.segments[start:]:
+            self.body.removeWidget(w)
+            w.deleteLater()
+        del self.segments[start:]
 
 
 class MessageView(QScrollArea):
-    """The messages of one conversation; keeps the view pinned to the newest text."""
+    """The messages of one conversation in a column of readable width; keeps the view
+    pinned to the newest text."""
+
+    continue_requested = Signal(object)  # a Message that stopped at the length limit
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setAccessibleName("Conversation")
         self._inner = QWidget()
-        self._layout = QVBoxLayout(self._inner)
+        self._column = QWidget()
+        self._column.setMaximumWidth(READABLE_PX)
+        self._layout = QVBoxLayout(self._column)
+        self._layout.setContentsMargins(0, 0, 0, 0)
         self._layout.addStretch(1)
+        self._row = QHBoxLayout(self._inner)
+        self._row.addWidget(self._column)
         self.setWidget(self._inner)
         self.conversation: Conversation | None = None
         self._widgets: dict[int, MessageWidget] = {}  # id(Message) -> its widget
+
+    def resizeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        side = max((self.viewport().width() - READABLE_PX) // 2, 6)  # centred when wide
+        self._row.setContentsMargins(side, 6, side, 6)
 
     def show_conversation(self, conv: Conversation | None) -> None:
         for w in self._widgets.values():
@@ -196,11 +270,15 @@ class MessageView(QScrollArea):
             self.add(m)
 
     def add(self, message: Message) -> MessageWidget:
-        w = MessageWidget(message, self._inner)
+        w = MessageWidget(message, self._column)
+        w.continue_requested.connect(self.continue_requested)
         self._layout.insertWidget(self._layout.count() - 1, w)
         self._widgets[id(message)] = w
         self._scroll_to_end()
         return w
+
+    def widget_of(self, message: Message) -> MessageWidget | None:
+        return self._widgets.get(id(message))
 
     def refresh(self, message: Message) -> None:
         """Repaint a message if it is on screen (it may belong to another conversation)."""
@@ -222,9 +300,14 @@ class MessageView(QScrollArea):
 
 
 class PromptEdit(QPlainTextEdit):
-    """The input box: Enter sends, Shift+Enter starts a new line."""
+    """The input box: Enter sends, Shift+Enter starts a new line, Tab moves on (a prompt
+    box that keeps Tab traps keyboard users)."""
 
     submitted = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setTabChangesFocus(True)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt's name
         if (event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)

@@ -159,31 +159,158 @@ def test_corrupt_conversations_file_is_reported_in_the_pane(qtbot, make_pane, ho
     assert list(home.glob("conversations.json.corrupt-*"))
 
 
-def test_code_blocks_are_rendered_apart_and_copied(qtbot, make_pane, dead_url):
+def test_code_blocks_are_rendered_apart_highlighted_and_copied(qtbot, make_pane, dead_url):
     from PySide6.QtGui import QFontDatabase, QGuiApplication
 
     from app.messages import CodeBlock, MessageWidget
-    text = "Try this:\n```python\nprint('hi')\n```\nThen run it."
+    text = "Try this:\n```python\ndef hi():\n    print('hi')  # say it\n```\nThen run it."
     w = MessageWidget(Message("assistant", text))
     qtbot.addWidget(w)
-    kinds = [(type(s).__name__, s.text()) for s in w.segments]
-    assert kinds == [("QLabel", "Try this:"), ("CodeBlock", "print('hi')"),
-                     ("QLabel", "Then run it.")]
+    kinds = [(type(s).__name__, s.plain() if hasattr(s, "plain") else s.text())
+             for s in w.segments]
+    assert kinds == [("ProseLabel", "Try this:"),
+                     ("CodeBlock", "def hi():\n    print('hi')  # say it"),
+                     ("ProseLabel", "Then run it.")]
     (block,) = w.code_blocks()
-    assert isinstance(block, CodeBlock)
-    assert block.label.font() == QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    assert isinstance(block, CodeBlock) and block.language_label.text() == "Python"
+    assert block.view.font() == QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    # Keywords, strings and comments each have their own colour.
+    first, second = block.view.document().firstBlock(), block.view.document().lastBlock()
+    colours = {second.text()[f.start:f.start + f.length]: f.format.foreground().color().name()
+               for f in second.layout().formats()}
+    assert len({colours["'hi'"], colours["# say it"]}) == 2
+    assert any(second.text()[f.start:f.start + f.length] == "print"
+               for f in second.layout().formats())
+    assert first.layout().formats()[0].format.fontWeight() > 400  # "def"
     qtbot.mouseClick(block.copy_button, Qt.MouseButton.LeftButton)
-    assert QGuiApplication.clipboard().text() == "print('hi')"
+    assert QGuiApplication.clipboard().text() == "def hi():\n    print('hi')  # say it"
+    assert block.copy_button.text() == "Copied"  # it says so, then goes back
+    qtbot.waitUntil(lambda: block.copy_button.text() == "Copy", timeout=3000)
     qtbot.mouseClick(w.copy_button, Qt.MouseButton.LeftButton)
     assert QGuiApplication.clipboard().text() == text
 
     # A reply still streaming: the open fence is code up to the end, and it grows there.
     w.message.content = "Look:\n```\nx = 1"
     w.refresh()
-    assert [type(s).__name__ for s in w.segments] == ["QLabel", "CodeBlock"]
+    assert [type(s).__name__ for s in w.segments] == ["ProseLabel", "CodeBlock"]
     w.message.content += "\ny = 2\n```\n"
     w.refresh()
     assert w.code_blocks()[0].text() == "x = 1\ny = 2"
+
+
+def test_markdown_is_rendered_and_a_models_html_is_not(qtbot):
+    from app.messages import MessageWidget
+    text = "# Steps\n\n1. **Bold** and `code`\n2. <b>not bold</b> <script>x</script>"
+    w = MessageWidget(Message("assistant", text))
+    qtbot.addWidget(w)
+    shown = w.text()
+    assert "Steps" in shown and "#" not in shown and "**" not in shown
+    assert "<b>not bold</b>" in shown and "<script>x</script>" in shown  # shown as written
+    html = w.segments[0].text()
+    assert "font-weight:700" in html and "&lt;b&gt;not bold&lt;/b&gt;" in html
+    assert "<b>" not in html and "<script>" not in html
+    assert w.accessibleName() == "Reply" and "Bold" in w.accessibleDescription()
+
+
+def test_reasoning_is_folded_away_and_opens(qtbot):
+    from app.messages import MessageWidget
+    m = Message("assistant", "It is 4.")
+    m.reasoning = "Two plus two: count on from two."
+    w = MessageWidget(m)
+    qtbot.addWidget(w)
+    w.show()
+    assert w.reasoning_button.isVisible() and "7 words" in w.reasoning_button.text()
+    assert not w.reasoning_label.isVisible() and w.text() == "It is 4."
+    qtbot.mouseClick(w.reasoning_button, Qt.MouseButton.LeftButton)
+    assert w.reasoning_label.isVisible() and "count on" in w.reasoning_label.text()
+
+
+class Scripted:
+    """A node client whose one chat answers as told: prefill progress, then waits for
+    `go`, then text with the node's own figures."""
+
+    def __init__(self):
+        import threading
+        self.go = threading.Event()
+
+    def chat(self, messages, model=None, **params):
+        from engine.client import ChatDelta
+        yield ChatDelta(prefill=(40, 60, 100))
+        self.go.wait(20)
+        yield ChatDelta(text="Hello", shoal={"ttft_s": 0.1, "generation_tps": 30.0})
+        yield ChatDelta(text=" there", finish_reason="stop",
+                        usage={"completion_tokens": 2, "prompt_tokens": 100})
+
+
+def test_a_waiting_reply_says_what_it_waits_for_and_the_real_wait(qtbot, make_pane, dead_url):
+    pane = make_pane(url=dead_url)
+    pane.client = Scripted()
+    loading = {"state": "loading", "model": "m",
+               "runner": {"type": "Loading", "model": "m", "layers_done": 3,
+                          "layers_total": 12}}
+    pane.set_node_status(loading)
+    assert pane.model_state.text() == "Loading 3/12 layers…"
+    type_and_send(qtbot, pane, "Hi")
+    reply = last_reply(pane)
+    qtbot.waitUntil(lambda: "100 tokens" in reply.pending_label.text(), timeout=5000)
+    assert "60/100" in reply.pending_label.text() and "40 from the cache" in \
+        reply.pending_label.text()
+    pane.set_node_status(loading)
+    assert "loading 3/12 layers" in reply.pending_label.text()
+    qtbot.wait(300)
+    pane.set_node_status({"state": "idle", "model": "m", "runner": {
+        "type": "Ready", "model": "m", "context_length": 8192}})
+    pane.client.go.set()
+    qtbot.waitUntil(lambda: not pane.streaming, timeout=10000)
+    assert not reply.pending_label.isVisible() and reply.text() == "Hello there"
+    stats = reply.stats_label.text()
+    # The wait the user had, not the node's 0.1 s, and how much of it was the loading.
+    assert "first token after 0.1" not in stats and "first token after" in stats
+    assert "loading the model" in stats
+    assert reply.message.stats["wait_s"] >= 0.3 and reply.message.stats["ttft_s"] == 0.1
+
+
+def test_a_reply_at_the_default_length_offers_continue(qtbot, make_pane, tiny_node):
+    pane = make_pane(tiny_node)
+    assert pane.chat_params == {"max_tokens": 1024}  # bounded by default
+    pane.client = Recording(tiny_node.client)
+    pane.max_tokens.setValue(8)
+    type_and_send(qtbot, pane, "Tell me a long story")
+    qtbot.waitUntil(lambda: not pane.streaming, timeout=30000)
+    reply = last_reply(pane)
+    first = reply.message.content
+    assert "length limit" in reply.stats_label.text()
+    assert reply.continue_button.isVisible()
+
+    qtbot.mouseClick(reply.continue_button, Qt.MouseButton.LeftButton)
+    assert pane.streaming and not reply.continue_button.isVisible()
+    qtbot.waitUntil(lambda: not pane.streaming, timeout=30000)
+    sent = pane.client.sent[-1]["messages"]
+    assert sent[-2] == {"role": "assistant", "content": first}
+    assert sent[-1]["role"] == "user" and "Continue" in sent[-1]["content"]
+    conv = pane.current()
+    assert [m.role for m in conv.messages] == ["user", "assistant"]  # the same bubble
+    assert reply.message.content.startswith(first) and len(reply.message.content) > len(first)
+    assert "16 tokens" in reply.stats_label.text()
+
+
+def test_tab_leaves_the_message_box_and_reaches_the_buttons(qtbot, make_pane, dead_url):
+    pane = make_pane(url=dead_url)
+    pane.activateWindow()
+    pane.prompt.setFocus()
+    qtbot.waitUntil(pane.prompt.hasFocus, timeout=3000)
+    qtbot.keyClick(pane.prompt, Qt.Key.Key_Tab)
+    assert pane.prompt.toPlainText() == "" and pane.send_button.hasFocus()
+    seen = set()
+    for _ in range(30):  # the whole chain comes round again
+        w = pane.focusWidget()
+        seen.add(w)
+        qtbot.keyClick(w, Qt.Key.Key_Tab)
+    wanted = {pane.conversation_list, pane.new_button, pane.delete_button,
+              pane.model_picker, pane.system_edit, pane.temperature, pane.top_p,
+              pane.max_tokens, pane.prompt, pane.send_button}
+    focused = {w if w in wanted else w.parent() for w in seen}  # a combo's or box's editor
+    assert wanted <= focused
 
 
 class Recording:
@@ -203,7 +330,7 @@ class Recording:
 def test_system_prompt_sampling_and_regenerate(qtbot, make_pane, tiny_node, home):
     pane = make_pane(tiny_node)
     pane.client = Recording(tiny_node.client)
-    assert pane.chat_params == {}  # every box starts at the node's default
+    assert pane.chat_params == {"max_tokens": 1024}  # the rest start at the node's default
     pane.max_tokens.setValue(4)
     pane.temperature.setValue(0.0)
     pane.top_p.setValue(0.9)
