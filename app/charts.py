@@ -1,31 +1,52 @@
 """Live charts (pyqtgraph): decode tokens/s and time to first token per request, memory and
-watts per node and for the cluster, joules per token. The time axis scrolls with the
-clock (10 frames a second while the view is on screen); data is re-plotted only when the
-figures changed."""
+watts per node and for the cluster, joules per token, requests on the node and prompt
+tokens from the prefix cache. The time axis scrolls with the clock (10 frames a second
+while the view is on screen); data is re-plotted only when the figures changed.
+
+Charts of what no node measures (power, and so energy per token) are hidden, with one
+plain line that says why. The grid has two columns where there is room and one where
+there isn't; colours follow the palette."""
 
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, QTimer
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from app.metrics import Metrics
-from app.strips import PALETTE
+from app import theme
+from app.metrics import Metrics, steps
 
 FRAME_MS = 100
-pg.setConfigOptions(antialias=True, background="w", foreground="#303030")
+TWO_COLUMNS_PX = 960  # narrower than this, one chart a row
+pg.setConfigOptions(antialias=True)
 
 
 def _plot(title: str, unit: str) -> pg.PlotWidget:
-    plot = pg.PlotWidget(title=title, axisItems={"bottom": pg.DateAxisItem()})
+    plot = pg.PlotWidget(axisItems={"bottom": pg.DateAxisItem()})
+    plot.chart_title = title
+    plot.setTitle(title)
     plot.setLabel("left", unit)
+    plot.setAccessibleName(f"Chart: {title}")
     plot.getAxis("left").enableAutoSIPrefix(False)  # seconds stay seconds
     plot.showGrid(x=True, y=True, alpha=0.25)
     plot.setMouseEnabled(x=False, y=False)
     plot.setMenuEnabled(False)
     plot.addLegend(offset=(-10, 10))
     plot.setMinimumHeight(170)
+    plot.setMinimumWidth(300)
     return plot
+
+
+def power_line(unavailable: dict[str, str]) -> tuple[str, str]:
+    """One plain line for why there is no power chart, and the nodes' own words for the
+    tooltip (driver messages are long and say little to most people)."""
+    names = ", ".join(sorted(unavailable)) or "any node"
+    details = "\n".join(f"{name}: {why.removeprefix('unavailable: ')}"
+                        for name, why in sorted(unavailable.items()))
+    return (f"Power and energy per token aren't shown: no node measures its power "
+            f"({names}). Macs report it; on Linux it needs readable RAPL counters or an "
+            "NVIDIA GPU.", details)
 
 
 class ChartsView(QWidget):
@@ -43,52 +64,102 @@ class ChartsView(QWidget):
                       self.streams, self.cached]
         for p in self.plots[1:]:
             p.setXLink(self.tps)
-        pen = pg.mkPen(PALETTE[0], width=2)
-        self.tps_curve = self.tps.plot([], [], pen=pen, symbol="o", symbolSize=7,
-                                       symbolBrush=PALETTE[0], name="finished")
+        self.tps_curve = self.tps.plot([], [], name="finished", symbol="o", symbolSize=7)
         self.live_curve = self.tps.plot([], [], pen=None, symbol="t", symbolSize=10,
-                                        symbolBrush=PALETTE[2], name="streaming now")
-        self.ttft_curve = self.ttft.plot([], [], pen=pg.mkPen(PALETTE[3], width=2),
-                                         symbol="o", symbolSize=7, symbolBrush=PALETTE[3])
-        self.energy_curve = self.energy.plot([], [], pen=pg.mkPen(PALETTE[4], width=2),
-                                             symbol="o", symbolSize=7,
-                                             symbolBrush=PALETTE[4])
-        self.streams.addLegend(offset=(5, 5))
-        self.in_flight_curve = self.streams.plot([], [], pen=pg.mkPen(PALETTE[1], width=2),
-                                                 name="in flight")
-        self.waiting_curve = self.streams.plot([], [], pen=pg.mkPen(PALETTE[3], width=2),
-                                               name="waiting")
-        self.cached_curve = self.cached.plot([], [], pen=None, symbol="o", symbolSize=7,
-                                             symbolBrush=PALETTE[1])
+                                        name="streaming now")
+        self.ttft_curve = self.ttft.plot([], [], symbol="o", symbolSize=7)
+        self.energy_curve = self.energy.plot([], [], symbol="o", symbolSize=7)
+        self.in_flight_curve = self.streams.plot([], [], name="in flight")
+        self.waiting_curve = self.streams.plot([], [], name="waiting")
+        self.cached_curve = self.cached.plot([], [], pen=None, symbol="o", symbolSize=7)
         self.node_curves: dict[tuple[str, str], pg.PlotDataItem] = {}
-        self.cluster_curve = self.power.plot([], [], pen=pg.mkPen("#202020", width=3),
-                                             name="cluster")
+        self.cluster_curve = self.power.plot([], [], name="cluster")
         self.power_note = QLabel()
         self.power_note.setObjectName("powerUnavailable")
         self.power_note.setWordWrap(True)
-        self.power_note.setStyleSheet("color: #b05a00;")
-        self.energy_note = QLabel()
-        self.energy_note.setWordWrap(True)
-        self.energy_note.setStyleSheet("color: gray;")
-        grid = QGridLayout()
-        grid.addWidget(self.tps, 0, 0)
-        grid.addWidget(self.ttft, 0, 1)
-        grid.addWidget(self.memory, 1, 0)
-        grid.addWidget(self.power, 1, 1)
-        grid.addWidget(self.energy, 2, 0)
-        side = QVBoxLayout()
-        side.addWidget(self.power_note)
-        side.addWidget(self.energy_note)
-        side.addStretch(1)
-        grid.addLayout(side, 2, 1)
-        grid.addWidget(self.streams, 3, 0)
-        grid.addWidget(self.cached, 3, 1)
-        QVBoxLayout(self).addLayout(grid)
+        theme.set_role(self.power_note, "muted")
+        self.power_note.hide()
+        self.energy_note = self.power_note  # one line says it for both charts
+
+        self._grid = QGridLayout()
+        inner = QWidget()
+        for p in self.plots:  # owned by the view even while hidden
+            p.setParent(inner)
+        column = QVBoxLayout(inner)
+        column.addWidget(self.power_note)
+        column.addLayout(self._grid)
+        column.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(inner)
+        QVBoxLayout(self).addWidget(scroll)
+        self.columns = 0
         self._dirty = True
+        self._style()
+        self._reflow()
         metrics.changed.connect(self._mark)
         self.frame = QTimer(self, interval=FRAME_MS)
         self.frame.timeout.connect(self.tick)
 
+    # --- layout and looks -----------------------------------------------------------------
+    def shown_plots(self) -> list[pg.PlotWidget]:
+        power = self.metrics.measures_power
+        return [p for p in self.plots if power or p not in (self.power, self.energy)]
+
+    def _reflow(self) -> None:
+        """Lay the shown charts out in one or two columns (for the width there is)."""
+        columns = 2 if self.width() >= TWO_COLUMNS_PX else 1
+        shown = self.shown_plots()
+        placed = [self._grid.itemAt(i).widget() for i in range(self._grid.count())]
+        if columns == self.columns and placed == shown:
+            return
+        self.columns = columns
+        for p in placed:
+            self._grid.removeWidget(p)
+        for i, p in enumerate(shown):
+            self._grid.addWidget(p, i // columns, i % columns)
+        for p in self.plots:  # after adding: a plot never added has no parent yet
+            p.setVisible(p in shown)
+
+    def _style(self) -> None:
+        pal = self.palette()
+        bg = pal.color(QPalette.ColorRole.Base)
+        fg = pal.color(QPalette.ColorRole.Text)
+        for p in self.plots:
+            p.setBackground(bg)
+            p.setTitle(p.chart_title, color=fg.name())
+            for side in ("left", "bottom"):
+                axis = p.getAxis(side)
+                axis.setPen(fg)
+                axis.setTextPen(fg)
+            legend = p.getPlotItem().legend
+            if legend is not None:
+                legend.setLabelTextColor(fg)
+        points = {self.tps_curve: 0, self.ttft_curve: 3, self.energy_curve: 4,
+                  self.cached_curve: 1}
+        for curve, i in points.items():
+            colour = theme.series(i, pal)
+            if curve is not self.cached_curve:
+                curve.setPen(pg.mkPen(colour, width=2))
+            curve.setSymbolBrush(colour)
+        self.live_curve.setSymbolBrush(theme.series(2, pal))
+        self.in_flight_curve.setPen(pg.mkPen(theme.series(1, pal), width=2))
+        self.waiting_curve.setPen(pg.mkPen(theme.series(3, pal), width=2))
+        self.cluster_curve.setPen(pg.mkPen(fg, width=3))
+        for curve in self.node_curves.values():
+            curve.setPen(pg.mkPen(theme.series(curve.series_index, pal), width=2))
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._style()
+
+    def resizeEvent(self, event) -> None:  # noqa: ANN001, N802 - Qt's name
+        super().resizeEvent(event)
+        self._reflow()
+
+    # --- frames ---------------------------------------------------------------------------
     def _mark(self) -> None:
         self._dirty = True
 
@@ -111,35 +182,41 @@ class ChartsView(QWidget):
 
     def redraw(self) -> None:
         m = self.metrics
+        now = m.clock()
         reqs = list(m.requests)
         self._set(self.tps_curve, [(r.at, r.decode_tps) for r in reqs])
         self._set(self.live_curve, [m.live_tps] if m.live_tps else [])
         self._set(self.ttft_curve, [(r.at, r.ttft_s) for r in reqs])
         self._set(self.energy_curve, [(r.at, r.joules_per_token) for r in reqs])
         self._set(self.cached_curve, [(r.at, r.cached_tokens) for r in reqs])
-        self.in_flight_curve.setData(m.in_flight.xs(), m.in_flight.ys())
-        self.waiting_curve.setData(m.waiting.xs(), m.waiting.ys())
+        self.in_flight_curve.setData(*steps(m.in_flight.xs(), m.in_flight.ys(), now))
+        self.waiting_curve.setData(*steps(m.waiting.xs(), m.waiting.ys(), now))
         for i, (name, series) in enumerate(sorted(m.memory.items())):
             self._node_curve(self.memory, "memory", name, i).setData(series.xs(), series.ys())
         for i, (name, series) in enumerate(sorted(m.watts.items())):
             self._node_curve(self.power, "watts", name, i).setData(series.xs(), series.ys())
         self.cluster_curve.setData(m.cluster_watts.xs(), m.cluster_watts.ys())
-        by_reason: dict[str, list[str]] = {}
-        for name, why in sorted(m.power_unavailable.items()):
-            by_reason.setdefault(why.removeprefix("unavailable: "), []).append(name)
-        self.power_note.setText("\n".join(f"Power unavailable on {', '.join(names)}: {why}"
-                                          for why, names in by_reason.items()))
-        self.energy_note.setText(
-            "" if m.cluster_watts.points else
-            "Joules per token need the power of the nodes: unavailable while no node "
-            "reports watts.")
+        if not m.power_unavailable:
+            self.power_note.setText("")
+            self.power_note.setToolTip("")
+        elif m.measures_power:  # some nodes measure it, these don't
+            names = ", ".join(sorted(m.power_unavailable))
+            self.power_note.setText(f"No power reading from {names} at the moment.")
+            self.power_note.setToolTip(power_line(m.power_unavailable)[1])
+        else:
+            line, details = power_line(m.power_unavailable)
+            self.power_note.setText(line)
+            self.power_note.setToolTip(details)
+        self.power_note.setVisible(bool(self.power_note.text()))
+        self._reflow()
 
     def _node_curve(self, plot: pg.PlotWidget, kind: str, name: str,
                     i: int) -> pg.PlotDataItem:
         key = (kind, name)
         if key not in self.node_curves:
-            self.node_curves[key] = plot.plot([], [], name=name, pen=pg.mkPen(
-                PALETTE[i % len(PALETTE)], width=2))
+            curve = plot.plot([], [], name=name, pen=pg.mkPen(theme.series(i), width=2))
+            curve.series_index = i
+            self.node_curves[key] = curve
         return self.node_curves[key]
 
     @staticmethod

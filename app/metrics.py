@@ -25,6 +25,25 @@ class Request:
     ttft_s: float | None
     joules_per_token: float | None
     cached_tokens: int | None = None
+    model: str | None = None
+
+
+def steps(xs: list[float], ys: list[float], until: float | None = None
+          ) -> tuple[list[float], list[float]]:
+    """A count sampled now and then, drawn as it is: flat until it changes, then a jump
+    (not a diagonal from one sample to the next), held until `until`."""
+    out_x: list[float] = []
+    out_y: list[float] = []
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if i:
+            out_x.append(x)
+            out_y.append(out_y[-1])
+        out_x.append(x)
+        out_y.append(y)
+    if out_x and until is not None and until > out_x[-1]:
+        out_x.append(until)
+        out_y.append(out_y[-1])
+    return out_x, out_y
 
 
 class Series:
@@ -76,10 +95,32 @@ class Metrics(QObject):
         tps, ttft = stats.get("generation_tps"), stats.get("ttft_s")
         watts = self.cluster_watts.last
         jpt = watts / tps if watts and tps else None
-        self.requests.append(Request(now, tps, ttft, jpt, stats.get("cached_tokens")))
+        self.requests.append(Request(now, tps, ttft, jpt, stats.get("cached_tokens"),
+                                     stats.get("model")))
         self.live_tps = None
         self._trim(now)
         self.changed.emit()
+
+    def end_live(self) -> None:
+        """Nothing streams now (a reply finished, failed or was stopped)."""
+        if self.live_tps is not None:
+            self.live_tps = None
+            self.changed.emit()
+
+    def last_measured(self, model: str | None) -> float | None:
+        """The decode speed the last finished reply of `model` measured."""
+        for r in reversed(self.requests):
+            if r.decode_tps is not None and (model is None or r.model == model):
+                return r.decode_tps
+        return None
+
+    @property
+    def measures_power(self) -> bool:
+        """True once some node has reported watts (in the window)."""
+        return bool(self.cluster_watts.points)
+
+    def cluster_watts_now(self) -> float | None:
+        return self.cluster_watts.last
 
     def add_status(self, status: Any) -> None:
         """The node's status (a StatusInfo, or a dict the app made while the node can't

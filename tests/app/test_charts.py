@@ -59,7 +59,9 @@ def test_charts_follow_requests_and_nodes(qtbot):
 
     metrics.add_cards(node_cards(topology(None)))
     view.tick()
-    assert "Power unavailable on mini, studio: no RAPL counters" in view.power_note.text()
+    assert view.power_note.text() == "No power reading from mini, studio at the moment."
+    assert "no RAPL counters" in view.power_note.toolTip()
+    assert view.power.isVisibleTo(view)  # what was measured stays on the chart
     low, high = view.tps.viewRange()[0]
     assert abs(high - clock.now) < 1 and abs(high - low - 120) < 1
 
@@ -84,6 +86,52 @@ def test_charts_show_streams_in_flight_and_cache_reuse(qtbot):
     metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.2, "cached_tokens": 1480})
     metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.9})
     view.tick()
-    assert list(view.in_flight_curve.getData()[1]) == [3.0, 0.0]
-    assert list(view.waiting_curve.getData()[1]) == [1.0, 0.0]
+    # A count drawn as steps: flat, then a jump where it changed (no diagonals).
+    assert list(view.in_flight_curve.getData()[1]) == [3.0, 3.0, 0.0]
+    assert list(view.in_flight_curve.getData()[0]) == [clock.now - 1, clock.now, clock.now]
+    assert list(view.waiting_curve.getData()[1]) == [1.0, 1.0, 0.0]
     assert list(view.cached_curve.getData()[1]) == [1480]
+
+
+def test_power_charts_hide_when_no_node_measures_it(qtbot):
+    clock = Clock()
+    metrics = Metrics(window_s=120, clock=clock)
+    view = ChartsView(metrics)
+    qtbot.addWidget(view)
+    view.resize(900, 700)
+    view.show()
+    metrics.add_cards(node_cards(topology(None)))
+    view.tick()
+    assert not view.power.isVisibleTo(view) and not view.energy.isVisibleTo(view)
+    assert view.memory.isVisibleTo(view)
+    line = view.power_note.text()
+    assert line.startswith("Power and energy per token aren't shown: no node measures")
+    assert "RAPL" not in line.split("(")[0] and "mini: no RAPL counters" in \
+        view.power_note.toolTip()  # the drivers' words only on hover
+
+    metrics.add_cards(node_cards(topology(25.0)))
+    view.tick()
+    assert view.power.isVisibleTo(view) and view.energy.isVisibleTo(view)
+
+
+def test_charts_reflow_to_the_width_there_is(qtbot):
+    view = ChartsView(Metrics(clock=Clock()))
+    qtbot.addWidget(view)
+    view.show()
+    view.resize(900, 600)
+    qtbot.waitUntil(lambda: view.columns == 1)
+    view.resize(1300, 800)
+    qtbot.waitUntil(lambda: view.columns == 2)
+    assert view.minimumSizeHint().width() <= 900
+
+
+def test_the_streaming_marker_goes_when_the_reply_stops(qtbot):
+    metrics = Metrics(clock=Clock())
+    view = ChartsView(metrics)
+    qtbot.addWidget(view)
+    metrics.add_live(tokens=11, seconds=0.5)
+    view.tick()
+    assert len(view.live_curve.getData()[1]) == 1
+    metrics.end_live()  # Stop: no finished figures come, the marker goes all the same
+    view.tick()
+    assert view.live_curve.getData()[1] is None or len(view.live_curve.getData()[1]) == 0
