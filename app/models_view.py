@@ -1,30 +1,38 @@
-"""The models view: models on this node (with whether they fit the cluster), the catalog
-and Hub search, and downloads with progress and cancel. The Hub routes are newer than
-some nodes: a node without them gets a clear message instead of broken buttons."""
+"""The models view: one list of every model (the catalog, the Hub's search results and
+what is on disk), grouped by family, with a badge per variant for whether it fits this
+machine, filters, and one click to download and chat; downloads with progress and
+cancel below. The Hub routes are newer than some nodes: a node without them gets a clear
+message instead of broken buttons; a machine offline gets one calm line."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
+    QMenu,
     QProgressBar,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
+    QToolButton,
+    QTreeWidget,
+    QTreeWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from app import theme
+from app.catalog import FILTERS, Badge, Variant, group, matches
 from app.cluster_state import ClusterState
 from app.common import fmt_bytes, fmt_eta, fmt_rate, message_of, route_missing
 from app.polling import Poller
-from app.snapshots import fit_label
 from app.tasks import Tasks
 from engine.client import NodeClient
 from engine.protocol import DownloadInfo
@@ -34,29 +42,52 @@ DOWNLOADS_BUSY_S, DOWNLOADS_IDLE_S = 1.0, 5.0
 NO_HUB = ("Downloads need a newer node: this node has no Hugging Face routes "
           "(/shoal/hub/...). Models already on disk are listed above; import more with "
           "`shoal models import FILE.gguf`.")
+OFFLINE = ("Offline: the Hugging Face Hub can't be reached, so this is the curated catalog "
+           "and what is on your machines.")
+ID = Qt.ItemDataRole.UserRole
 
 
-def _table(headers: list[str]) -> QTableWidget:
-    t = QTableWidget(0, len(headers))
-    t.setHorizontalHeaderLabels(headers)
-    t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-    t.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-    t.verticalHeader().hide()
-    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-    t.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
-    return t
-
-
-def _button(text: str, slot: Any) -> QPushButton:
+def _button(text: str, slot: Any, name: str | None = None) -> QPushButton:
     b = QPushButton(text)
     b.clicked.connect(slot)
+    if name:
+        b.setAccessibleName(name)
     return b
+
+
+class Badges(QWidget):
+    """A row of small labelled badges; set() only touches what changed."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.row = QHBoxLayout(self)
+        self.row.setContentsMargins(2, 0, 2, 0)
+        self.row.setSpacing(4)
+        self.row.addStretch(1)
+        self.shown: list[Badge] = []
+
+    def set(self, badges: list[Badge]) -> None:
+        if badges == self.shown:
+            return
+        while self.row.count() > 1:
+            w = self.row.takeAt(0).widget()
+            w.deleteLater()
+        for i, b in enumerate(badges):
+            label = QLabel(b.text)
+            label.setToolTip(b.tip)
+            theme.set_role(label, f"badge-{b.kind}")
+            self.row.insertWidget(i, label)
+        self.shown = list(badges)
+
+    def texts(self) -> list[str]:
+        return [b.text for b in self.shown]
 
 
 class ModelsView(QWidget):
     chat_requested = Signal(str)
     plan_requested = Signal(str)
     downloading_changed = Signal(bool)
+    download_progress = Signal(object)  # "Downloading X: 42%" or None, for the tray
 
     def __init__(self, client: NodeClient, tasks: Tasks, state: ClusterState,
                  api_key: str | None = None, parent: QWidget | None = None):
@@ -66,36 +97,65 @@ class ModelsView(QWidget):
         self.catalog: list[dict[str, Any]] = []
         self.downloads: list[dict[str, Any]] = []
         self.hub_available: bool | None = None  # unknown until the node answers
+        self.offline = False
         self.downloading = False
+        self.chat_after: dict[str, str] = {}  # download id -> model to chat with when done
+        self.items: dict[str, QTreeWidgetItem] = {}
 
-        self.local_table = _table(["Model", "Size", "Layers", "Quantization", "Context",
-                                   "Fits", ""])
-        self.local_message = QLabel()
         self.search_edit = QLineEdit()
-        self.search_edit.setPlaceholderText("Search the catalog and the Hugging Face Hub "
-                                            "(e.g. qwen 4bit)")
+        self.search_edit.setPlaceholderText("Filter, or search the Hugging Face Hub with "
+                                            "Enter (e.g. qwen 4bit)")
+        self.search_edit.setAccessibleName("Search models")
+        self.search_edit.setClearButtonEnabled(True)
+        self.search_edit.textChanged.connect(lambda _t: self._apply_filters())
         self.search_edit.returnPressed.connect(self.search)
-        self.search_button = _button("Search", self.search)
-        self.catalog_table = _table(["Model", "Parameters", "Quantization", "Size", "Fits",
-                                     "On disk", ""])
+        self.search_button = _button("Search the Hub", self.search)
+        self.filter_boxes: dict[str, QCheckBox] = {}
+        filters = QHBoxLayout()
+        filters.addWidget(QLabel("Show only:"))
+        for key, text in FILTERS:
+            box = self.filter_boxes[key] = QCheckBox(text)
+            box.toggled.connect(lambda _on: self._apply_filters())
+            filters.addWidget(box)
+        filters.addStretch(1)
         self.hub_message = QLabel()
         self.hub_message.setObjectName("hubMessage")
         self.hub_message.setWordWrap(True)
-        self.downloads_table = _table(["Download", "Progress", "Speed", "ETA", "State", ""])
-        self.downloads_table.setMaximumHeight(160)
+        theme.set_role(self.hub_message, "muted")
+        self.tree = QTreeWidget()
+        self.tree.setAccessibleName("Models")
+        self.tree.setColumnCount(4)
+        self.tree.setHeaderLabels(["Model", "Size", "", ""])
+        header = self.tree.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in (1, 2, 3):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        self.tree.setUniformRowHeights(False)
+        self.downloads_table = QTableWidget(0, 6)
+        self.downloads_table.setAccessibleName("Downloads")
+        self.downloads_table.setHorizontalHeaderLabels(["Download", "Progress", "Speed", "ETA",
+                                                        "State", ""])
+        dh = self.downloads_table.horizontalHeader()
+        dh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        dh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.downloads_table.verticalHeader().hide()
+        self.downloads_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.downloads_table.setMaximumHeight(130)
+        self.downloads_label = QLabel("Downloads")
+        theme.set_role(self.downloads_label, "section")
         search = QHBoxLayout()
         search.addWidget(self.search_edit, 1)
         search.addWidget(self.search_button)
         layout = QVBoxLayout(self)
-        layout.addWidget(QLabel("<b>On this node</b>"))
-        layout.addWidget(self.local_table, 2)
-        layout.addWidget(self.local_message)
-        layout.addWidget(QLabel("<b>Catalog and Hugging Face Hub</b>"))
         layout.addLayout(search)
+        layout.addLayout(filters)
         layout.addWidget(self.hub_message)
-        layout.addWidget(self.catalog_table, 3)
-        layout.addWidget(QLabel("<b>Downloads</b>"))
-        layout.addWidget(self.downloads_table, 1)
+        layout.addWidget(self.tree, 1)
+        layout.addWidget(self.downloads_label)
+        layout.addWidget(self.downloads_table)
+        self.downloads_label.hide()
+        self.downloads_table.hide()
 
         self.poller = Poller(tasks, client.base_url, lambda c: c.hub_downloads(),
                              DOWNLOADS_IDLE_S, api_key=api_key, parent=self)
@@ -117,64 +177,29 @@ class ModelsView(QWidget):
 
     def refresh_local(self) -> None:
         self.tasks.run(self.client.models, on_done=self._fill_local,
-                       on_error=lambda e: self.local_message.setText(
+                       on_error=lambda e: self.hub_message.setText(
                            f"Couldn't list the models: {message_of(e)}"), owner=self)
 
-    # --- local models ---------------------------------------------------------------------
     def _fill_local(self, models: list[dict[str, Any]]) -> None:
         self.local = models
-        self.local_message.setText("" if models else "No models yet: download one below, "
-                                   "or import a GGUF file with `shoal models import`.")
-        t = self.local_table
-        t.setRowCount(len(models))
-        for i, m in enumerate(models):
-            info = m.get("shoal") or {}
-            cells = [str(m.get("id")), fmt_bytes(info.get("size_bytes")),
-                     str(info.get("layers") or "?"), str(info.get("quantization") or "?"),
-                     str(info.get("context_length") or "?")]
-            for j, text in enumerate(cells):
-                t.setItem(i, j, QTableWidgetItem(text))
-            model = str(m.get("id"))
-            actions = QWidget()
-            row = QHBoxLayout(actions)
-            row.setContentsMargins(2, 0, 2, 0)
-            row.addWidget(_button("Chat", lambda _c=False, m=model: self.chat_requested.emit(m)))
-            row.addWidget(_button("Plan", lambda _c=False, m=model: self.plan_requested.emit(m)))
-            row.addWidget(_button("Delete", lambda _c=False, m=model: self.delete(m)))
-            t.setCellWidget(i, 6, actions)
-        self._refit()
+        if self.hub_available is False:  # no catalog from this node: the local list alone
+            self.catalog = [{"id": m.get("id"), "name": m.get("id"), "source": "local",
+                             "local": [{"source": "shoal"}],
+                             "size_bytes": (m.get("shoal") or {}).get("size_bytes"),
+                             "quantization": (m.get("shoal") or {}).get("quantization")}
+                            for m in models]
+            self._fill_tree()
 
-    def _refit(self) -> None:
-        """The Fits column follows the cluster (nodes come and go, memory frees up)."""
-        cards = self.state.cards()
-        for i, m in enumerate(self.local):
-            info = m.get("shoal") or {}
-            text = ("running across nodes" if info.get("instance") else
-                    fit_label(info.get("size_bytes"), cards))
-            item = self.local_table.item(i, 5)
-            if item is None or item.text() != text:
-                self.local_table.setItem(i, 5, QTableWidgetItem(text))
-
-    def delete(self, model: str) -> None:
-        def failed(e: BaseException) -> None:
-            self.local_message.setText(
-                "Deleting models needs a newer node." if route_missing(e) else
-                f"Couldn't delete {model}: {message_of(e)}")
-
-        def done(r: dict[str, Any]) -> None:
-            self.local_message.setText(f"Deleted {model} ({fmt_bytes(r.get('freed_bytes'))} "
-                                       "freed).")
-            self.refresh()
-        self.tasks.run(self.client.remove_model, model, on_done=done, on_error=failed, owner=self)
-
-    # --- catalog and search ---------------------------------------------------------------
+    # --- the list ---------------------------------------------------------------------------
     def search(self) -> None:
         q = self.search_edit.text().strip()
+        if self.hub_available is False:
+            return
         if not q:
             self.tasks.run(self.client.hub_catalog, on_done=self._fill_catalog,
                            on_error=self._hub_failed, owner=self)
             return
-        self.hub_message.setText(f"Searching for “{q}”…")
+        self.hub_message.setText(f"Searching the Hub for “{q}”…")
         self.tasks.run(self.client.hub_search, q, on_done=self._fill_catalog,
                        on_error=self._hub_failed, owner=self)
 
@@ -182,53 +207,172 @@ class ModelsView(QWidget):
         if route_missing(error):
             self._no_hub()
         else:
-            self.hub_message.setText(f"The catalog isn't available: {message_of(error)}")
+            self.hub_message.setText(f"The model list isn't available: {message_of(error)}")
 
     def _no_hub(self) -> None:
         self.hub_available = False
         self.hub_message.setText(NO_HUB)
-        self.hub_message.setStyleSheet("color: #b05a00;")
-        for w in (self.search_edit, self.search_button, self.catalog_table,
-                  self.downloads_table):
+        theme.set_role(self.hub_message, "warning")
+        for w in (self.search_button, self.downloads_table):
             w.setEnabled(False)
         self.poller.stop()
+        self._fill_local(self.local)
 
     def _fill_catalog(self, found: dict[str, Any]) -> None:
         self.hub_available = True
         self.catalog = list(found.get("models") or [])
-        error = found.get("hub_error")
-        self.hub_message.setStyleSheet("color: #b05a00;" if error else "")
-        self.hub_message.setText(f"The Hub didn't answer ({error}); showing the catalog and "
-                                 "models on disk." if error else
-                                 f"{len(self.catalog)} model(s).")
-        t = self.catalog_table
-        t.setRowCount(len(self.catalog))
-        for i, m in enumerate(self.catalog):
-            params = m.get("parameters")
-            fits = m.get("fits")
-            where = ", ".join(str(x.get("node") or x.get("source")) for x in m.get("local") or [])
-            cells = [str(m.get("id")), f"{params / 1e9:.1f}B" if params else "?",
-                     str(m.get("quantization") or "?"), fmt_bytes(m.get("size_bytes")),
-                     "?" if fits is None else "yes" if fits else "too big", where or "—"]
-            for j, text in enumerate(cells):
-                t.setItem(i, j, QTableWidgetItem(text))
-            repo = str(m.get("id"))
-            # Only Hub repositories download; a model imported into Shoal's folder is done.
-            if repo.count("/") == 1 and not any(x.get("source") == "shoal"
-                                                for x in m.get("local") or []):
-                t.setCellWidget(i, 6, _button("Download",
-                                              lambda _c=False, r=repo: self.pull(r)))
-            else:
-                t.removeCellWidget(i, 6)
+        self.offline = bool(found.get("hub_error"))
+        self._fill_tree()
 
-    def pull(self, repo: str) -> None:
+    def _fill_tree(self) -> None:
+        """Rebuild the list (after a search or a new catalog), keeping the scroll place."""
+        bar = self.tree.verticalScrollBar().value()
+        self.tree.clear()
+        self.items = {}
+        for fam in group(self.catalog, self.state.cards()):
+            top = QTreeWidgetItem([fam.name])
+            font = top.font(0)
+            font.setBold(True)
+            top.setFont(0, font)
+            top.setFlags(top.flags() & ~Qt.ItemFlag.ItemIsSelectable)
+            self.tree.addTopLevelItem(top)
+            for v in fam.variants:
+                self._add_variant(top, v)
+            top.setExpanded(True)
+        self._apply_filters()
+        self.tree.verticalScrollBar().setValue(bar)
+
+    def _add_variant(self, parent: QTreeWidgetItem, v: Variant) -> None:
+        item = QTreeWidgetItem([v.label, self._size_text(v)])
+        item.setData(0, ID, v.id)
+        item.setToolTip(0, v.id)
+        parent.addChild(item)
+        self.items[v.id] = item
+        badges = Badges()
+        badges.set(v.badges())
+        self.tree.setItemWidget(item, 2, badges)
+        self.tree.setItemWidget(item, 3, self._actions(v))
+        item.setData(1, ID, v)
+
+    @staticmethod
+    def _size_text(v: Variant) -> str:
+        params = v.entry.get("parameters")
+        size = fmt_bytes(v.entry.get("size_bytes")) if v.entry.get("size_bytes") else ""
+        return " · ".join(x for x in (f"{params / 1e9:.1f}B" if params else "", size) if x)
+
+    def _actions(self, v: Variant) -> QWidget:
+        """The variant's one main action, and the others in a menu."""
+        box = QWidget()
+        row = QHBoxLayout(box)
+        row.setContentsMargins(2, 0, 2, 0)
+        repo = v.id
+        hub = repo.count("/") == 1 and not any(x.get("source") == "shoal"
+                                               for x in v.entry.get("local") or [])
+        if v.downloaded:
+            main = _button("Chat", lambda: self.chat_requested.emit(repo), f"Chat with {repo}")
+        elif v.fit.kind == "error":
+            main = _button("Too large", lambda: None, f"{repo} is too large")
+            main.setEnabled(False)  # a download that can never run is no help
+            main.setToolTip(v.fit.tip)
+        elif v.fit.kind in ("ok", "plain") and hub:  # fits, or its size is unknown
+            main = _button("Download and chat", lambda: self.pull(repo, chat=True),
+                           f"Download {repo} and chat with it")
+        else:
+            main = _button("Download", lambda: self.pull(repo), f"Download {repo}")
+            main.setEnabled(hub)
+        main.setObjectName("mainAction")
+        more = QToolButton()
+        more.setText("⋯")
+        more.setAccessibleName(f"More for {repo}")
+        more.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        menu = QMenu(more)
+        menu.addAction("Plan a placement", lambda: self.plan_requested.emit(repo))
+        if hub and not v.downloaded:
+            menu.addAction("Download only", lambda: self.pull(repo))
+        if v.downloaded:
+            menu.addAction("Delete from this machine", lambda: self.delete(repo))
+        more.setMenu(menu)
+        row.addWidget(main)
+        row.addWidget(more)
+        return box
+
+    def action_button(self, model: str) -> QPushButton | None:
+        item = self.items.get(model)
+        box = self.tree.itemWidget(item, 3) if item is not None else None
+        return box.findChild(QPushButton, "mainAction") if box is not None else None
+
+    def badges_of(self, model: str) -> list[str]:
+        item = self.items.get(model)
+        return self.tree.itemWidget(item, 2).texts() if item is not None else []
+
+    def shown_models(self) -> list[str]:
+        return [m for m, item in self.items.items() if not item.isHidden()]
+
+    def _apply_filters(self) -> None:
+        words = self.search_edit.text().lower().split()
+        chosen = {k for k, box in self.filter_boxes.items() if box.isChecked()}
+        shown = 0
+        for i in range(self.tree.topLevelItemCount()):
+            top = self.tree.topLevelItem(i)
+            visible = 0
+            for j in range(top.childCount()):
+                child = top.child(j)
+                ok = matches(child.data(1, ID), words, chosen)
+                child.setHidden(not ok)
+                visible += ok
+            top.setHidden(visible == 0)
+            top.setText(1, f"{visible} variant{'s' if visible != 1 else ''}")
+            shown += visible
+        self._say_count(shown)
+
+    def _say_count(self, shown: int) -> None:
+        if self.hub_available is False:
+            return
+        total = len(self.items)
+        count = f"{shown} of {total} models" if shown != total else f"{total} models"
+        theme.set_role(self.hub_message, "muted")
+        self.hub_message.setText(f"{count}. {OFFLINE}" if self.offline else f"{count}.")
+
+    def _refit(self) -> None:
+        """Badges follow the cluster (nodes come and go, memory frees up)."""
+        if not self.items:
+            return
+        for fam in group(self.catalog, self.state.cards()):
+            for v in fam.variants:
+                item = self.items.get(v.id)
+                if item is None:
+                    continue
+                old = item.data(1, ID)
+                item.setData(1, ID, v)
+                self.tree.itemWidget(item, 2).set(v.badges())
+                if old is None or (old.fit.kind, old.downloaded) != (v.fit.kind, v.downloaded):
+                    self.tree.setItemWidget(item, 3, self._actions(v))
+
+    def delete(self, model: str) -> None:
+        def failed(e: BaseException) -> None:
+            self.hub_message.setText("Deleting models needs a newer node." if route_missing(e)
+                                     else f"Couldn't delete {model}: {message_of(e)}")
+
+        def done(r: dict[str, Any]) -> None:
+            self.hub_message.setText(f"Deleted {model} ({fmt_bytes(r.get('freed_bytes'))} "
+                                     "freed).")
+            self.refresh()
+        self.tasks.run(self.client.remove_model, model, on_done=done, on_error=failed,
+                       owner=self)
+
+    def pull(self, repo: str, chat: bool = False) -> None:
         def failed(e: BaseException) -> None:
             if route_missing(e):
                 self._no_hub()
             else:
                 self.hub_message.setText(f"Couldn't download {repo}: {message_of(e)}")
-        self.tasks.run(self.client.hub_pull, repo, on_done=lambda _d: self.poller.poke(),
-                       on_error=failed, owner=self)
+
+        def started(d: DownloadInfo) -> None:
+            if chat:
+                self.chat_after[str(d.get("id"))] = repo
+            self.poller.poke()
+        self.tasks.run(self.client.hub_pull, repo, on_done=started, on_error=failed,
+                       owner=self)
         self.poller.interval = DOWNLOADS_BUSY_S
 
     # --- downloads ------------------------------------------------------------------------
@@ -238,14 +382,23 @@ class ModelsView(QWidget):
 
     def _fill_downloads(self, downloads: list[DownloadInfo]) -> None:
         self.downloads = sorted(downloads, key=lambda d: -float(d.get("started") or 0))
-        running = any(d.get("state") == "running" for d in downloads)
+        running = [d for d in downloads if d.get("state") == "running"]
         self.poller.interval = DOWNLOADS_BUSY_S if running else DOWNLOADS_IDLE_S
-        if running != self.downloading:
-            self.downloading = running
-            self.downloading_changed.emit(running)
+        if bool(running) != self.downloading:
+            self.downloading = bool(running)
+            self.downloading_changed.emit(self.downloading)
             if not running:
                 self.refresh()  # a finished download is a new local model
+        self.download_progress.emit(self._progress_line(running))
+        for d in downloads:
+            did = str(d.get("id"))
+            if did in self.chat_after and d.get("state") in ("done", "failed", "cancelled"):
+                repo = self.chat_after.pop(did)
+                if d.get("state") == "done":
+                    self.chat_requested.emit(repo)
         t = self.downloads_table
+        t.setVisible(bool(self.downloads))
+        self.downloads_label.setVisible(bool(self.downloads))
         t.setRowCount(len(self.downloads))
         for i, d in enumerate(self.downloads):
             p = d.get("progress") or {}
@@ -257,6 +410,7 @@ class ModelsView(QWidget):
                 t.setCellWidget(i, 1, bar)
             bar.setValue(int(1000 * done / total) if total else 0)
             bar.setFormat(f"{fmt_bytes(done)} / {fmt_bytes(total)}" if total else "starting")
+            bar.setAccessibleName(f"{d.get('repo')}: {bar.format()}")
             state = d.get("state") or "?"
             if d.get("error"):
                 state += f": {(d['error'] or {}).get('message', '')}"
@@ -269,9 +423,22 @@ class ModelsView(QWidget):
             if d.get("state") != "running":
                 t.removeCellWidget(i, 5)
             elif cancel is None or cancel.property("download") != did:
-                cancel = _button("Cancel", lambda _c=False, x=did: self.cancel(x))
+                cancel = _button("Cancel", lambda _c=False, x=did: self.cancel(x),
+                                 f"Cancel the download of {d.get('repo')}")
                 cancel.setProperty("download", did)
                 t.setCellWidget(i, 5, cancel)
+
+    @staticmethod
+    def _progress_line(running: list[dict[str, Any]]) -> str | None:
+        if not running:
+            return None
+        d = running[0]
+        p = d.get("progress") or {}
+        done, total = int(p.get("done") or 0), int(p.get("total") or 0)
+        name = str(d.get("repo")).split("/")[-1]
+        more = f" (+{len(running) - 1} more)" if len(running) > 1 else ""
+        return (f"Downloading {name}: {100 * done // total}%{more}" if total else
+                f"Downloading {name}…{more}")
 
     def cancel(self, download_id: str) -> None:
         self.tasks.run(self.client.hub_cancel, download_id,

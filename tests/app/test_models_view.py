@@ -1,6 +1,7 @@
 """The models view against a real node whose Hugging Face Hub is the tests' local stand-in
 (tests/hubserver.py): the catalog and search, a download with progress that is
-cancelled, then resumed to the end, after which the model is on the node's list."""
+cancelled, then "Download and chat" to the end, after which the model is on the node's
+list and the chat is asked for it; offline, one calm line."""
 
 import pytest
 from PySide6.QtCore import Qt
@@ -50,30 +51,32 @@ def make_view(qtbot):
     assert tasks.wait(20000)
 
 
-def rows(table):
-    return [table.item(i, 0).text() for i in range(table.rowCount()) if table.item(i, 0)]
+def rows(view):
+    return view.shown_models()
 
 
 def download_state(view):
     return [d["state"] for d in view.downloads if d["repo"] == REPO]
 
 
-def test_search_download_cancel_and_resume(qtbot, hub_node, make_view):
+def test_search_download_cancel_then_download_and_chat(qtbot, hub_node, make_view):
     hub, node = hub_node
     view = make_view(node)
     qtbot.waitUntil(lambda: view.hub_available is True and len(view.catalog) > 0,
                     timeout=20000)
     assert view.local == []
+    assert "Qwen3" in [view.tree.topLevelItem(i).text(0)
+                       for i in range(view.tree.topLevelItemCount())]  # grouped by family
 
     view.search_edit.setText("tiny")
     qtbot.keyClick(view.search_edit, Qt.Key.Key_Return)
-    qtbot.waitUntil(lambda: REPO in rows(view.catalog_table), timeout=20000)
-    row = rows(view.catalog_table).index(REPO)
+    qtbot.waitUntil(lambda: REPO in rows(view), timeout=20000)
+    assert rows(view) == [REPO]  # the filter hides the catalog's other models
     with qtbot.waitSignal(view.downloading_changed, timeout=20000) as started:
-        qtbot.mouseClick(view.catalog_table.cellWidget(row, 6), Qt.MouseButton.LeftButton)
+        qtbot.mouseClick(view.action_button(REPO), Qt.MouseButton.LeftButton)
     assert started.args == [True]
 
-    # Progress shows while it runs; Cancel stops it.
+    # Progress shows while it runs, in the tray's line too; Cancel stops it.
     table = view.downloads_table
     qtbot.waitUntil(lambda: table.rowCount() and table.cellWidget(0, 1).value() > 0,
                     timeout=20000)
@@ -83,13 +86,36 @@ def test_search_download_cancel_and_resume(qtbot, hub_node, make_view):
     qtbot.waitUntil(lambda: download_state(view)[:1] == ["cancelled"], timeout=20000)
     assert not view.downloading
 
-    # Downloading again resumes and finishes; the model is then on the node.
+    # Download and chat: it resumes, finishes, and then the chat is asked for the model.
     hub.rate_bps = None
-    assert rows(view.catalog_table)[row] == REPO  # the search results stayed
-    qtbot.mouseClick(view.catalog_table.cellWidget(row, 6), Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: download_state(view)[:1] == ["done"], timeout=30000)
+    assert REPO in rows(view)  # the search results stayed
+    button = view.action_button(REPO)
+    assert button.text() == "Download and chat"
+    with qtbot.waitSignal(view.chat_requested, timeout=30000) as chat:
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    assert chat.args == [REPO]
     qtbot.waitUntil(lambda: any(m["id"] == REPO for m in view.local), timeout=20000)
-    assert REPO in rows(view.local_table)
+    qtbot.waitUntil(lambda: "downloaded" in view.badges_of(REPO), timeout=20000)
+    assert view.action_button(REPO).text() == "Chat"
+
+
+def test_offline_is_one_calm_line(qtbot, tmp_path, make_view, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing answers there
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    node = NodeProcess(tmp_path / "home", "none").wait_healthy()
+    try:
+        view = make_view(node)
+        qtbot.waitUntil(lambda: view.hub_available is True, timeout=20000)
+        view.search_edit.setText("qwen")
+        qtbot.keyClick(view.search_edit, Qt.Key.Key_Return)
+        qtbot.waitUntil(lambda: view.offline, timeout=30000)
+        line = view.hub_message.text()
+        assert "Offline" in line and "Error" not in line and "http" not in line
+        assert view.hub_message.property("role") == "muted"  # calm, not a warning
+        assert rows(view) and all("qwen" in m.lower() for m in rows(view))
+    finally:
+        node.stop()
 
 
 def test_a_node_without_the_hub_routes_says_so(qtbot, make_view, tiny_node, monkeypatch):
@@ -99,7 +125,7 @@ def test_a_node_without_the_hub_routes_says_so(qtbot, make_view, tiny_node, monk
     view = make_view(tiny_node)
     qtbot.waitUntil(lambda: view.hub_available is False, timeout=20000)
     assert view.hub_message.text() == NO_HUB and not view.search_button.isEnabled()
-    qtbot.waitUntil(lambda: "tiny-llama" in rows(view.local_table), timeout=20000)
+    qtbot.waitUntil(lambda: "tiny-llama" in rows(view), timeout=20000)
 
 
 def _missing_route():

@@ -1,0 +1,205 @@
+"""The model list as the models view shows it, from the node's catalog entries: grouped by
+family, one badge per variant saying whether it fits this machine (or how many machines
+it needs, or that it is too large, with the planner's reason where the node gave one),
+what it is good at (thinking, code, vision) and whether it is downloaded, and which
+variant of a size suits this machine best. Qt-free: tested as plain values."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.common import fmt_bytes
+from app.snapshots import NodeCard
+
+HEADROOM = 1.15  # weights plus KV cache and activations, as engine.hub.catalog counts
+MOST_MACHINES = 16  # beyond this many machines like this one, a model is "too large"
+SIZE = re.compile(r"^(?:\d+(?:\.\d+)?[bBmMkK]|\d+x\d+[bB]|a\d+(?:\.\d+)?b|\(\d+[bB]\))$",
+                  re.IGNORECASE)
+QUANT = re.compile(r"^(?:\d+bit|mxfp4|fp8|bf16|f16|f32|q\d.*|dwq|mlx)$", re.IGNORECASE)
+FILLER = {"instruct", "it", "chat", "(moe)", "hf"}
+THINKING = ("qwen3-", "qwq", "deepseek-r1", "-r1-", "gpt-oss", "thinking", "reasoning",
+            "magistral")
+CODE = ("coder", "codestral", "devstral", "starcoder", "codellama", "code-")
+VISION = ("-vl", "vision", "llava", "gemma-3", "llama-4", "pixtral", "smolvlm")
+FILTERS = (("fits", "Fits this machine"), ("downloaded", "Downloaded"),
+           ("thinking", "Thinking"), ("code", "Code"), ("vision", "Vision"))
+
+
+@dataclass(frozen=True)
+class Badge:
+    kind: str  # ok | warning | error | info | plain (the style sheet's badge roles)
+    text: str
+    tip: str = ""
+
+
+@dataclass(frozen=True)
+class Variant:
+    entry: Mapping[str, Any]
+    fit: Badge
+    tags: tuple[str, ...]  # thinking, code, vision
+    downloaded: bool
+    best: bool = False  # the variant of its size that suits this machine best
+
+    @property
+    def id(self) -> str:
+        return str(self.entry.get("id"))
+
+    @property
+    def label(self) -> str:
+        quant = self.entry.get("quantization")
+        return f"{self.entry.get('name') or self.id}" + (f" · {quant}" if quant else "")
+
+    def badges(self) -> list[Badge]:
+        out = [self.fit]
+        if self.best:
+            out.append(Badge("info", "best for this machine",
+                             "The largest quantization of this size that fits here"))
+        if self.downloaded:
+            out.append(Badge("plain", "downloaded", ", ".join(where(self.entry))))
+        elif peers := [x for x in self.entry.get("local") or [] if x.get("source") == "peer"]:
+            names = ", ".join(str(x.get("node")) for x in peers)
+            out.append(Badge("plain", f"on {names}", "Copied from there, not the Hub"))
+        tips = {"thinking": "Reasons before it answers (shown folded in the chat)",
+                "code": "Tuned for programming", "vision": "Reads images where the "
+                "runtime supports them; Shoal runs its text part"}
+        out += [Badge("plain", tag, tips[tag]) for tag in self.tags]
+        return out
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    variants: tuple[Variant, ...]
+
+
+def where(entry: Mapping[str, Any]) -> list[str]:
+    return [str(x.get("path") or x.get("source")) for x in entry.get("local") or []
+            if x.get("source") != "peer"]
+
+
+def family_of(entry: Mapping[str, Any]) -> str:
+    """'Qwen3 30B-A3B (MoE)' → 'Qwen3'; 'Llama 3.3 70B Instruct' → 'Llama 3.3';
+    'gpt-oss 20B' → 'gpt-oss'; a local folder 'SmolLM2-135M-Instruct' → 'SmolLM2'."""
+    name = str(entry.get("name") or entry.get("id") or "?").split("/")[-1]
+    words = name.split() if " " in name else name.split("-")
+    if " " not in name and len(words) > 1 and words[0].lower() == "meta":
+        words = words[1:]  # Meta-Llama-3.1 is Llama 3.1
+    out, stopped = [], False
+    for w in words:
+        if SIZE.match(w) or SIZE.match(w.split("-")[0]) or QUANT.match(w):
+            stopped = True
+            break
+        if w.lower() in FILLER:
+            continue
+        out.append(w)
+    if not out or (" " not in name and not stopped):
+        return name  # a folder name with no size in it: its own family
+    family = " ".join(out)
+    return family if " " in name else family[:1].upper() + family[1:]
+
+
+def tags_of(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    text = f"{entry.get('id')} {entry.get('name')}".lower().replace(" ", "-")
+    found = []
+    for tag, marks in (("thinking", THINKING), ("code", CODE), ("vision", VISION)):
+        if any(m in text for m in marks):
+            found.append(tag)
+    for tag in entry.get("tags") or ():  # a catalog that says it itself
+        if tag in ("thinking", "code", "vision") and tag not in found:
+            found.append(tag)
+    return tuple(found)
+
+
+def downloaded(entry: Mapping[str, Any]) -> bool:
+    return any(x.get("source") != "peer" for x in entry.get("local") or [])
+
+
+def _room(card: NodeCard) -> int:
+    return card.memory.free + card.memory.planned if card.memory else 0
+
+
+def fit_badge(entry: Mapping[str, Any], cards: list[NodeCard]) -> Badge:
+    """Fits this machine / needs N machines / too large, and why, as a badge."""
+    size = entry.get("size_bytes")
+    if entry.get("fit_basis") == "planner" and entry.get("fits") is False:
+        return Badge("error", "too large", str(entry.get("fit_reason") or
+                                               "The planner finds no placement that fits."))
+    me = next((c for c in cards if c.is_self and c.memory), None)
+    if not size or me is None:
+        return Badge("plain", "size unknown" if not size else "fit unknown",
+                     "The node hasn't said how large it is" if not size else
+                     "This machine's memory isn't known yet")
+    need = int(size * HEADROOM)
+    here = _room(me)
+    basis = ("the planner's check" if entry.get("fit_basis") == "planner" else
+             "an estimate from its size: planning it checks exactly")
+    if need <= here:
+        return Badge("ok", "fits this machine",
+                     f"Needs about {fmt_bytes(need)}; {fmt_bytes(here)} free here ({basis}).")
+    others = sorted((_room(c) for c in cards if c.usable and not c.is_self and c.memory),
+                    reverse=True)
+    total, n = here, 1
+    for room in others:
+        if total >= need:
+            break
+        total, n = total + room, n + 1
+    if total >= need:
+        return Badge("warning", f"needs {n} machines",
+                     f"Needs about {fmt_bytes(need)}: more than the {fmt_bytes(here)} free "
+                     f"here, but {n} of your machines have it together ({basis}).")
+    usable = me.memory.total - me.memory.others if me.memory else 0
+    machines = math.ceil(need / usable) if usable > 0 else MOST_MACHINES + 1
+    if machines <= MOST_MACHINES:
+        return Badge("warning", f"needs {machines} machines",
+                     f"Needs about {fmt_bytes(need)}: about {machines} machines like this one "
+                     f"({fmt_bytes(usable)} each for Shoal). Add machines in Topology.")
+    return Badge("error", "too large",
+                 f"Needs about {fmt_bytes(need)}: more than {MOST_MACHINES} machines like "
+                 "this one.")
+
+
+def _bits(entry: Mapping[str, Any]) -> float:
+    quant = str(entry.get("quantization") or "").lower()
+    m = re.match(r"(\d+)bit", quant)
+    if m:
+        return float(m.group(1))
+    return {"mxfp4": 4.25, "fp8": 8.0, "bf16": 16.0, "f16": 16.0, "f32": 32.0}.get(quant, 0.0)
+
+
+def group(entries: Iterable[Mapping[str, Any]], cards: list[NodeCard]) -> list[Family]:
+    """Families in the order their first entry came (the node lists downloaded models
+    first), each variant with its badges; per family and size, the variant with the most
+    bits that fits this machine is marked best."""
+    families: dict[str, list[Variant]] = {}
+    for e in entries:
+        v = Variant(e, fit_badge(e, cards), tags_of(e), downloaded(e))
+        families.setdefault(family_of(e), []).append(v)
+    out = []
+    for name, variants in families.items():
+        by_size: dict[Any, list[Variant]] = {}
+        for v in variants:
+            by_size.setdefault(v.entry.get("parameters") or v.id, []).append(v)
+        best = set()
+        for same in by_size.values():
+            fitting = [v for v in same if v.fit.kind == "ok"]
+            if len(same) > 1 and fitting:
+                best.add(max(fitting, key=lambda v: _bits(v.entry)).id)
+        out.append(Family(name, tuple(Variant(v.entry, v.fit, v.tags, v.downloaded,
+                                              v.id in best) for v in variants)))
+    return out
+
+
+def matches(v: Variant, words: list[str], filters: set[str]) -> bool:
+    """Does the variant pass the search words and the ticked filters?"""
+    text = f"{v.id} {v.entry.get('name') or ''} {family_of(v.entry)}".lower()
+    if not all(w in text for w in words):
+        return False
+    if "fits" in filters and v.fit.kind != "ok":
+        return False
+    if "downloaded" in filters and not v.downloaded:
+        return False
+    return all(tag in v.tags for tag in ("thinking", "code", "vision") if tag in filters)
