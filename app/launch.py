@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import theme
 from app.cluster_state import TOPOLOGY_EVERY_S, ClusterState
 from app.common import message_of
 from app.logs import LogDialog
@@ -55,7 +56,7 @@ class NodeProgress(QWidget):
     def show_state(self, text: str, done: int | None, total: int | None,
                    failed: bool = False) -> None:
         self.text.setText(text)
-        self.text.setStyleSheet("color: #d03b3b;" if failed else "")
+        theme.set_role(self.text, "error" if failed else None)
         if total:
             self.bar.setRange(0, total)
             self.bar.setValue(done or 0)
@@ -86,9 +87,11 @@ class LaunchPanel(QWidget):
         self.log_dialog: LogDialog | None = None
 
         self.launch_button = QPushButton("Launch")
+        self.launch_button.setAccessibleName("Launch this placement")
         self.launch_button.setEnabled(False)
         self.launch_button.clicked.connect(self.start)
         self.stop_button = QPushButton("Stop")
+        self.stop_button.setAccessibleName("Stop the running model")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop)
         self.headline = QLabel()
@@ -123,8 +126,7 @@ class LaunchPanel(QWidget):
     def _set_headline(self, state: str, text: str, error: bool = False) -> None:
         self.state_text = state
         self.headline.setText(text)
-        self.headline.setStyleSheet("color: #d03b3b; font-weight: bold;" if error else
-                                    "font-weight: bold;")
+        theme.set_role(self.headline, "error-strong" if error else "strong")
 
     # --- launching ------------------------------------------------------------------------
     def start(self) -> None:

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import theme
 from app.cluster_state import ClusterState
 from app.common import fmt_bytes, fmt_tps, message_of
 from app.launch import LaunchPanel
@@ -41,6 +42,12 @@ DEBOUNCE_MS = 120
 STRATEGIES = (("pipeline", "Pipeline (layers split across nodes)"),
               ("tensor", "Tensor (every layer split across nodes)"))
 BACKENDS = (("ring", "Ring (TCP)"), ("jaccl", "RDMA (jaccl, Thunderbolt 5)"))
+
+
+def _buddy(text: str, control: QWidget) -> QLabel:
+    label = QLabel(text)
+    label.setBuddy(control)
+    return label
 
 
 def merge_notes(notes: list[str]) -> list[str]:
@@ -73,13 +80,16 @@ class PlacementView(QWidget):
         self.ranges: list[tuple[int, int]] = []
         self.layers = 0
         self.prediction: dict[str, Any] | None = None
+        self.running = False  # the placement shown is the one running now
         self.reason: str | None = None
         self.last_request: dict[str, Any] | None = None
         self._seq = 0  # newest request sent
         self._busy = False
         self._again: tuple[dict[str, Any], bool] | None = None  # waits for the one in flight
         self._best_pending = False
-        self._known: tuple[tuple[str, bool], ...] = ()  # nodes, and whether memory is known
+        self._is_best = False  # the layout shown is the planner's own choice
+        self.measured: dict[str, float] = {}  # model -> decode tokens/s its last reply had
+        self._known: tuple[Any, ...] = ()  # nodes, whether memory is known, their speed
         self._build(logs_dir)
         state.changed.connect(self._follow_cluster)
 
@@ -111,33 +121,42 @@ class PlacementView(QWidget):
         self.node_list.setFixedHeight(28)
         self.node_list.itemChanged.connect(self._nodes_edited)
 
+        for w, name in ((self.model_box, "Model"), (self.context_spin, "Context length"),
+                        (self.strategy_box, "Strategy"), (self.backend_box, "Backend"),
+                        (self.node_list, "Nodes")):
+            w.setAccessibleName(name)
         form = QFormLayout()
         row = QHBoxLayout()
         row.addWidget(self.model_box, 1)
-        row.addWidget(QLabel("Context:"))
+        row.addWidget(_buddy("Con&text:", self.context_spin))
         row.addWidget(self.context_spin)
-        form.addRow("Model:", row)
+        form.addRow(_buddy("&Model:", self.model_box), row)
         row = QHBoxLayout()
         row.addWidget(self.strategy_box, 1)
-        row.addWidget(QLabel("Backend:"))
+        row.addWidget(_buddy("&Backend:", self.backend_box))
         row.addWidget(self.backend_box, 1)
         row.addWidget(self.best_button)
-        form.addRow("Strategy:", row)
-        form.addRow("Nodes:", self.node_list)
+        form.addRow(_buddy("St&rategy:", self.strategy_box), row)
+        form.addRow("&Nodes:", self.node_list)
 
         self.strips = LayerStrips()
         self.strips.ranges_changed.connect(self._dragged)
         self.headline = QLabel("Choose a model")
         self.headline.setObjectName("prediction")
-        self.headline.setStyleSheet("font-size: 13pt; font-weight: bold;")
+        self.headline.setWordWrap(True)
+        theme.set_role(self.headline, "headline")
+        self.measured_label = QLabel()
+        self.measured_label.setObjectName("measured")
+        self.measured_label.setWordWrap(True)
+        self.measured_label.hide()
         self.reason_label = QLabel()
         self.reason_label.setObjectName("placementReason")
         self.reason_label.setWordWrap(True)
-        self.reason_label.setStyleSheet("color: #d03b3b; font-weight: bold;")
+        theme.set_role(self.reason_label, "error-strong")
         self.reason_label.hide()
         self.notes = QLabel()
         self.notes.setWordWrap(True)
-        self.notes.setStyleSheet("color: gray;")
+        theme.set_role(self.notes, "muted")
         self.table = QTableWidget(0, 6)
         self.table.setHorizontalHeaderLabels(["Node", "Layers", "Weights", "KV cache",
                                               "Total / usable", "Fits"])
@@ -145,6 +164,7 @@ class PlacementView(QWidget):
         self.table.verticalHeader().hide()
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.setMaximumHeight(130)
+        self.table.setAccessibleName("Memory per node")
         self.launch = LaunchPanel(self.client, self.tasks, self.state, logs_dir)
 
         layout = QVBoxLayout(self)
@@ -152,6 +172,7 @@ class PlacementView(QWidget):
         layout.addWidget(QLabel("Drag the boundary between two nodes to move layers:"))
         layout.addWidget(self.strips)
         layout.addWidget(self.headline)
+        layout.addWidget(self.measured_label)
         layout.addWidget(self.reason_label)
         layout.addWidget(self.table)
         layout.addWidget(self.notes)
@@ -226,15 +247,22 @@ class PlacementView(QWidget):
             self.strips.set_layout(self._names(), self.ranges, self.layers, self.strategy)
         if self._best_pending and self.state.self_id is not None:
             self.best()
-        # A node that just started reports its memory a moment later: ask again then.
-        known = tuple((c.id, c.memory is not None) for c in usable)
-        if known != self._known and self.model and self.prediction is None and \
-                not self._best_pending:
-            if self.node_ids:
+        # What the planner's figures rest on changed: a node came or went, reported its
+        # memory, or finished measuring its speed (a plan made before is wrong by 20x).
+        known = tuple((c.id, c.memory is not None, c.speed) for c in usable)
+        if known != self._known and self.model and not self._best_pending:
+            if self.node_ids and self.prediction is not None and not self._is_best:
                 self.request(keep_ranges=True)
             else:
                 self.best()
         self._known = known
+        if self.prediction is not None:  # a model that started or stopped since
+            running = self._is_running(self.prediction["ranks"])
+            if running != self.running:
+                self.running = running
+                self.state.set_planned({} if running else {
+                    r["node"]: int(r["memory"]["total"]) for r in self.prediction["ranks"]})
+                self._show_measured()
 
     def _update_backends(self) -> None:
         cards = {c.id: c for c in self.state.cards()}
@@ -318,6 +346,7 @@ class PlacementView(QWidget):
         self._seq += 1
         seq = self._seq
         self.last_request = body
+        self._is_best = best
         self.tasks.run(self.client.plan, body["model"], body.get("context"),
                        body.get("strategy"), body.get("nodes"), body.get("backend"),
                        on_done=lambda r: self._answered(seq, body, r, None, best),
@@ -376,16 +405,47 @@ class PlacementView(QWidget):
         self._fill_table(ranks)
         self.notes.setText("\n".join(f"Note: {n}" for n in merge_notes(
             report.get("notes") or [])))
-        own = self.state.own_instance()
-        running = own is not None and own.get("model") == self.model and [
-            (r["node"], r.get("layers")) for r in own.get("ranks") or []] == [
-            (r["node"], r["layers"]) for r in ranks]
+        self.running = self._is_running(ranks)
+        self._show_measured()
         # What already runs is in use, not planned (the memory bars show it once).
-        self.state.set_planned({} if running else
+        self.state.set_planned({} if self.running else
                                {r["node"]: int(r["memory"]["total"]) for r in ranks})
         self.launch.set_placement(self.model, self.strategy, self.backend,
                                   [(r["node"], tuple(r["layers"])) for r in ranks])
         self.prediction_changed.emit()
+
+    def _is_running(self, ranks: list[dict[str, Any]]) -> bool:
+        """Is this placement the one running now: the instance this node owns, or the
+        model this node's own worker has loaded?"""
+        own = self.state.own_instance()
+        if own is not None:
+            return own.get("model") == self.model and [
+                (r["node"], r.get("layers")) for r in own.get("ranks") or []] == [
+                (r["node"], r["layers"]) for r in ranks]
+        runner = self.state.status.get("runner") or {}
+        return (runner.get("type") == "Ready" and runner.get("model") == self.model
+                and [r["node"] for r in ranks] == [self.state.self_id])
+
+    def set_measured(self, stats: dict[str, Any]) -> None:
+        """A finished reply's figures (ChatPane.reply_finished): shown beside the
+        prediction when they are the running placement's."""
+        model, tps = stats.get("model"), stats.get("generation_tps")
+        if model and tps:
+            self.measured[str(model)] = float(tps)
+            self._show_measured()
+
+    def _show_measured(self) -> None:
+        tps = self.measured.get(self.model)
+        shown = self.prediction is not None and getattr(self, "running", False)
+        if shown and tps is not None:
+            predicted = self.prediction["decode_tps"]
+            self.measured_label.setText(
+                f"Running now · measured {fmt_tps(tps)} tokens/s decode on the last reply "
+                f"(predicted {fmt_tps(predicted)})")
+        elif shown:
+            self.measured_label.setText("Running now · send a message in Chat to measure "
+                                        "its speed")
+        self.measured_label.setVisible(shown)
 
     def _check_nodes(self, ids: list[str]) -> None:
         self.node_list.blockSignals(True)
@@ -414,7 +474,7 @@ class PlacementView(QWidget):
             for j, text in enumerate(cells):
                 cell = QTableWidgetItem(text)
                 if not fits:
-                    cell.setForeground(Qt.GlobalColor.red)
+                    cell.setForeground(theme.colour("error"))
                 self.table.setItem(i, j, cell)
 
     def _grey_strategies(self, refused: dict[str, str | None]) -> None:
@@ -440,6 +500,8 @@ class PlacementView(QWidget):
         self.headline.setText("This placement can't run")
         self._show_reason(reason.removeprefix("This placement can't run: "))
         self.table.setRowCount(0)
+        self.running = False
+        self._show_measured()
         self.state.set_planned({})
         self.launch.set_placement(None)
         self.prediction_changed.emit()

@@ -42,6 +42,8 @@ class NodeCard:
     warnings: tuple[str, ...] = ()
     rdma: bool | None = None  # RDMA ready: enabled with a device; None where unknown
     models: tuple[str, ...] = ()
+    # the machine's measured speed (memory bandwidth, compute), once its calibration ran
+    speed: tuple[tuple[str, float], ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -134,7 +136,9 @@ def node_cards(topology: Mapping[str, Any], shoal_use: Mapping[str, int] | None 
             memory=memory_bar(node, shoal_use.get(nid, 0), planned.get(nid, 0)),
             watts=power.get("watts"), power_unavailable=power.get("unavailable"),
             warnings=platform_warnings(node), rdma=rdma if isinstance(rdma, bool) else None,
-            models=tuple(str(m) for m in node.get("models") or ())))
+            models=tuple(str(m) for m in node.get("models") or ()),
+            speed=tuple(sorted((str(k), float(v)) for k, v in (node.get("speed") or {}).items()
+                               if isinstance(v, (int, float))))))
     cards.sort(key=lambda c: not c.is_self)
     return cards
 

@@ -4,13 +4,18 @@ next. The widget only edits the ranges; what they mean is the planner's business
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QMouseEvent, QPainter, QPaintEvent, QPen
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QMouseEvent, QPainter, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-PALETTE = ("#2f7fd8", "#2e9d57", "#8e5bd0", "#d0792f", "#2aa3a3", "#c0489a", "#7a8a2a")
-RED = "#d03b3b"
+from app import theme
+
 NAME_W, ROW_H, GAP, TOP, GRAB_PX = 150.0, 30.0, 10.0, 22.0, 7.0
+
+
+def on(colour: QColor) -> QColor:
+    """Black or white, whichever reads on `colour`."""
+    return QColor("#000000") if colour.lightnessF() > 0.6 else QColor("#ffffff")
 
 
 class LayerStrips(QWidget):
@@ -31,6 +36,7 @@ class LayerStrips(QWidget):
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setMinimumWidth(420)
+        self.setAccessibleName("Layers per node")
         self._resize_rows()
 
     # --- state ----------------------------------------------------------------------------
@@ -111,31 +117,38 @@ class LayerStrips(QWidget):
             super().mouseReleaseEvent(event)
 
     # --- painting -------------------------------------------------------------------------
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self.update()
+
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
+        pal = self.palette()
+        text, muted = pal.color(QPalette.ColorRole.WindowText), theme.muted(pal)
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         if not self.names or not self.layers:
-            p.setPen(QColor("#808080"))
+            p.setPen(muted)
             p.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, "No placement yet")
             return
-        p.setPen(QColor("#606060"))
+        p.setPen(muted)
         for layer in sorted({0, self.layers, *(e for _, e in self.ranges[:-1])}):
             p.drawText(QRectF(self.x_of(layer) - 20, 2, 40, 16), Qt.AlignmentFlag.AlignCenter,
                        str(layer))
         for i, name in enumerate(self.names):
             row = self.row_rect(i)
-            p.setPen(QColor("#202020"))
+            p.setPen(text)
             p.drawText(QRectF(4, row.top(), NAME_W - 10, ROW_H),
                        Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft,
                        p.fontMetrics().elidedText(name, Qt.TextElideMode.ElideRight,
                                                   int(NAME_W - 12)))
             p.setPen(Qt.PenStyle.NoPen)
-            p.setBrush(QColor("#efefef"))
+            p.setBrush(theme.colour("track", pal))
             p.drawRoundedRect(row, 4, 4)
             if i >= len(self.ranges):
                 continue
             start, end = self.ranges[i]
-            colour = QColor(PALETTE[i % len(PALETTE)] if self.feasible else RED)
+            colour = theme.series(i, pal) if self.feasible else theme.colour("error", pal)
             bar = QRectF(self.x_of(start), row.top(), self.x_of(end) - self.x_of(start),
                          ROW_H)
             brush = QBrush(colour)
@@ -145,13 +158,13 @@ class LayerStrips(QWidget):
             p.setPen(QPen(colour.darker(130), 1))
             if bar.width() > 0:
                 p.drawRoundedRect(bar, 4, 4)
-            p.setPen(QColor("#ffffff") if self.strategy != "tensor" and bar.width() > 60
-                     else QColor("#202020"))
+            inside = self.strategy != "tensor" and bar.width() > 60
+            p.setPen(on(colour) if inside else text)
             p.drawText(bar if bar.width() > 60 else row, Qt.AlignmentFlag.AlignCenter,
                        self._range_text(start, end))
         if self.draggable:
             for i in range(len(self.ranges) - 1):
-                self._paint_handle(p, i)
+                self._paint_handle(p, i, text, pal.color(QPalette.ColorRole.Base))
 
     def _range_text(self, start: int, end: int) -> str:
         if self.strategy == "tensor":
@@ -162,11 +175,11 @@ class LayerStrips(QWidget):
             return f"layer {start} (1)"
         return f"layers {start}–{end - 1} ({end - start})"
 
-    def _paint_handle(self, p: QPainter, i: int) -> None:
+    def _paint_handle(self, p: QPainter, i: int, line: QColor, fill: QColor) -> None:
         x = self.x_of(self.ranges[i][1])
         top, bottom = self.row_rect(i), self.row_rect(i + 1)
-        p.setPen(QPen(QColor("#202020"), 2))
+        p.setPen(QPen(line, 2))
         p.drawLine(QPointF(x, top.top() - 3), QPointF(x, bottom.bottom() + 3))
         mid = self.handle_point(i)
-        p.setBrush(QColor("#ffffff"))
+        p.setBrush(fill)
         p.drawRoundedRect(QRectF(mid.x() - 5, mid.y() - 9, 10, 18), 3, 3)

@@ -7,33 +7,51 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QPointF, QRectF, Qt
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPen
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPalette, QPen
 from PySide6.QtWidgets import (
     QGraphicsItem,
     QGraphicsLineItem,
     QGraphicsObject,
     QGraphicsRectItem,
     QGraphicsScene,
+    QGraphicsSceneMouseEvent,
     QGraphicsSimpleTextItem,
     QGraphicsView,
+    QHBoxLayout,
     QLabel,
+    QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
+from app import theme
 from app.cluster_state import ClusterState
 from app.common import fmt_bytes
 from app.snapshots import LinkEdge, MemoryBar, NodeCard
 
 CARD_W, CARD_H = 250.0, 142.0  # CARD_H: the tallest card (with a badge line)
-SEGMENTS = (("others", "#9a9a9a", "used by other programs"),
-            ("shoal", "#2f7fd8", "used by Shoal"),
-            ("planned", "#e0a020", "planned for the selected placement"),
-            ("free", "#dcefdc", "free"))
-BORDERS = {"ok": "#5a5a5a", "offline": "#9a9a9a", "unpaired": "#e07b20", "mismatch": "#d03b3b"}
+SEGMENTS = (("others", "used by other programs"), ("shoal", "used by Shoal"),
+            ("planned", "planned for the selected placement"), ("free", "free"))
 BADGES = {"offline": "Offline", "unpaired": "Not in this cluster",
           "mismatch": "Version mismatch"}
+ADD_MACHINE = ("Add a machine",
+               "Start Shoal on another Mac or Linux computer on this network and give it "
+               "this cluster's secret (Settings → Cluster shows it, with a pairing code to "
+               "check). It appears here by itself; across networks, add its address "
+               "under Peers.")
+
+
+def segment_colour(attr: str, pal: QPalette | None = None) -> QColor:
+    return theme.series(0, pal) if attr == "shoal" else theme.colour(attr, pal)
+
+
+def border_colour(kind: str, pal: QPalette | None = None) -> QColor:
+    if kind == "unpaired":
+        return theme.colour("warning", pal)
+    if kind == "mismatch":
+        return theme.colour("error", pal)
+    return theme.muted(pal) if kind == "offline" else theme.text(pal)
 
 
 def memory_legend(bar: MemoryBar) -> str:
@@ -99,12 +117,14 @@ class NodeCardItem(QGraphicsObject):
     def paint(self, painter: QPainter, option, widget=None) -> None:  # noqa: ANN001
         c = self.card
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        pen = QPen(QColor(BORDERS[c.kind]), 2.5 if c.is_self else 1.5)
+        pal = theme.palette()
+        pen = QPen(border_colour(c.kind, pal), 2.5 if c.is_self else 1.5)
         if c.kind in ("offline", "unpaired"):
             pen.setStyle(Qt.PenStyle.DashLine)
         painter.setPen(pen)
-        painter.setBrush(QColor("#fff7ee" if c.kind == "unpaired" else
-                                "#fdecec" if c.kind == "mismatch" else "#ffffff"))
+        painter.setBrush(theme.colour("card-unpaired" if c.kind == "unpaired" else
+                                      "card-mismatch" if c.kind == "mismatch" else "card",
+                                      pal))
         painter.drawRoundedRect(QRectF(0, 0, CARD_W, self.height()), 10, 10)
 
         lines = self.lines()
@@ -112,7 +132,7 @@ class NodeCardItem(QGraphicsObject):
         title.setBold(True)
         title.setPointSizeF(max(title.pointSizeF(), 9.0) + 1)
         painter.setFont(title)
-        painter.setPen(QColor("#202020"))
+        painter.setPen(theme.text(pal))
         painter.drawText(QRectF(10, 6, CARD_W - 20, 20), Qt.AlignmentFlag.AlignLeft,
                          lines[0])
         body = QFont(painter.font())
@@ -121,8 +141,8 @@ class NodeCardItem(QGraphicsObject):
         painter.setFont(body)
         y = 28.0
         for i, text in enumerate(lines[1:-2]):
-            colour = BORDERS[c.kind] if (i == 0 and c.kind != "ok") else "#404040"
-            painter.setPen(QColor(colour))
+            painter.setPen(border_colour(c.kind, pal) if (i == 0 and c.kind != "ok")
+                           else theme.muted(pal))
             painter.drawText(QRectF(10, y, CARD_W - 20, 18), Qt.AlignmentFlag.AlignLeft,
                              painter.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight,
                                                               int(CARD_W - 20)))
@@ -130,7 +150,7 @@ class NodeCardItem(QGraphicsObject):
         y += 5
         self._paint_bar(painter, QRectF(10, y, CARD_W - 20, 14))
         y += 2
-        painter.setPen(QColor("#404040"))
+        painter.setPen(theme.muted(pal))
         for text in lines[-2:]:
             y += 17
             painter.drawText(QRectF(10, y, CARD_W - 20, 18), Qt.AlignmentFlag.AlignLeft,
@@ -139,25 +159,26 @@ class NodeCardItem(QGraphicsObject):
 
     def _paint_bar(self, painter: QPainter, r: QRectF) -> None:
         bar = self.card.memory
+        pal = theme.palette()
         painter.setPen(Qt.PenStyle.NoPen)
-        painter.setBrush(QColor("#eeeeee"))
+        painter.setBrush(theme.colour("track", pal))
         painter.drawRect(r)
         if bar is None:
             return
         x = r.left()
-        for attr, colour, _ in SEGMENTS:
+        for attr, _ in SEGMENTS:
             w = r.width() * getattr(bar, attr) / bar.total
             if w > 0:
-                brush = QBrush(QColor(colour))
+                brush = QBrush(segment_colour(attr, pal))
                 if attr == "planned":
                     brush.setStyle(Qt.BrushStyle.Dense3Pattern)
                 painter.setBrush(brush)
                 painter.drawRect(QRectF(x, r.top(), w, r.height()))
             x += w
         if bar.overflow:  # the placement doesn't fit: the bar's end turns red
-            painter.setBrush(QColor("#d03b3b"))
+            painter.setBrush(theme.colour("error", pal))
             painter.drawRect(QRectF(r.right() - 6, r.top() - 2, 6, r.height() + 4))
-        painter.setPen(QPen(QColor("#707070"), 1))
+        painter.setPen(QPen(theme.muted(pal), 1))
         painter.setBrush(Qt.BrushStyle.NoBrush)
         painter.drawRect(r)
 
@@ -171,15 +192,19 @@ class EdgeItem(QGraphicsLineItem):
         self.setZValue(-1)
         self.box = QGraphicsRectItem()
         self.box.setZValue(2)
-        self.box.setBrush(QColor(255, 255, 255, 230))
-        self.box.setPen(QPen(QColor("#c8c8c8"), 1))
         self.label = QGraphicsSimpleTextItem(self.box)
         self.set_edge(edge)
 
     def set_edge(self, edge: LinkEdge) -> None:
         self.edge = edge
         rdma = edge.type == "thunderbolt-rdma"
-        self.setPen(QPen(QColor("#2f7fd8" if rdma else "#707070"), 3 if rdma else 2))
+        pal = theme.palette()
+        self.setPen(QPen(theme.series(0, pal) if rdma else theme.muted(pal), 3 if rdma else 2))
+        base = pal.color(QPalette.ColorRole.Base)
+        base.setAlpha(235)
+        self.box.setBrush(base)
+        self.box.setPen(QPen(pal.color(QPalette.ColorRole.Mid), 1))
+        self.label.setBrush(theme.text(pal))
         self.box.setToolTip("\n".join(edge.extra))  # why a cable carries no RDMA
         self.label.setText(edge.label)
         r = self.label.boundingRect()
@@ -192,8 +217,52 @@ class EdgeItem(QGraphicsLineItem):
         self.box.setPos(mid.x() - r.width() / 2, mid.y() - r.height() / 2)
 
 
+class AddMachineItem(QGraphicsObject):
+    """A dashed card beside a lone machine: how to add another (a click opens Settings)."""
+
+    clicked = Signal()
+    H = 150.0
+
+    def __init__(self):
+        super().__init__()
+        self.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.setToolTip("Open Settings → Cluster")
+
+    def boundingRect(self) -> QRectF:  # noqa: N802 - Qt's name
+        return QRectF(-2, -2, CARD_W + 4, self.H + 4)
+
+    def paint(self, painter: QPainter, option, widget=None) -> None:  # noqa: ANN001
+        pal = theme.palette()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        pen = QPen(theme.muted(pal), 1.5)
+        pen.setStyle(Qt.PenStyle.DashLine)
+        painter.setPen(pen)
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        painter.drawRoundedRect(QRectF(0, 0, CARD_W, self.H), 10, 10)
+        title = QFont(painter.font())
+        title.setBold(True)
+        painter.setFont(title)
+        painter.setPen(theme.text(pal))
+        painter.drawText(QRectF(10, 6, CARD_W - 20, 20), Qt.AlignmentFlag.AlignLeft,
+                         "+ " + ADD_MACHINE[0])
+        body = QFont(painter.font())
+        body.setBold(False)
+        body.setPointSizeF(max(body.pointSizeF() - 1, 7.0))
+        painter.setFont(body)
+        painter.setPen(theme.muted(pal))
+        painter.drawText(QRectF(10, 28, CARD_W - 20, self.H - 34),
+                         Qt.TextFlag.TextWordWrap | Qt.AlignmentFlag.AlignLeft, ADD_MACHINE[1])
+
+    def mousePressEvent(self, event: QGraphicsSceneMouseEvent) -> None:  # noqa: N802
+        self.clicked.emit()
+        event.accept()
+
+
 class TopologyView(QWidget):
-    """The scene plus the list of problems to fix; follows a ClusterState."""
+    """The scene plus the list of problems to fix; follows a ClusterState.
+    add_machine_requested: the user wants to pair another machine (open Settings)."""
+
+    add_machine_requested = Signal()
 
     def __init__(self, state: ClusterState, parent: QWidget | None = None):
         super().__init__(parent)
@@ -202,25 +271,51 @@ class TopologyView(QWidget):
         self.view = QGraphicsView(self.scene)
         self.view.setRenderHint(QPainter.RenderHint.Antialiasing)
         self.view.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.view.setAccessibleName("Machines and links")
         self.cards: dict[str, NodeCardItem] = {}
         self.edges: dict[frozenset[str], EdgeItem] = {}
+        self.add_card = AddMachineItem()
+        self.add_card.clicked.connect(self.add_machine_requested)
+        self.add_card.hide()
+        self.scene.addItem(self.add_card)
         self.empty = QLabel("Waiting for the node's topology…")
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.legend = QLabel(" ".join(
-            f'<span style="color:{colour}">■</span> {text}&nbsp;&nbsp;'
-            for _, colour, text in SEGMENTS))
+        self.legend = QLabel()
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.add_button = QPushButton("Add a machine…")
+        self.add_button.setToolTip(ADD_MACHINE[1])
+        self.add_button.setAccessibleName("Add a machine")
+        self.add_button.clicked.connect(self.add_machine_requested)
         self.problems = QLabel()
         self.problems.setObjectName("topologyProblems")
         self.problems.setWordWrap(True)
         self.problems.setTextFormat(Qt.TextFormat.PlainText)
-        self.problems.setStyleSheet("color: #b05a00;")
+        theme.set_role(self.problems, "warning")
+        foot = QHBoxLayout()
+        foot.addWidget(self.legend, 1)
+        foot.addWidget(self.add_button)
         layout = QVBoxLayout(self)
         layout.addWidget(self.empty)
         layout.addWidget(self.view, 1)
-        layout.addWidget(self.legend)
+        layout.addLayout(foot)
         layout.addWidget(self.problems)
         state.changed.connect(self.refresh)
+        self._legend()
         self.refresh()
+
+    def _legend(self) -> None:
+        pal = self.palette()
+        self.legend.setText(" ".join(
+            f'<span style="color:{segment_colour(attr, pal).name()}">■</span> '
+            f'{text}&nbsp;&nbsp;' for attr, text in SEGMENTS))
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._legend()
+            for edge in self.edges.values():
+                edge.set_edge(edge.edge)
+            self.scene.update()
 
     def refresh(self) -> None:
         cards = self.state.cards()
@@ -250,6 +345,7 @@ class TopologyView(QWidget):
                 item = self.edges[key] = EdgeItem(edge)
                 self.scene.addItem(item)
                 self.scene.addItem(item.box)
+        self.add_card.setVisible(sum(c.usable for c in cards) == 1)
         self._layout([c.id for c in cards])
         problems = [f"{c.name}: {w}" for c in cards for w in c.warnings]
         self.problems.setText("\n".join(problems))
@@ -270,7 +366,14 @@ class TopologyView(QWidget):
         for key, item in self.edges.items():
             a, b = sorted(key)
             item.place(centres[a], centres[b])
-        self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-20, -20, 20, 20))
+        if self.add_card.isVisible():  # beside the cards, on the right
+            right = max((c.x() + CARD_W for c in self.cards.values()), default=0.0)
+            self.add_card.setPos(right + 60, -AddMachineItem.H / 2)
+        shown = [i.sceneBoundingRect() for i in self.scene.items() if i.isVisible()]
+        rect = QRectF()
+        for r in shown:
+            rect = rect.united(r)
+        self.scene.setSceneRect(rect.adjusted(-20, -20, 20, 20))
         self._fit()
 
     def _fit(self) -> None:
