@@ -276,7 +276,8 @@ class ChatPane(QWidget):
         """Ctrl+L: straight to the model list."""
         self.model_picker.setFocus(Qt.FocusReason.ShortcutFocusReason)
         self.model_picker.lineEdit().selectAll()
-        self.model_picker.showPopup()
+        if self.model_picker.count():
+            self.model_picker.showPopup()
 
     # --- conversations --------------------------------------------------------------------
     def current(self) -> Conversation | None:

@@ -18,12 +18,14 @@ from app.chat import ChatPane
 from app.cluster_state import ClusterState
 from app.common import message_of
 from app.conversations import ConversationStore
+from app.developer import DeveloperPanel
 from app.metrics import Metrics
 from app.models_view import ModelsView
 from app.node import LocalNode, NodeStartError
 from app.settings import SettingsDialog, node_settings
 from app.status import StatusMonitor
 from app.tasks import Tasks
+from app.theme import APPEARANCE, Appearance
 from app.tray import Tray
 from app.window import MainWindow
 from engine.cli import DEFAULT_PORT
@@ -55,16 +57,23 @@ class ShoalApp(QObject):
                                   **({"interval": topology_interval}
                                      if topology_interval else {}))
         self.metrics = Metrics(parent=self)
+        self.appearance = Appearance(QApplication.instance(),
+                                     str(self.settings.value(APPEARANCE, "system")), self)
         self.tray = Tray(self, available=tray_available)
+        self.tray.set_api_url(f"{self.node.url}/v1")
         self.window = MainWindow(self.monitor, self.settings, self.tray.available)
         self.chat: ChatPane | None = None
         self.models_view: ModelsView | None = None
         self.placement = None
+        self.developer: DeveloperPanel | None = None
         self.settings_dialog: SettingsDialog | None = None
         self._shut_down = False
+        self._starting = True  # the start page shows until the model is ready
 
         self.monitor.changed.connect(self.tray.set_status)
         self.monitor.changed.connect(self.state.set_status)
+        self.monitor.changed.connect(self._follow_start)
+        self.metrics.changed.connect(lambda: self.tray.set_watts(self.metrics.cluster_watts_now()))
         self.state.poller.updated.connect(lambda _t: self.metrics.add_cards(self.state.cards()))
         self.state.changed.connect(self._summarise)
         self.tray.show_requested.connect(self.window.show_and_raise)
@@ -73,7 +82,12 @@ class ShoalApp(QObject):
         self.tray.settings_requested.connect(self.open_settings)
         self.window.quit_requested.connect(self.quit)
         self.window.settings_requested.connect(self.open_settings)
+        self.window.appearance_requested.connect(self.set_appearance)
+        self.window.new_chat_requested.connect(self.new_chat)
+        self.window.model_picker_requested.connect(self.pick_model)
+        self.window.stop_requested.connect(self._stop_reply)
         self.window.start_page.retry_requested.connect(self.start_node)
+        self.window.start_page.skip_requested.connect(self._started)
         app = QApplication.instance()
         app.setQuitOnLastWindowClosed(False)  # MainWindow.closeEvent decides
         app.aboutToQuit.connect(self.shutdown)
@@ -88,6 +102,7 @@ class ShoalApp(QObject):
         self.start_node()
 
     def start_node(self) -> None:
+        self._starting = True
         self.window.start_page.show_starting()
         self.window.show_start_page()
         self.monitor.set_local({"state": "starting"})
@@ -98,12 +113,24 @@ class ShoalApp(QObject):
             return
         if self.chat is None:
             self._build_views()
-        self.window.show_view("Chat")
         self.chat.refresh_models()
         self.placement.refresh_models()
         self.models_view.start()
         self.monitor.start()
         self.state.start()
+
+    def _follow_start(self, status: dict) -> None:
+        """The start page follows the node until its model is ready (or none loads)."""
+        if self._starting and self.chat is not None and \
+                self.window.start_page.follow(status):
+            self._started()
+
+    def _started(self) -> None:
+        if self.chat is None:
+            return
+        self._starting = False
+        self.window.show_view("Chat")
+        self.chat.prompt.setFocus()
 
     def _build_views(self) -> None:
         from app.charts import ChartsView  # pyqtgraph: imported once the node is up
@@ -116,16 +143,26 @@ class ShoalApp(QObject):
         self.topology = TopologyView(self.state)
         self.placement = PlacementView(client, self.tasks, self.state, logs_dir(self.home))
         self.charts = ChartsView(self.metrics)
+        self.developer = DeveloperPanel(self.node.url, self.node.api_key, logs_dir(self.home),
+                                        self.tasks)
         for title, view in (("Chat", self.chat), ("Models", self.models_view),
                             ("Topology", self.topology), ("Placement", self.placement),
-                            ("Charts", self.charts)):
+                            ("Charts", self.charts), ("Developer", self.developer)):
             self.window.add_view(title, view)
         self.monitor.changed.connect(self.chat.set_node_status)
         self.monitor.changed.connect(self.metrics.add_status)
+        self.monitor.changed.connect(self.developer.set_node_status)
+        self.chat.set_node_status(self.monitor.status)
         self.chat.reply_finished.connect(self.metrics.add_request)
         self.chat.reply_finished.connect(self.tray.set_speed)
+        self.chat.reply_finished.connect(self.placement.set_measured)
         self.chat.reply_progress.connect(self.metrics.add_live)
+        self.chat.reply_progress.connect(self.tray.set_live_speed)
+        self.chat.reply_ended.connect(self.metrics.end_live)
+        self.chat.request_done.connect(self.developer.add_request)
+        self.topology.add_machine_requested.connect(lambda: self.open_settings("Cluster"))
         self.models_view.downloading_changed.connect(self.tray.set_downloading)
+        self.models_view.download_progress.connect(self.tray.set_download)
         self.models_view.chat_requested.connect(self.chat_with)
         self.models_view.plan_requested.connect(self.plan_for)
         self.placement.launch.launched.connect(lambda _i: self.chat.refresh_models())
@@ -136,6 +173,36 @@ class ShoalApp(QObject):
         if self.state.status.get("model") != model:
             self.chat.load_model(model)
         self.window.show_view("Chat")
+
+    def new_chat(self) -> None:
+        """Ctrl+N: a new conversation, ready to type in."""
+        if self.chat is None:
+            return
+        self.window.show_view("Chat")
+        self.chat.new_conversation()
+
+    def pick_model(self) -> None:
+        """Ctrl+L: the model picker."""
+        if self.chat is None:
+            return
+        self.window.show_view("Chat")
+        self.chat.focus_model_picker()
+
+    def _stop_reply(self) -> None:
+        if self.chat is not None:
+            self.chat.stop()
+
+    def set_appearance(self, mode: str) -> None:
+        """Light, dark or the system's, at once (from the View menu or Settings)."""
+        self.settings.setValue(APPEARANCE, mode)
+        self.appearance.set_mode(mode)
+        self.window.sync_appearance(mode)
+        dialog = self.settings_dialog
+        if dialog is not None:
+            box = dialog.appearance_box
+            box.blockSignals(True)
+            box.setCurrentIndex(max(box.findData(mode), 0))
+            box.blockSignals(False)
 
     def plan_for(self, model: str) -> None:
         self.placement.choose_model(model)
@@ -156,12 +223,15 @@ class ShoalApp(QObject):
                        on_error=lambda e: log.warning("Stopping the model failed: %s",
                                                       message_of(e)))
 
-    def open_settings(self) -> None:
+    def open_settings(self, tab: str | None = None) -> None:
         if self.settings_dialog is None:
             self.settings_dialog = SettingsDialog(
                 self.home, self.settings, self.node.client, self.tasks, self.tray.available,
                 self.state.status.get("models_dir"), self.window)
             self.settings_dialog.finished.connect(self._settings_closed)
+            self.settings_dialog.appearance_changed.connect(self.set_appearance)
+        if tab:
+            self.settings_dialog.show_tab(tab)
         self.settings_dialog.show()
         self.settings_dialog.raise_()
 
@@ -289,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     qt_app.setApplicationName("Shoal")
     qt_app.setOrganizationName("Shoal")
     shoal = ShoalApp(home, args.port)
-    shoal.window.setWindowIcon(shoal.tray.icons["idle"])
+    shoal.window.setWindowIcon(shoal.tray.colour_icons["idle"])
 
     # Ctrl+C / SIGTERM take the same orderly path as Quit; the timer lets Python run
     # its signal handlers while Qt's event loop is in C++.

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, Qt, QUrl
+from PySide6.QtCore import QSettings, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QFormLayout,
@@ -39,8 +40,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import theme
 from app.common import message_of
 from app.tasks import Tasks
+from app.theme import APPEARANCE, MODES
 from engine.cli import DEFAULT_PORT
 from engine.client import NodeClient
 from engine.net import is_loopback
@@ -169,6 +172,8 @@ def check_api(host: str, key: str) -> str | None:
 
 # --- the dialog -----------------------------------------------------------------------------
 class SettingsDialog(QDialog):
+    appearance_changed = Signal(str)  # "system" | "light" | "dark", applied at once
+
     def __init__(self, home: Path, settings: QSettings, client: NodeClient, tasks: Tasks,
                  tray_available: bool, models_dir: str | None = None,
                  parent: QWidget | None = None):
@@ -190,30 +195,41 @@ class SettingsDialog(QDialog):
         self.load_secret()
         self.refresh_peers()
 
+    def show_tab(self, title: str) -> None:
+        for i in range(self.tabs.count()):
+            if self.tabs.tabText(i) == title:
+                self.tabs.setCurrentIndex(i)
+
     # --- cluster: secret and peers --------------------------------------------------------
     def _cluster_tab(self) -> QWidget:
         self.secret_edit = QLineEdit()
         self.secret_edit.setReadOnly(True)
         self.secret_edit.setEchoMode(QLineEdit.EchoMode.Password)
         self.secret_edit.setPlaceholderText("reading…")
+        self.secret_edit.setAccessibleName("Cluster secret")
         self.show_secret = QPushButton("Show")
         self.show_secret.setCheckable(True)
+        self.show_secret.setAccessibleName("Show the cluster secret")
         self.show_secret.toggled.connect(self._reveal)
         self.copy_secret = QPushButton("Copy")
+        self.copy_secret.setAccessibleName("Copy the cluster secret")
         self.copy_secret.clicked.connect(self._copy_secret)
         self.rotate_secret = QPushButton("Rotate…")
         self.rotate_secret.clicked.connect(self._ask_rotate)
         self.secret_info = QLabel()
         self.secret_info.setWordWrap(True)
-        self.secret_info.setStyleSheet("color: gray;")
+        theme.set_role(self.secret_info, "muted")
         row = QHBoxLayout()
         for w in (self.secret_edit, self.show_secret, self.copy_secret, self.rotate_secret):
             row.addWidget(w)
         self.peer_list = QListWidget()
+        self.peer_list.setAccessibleName("Peers")
         self.peer_edit = QLineEdit()
         self.peer_edit.setPlaceholderText("host:port of another node (its cluster port)")
+        self.peer_edit.setAccessibleName("Address of a peer to add")
         self.peer_edit.returnPressed.connect(self.add_peer)
         self.add_peer_button = QPushButton("Add")
+        self.add_peer_button.setAccessibleName("Add the peer")
         self.add_peer_button.clicked.connect(self.add_peer)
         self.peer_message = QLabel()
         self.peer_message.setWordWrap(True)
@@ -335,7 +351,7 @@ class SettingsDialog(QDialog):
         problem = check_api(host, key) or check_origins(origins) or check_hosts(hosts)
         if problem:
             self.api_message.setText(problem)
-            self.api_message.setStyleSheet("color: #d03b3b;")
+            theme.set_role(self.api_message, "error")
             return False
         self.settings.setValue(NODE_HOST, host)
         self.settings.setValue(NODE_PORT, self.port_spin.value())
@@ -343,12 +359,12 @@ class SettingsDialog(QDialog):
             where = store_api_key(self.settings, key or None)
         except OSError as e:
             self.api_message.setText(f"Couldn't store the API key: {e}")
-            self.api_message.setStyleSheet("color: #d03b3b;")
+            theme.set_role(self.api_message, "error")
             return False
         self.settings.setValue(NODE_CORS, " ".join(origins))
         self.settings.setValue(NODE_HOSTS, " ".join(hosts))
         self.settings.sync()
-        self.api_message.setStyleSheet("")
+        theme.set_role(self.api_message, None)
         kept = f" The key is kept in {where}." if key else ""
         self.api_message.setText(f"Saved in {self.settings.fileName()}; applied the next "
                                  f"time Shoal starts its node.{kept}")
@@ -359,7 +375,9 @@ class SettingsDialog(QDialog):
         folder = models_dir or str(self.home / "models")
         self.models_dir = QLineEdit(folder)
         self.models_dir.setReadOnly(True)
+        self.models_dir.setAccessibleName("Models folder")
         open_button = QPushButton("Open")
+        open_button.setAccessibleName("Open the models folder")
         open_button.clicked.connect(
             lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(self.models_dir.text())))
         row = QHBoxLayout()
@@ -367,6 +385,7 @@ class SettingsDialog(QDialog):
         row.addWidget(open_button)
         self.token_edit = QLineEdit()
         self.token_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token_edit.setAccessibleName("Hugging Face token")
         self.token_edit.setPlaceholderText("hf_… (for gated models; kept in the keyring)")
         self.token_button = QPushButton("Save token")
         self.token_button.clicked.connect(self.save_token)
@@ -438,9 +457,20 @@ class SettingsDialog(QDialog):
         self.menubar_box.toggled.connect(self._set_menubar_only)
         note = QLabel("" if tray_available else "This desktop has no tray, so closing the "
                       "window quits Shoal.")
-        note.setStyleSheet("color: gray;")
+        theme.set_role(note, "muted")
+        self.appearance_box = QComboBox()
+        self.appearance_box.setAccessibleName("Appearance")
+        for key, text in MODES:
+            self.appearance_box.addItem(text, key)
+        self.appearance_box.setCurrentIndex(max(self.appearance_box.findData(
+            str(self.settings.value(APPEARANCE, "system"))), 0))
+        self.appearance_box.currentIndexChanged.connect(
+            lambda _i: self.appearance_changed.emit(self.appearance_box.currentData()))
+        look = QFormLayout()
+        look.addRow("&Appearance:", self.appearance_box)
         tab = QWidget()
         layout = QVBoxLayout(tab)
+        layout.addLayout(look)
         layout.addWidget(self.keep_box)
         layout.addWidget(self.login_box)
         layout.addWidget(self.menubar_box)

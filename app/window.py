@@ -1,62 +1,20 @@
-"""The main window: a start-up page until the node answers, then the views in tabs
-(Chat, Models, Topology, Placement, Charts)."""
+"""The main window: a start-up page until the node answers and its model is ready, then
+the views in tabs (Chat, Models, Topology, Placement, Charts, Developer), with the
+keyboard shortcuts and the appearance menu."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QFontDatabase, QKeySequence
-from PySide6.QtWidgets import (
-    QLabel,
-    QMainWindow,
-    QPlainTextEdit,
-    QPushButton,
-    QStackedWidget,
-    QTabWidget,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtCore import QSettings, QSize, Qt, Signal
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import QMainWindow, QStackedWidget, QTabWidget, QWidget
 
 from app.settings import KEEP_IN_TRAY
+from app.startup import StartPage
 from app.status import StatusLabel, StatusMonitor
+from app.theme import APPEARANCE, MODES
 
 __all__ = ["KEEP_IN_TRAY", "MainWindow", "StartPage"]
-
-
-class StartPage(QWidget):
-    """'Starting node…', or why the node didn't start, with the end of its log."""
-
-    retry_requested = Signal()
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        layout = QVBoxLayout(self)
-        self.title = QLabel("Starting node…")
-        self.title.setStyleSheet("font-size: 16pt;")
-        self.title.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.reason = QLabel()
-        self.reason.setWordWrap(True)
-        self.log_view = QPlainTextEdit()
-        self.log_view.setReadOnly(True)
-        self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.retry_button = QPushButton("Try again")
-        self.retry_button.clicked.connect(self.retry_requested)
-        layout.addStretch(1)
-        for w in (self.title, self.reason, self.log_view, self.retry_button):
-            layout.addWidget(w)
-        layout.addStretch(1)
-        self.show_starting()
-
-    def show_starting(self) -> None:
-        self.title.setText("Starting node…")
-        for w in (self.reason, self.log_view, self.retry_button):
-            w.hide()
-
-    def show_failure(self, reason: str, log_tail: str, log_path: str) -> None:
-        self.title.setText("The local node didn't start")
-        self.reason.setText(f"{reason}\nIts output is in {log_path}; the end of it is below.")
-        self.log_view.setPlainText(log_tail or "(the node wrote nothing)")
-        for w in (self.reason, self.log_view, self.retry_button):
-            w.show()
+MINIMUM = QSize(900, 600)  # a small laptop's window, with room for the desktop's bars
 
 
 class MainWindow(QMainWindow):
@@ -65,23 +23,39 @@ class MainWindow(QMainWindow):
 
     quit_requested = Signal()
     settings_requested = Signal()
+    appearance_requested = Signal(str)  # "system" | "light" | "dark"
+    new_chat_requested = Signal()
+    model_picker_requested = Signal()
+    stop_requested = Signal()
 
     def __init__(self, monitor: StatusMonitor, settings: QSettings, tray_available: bool,
                  parent: QWidget | None = None):
         super().__init__(parent)
         self.settings, self.tray_available = settings, tray_available
         self.setWindowTitle("Shoal")
+        self.setMinimumSize(MINIMUM)
         self.resize(1100, 760)
         self.pages = QStackedWidget()
         self.start_page = StartPage()
         self.pages.addWidget(self.start_page)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
+        self.tabs.setAccessibleName("Views")
         self.pages.addWidget(self.tabs)
         self.setCentralWidget(self.pages)
         self.statusBar().addWidget(StatusLabel(monitor), 1)
         self.views: dict[str, QWidget] = {}
+        self.view_actions: list[QAction] = []
         self._build_menu()
+
+    def _action(self, text: str, keys: str | QKeySequence.StandardKey | None,
+                signal: Signal, menu) -> QAction:  # noqa: ANN001 - a QMenu
+        action = QAction(text, self)
+        if keys is not None:
+            action.setShortcut(QKeySequence(keys))
+        action.triggered.connect(signal)
+        menu.addAction(action)
+        return action
 
     def _build_menu(self) -> None:
         menu = self.menuBar().addMenu("&Shoal")
@@ -92,19 +66,41 @@ class MainWindow(QMainWindow):
         self.keep_action.toggled.connect(
             lambda on: self.settings.setValue(KEEP_IN_TRAY, bool(on)))
         menu.addAction(self.keep_action)
-        self.settings_action = QAction("&Settings…", self)
-        self.settings_action.setShortcut(QKeySequence("Ctrl+,"))
+        self.settings_action = self._action("&Settings…", "Ctrl+,", self.settings_requested,
+                                            menu)
         self.settings_action.setMenuRole(QAction.MenuRole.PreferencesRole)
-        self.settings_action.triggered.connect(self.settings_requested)
-        menu.addAction(self.settings_action)
         menu.addSeparator()
-        self.quit_action = QAction("&Quit Shoal", self)
+        self.quit_action = self._action("&Quit Shoal", "Ctrl+Q", self.quit_requested, menu)
         # Explicit: StandardKey.Quit is empty on some platforms. "Ctrl" is Cmd on macOS.
-        self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
         self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
         self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
-        self.quit_action.triggered.connect(self.quit_requested)
-        menu.addAction(self.quit_action)
+
+        chat = self.menuBar().addMenu("&Chat")
+        self.new_chat_action = self._action("&New conversation", "Ctrl+N",
+                                            self.new_chat_requested, chat)
+        self.model_action = self._action("Choose &model…", "Ctrl+L",
+                                         self.model_picker_requested, chat)
+        self.stop_action = self._action("&Stop the reply", "Esc", self.stop_requested, chat)
+
+        view = self.menuBar().addMenu("&View")
+        self.views_menu = view
+        view.addSeparator()
+        appearance = view.addMenu("&Appearance")
+        group = QActionGroup(self)
+        current = str(self.settings.value(APPEARANCE, "system"))
+        self.appearance_actions: dict[str, QAction] = {}
+        for key, text in MODES:
+            a = QAction(text, self, checkable=True)
+            a.setChecked(key == current)
+            a.triggered.connect(lambda _on=False, k=key: self.appearance_requested.emit(k))
+            group.addAction(a)
+            appearance.addAction(a)
+            self.appearance_actions[key] = a
+
+    def sync_appearance(self, mode: str) -> None:
+        action = self.appearance_actions.get(mode)
+        if action is not None:
+            action.setChecked(True)
 
     def keep_in_tray(self) -> bool:
         return self.tray_available and str(self.settings.value(KEEP_IN_TRAY, False)).lower() in (
@@ -117,8 +113,17 @@ class MainWindow(QMainWindow):
         self.keep_action.blockSignals(False)
 
     def add_view(self, title: str, view: QWidget) -> None:
+        """A tab, reached with Ctrl+1, Ctrl+2, ... in order (and from the View menu)."""
         self.views[title] = view
         self.tabs.addTab(view, title)
+        n = len(self.views)
+        action = QAction(title, self)
+        if n <= 9:
+            action.setShortcut(QKeySequence(f"Ctrl+{n}"))
+        action.triggered.connect(lambda _on=False, t=title: self.show_view(t))
+        first_separator = self.views_menu.actions()[len(self.view_actions)]
+        self.views_menu.insertAction(first_separator, action)
+        self.view_actions.append(action)
 
     def show_view(self, title: str) -> None:
         self.tabs.setCurrentWidget(self.views[title])
@@ -126,6 +131,9 @@ class MainWindow(QMainWindow):
 
     def show_start_page(self) -> None:
         self.pages.setCurrentWidget(self.start_page)
+
+    def showing_start_page(self) -> bool:
+        return self.pages.currentWidget() is self.start_page
 
     def show_and_raise(self) -> None:
         self.showNormal()

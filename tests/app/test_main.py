@@ -54,7 +54,7 @@ def test_starts_its_node_and_stops_it_on_quit(qtbot, make_app, port, node_comman
     qtbot.waitUntil(lambda: shoal.chat.model_picker.findText("tiny-llama") >= 0)
     tabs = shoal.window.tabs
     assert [tabs.tabText(i) for i in range(tabs.count())] == [
-        "Chat", "Models", "Topology", "Placement", "Charts"]
+        "Chat", "Models", "Topology", "Placement", "Charts", "Developer"]
     qtbot.waitUntil(lambda: len(shoal.topology.cards) == 1, timeout=10000)
     assert shoal.tray.cluster_action.text() == "Cluster: 1 machine"
 
