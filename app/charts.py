@@ -133,9 +133,7 @@ class ChartsView(QWidget):
                 axis = p.getAxis(side)
                 axis.setPen(fg)
                 axis.setTextPen(fg)
-            legend = p.getPlotItem().legend
-            if legend is not None:
-                legend.setLabelTextColor(fg)
+            self._legend_colour(p, fg)
         points = {self.tps_curve: 0, self.ttft_curve: 3, self.energy_curve: 4,
                   self.cached_curve: 1}
         for curve, i in points.items():
@@ -149,6 +147,15 @@ class ChartsView(QWidget):
         self.cluster_curve.setPen(pg.mkPen(fg, width=3))
         for curve in self.node_curves.values():
             curve.setPen(pg.mkPen(theme.series(curve.series_index, pal), width=2))
+
+    @staticmethod
+    def _legend_colour(plot: pg.PlotWidget, colour) -> None:  # noqa: ANN001 - a QColor
+        legend = plot.getPlotItem().legend
+        if legend is None:
+            return
+        legend.setLabelTextColor(colour)
+        for _sample, label in legend.items:  # pyqtgraph repaints a label only on setText
+            label.setText(label.text, color=colour.name())
 
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
         super().changeEvent(event)
@@ -217,6 +224,7 @@ class ChartsView(QWidget):
             curve = plot.plot([], [], name=name, pen=pg.mkPen(theme.series(i), width=2))
             curve.series_index = i
             self.node_curves[key] = curve
+            self._legend_colour(plot, self.palette().color(QPalette.ColorRole.Text))
         return self.node_curves[key]
 
     @staticmethod

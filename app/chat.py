@@ -29,9 +29,11 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
+from app.common import buddy
 from app.common import message_of as _message_of
 from app.conversations import Conversation, ConversationStore, Message
 from app.messages import MessageView, PromptEdit
+from app.status import BUSY, runner_text
 from app.tasks import StreamTask, Tasks
 from engine.client import ChatDelta, NodeClient
 
@@ -40,28 +42,6 @@ NODE_DEFAULT = "node default"
 DEFAULT_MAX_TOKENS = 1024  # long enough for most answers; a runaway stops, Continue goes on
 CONTINUE_PROMPT = ("Continue exactly where your last answer stopped, without repeating "
                    "anything or saying that you continue.")
-BUSY = ("Preparing", "Loading")  # runner types during which a reply waits for the model
-
-
-def _buddy(text: str, control: QWidget) -> QLabel:
-    """A label tied to its control: Alt+letter focuses it, screen readers read it."""
-    label = QLabel(text)
-    label.setBuddy(control)
-    return label
-
-
-def runner_text(runner: dict[str, Any]) -> str | None:
-    """What the node is doing before it can answer, in a few words: 'importing the
-    default model (40%)', 'loading 12/30 layers'; None when it is ready or idle."""
-    kind = runner.get("type")
-    if kind == "Preparing":
-        done, total = int(runner.get("done") or 0), int(runner.get("total") or 0)
-        step = str(runner.get("step") or "preparing the model")
-        return f"{step} ({100 * done // total}%)" if total else step
-    if kind == "Loading":
-        done, total = runner.get("layers_done") or 0, runner.get("layers_total") or 0
-        return f"loading {done}/{total} layers" if total else "starting the worker"
-    return None
 
 
 class ChatPane(QWidget):
@@ -93,6 +73,8 @@ class ChatPane(QWidget):
     def _build(self) -> None:
         self.conversation_list = QListWidget()
         self.conversation_list.setAccessibleName("Conversations")
+        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.conversation_list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.conversation_list.currentItemChanged.connect(self._on_select)
         self.new_button = QPushButton("New")
         self.new_button.setToolTip("New conversation (Ctrl+N)")
@@ -163,7 +145,7 @@ class ChatPane(QWidget):
         rv = QVBoxLayout(right)
         rv.setContentsMargins(0, 0, 0, 0)
         top = QHBoxLayout()
-        top.addWidget(_buddy("&Model:", self.model_picker))
+        top.addWidget(buddy("&Model:", self.model_picker))
         top.addWidget(self.model_picker, 1)
         top.addWidget(self.model_state)
         rv.addLayout(top)
@@ -171,7 +153,7 @@ class ChatPane(QWidget):
         sampling = QHBoxLayout()
         for text, box in (("&Temperature:", self.temperature), ("Top &p:", self.top_p),
                           ("Max t&okens:", self.max_tokens)):
-            sampling.addWidget(_buddy(text, box))
+            sampling.addWidget(buddy(text, box))
             sampling.addWidget(box)
         sampling.addStretch(1)
         rv.addLayout(sampling)

@@ -1,6 +1,9 @@
-"""Small helpers every view shares: error text, byte and rate formatting."""
+"""Small helpers every view shares: error text, byte and rate formatting, labels tied to
+their controls."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from engine.errors import ModelNotFound, ShoalError
 
@@ -46,3 +49,12 @@ def fmt_tps(tps: float | None) -> str:
     if tps is None:
         return "?"
     return f"{tps:,.0f}" if tps >= 100 else f"{tps:.1f}"
+
+
+def buddy(text: str, control: Any) -> Any:
+    """A QLabel tied to its control: Alt+letter focuses the control, and screen readers
+    read the label as the control's name."""
+    from PySide6.QtWidgets import QLabel
+    label = QLabel(text)
+    label.setBuddy(control)
+    return label

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.codeblock import CopyButton
+from app.common import buddy
 
 AGENTS = (("claude", "Claude Code"), ("codex", "Codex CLI"), ("opencode", "OpenCode"),
           ("continue", "Continue"), ("openwebui", "Open WebUI"), ("curl", "curl"))
@@ -135,16 +136,16 @@ class DeveloperPanel(QWidget):
         self.log_dialog = None
 
         form = QFormLayout()
-        form.addRow(self._label("API &address:", self.address), _copy_row(self.address,
+        form.addRow(buddy("API &address:", self.address), _copy_row(self.address,
                                                                            "the API address"))
-        form.addRow(self._label("Model &id:", self.model_field), _copy_row(self.model_field,
+        form.addRow(buddy("Model &id:", self.model_field), _copy_row(self.model_field,
                                                                             "the model id"))
         form.addRow("API key:", self.key_state)
         agent_row = QHBoxLayout()
         agent_row.addWidget(self.agent_box)
         agent_row.addStretch(1)
         agent_row.addWidget(self.copy_snippet)
-        form.addRow(self._label("&Settings for:", self.agent_box), agent_row)
+        form.addRow(buddy("&Settings for:", self.agent_box), agent_row)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.snippet, 2)
@@ -165,12 +166,6 @@ class DeveloperPanel(QWidget):
         edit.setReadOnly(True)
         edit.setAccessibleName(name)
         return edit
-
-    @staticmethod
-    def _label(text: str, buddy: QWidget) -> QLabel:
-        label = QLabel(text)
-        label.setBuddy(buddy)
-        return label
 
     def set_node_status(self, status: dict[str, Any]) -> None:
         """Follow the node: the model it has loaded and that model's context."""

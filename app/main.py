@@ -152,6 +152,7 @@ class ShoalApp(QObject):
         self.monitor.changed.connect(self.chat.set_node_status)
         self.monitor.changed.connect(self.metrics.add_status)
         self.monitor.changed.connect(self.developer.set_node_status)
+        self.monitor.changed.connect(self.models_view.follow_status)
         self.chat.set_node_status(self.monitor.status)
         self.chat.reply_finished.connect(self.metrics.add_request)
         self.chat.reply_finished.connect(self.tray.set_speed)

@@ -101,6 +101,7 @@ class ModelsView(QWidget):
         self.downloading = False
         self.chat_after: dict[str, str] = {}  # download id -> model to chat with when done
         self.items: dict[str, QTreeWidgetItem] = {}
+        self._ready: str | None = None  # the model the node last reported ready
 
         self.search_edit = QLineEdit()
         self.search_edit.setPlaceholderText("Filter, or search the Hugging Face Hub with "
@@ -174,6 +175,16 @@ class ModelsView(QWidget):
         """The local list, and the catalog (or the current search) with what is on disk."""
         self.refresh_local()
         self.search()
+
+    def follow_status(self, status: dict[str, Any]) -> None:
+        """A model the node just made ready (the default one imported on first run, a
+        load) joins the list, downloaded."""
+        runner = status.get("runner") or {}
+        ready = runner.get("model") if runner.get("type") == "Ready" else None
+        if ready and ready != self._ready and self.hub_available is not None and \
+                ready not in self.items:
+            self.refresh()
+        self._ready = ready
 
     def refresh_local(self) -> None:
         self.tasks.run(self.client.models, on_done=self._fill_local,

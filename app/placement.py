@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.cluster_state import ClusterState
-from app.common import fmt_bytes, fmt_tps, message_of
+from app.common import buddy, fmt_bytes, fmt_tps, message_of
 from app.launch import LaunchPanel
 from app.strips import LayerStrips
 from app.tasks import Tasks
@@ -42,12 +42,6 @@ DEBOUNCE_MS = 120
 STRATEGIES = (("pipeline", "Pipeline (layers split across nodes)"),
               ("tensor", "Tensor (every layer split across nodes)"))
 BACKENDS = (("ring", "Ring (TCP)"), ("jaccl", "RDMA (jaccl, Thunderbolt 5)"))
-
-
-def _buddy(text: str, control: QWidget) -> QLabel:
-    label = QLabel(text)
-    label.setBuddy(control)
-    return label
 
 
 def merge_notes(notes: list[str]) -> list[str]:
@@ -128,15 +122,15 @@ class PlacementView(QWidget):
         form = QFormLayout()
         row = QHBoxLayout()
         row.addWidget(self.model_box, 1)
-        row.addWidget(_buddy("Con&text:", self.context_spin))
+        row.addWidget(buddy("Con&text:", self.context_spin))
         row.addWidget(self.context_spin)
-        form.addRow(_buddy("&Model:", self.model_box), row)
+        form.addRow(buddy("&Model:", self.model_box), row)
         row = QHBoxLayout()
         row.addWidget(self.strategy_box, 1)
-        row.addWidget(_buddy("&Backend:", self.backend_box))
+        row.addWidget(buddy("&Backend:", self.backend_box))
         row.addWidget(self.backend_box, 1)
         row.addWidget(self.best_button)
-        form.addRow(_buddy("St&rategy:", self.strategy_box), row)
+        form.addRow(buddy("St&rategy:", self.strategy_box), row)
         form.addRow("&Nodes:", self.node_list)
 
         self.strips = LayerStrips()

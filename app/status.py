@@ -23,6 +23,21 @@ log = logging.getLogger(__name__)
 
 # Beyond the node's own states: "starting" (we wait for it) and "unreachable" (no answer).
 STATES = ("starting", "idle", "loading", "generating", "error", "stopped", "unreachable")
+BUSY = ("Preparing", "Loading")  # runner types during which a request waits for the model
+
+
+def runner_text(runner: dict[str, Any]) -> str | None:
+    """What the node is doing before it can answer, in a few words: 'importing the
+    default model (40%)', 'loading 12/30 layers'; None when it is ready or idle."""
+    kind = runner.get("type")
+    if kind == "Preparing":
+        done, total = int(runner.get("done") or 0), int(runner.get("total") or 0)
+        step = str(runner.get("step") or "preparing the model")
+        return f"{step} ({100 * done // total}%)" if total else step
+    if kind == "Loading":
+        done, total = runner.get("layers_done") or 0, runner.get("layers_total") or 0
+        return f"loading {done}/{total} layers" if total else "starting the worker"
+    return None
 
 
 def poll_status(url: str, stop: threading.Event, interval: float = 1.0,
@@ -88,6 +103,9 @@ def describe(status: dict[str, Any]) -> str:
     parts = [words.get(state, f"Node: {state}")]
     if status.get("model"):
         parts.append(str(status["model"]))
+    busy = runner_text(status.get("runner") or {})
+    if busy:
+        parts.append(busy)
     if status.get("version"):
         parts.append(f"v{status['version']}")
     if status.get("error"):

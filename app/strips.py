@@ -13,11 +13,6 @@ from app import theme
 NAME_W, ROW_H, GAP, TOP, GRAB_PX = 150.0, 30.0, 10.0, 22.0, 7.0
 
 
-def on(colour: QColor) -> QColor:
-    """Black or white, whichever reads on `colour`."""
-    return QColor("#000000") if colour.lightnessF() > 0.6 else QColor("#ffffff")
-
-
 class LayerStrips(QWidget):
     """ranges_changed(list[(start, end)]) while a boundary is dragged; drag_finished()
     when the mouse lets go."""
@@ -159,7 +154,7 @@ class LayerStrips(QWidget):
             if bar.width() > 0:
                 p.drawRoundedRect(bar, 4, 4)
             inside = self.strategy != "tensor" and bar.width() > 60
-            p.setPen(on(colour) if inside else text)
+            p.setPen(theme.readable_on(colour) if inside else text)
             p.drawText(bar if bar.width() > 60 else row, Qt.AlignmentFlag.AlignCenter,
                        self._range_text(start, end))
         if self.draggable:

@@ -70,6 +70,11 @@ def syntax(kind: str, pal: QPalette | None = None) -> QColor:
     return QColor(dark if is_dark(pal) else light)
 
 
+def readable_on(background: QColor) -> QColor:
+    """Black or white, whichever reads on `background`."""
+    return QColor("#000000") if background.lightnessF() > 0.6 else QColor("#ffffff")
+
+
 def text(pal: QPalette | None = None) -> QColor:
     return (pal or palette()).color(QPalette.ColorRole.WindowText)
 

@@ -133,3 +133,38 @@ def _missing_route():
     e = ShoalError("Not Found: GET /shoal/hub/catalog", code="404")
     e.status = 404
     return e
+
+
+class Catalog:
+    """A node client with a catalog, which gains the default model once it is imported."""
+
+    base_url = "http://127.0.0.1:9"  # never polled: the test asks for the list itself
+
+    def __init__(self):
+        self.entries = [{"id": "mlx-community/Qwen3-4B-4bit", "name": "Qwen3 4B",
+                         "size_bytes": 2 * 10**9, "quantization": "4bit", "local": []}]
+
+    def models(self):
+        return []
+
+    def hub_catalog(self):
+        return {"models": list(self.entries), "hub_error": None}
+
+
+def test_a_model_made_ready_joins_the_list_as_downloaded(qtbot):
+    tasks = Tasks()
+    client = Catalog()
+    view = ModelsView(client, tasks, ClusterState(tasks, client))
+    qtbot.addWidget(view)
+    view.refresh()
+    qtbot.waitUntil(lambda: rows(view) == ["mlx-community/Qwen3-4B-4bit"], timeout=5000)
+    # The node finishes importing the bundled model on first run and loads it.
+    client.entries.insert(0, {"id": "SmolLM2-135M-Instruct", "source": "local",
+                              "local": [{"source": "shoal", "path": "/m/SmolLM2"}]})
+    view.follow_status({"state": "idle", "runner": {"type": "Ready",
+                                                    "model": "SmolLM2-135M-Instruct"}})
+    qtbot.waitUntil(lambda: "SmolLM2-135M-Instruct" in rows(view), timeout=5000)
+    assert view.tree.topLevelItem(0).text(0) == "SmolLM2"  # downloaded models come first
+    assert "downloaded" in view.badges_of("SmolLM2-135M-Instruct")
+    assert view.action_button("SmolLM2-135M-Instruct").text() == "Chat"
+    assert tasks.wait(5000)

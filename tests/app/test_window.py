@@ -5,7 +5,7 @@ the Developer panel and the tray's additions."""
 
 import pytest
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAccessible, QGuiApplication, QPalette
+from PySide6.QtGui import QAccessible, QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QAbstractButton, QApplication, QWidget
 
 from app import theme
@@ -93,6 +93,9 @@ def test_light_dark_and_back_while_running(qtbot, shoal):
         assert (strip_text.lightness() > 150) is dark  # names readable on the background
         bg = shoal.charts.tps.backgroundBrush().color()
         assert (bg.lightness() < 100) is dark
+        legend = shoal.charts.tps.getPlotItem().legend
+        assert all((QColor(label.opts["color"]).lightness() > 150) is dark
+                   for _sample, label in legend.items)
     shoal.window.appearance_actions["system"].trigger()
     assert shoal.appearance.mode == "system"
 
