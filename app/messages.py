@@ -33,7 +33,7 @@ __all__ = ["CodeBlock", "MessageView", "MessageWidget", "PromptEdit", "format_st
 
 
 def format_stats(stats: dict[str, Any]) -> str:
-    """The line under a reply, e.g. '41.2 tokens/s · first token after 6.30 s (5.1 s
+    """The line under a reply, e.g. '41.2 tokens/s · first token after 6.30 s (5.1 s of it
     loading the model) · 64 tokens'. The wait is the one the user had, from Send."""
     parts = []
     if stats.get("stopped"):
@@ -46,7 +46,8 @@ def format_stats(stats: dict[str, Any]) -> str:
     if wait is not None:
         text = f"first token after {wait:.2f} s"
         if stats.get("load_s"):
-            text += f" ({stats['load_s']:.1f} s loading the model)"
+            load = int(min(stats["load_s"], wait) * 10) / 10  # never more than the wait
+            text += f" ({load:.1f} s of it loading the model)"
         parts.append(text)
     if stats.get("completion_tokens") is not None:
         parts.append(f"{stats['completion_tokens']} tokens")
@@ -199,8 +200,8 @@ class MessageWidget(QFrame):
             else:
                 w.setText(part.text)
         self._drop(len(parts))
-        if self.segments:
-            self.segments[0].setVisible(bool(m.content) or m.error is None)
+        if self.segments:  # an empty reply shows its pending line or error, no blank line
+            self.segments[0].setVisible(bool(m.content))
         self._show_reasoning()
         stats = format_stats(m.stats)
         self.stats_label.setText(stats)

@@ -361,3 +361,14 @@ def test_system_prompt_sampling_and_regenerate(qtbot, make_pane, tiny_node, home
         last_reply(pane).stats_label.text()
     assert "tokens cached" in last_reply(pane).stats_label.text()  # the resend hit the cache
     assert ConversationStore(home).conversations[0].system == "Answer in one word."
+
+
+def test_the_stats_line_gives_the_wait_from_send():
+    from app.messages import format_stats
+    assert format_stats({"generation_tps": 41.25, "wait_s": 6.3, "ttft_s": 1.15,
+                         "load_s": 5.14, "completion_tokens": 64}) == (
+        "41.2 tokens/s · first token after 6.30 s (5.1 s of it loading the model) · 64 tokens")
+    # A status poll may see the model ready a moment after the first token came.
+    assert "(3.8 s of it loading" in format_stats({"wait_s": 3.85, "load_s": 3.91})
+    assert format_stats({"ttft_s": 0.2, "finish_reason": "length"}) == (
+        "Stopped at the length limit · first token after 0.20 s")
