@@ -12,9 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import ShoalError
+from engine.net import DEFAULT_PORT
 from engine.paths import default_home, ensure, logs_dir, models_dir
-
-DEFAULT_PORT = 8421
 
 
 def _setup_logging(home: Path | None, name: str, verbose: bool) -> None:

@@ -14,17 +14,21 @@ class ShoalError(Exception):
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 node: str | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.node = node  # the cluster node the failure is on, where one is to blame
         if code is not None:
             self.code = code
 
     def to_openai(self) -> dict[str, Any]:
-        """The OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
-        return {"error": {"message": self.message, "type": self.type,
-                          "param": self.param, "code": self.code}}
+        """The OpenAI error body: {"error": {"message", "type", "param", "code"}}, with
+        "node" (its id) when a cluster node is to blame."""
+        body = {"message": self.message, "type": self.type, "param": self.param,
+                "code": self.code}
+        return {"error": {**body, **({"node": self.node} if self.node else {})}}
 
     @classmethod
     def from_openai(cls, body: dict[str, Any], status: int) -> ShoalError:
@@ -33,8 +37,10 @@ class ShoalError(Exception):
         code = err.get("code")
         for sub in _all_subclasses(ShoalError):
             if sub.code is not None and sub.code == code:
-                return sub(err.get("message", ""), param=err.get("param"))
-        e = cls(err.get("message") or f"HTTP {status}", param=err.get("param"), code=code)
+                return sub(err.get("message", ""), param=err.get("param"),
+                           node=err.get("node"))
+        e = cls(err.get("message") or f"HTTP {status}", param=err.get("param"), code=code,
+                node=err.get("node"))
         e.status = status
         return e
 

@@ -22,23 +22,42 @@ class Message:
     def fields(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    # Read access by name, for callers that still treat messages as dicts.
-    def get(self, name: str, default: Any = None) -> Any:
-        if name == self.key:
-            return self.tag
-        if hasattr(self, name):
-            return getattr(self, name)
-        return (getattr(self, "extra", None) or {}).get(name, default)
-
-    def __getitem__(self, name: str) -> Any:
-        missing = object()
-        v = self.get(name, missing)
-        if v is missing:
-            raise KeyError(name)
-        return v
-
 
 # --- node → worker -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SamplingRequest:
+    """What a client asked of the sampler, whatever its protocol; None: the default. The
+    worker turns it into engine.runtime.sampling.Sampling once the prompt's length is
+    known (max_tokens is capped by what the context has left)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    logprobs: int | None = None  # None: none; k: the chosen token's and the top k
+    constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
+    context_limit: int | None = None  # Ollama's num_ctx: a smaller window than the model's
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> SamplingRequest:
+        """From the API's fields (or the pipe's JSON): lists become tuples, and a logit
+        bias keyed by token id strings (as OpenAI sends it) becomes pairs."""
+        f = {k: v for k, v in fields.items() if v is not None}
+        stop = f.get("stop") or ()
+        f["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        bias = f.get("logit_bias") or ()
+        items = bias.items() if isinstance(bias, dict) else bias
+        f["logit_bias"] = tuple((int(k), float(v)) for k, v in items)
+        return cls(**f)
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     """One generation, whatever protocol asked for it. Either chat `messages` (rendered
@@ -51,7 +70,7 @@ class GenerateRequest:
     tool_choice: str | dict[str, Any] = "auto"  # auto | none | required | {"name": ...}
     parallel_tool_calls: bool = True
     thinking: bool | None = None  # the template's thinking switch, where it has one
-    sampling: dict[str, Any] = field(default_factory=dict)
+    sampling: SamplingRequest = field(default_factory=SamplingRequest)
     count_only: bool = False  # just count the prompt's tokens (Anthropic count_tokens)
     continue_final: bool = False  # the last (assistant) message is the answer's beginning
 
@@ -87,13 +106,31 @@ class Loading(Message):
 
 
 @dataclass(frozen=True)
+class RankReady:
+    """What a group rank loaded, in its ready message."""
+    rank: int
+    world: int
+    strategy: str
+    layers: list[int]  # [start, end) it holds (every layer for a tensor rank)
+    files: list[str]  # the weight files it read
+    bytes_read: int
+    peak_rss: int
+    lanes: int = 1
+
+    def report(self) -> dict[str, Any]:
+        """The load report an instance's rank shows (RankInfo.loaded)."""
+        return {"files": self.files, "bytes_read": self.bytes_read, "peak_rss": self.peak_rss}
+
+
+@dataclass(frozen=True)
 class Ready(Message):
     tag = "ready"
     model: str
     context_length: int
     pid: int
     load_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)  # a group rank's load report
+    streams: int = 1  # the requests it decodes at once
+    rank: RankReady | None = None  # a group rank's, what it loaded
 
 
 @dataclass(frozen=True)
@@ -193,9 +230,8 @@ _CLASSES: dict[tuple[str, str], type[Message]] = {
 
 def encode(msg: Message) -> bytes:
     """One JSON line for the pipe."""
-    body = msg.fields()
-    if isinstance(msg, Generate):
-        body["request"] = dataclasses.asdict(msg.request)
+    body = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v)
+            and not isinstance(v, type) else v for k, v in msg.fields().items()}
     return json.dumps({msg.key: msg.tag, **body}, separators=(",", ":")).encode() + b"\n"
 
 
@@ -209,7 +245,11 @@ def decode(line: bytes | str) -> Message:
     if cls is None:
         raise ValueError(f"unknown message {raw!r:.80}")
     if cls is Generate:
-        raw["request"] = GenerateRequest(**raw["request"])
+        req = dict(raw["request"])
+        req["sampling"] = SamplingRequest.of(req.get("sampling") or {})
+        raw["request"] = GenerateRequest(**req)
+    if cls is Ready and isinstance(raw.get("rank"), dict):
+        raw["rank"] = RankReady(**raw["rank"])
     return make(cls, **raw)
 
 
@@ -294,6 +334,7 @@ class Record:
                     state(v) if state and v is not None else v
         return cls(**known)
 
+    # Read access by name, for the app's readers not yet moved to attributes.
     def get(self, name: str, default: Any = None) -> Any:
         fields = {f.name for f in dataclasses.fields(self)}
         return getattr(self, name) if name in fields else default
@@ -348,6 +389,27 @@ class ClusterInfo(Record):
     name: str
     instances: list[InstanceInfo] = field(default_factory=list)
     followers: list[FollowerInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NodeInfo(Record):
+    """GET /shoal/node: a node as it describes itself. Peers keep the last one they read;
+    the planner, the topology and the app read it."""
+    nested = {"instances": InstanceInfo, "followers": FollowerInfo}
+    states = {"state": NodeState}
+    id: str
+    name: str | None = None
+    instances: list[InstanceInfo] = field(default_factory=list)  # those it owns
+    followers: list[FollowerInfo] = field(default_factory=list)  # ranks it runs for others
+    version: str | None = None
+    mlx_version: str | None = None
+    state: NodeState = NodeState.IDLE
+    models: list[str] = field(default_factory=list)  # the ids on its disk
+    links: list[dict[str, Any]] = field(default_factory=list)  # its measured links
+    machine: dict[str, Any] | None = None  # engine.telemetry.memory.MachineInfo as JSON
+    speed: dict[str, Any] = field(default_factory=dict)  # calibrated bandwidth and flops
+    platform: dict[str, Any] | None = None  # engine.cluster.probes.PlatformReport as JSON
+    power: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

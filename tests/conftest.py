@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from nodes import NodeProcess, home_with  # noqa: E402
 from tiny import make_tiny_model  # noqa: E402
 
-
 # What `scripts/test --fast` leaves out: the bundle and wheel builds (packaging) and the
 # tests that start groups of processes or whole clusters (slow). CI runs everything.
 SLOW_PATHS = ("tests/cluster/", "tests/engine/runtime/test_distributed.py",

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from engine.protocol import StatusInfo
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -67,27 +69,27 @@ class NodeProcess:
                 time.sleep(0.1)
         raise TimeoutError(f"node not healthy after {timeout} s:\n{self.tail()}")
 
-    def wait_state(self, state: str, timeout: float = 120) -> dict:
+    def wait_state(self, state: str, timeout: float = 120) -> StatusInfo:
         deadline = time.monotonic() + timeout
-        s: dict = {}
+        s = None
         while time.monotonic() < deadline:
             s = self.client.status()
-            if s["state"] == state:
+            if s.state == state:
                 return s
             time.sleep(0.05)
         raise TimeoutError(f"node state {s} is not {state} after {timeout} s:\n{self.tail()}")
 
-    def wait_ready(self, timeout: float = 120) -> dict:
+    def wait_ready(self, timeout: float = 120) -> StatusInfo:
         """Until a model is loaded and idle (the state is "idle" before loading starts too,
         so this checks the typed runner state)."""
         deadline = time.monotonic() + timeout
-        s: dict = {}
+        s = None
         while time.monotonic() < deadline:
             s = self.client.status()
-            if s["runner"]["type"] == "Ready" and s["state"] == "idle":
+            if s.runner["type"] == "Ready" and s.state == "idle":
                 return s
-            if s["runner"]["type"] == "Failed":
-                raise RuntimeError(f"model failed to load: {s['error']}\n{self.tail()}")
+            if s.runner["type"] == "Failed":
+                raise RuntimeError(f"model failed to load: {s.error}\n{self.tail()}")
             time.sleep(0.05)
         raise TimeoutError(f"node not ready after {timeout} s: {s}\n{self.tail()}")
 

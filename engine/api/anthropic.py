@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import json
-import uuid
 from typing import Any
 
 from aiohttp import web
 
 from engine import protocol as wire
-from engine.api import common, hints
 from engine.api.anthropic_schemas import (
     CountTokensRequest,
     MessagesRequest,
@@ -19,6 +16,8 @@ from engine.api.anthropic_schemas import (
     to_request,
     tool_input,
 )
+from engine.api.render import Answer, Context, error_of, sse
+from engine.api.serve import Endpoint, handler
 from engine.errors import ShoalError
 
 routes = web.RouteTableDef()
@@ -42,34 +41,111 @@ def _usage(done: wire.Done | None, prompt_tokens: int, cached: int = 0) -> dict[
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
-@routes.post("/v1/messages/count_tokens")
-async def count_tokens(request: web.Request) -> web.StreamResponse:
-    raw = await common.read_json(request)
-    body = common.parse(CountTokensRequest, raw)
-    relayed = await common.relay(request, body.model, raw)
-    if relayed is not None:
-        return relayed
-    req = to_request(body, True)
-    hints.note(request, body.hints() + dropped_tools(body))
-    async with common.generation(request, body.model, req) as g:
-        await g.answer()
-        return web.json_response({"input_tokens": g.accepted.prompt_tokens})
+class CountRenderer:
+    """/v1/messages/count_tokens: the prompt's tokens, as the chat template renders it."""
+
+    media: str = "application/json"
+    keepalive_s: float | None = None
+    wants_admission: bool = False
+    wants_progress: bool = False
+
+    def __init__(self, body: CountTokensRequest, ctx: Context):
+        self.ctx = ctx
+
+    def start(self) -> list[bytes]:
+        return []
+
+    def keepalive(self) -> bytes:
+        return b""
+
+    def event(self, ev: wire.Event) -> list[bytes]:
+        return []
+
+    def end(self) -> list[bytes]:
+        return []
+
+    def answer(self, a: Answer) -> dict[str, Any]:
+        return {"input_tokens": self.ctx.prompt_tokens}
 
 
-@routes.post("/v1/messages")
-async def messages(request: web.Request) -> web.StreamResponse:
-    raw = await common.read_json(request)
-    body = common.parse(MessagesRequest, raw)
-    relayed = await common.relay(request, body.model, raw)
-    if relayed is not None:
-        return relayed
-    req = to_request(body)
-    hints.note(request, body.hints() + dropped_tools(body))
-    async with common.generation(request, body.model, req) as g:
-        mid = f"msg_{uuid.uuid4().hex[:24]}"
-        if body.stream:
-            return await _stream(request, g, mid)
-        a = await g.answer()
+class MessagesRenderer:
+    """/v1/messages: message_start (with the cache hit), a ping, content blocks (thinking,
+    text, tool_use) opened and closed in order, message_delta, message_stop; pings while
+    nothing else is said; an error event if it fails. Or the message object."""
+
+    media: str = "text/event-stream"
+    keepalive_s: float | None = PING_EVERY_S
+    wants_admission: bool = True
+    wants_progress: bool = False
+
+    def __init__(self, body: MessagesRequest, ctx: Context):
+        self.ctx, self.mid = ctx, ctx.ids("msg_")
+        self.index = -1
+        self.open_kind: str | None = None
+
+    def _send(self, kind: str, data: dict[str, Any]) -> bytes:
+        return sse({"type": kind, **data}, event=kind)
+
+    def start(self) -> list[bytes]:
+        ctx = self.ctx
+        return [self._send("message_start", {"message": {
+            "id": self.mid, "type": "message", "role": "assistant", "model": ctx.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {**_usage(None, ctx.prompt_tokens, ctx.cached), "output_tokens": 1}}}),
+            self._send("ping", {})]
+
+    def keepalive(self) -> bytes:
+        return self._send("ping", {})
+
+    def _open(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+        out = self._close()
+        self.index += 1
+        self.open_kind = kind
+        return out + [self._send("content_block_start", {"index": self.index,
+                                                         "content_block": block})]
+
+    def _close(self) -> list[bytes]:
+        if self.open_kind is None:
+            return []
+        out = []
+        if self.open_kind == "thinking":  # no real signature: a local model signs nothing
+            out.append(self._send("content_block_delta", {"index": self.index, "delta": {
+                "type": "signature_delta", "signature": ""}}))
+        out.append(self._send("content_block_stop", {"index": self.index}))
+        self.open_kind = None
+        return out
+
+    def event(self, ev: wire.Event) -> list[bytes]:
+        if isinstance(ev, wire.Error):
+            return [sse(error_body(error_of(ev)), event="error")]
+        if isinstance(ev, wire.Delta) and ev.kind == "reasoning":
+            out = [] if self.open_kind == "thinking" else self._open(
+                "thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            return out + [self._send("content_block_delta", {"index": self.index, "delta": {
+                "type": "thinking_delta", "thinking": ev.text}})]
+        if isinstance(ev, wire.Delta):
+            out = [] if self.open_kind == "text" else self._open(
+                "text", {"type": "text", "text": ""})
+            return out + [self._send("content_block_delta", {"index": self.index, "delta": {
+                "type": "text_delta", "text": ev.text}})]
+        if isinstance(ev, wire.ToolCall):
+            out = self._open("tool_use", {"type": "tool_use", "id": ev.call_id,
+                                          "name": ev.name, "input": {}})
+            return out + [self._send("content_block_delta", {"index": self.index, "delta": {
+                "type": "input_json_delta", "partial_json": ev.arguments}})]
+        if isinstance(ev, wire.Done):
+            return self._close() + [
+                self._send("message_delta", {
+                    "delta": {"stop_reason": stop_reason(ev),
+                              "stop_sequence": ev.stop_sequence},
+                    "usage": _usage(ev, ev.prompt_tokens)}),
+                self._send("message_stop", {})]
+        return []
+
+    def end(self) -> list[bytes]:
+        return []
+
+    def answer(self, a: Answer) -> dict[str, Any]:
         assert a.done is not None
         content: list[dict[str, Any]] = []
         if a.reasoning:
@@ -78,74 +154,14 @@ async def messages(request: web.Request) -> web.StreamResponse:
             content.append({"type": "text", "text": a.content})
         content += [{"type": "tool_use", "id": c.call_id, "name": c.name,
                      "input": tool_input(c)} for c in a.tool_calls]
-        return web.json_response({
-            "id": mid, "type": "message", "role": "assistant", "model": g.model,
-            "content": content, "stop_reason": stop_reason(a.done),
-            "stop_sequence": a.done.stop_sequence,
-            "usage": _usage(a.done, g.accepted.prompt_tokens)})
+        return {"id": self.mid, "type": "message", "role": "assistant",
+                "model": self.ctx.model, "content": content,
+                "stop_reason": stop_reason(a.done), "stop_sequence": a.done.stop_sequence,
+                "usage": _usage(a.done, self.ctx.prompt_tokens)}
 
 
-async def _stream(request: web.Request, g: common.Generation, mid: str) -> web.StreamResponse:
-    resp = await common.sse(request)
-
-    async def send(kind: str, data: dict[str, Any]) -> None:
-        await resp.write(f"event: {kind}\ndata: "
-                         f"{json.dumps({'type': kind, **data}, separators=(',', ':'))}\n\n"
-                         .encode())
-
-    cached = await g.admitted()  # message_start reports the cache hit, as Anthropic's does
-    await send("message_start", {"message": {
-        "id": mid, "type": "message", "role": "assistant", "model": g.model, "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        "usage": {**_usage(None, g.accepted.prompt_tokens, cached), "output_tokens": 1}}})
-    await send("ping", {})
-    index, open_kind = -1, None
-
-    async def open_block(kind: str, block: dict[str, Any]) -> None:
-        nonlocal index, open_kind
-        await close_block()
-        index += 1
-        open_kind = kind
-        await send("content_block_start", {"index": index, "content_block": block})
-
-    async def close_block() -> None:
-        nonlocal open_kind
-        if open_kind is None:
-            return
-        if open_kind == "thinking":  # no real signature: a local model signs nothing
-            await send("content_block_delta", {"index": index, "delta": {
-                "type": "signature_delta", "signature": ""}})
-        await send("content_block_stop", {"index": index})
-        open_kind = None
-
-    async for ev in g.stream(PING_EVERY_S):
-        if ev is None:
-            await send("ping", {})
-        elif isinstance(ev, wire.Error):
-            await resp.write(f"event: error\ndata: {json.dumps(error_body(common.error_of(ev)))}"
-                             "\n\n".encode())
-            break
-        elif isinstance(ev, wire.Delta) and ev.kind == "reasoning":
-            if open_kind != "thinking":
-                await open_block("thinking", {"type": "thinking", "thinking": "",
-                                              "signature": ""})
-            await send("content_block_delta", {"index": index, "delta": {
-                "type": "thinking_delta", "thinking": ev.text}})
-        elif isinstance(ev, wire.Delta):
-            if open_kind != "text":
-                await open_block("text", {"type": "text", "text": ""})
-            await send("content_block_delta", {"index": index, "delta": {
-                "type": "text_delta", "text": ev.text}})
-        elif isinstance(ev, wire.ToolCall):
-            await open_block("tool_use", {"type": "tool_use", "id": ev.call_id,
-                                          "name": ev.name, "input": {}})
-            await send("content_block_delta", {"index": index, "delta": {
-                "type": "input_json_delta", "partial_json": ev.arguments}})
-        elif isinstance(ev, wire.Done):
-            await close_block()
-            await send("message_delta", {
-                "delta": {"stop_reason": stop_reason(ev), "stop_sequence": ev.stop_sequence},
-                "usage": _usage(ev, ev.prompt_tokens)})
-            await send("message_stop", {})
-    await resp.write_eof()
-    return resp
+routes.post("/v1/messages/count_tokens")(handler(Endpoint(
+    CountTokensRequest, lambda body: to_request(body, True), CountRenderer,
+    extra_hints=dropped_tools)))
+routes.post("/v1/messages")(handler(Endpoint(MessagesRequest, to_request, MessagesRenderer,
+                                             extra_hints=dropped_tools)))

@@ -400,7 +400,7 @@ def to_request(body: CountTokensRequest, count_only: bool = False) -> wire.Gener
     return wire.GenerateRequest(
         messages=messages, tools=offered, tool_choice=choice,
         parallel_tool_calls=not (tc and tc.disable_parallel_tool_use), thinking=thinking,
-        sampling=sampling, count_only=count_only, continue_final=prefill)
+        sampling=wire.SamplingRequest.of(sampling), count_only=count_only, continue_final=prefill)
 
 
 def dropped_tools(body: CountTokensRequest) -> list[str]:

@@ -10,20 +10,19 @@ import json
 import math
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from engine import protocol as wire
-from engine.errors import BadRequest, PeerUnreachable, ShoalError, WorkerFailed
+from engine.api.backend import backend
+from engine.api.render import Answer, error_of
+from engine.errors import BadRequest, ShoalError, WorkerFailed
 
 M = TypeVar("M", bound=BaseModel)
 MAX_BODY_MB = 4.0  # the default of `shoal node --max-body-mb`
 MAX_DEPTH = 64  # deeper JSON is no request any client sends; refuse it before recursing
-RELAY_CHECK_S = 1.0  # how often a relayed answer checks that its owner is still reachable
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
 
 
@@ -101,129 +100,14 @@ def parse(model: type[M], body: Any) -> M:
             msg = f"'{param}' is required"
         else:
             msg = f"'{param}': {err['msg']}"
-            if "input" in err and not isinstance(err["input"], (dict, list)):
+            if "input" in err and not isinstance(err["input"], (dict, list)) \
+                    and repr(err["input"]) not in msg:
                 msg += f" (got {err['input']!r})"
         raise BadRequest(msg + ".", param=param or None) from None
 
 
-def error_of(ev: wire.Error) -> ShoalError:
-    e = ShoalError(ev.message, param=ev.param, code=ev.code)
-    e.status = int(ev.status or 500)
-    if e.status < 500:
-        e.type = "invalid_request_error"
-    return e
-
-
-async def relay(request: web.Request, model: str | None, body: Any) -> web.StreamResponse | None:
-    """When another node owns the distributed instance serving `model`, pass the request on
-    unchanged and stream its answer back byte for byte; None when this node serves it."""
-    node, cluster = request.app["node"], request.app.get("cluster")
-    w = node.worker
-    if not model or cluster is None or (w is not None and w.alive and w.model_id == model):
-        return None
-    owner, peers = cluster.owner_of(model), cluster.peers
-    if owner is None:
-        held = next((f for f in cluster.followers.values() if f.worker is not None
-                     and f.worker.model_id == model and f.reason != "stopped"), None)
-        if held is None:
-            return None
-        # This node holds (or held, until a failure) a rank of the model's instance: its
-        # owner answers, or says why not; never a second, local copy of the model.
-        owner, peer = held.owner_url, peers.find(held.owner_url)
-        if peer is None or not peer.reachable:
-            raise PeerUnreachable(
-                f"{model} runs here as a rank of a distributed instance whose owner "
-                f"({owner}) can't be reached. Launch it again once the nodes can reach "
-                "each other.")
-    raw = json.dumps(body).encode()
-    resp: web.StreamResponse | None = None
-
-    async def forward() -> None:
-        nonlocal resp
-        async with peers.session.post(
-                owner + request.path, data=raw,
-                headers={"Content-Type": "application/json",
-                         **peers.sign("POST", request.path, raw)},
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as up:
-            resp = web.StreamResponse(status=up.status, headers={
-                "Content-Type": up.headers.get("Content-Type", "application/json")})
-            await resp.prepare(request)
-            async for chunk in up.content.iter_any():
-                await resp.write(chunk)
-            await resp.write_eof()
-
-    task = asyncio.ensure_future(forward())
-    try:
-        # A stream has no read timeout (a long prefill is silent), so the owner's liveness
-        # is the peers' poll: a pulled cable ends the answer instead of stalling it.
-        while not task.done():
-            await asyncio.wait({task}, timeout=RELAY_CHECK_S)
-            peer = peers.find(owner)
-            if not task.done() and peer is not None and not peer.reachable:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
-                    await task
-                gone = PeerUnreachable(f"The node serving this model ({owner}) stopped "
-                                       "answering; this answer is lost. Try again once it "
-                                       "is back, or launch the model on the nodes that are.")
-                if resp is None:
-                    raise gone
-                await _end_with(resp, gone)
-                return resp
-        task.result()
-        return resp
-    except aiohttp.ClientError as e:
-        raise PeerUnreachable(f"The node serving this model ({owner}) did not answer: "
-                              f"{e}") from None
-    finally:
-        task.cancel()
-
-
-async def _end_with(resp: web.StreamResponse, err: ShoalError) -> None:
-    """End an answer that has begun with an error its client recognises: an SSE `error`
-    event (the OpenAI and Anthropic SDKs both raise on it) or an NDJSON line (Ollama)."""
-    body = err.to_openai()
-    if resp.content_type == "text/event-stream":
-        line = f"event: error\ndata: {json.dumps({'type': 'error', **body})}\n\n"
-    else:
-        line = json.dumps({"error": err.message}) + "\n"
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await resp.write(line.encode())
-        await resp.write_eof()
-
-
-@dataclass
-class Answer:
-    """Everything a finished generation said, for the non-streaming renderings."""
-
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[wire.ToolCall] = field(default_factory=list)
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
-    done: wire.Done | None = None
-
-    def add(self, ev: wire.Event) -> None:
-        if isinstance(ev, wire.Delta):
-            if ev.kind == "reasoning":
-                self.reasoning += ev.text
-            else:
-                self.content += ev.text
-        elif isinstance(ev, wire.ToolCall):
-            self.tool_calls.append(ev)
-        elif isinstance(ev, wire.Done):
-            self.done = ev
-        if isinstance(ev, (wire.Delta, wire.Done)) and ev.logprobs:
-            self.logprobs += ev.logprobs
-
-
 KEEPALIVE_S = 10.0  # while nothing else is said: an SSE comment (or Anthropic's ping)
-SSE_KEEPALIVE = b": keep-alive\n\n"  # a comment line: every SSE client skips it
 
-
-def sse_progress(p: wire.Progress) -> bytes:
-    """Prefill progress as an SSE comment: clients skip it, Shoal's own client (the chat
-    window's waiting bubble) reads it."""
-    return f": shoal-progress {p.cached} {p.done} {p.total}\n\n".encode()
 
 
 class Generation:
@@ -326,24 +210,16 @@ class Generation:
 @contextlib.asynccontextmanager
 async def generation(request: web.Request, model: str | None,
                      req: wire.GenerateRequest) -> AsyncIterator[Generation]:
-    """Start `req` on this node's worker for `model`; errors before the first token are
+    """Start `req` on the backend's worker for `model`; errors before the first token are
     raised (so they become a proper HTTP error), later ones arrive as Error events."""
-    node = request.app["node"]
-    worker = await node.ensure_loaded(model)
     t0 = time.perf_counter()
-    async with worker.generate(req, node.on_turn) as events:
-        first = await anext(events)
+    async with backend(request).generate(model, req) as started:
+        first = await anext(started.events)
         if isinstance(first, wire.Error):
             raise error_of(first)
         if not isinstance(first, wire.Accepted):
             raise WorkerFailed(f"The worker answered {first.tag} before accepting.")
-        yield Generation(worker.model_id, first, events, t0)
-
-
-def speed(done: wire.Done, ttft: float | None) -> dict[str, float]:
-    return {"ttft_s": round(ttft or 0.0, 4), "prompt_tps": round(done.prompt_tps, 2),
-            "generation_tps": round(done.generation_tps, 2),
-            "peak_memory_gb": round(done.peak_memory_gb, 3)}
+        yield Generation(started.model, first, started.events, t0)
 
 
 async def sse(request: web.Request) -> web.StreamResponse:

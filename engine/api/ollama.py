@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from aiohttp import web
 
 from engine import protocol as wire
 from engine.api import common
+from engine.api.backend import backend
 from engine.api.ollama_schemas import (
     DONE_REASONS,
     ChatRequest,
@@ -20,14 +20,17 @@ from engine.api.ollama_schemas import (
     chat_request,
     generate_request,
 )
+from engine.api.render import Answer, Context
+from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest, ModelNotFound
 
 routes = web.RouteTableDef()
 OLLAMA_VERSION = "0.12.0"  # the Ollama API level these routes follow
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+def _now(at: float | None = None) -> str:
+    t = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
+    return t.isoformat().replace("+00:00", "Z")
 
 
 def _details(m: Any) -> dict[str, Any]:
@@ -42,9 +45,9 @@ def _entry(m: Any) -> dict[str, Any]:
             "size": m.size_bytes, "digest": "", "details": _details(m)}
 
 
-def _find(request: web.Request, model: str) -> Any:
+async def _find(request: web.Request, model: str) -> Any:
     model = model.removesuffix(":latest")
-    for m in request.app["node"].local_models():
+    for m in await backend(request).models():
         if m.id == model:
             return m
     raise ModelNotFound(f"model '{model}' not found", param="model")
@@ -69,27 +72,24 @@ async def version(request: web.Request) -> web.Response:
 
 @routes.get("/api/tags")
 async def tags(request: web.Request) -> web.Response:
-    models = [_entry(m) for m in request.app["node"].local_models()]
-    cluster = request.app.get("cluster")
-    if cluster is not None:  # served by distributed instances other nodes own
-        have = {m["name"] for m in models}
-        for _, inst in cluster.remote_instances():
-            if inst["model"] not in have:
-                have.add(inst["model"])
-                models.append({"name": inst["model"], "model": inst["model"],
-                               "modified_at": _now(), "size": 0, "digest": "",
-                               "details": {"format": "safetensors", "family": "",
-                                           "families": [], "parameter_size": "",
-                                           "quantization_level": ""}})
+    models = [_entry(m) for m in await backend(request).models()]
+    have = {m["name"] for m in models}
+    for r in backend(request).remote_models():  # served by instances other nodes own
+        if r.id not in have:
+            have.add(r.id)
+            models.append({"name": r.id, "model": r.id, "modified_at": _now(), "size": 0,
+                           "digest": "", "details": {"format": "safetensors", "family": "",
+                                                     "families": [], "parameter_size": "",
+                                                     "quantization_level": ""}})
     return web.json_response({"models": models})
 
 
 @routes.get("/api/ps")
 async def ps(request: web.Request) -> web.Response:
-    w = request.app["node"].worker
-    if w is None or not w.alive:
+    loaded = backend(request).loaded_model()
+    if loaded is None:
         return web.json_response({"models": []})
-    m = _find(request, w.model_id)
+    m = await _find(request, loaded)
     return web.json_response({"models": [{**_entry(m), "expires_at": "2100-01-01T00:00:00Z",
                                           "size_vram": m.size_bytes,
                                           "context_length": m.context_length}]})
@@ -101,7 +101,7 @@ async def show(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or not isinstance(body.get("model") or body.get("name"),
                                                     str):
         raise BadRequest("Send {\"model\": \"<model id>\"}.", param="model")
-    m = _find(request, body.get("model") or body["name"])
+    m = await _find(request, body.get("model") or body["name"])
     template = ""
     cfg = Path(m.path) / "tokenizer_config.json"
     if cfg.exists():
@@ -116,13 +116,14 @@ async def show(request: web.Request) -> web.Response:
         "capabilities": caps, "modified_at": _entry(m)["modified_at"]})
 
 
-def _final(done: wire.Done, model: str, t0: float) -> dict[str, Any]:
+def _final(done: wire.Done, model: str, t0: float, now: float,
+           at: float | None = None) -> dict[str, Any]:
     run = done.prompt_tokens - done.cached_tokens  # prompt_tps counts the tokens run
     p_s = run / done.prompt_tps if done.prompt_tps else 0.0
     g_s = done.generation_tokens / done.generation_tps if done.generation_tps else 0.0
-    return {"model": model, "created_at": _now(), "done": True,
+    return {"model": model, "created_at": _now(at), "done": True,
             "done_reason": DONE_REASONS.get(done.finish_reason, "stop"),
-            "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
+            "total_duration": int((now - t0) * 1e9), "load_duration": 0,
             # the prompt's duration is what it took: a cached prefix cost nothing
             "prompt_eval_count": done.prompt_tokens, "prompt_eval_duration": int(p_s * 1e9),
             "eval_count": done.generation_tokens, "eval_duration": int(g_s * 1e9)}
@@ -133,67 +134,82 @@ def _call(c: wire.ToolCall) -> dict[str, Any]:
                                           "arguments": json.loads(c.arguments or "{}")}}
 
 
-async def _serve(request: web.Request, body: Any, req: wire.GenerateRequest,
-                 chat: bool) -> web.StreamResponse:
-    async with common.generation(request, body.model, req) as g:
-        if not body.stream:
-            a = await g.answer()
-            assert a.done is not None
-            out = _final(a.done, g.model, g.t0)
-            if chat:
-                msg: dict[str, Any] = {"role": "assistant", "content": a.content}
-                if a.reasoning:
-                    msg["thinking"] = a.reasoning
-                if a.tool_calls:
-                    msg["tool_calls"] = [_call(c) for c in a.tool_calls]
-                out["message"] = msg
-            else:
-                out["response"] = a.content
-                if a.reasoning:
-                    out["thinking"] = a.reasoning
-            if a.logprobs:
-                out["logprobs"] = a.logprobs
-            return web.json_response(out)
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
+class OllamaRenderer:
+    """/api/chat and /api/generate: NDJSON lines, each a piece of the message (or the
+    response text), the last with Ollama's counts and durations; an error line if it
+    fails. Or the one final object."""
 
-        async def line(piece: dict[str, Any], done: wire.Done | None = None) -> None:
-            obj = _final(done, g.model, g.t0) if done else {
-                "model": g.model, "created_at": _now(), "done": False}
-            if chat:
-                obj["message"] = {"role": "assistant", "content": "", **piece}
-            else:
-                obj["response"] = piece.pop("content", "")
-                obj.update(piece)
-            await resp.write(json.dumps(obj).encode() + b"\n")
+    media: str = "application/x-ndjson"
+    keepalive_s: float | None = None  # NDJSON has no comment lines
+    wants_admission: bool = False
+    wants_progress: bool = False
 
-        async for ev in g.events:
-            if isinstance(ev, wire.Error):
-                await resp.write(json.dumps({"error": ev.message}).encode() + b"\n")
-                break
-            lp = {"logprobs": ev.logprobs} if isinstance(ev, (wire.Delta, wire.Done)) \
-                and ev.logprobs else {}
-            if isinstance(ev, wire.Delta):
-                key = "thinking" if ev.kind == "reasoning" else "content"
-                await line({key: ev.text, **lp})
-            elif isinstance(ev, wire.ToolCall):
-                await line({"tool_calls": [_call(ev)]})
-            elif isinstance(ev, wire.Done):
-                await line(lp, ev)
-        await resp.write_eof()
-        return resp
+    def __init__(self, body: Any, ctx: Context, chat: bool):
+        self.ctx, self.chat = ctx, chat
+
+    def _final(self, done: wire.Done) -> dict[str, Any]:
+        return _final(done, self.ctx.model, self.ctx.t0, self.ctx.clock(), self.ctx.now())
+
+    def _line(self, piece: dict[str, Any], done: wire.Done | None = None) -> bytes:
+        obj = self._final(done) if done else {
+            "model": self.ctx.model, "created_at": _now(self.ctx.now()), "done": False}
+        if self.chat:
+            obj["message"] = {"role": "assistant", "content": "", **piece}
+        else:
+            obj["response"] = piece.pop("content", "")
+            obj.update(piece)
+        return json.dumps(obj).encode() + b"\n"
+
+    def start(self) -> list[bytes]:
+        return []
+
+    def keepalive(self) -> bytes:
+        return b""
+
+    def event(self, ev: wire.Event) -> list[bytes]:
+        if isinstance(ev, wire.Error):
+            return [json.dumps({"error": ev.message}).encode() + b"\n"]
+        lp = {"logprobs": ev.logprobs} if isinstance(ev, (wire.Delta, wire.Done)) \
+            and ev.logprobs else {}
+        if isinstance(ev, wire.Delta):
+            key = "thinking" if ev.kind == "reasoning" else "content"
+            return [self._line({key: ev.text, **lp})]
+        if isinstance(ev, wire.ToolCall):
+            return [self._line({"tool_calls": [_call(ev)]})]
+        if isinstance(ev, wire.Done):
+            return [self._line(lp, ev)]
+        return []
+
+    def end(self) -> list[bytes]:
+        return []
+
+    def answer(self, a: Answer) -> dict[str, Any]:
+        assert a.done is not None
+        out = self._final(a.done)
+        if self.chat:
+            msg: dict[str, Any] = {"role": "assistant", "content": a.content}
+            if a.reasoning:
+                msg["thinking"] = a.reasoning
+            if a.tool_calls:
+                msg["tool_calls"] = [_call(c) for c in a.tool_calls]
+            out["message"] = msg
+        else:
+            out["response"] = a.content
+            if a.reasoning:
+                out["thinking"] = a.reasoning
+        if a.logprobs:
+            out["logprobs"] = a.logprobs
+        return out
 
 
 async def _load_only(request: web.Request, model: str, chat: bool,
                      keep_alive: Any) -> web.Response:
     """An empty request loads the model (or, with keep_alive 0, unloads it), as Ollama."""
-    node = request.app["node"]
     if keep_alive in (0, "0", "0s", "0m"):
-        if node.worker is not None and node.worker.model_id == model:
-            await node.unload()
+        await backend(request).unload(model)
         reason = "unload"
     else:
-        await node.ensure_loaded(model)
+        await backend(request).load(model)
         reason = "load"
     out: dict[str, Any] = {"model": model, "created_at": _now(), "done": True,
                            "done_reason": reason}
@@ -201,25 +217,19 @@ async def _load_only(request: web.Request, model: str, chat: bool,
     return web.json_response(out)
 
 
-@routes.post("/api/chat")
-async def chat(request: web.Request) -> web.StreamResponse:
-    raw = await common.read_json(request)
-    body = _untagged(common.parse(ChatRequest, raw))
-    relayed = await common.relay(request, body.model, raw)
-    if relayed is not None:
-        return relayed
-    if not body.messages:
-        return await _load_only(request, body.model, True, body.keep_alive)
-    return await _serve(request, body, chat_request(body), chat=True)
+async def _chat_load(request: web.Request, body: ChatRequest) -> web.Response | None:
+    return await _load_only(request, body.model, True, body.keep_alive) \
+        if not body.messages else None
 
 
-@routes.post("/api/generate")
-async def generate(request: web.Request) -> web.StreamResponse:
-    raw = await common.read_json(request)
-    body = _untagged(common.parse(GenerateRequest, raw))
-    relayed = await common.relay(request, body.model, raw)
-    if relayed is not None:
-        return relayed
-    if not body.prompt and not body.raw:
-        return await _load_only(request, body.model, False, body.keep_alive)
-    return await _serve(request, body, generate_request(body), chat=False)
+async def _generate_load(request: web.Request, body: GenerateRequest) -> web.Response | None:
+    return await _load_only(request, body.model, False, body.keep_alive) \
+        if not body.prompt and not body.raw else None
+
+
+routes.post("/api/chat")(handler(Endpoint(
+    ChatRequest, chat_request, lambda body, ctx: OllamaRenderer(body, ctx, chat=True),
+    prepare=_untagged, shortcut=_chat_load)))
+routes.post("/api/generate")(handler(Endpoint(
+    GenerateRequest, generate_request, lambda body, ctx: OllamaRenderer(body, ctx, chat=False),
+    prepare=_untagged, shortcut=_generate_load)))

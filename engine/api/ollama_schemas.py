@@ -85,7 +85,7 @@ class GenerateRequest(Common):
     context: list[int] | None = None
 
 
-def sampling(body: Common, ctx_hint: int | None = None) -> dict[str, Any]:
+def sampling(body: Common, ctx_hint: int | None = None) -> wire.SamplingRequest:
     o = body.options or Options()
     s: dict[str, Any] = {
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "min_p": o.min_p,
@@ -103,7 +103,7 @@ def sampling(body: Common, ctx_hint: int | None = None) -> dict[str, Any]:
         s["logprobs"] = body.top_logprobs or 0
     elif body.top_logprobs is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
-    return {k: v for k, v in s.items() if v is not None}
+    return wire.SamplingRequest.of(s)
 
 
 def _no_images(images: list[Any] | None, where: str) -> None:

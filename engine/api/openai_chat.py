@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from typing import Any
 
 from aiohttp import web
 
 from engine import protocol as wire
-from engine.api import common, hints
+from engine.api import common
+from engine.api.backend import backend
 from engine.api.openai_schemas import ChatCompletionRequest, ChatMessage, choose_tool, constraint_of
+from engine.api.render import SSE_KEEPALIVE, Answer, Context, error_of, speed, sse, sse_progress
+from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest, ModelNotFound
 
 routes = web.RouteTableDef()
@@ -25,15 +25,13 @@ def _model_card(m: Any) -> dict[str, Any]:
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
-    cards = [_model_card(m) for m in request.app["node"].local_models()]
-    cluster = request.app.get("cluster")
-    if cluster is not None:  # models served by distributed instances on other nodes
-        have = {c["id"] for c in cards}
-        for _, inst in cluster.remote_instances():
-            if inst["model"] not in have:
-                have.add(inst["model"])
-                cards.append({"id": inst["model"], "object": "model", "created": 0,
-                              "owned_by": "shoal", "shoal": {"instance": inst}})
+    cards = [_model_card(m) for m in await backend(request).models()]
+    have = {c["id"] for c in cards}
+    for r in backend(request).remote_models():  # served by instances on other nodes
+        if r.id not in have:
+            have.add(r.id)
+            cards.append({"id": r.id, "object": "model", "created": 0, "owned_by": "shoal",
+                          "shoal": {"instance": r.instance}})
     if "anthropic-version" in request.headers:  # the same path, Anthropic's shape
         data = [_anthropic_card(c) for c in cards]
         return web.json_response({"data": data, "has_more": False,
@@ -52,7 +50,7 @@ def _anthropic_card(card: dict[str, Any]) -> dict[str, Any]:
 @routes.get("/v1/models/{model_id:.+}")
 async def get_model(request: web.Request) -> web.Response:
     mid = request.match_info["model_id"]
-    for m in request.app["node"].local_models():
+    for m in await backend(request).models():
         if m.id == mid:
             card = _model_card(m)
             anthropic = "anthropic-version" in request.headers
@@ -129,7 +127,7 @@ def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
         messages=template_messages(body.messages), tools=tools,
         tool_choice=choose_tool(body.tools, body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        thinking=thinking_of(body), sampling=sampling)
+        thinking=thinking_of(body), sampling=wire.SamplingRequest.of(sampling))
 
 
 def usage(done: wire.Done) -> dict[str, Any]:
@@ -148,23 +146,68 @@ def call_json(c: wire.ToolCall, index: int | None = None) -> dict[str, Any]:
     return d if index is None else {"index": index, **d}
 
 
-@routes.post("/v1/chat/completions")
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    raw = await common.read_json(request)
-    body = common.parse(ChatCompletionRequest, raw)
-    relayed = await common.relay(request, body.model, raw)
-    if relayed is not None:
-        return relayed
-    req = to_request(body)
-    hints.note(request, body.hints())
-    async with common.generation(request, body.model, req) as g:
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
-                "model": g.model}
-        if body.stream:
-            opts = body.stream_options
-            return await _stream(request, g, base, bool(opts and opts.include_usage),
-                                 bool(body.logprobs))
-        a = await g.answer()
+class ChatRenderer:
+    """/v1/chat/completions: chunks as OpenAI streams them (the role first, a tool call's
+    name before its arguments, the finish with Shoal's speed figures, usage if asked),
+    or the one chat.completion object."""
+
+    media: str = "text/event-stream"
+    keepalive_s: float | None = common.KEEPALIVE_S
+    wants_admission: bool = False
+    wants_progress: bool = True  # progress: the chat window's bubble
+
+    def __init__(self, body: ChatCompletionRequest, ctx: Context):
+        self.ctx, self.logprobs = ctx, bool(body.logprobs)
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.base = {"id": ctx.ids("chatcmpl-"), "created": int(ctx.now()),
+                     "model": ctx.model}
+        self.ttft: float | None = None
+        self.calls = 0
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None,
+               lps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        if self.logprobs:
+            c["logprobs"] = {"content": lps or [], "refusal": None} if lps else None
+        return {**self.base, "object": "chat.completion.chunk", "choices": [c]}
+
+    def start(self) -> list[bytes]:
+        return [sse(self._chunk({"role": "assistant", "content": ""}))]
+
+    def keepalive(self) -> bytes:
+        return SSE_KEEPALIVE
+
+    def event(self, ev: wire.Event) -> list[bytes]:
+        if isinstance(ev, wire.Progress):
+            return [sse_progress(ev)]
+        if self.ttft is None:
+            self.ttft = self.ctx.since_start()
+        if isinstance(ev, wire.Error):
+            return [sse(error_of(ev).to_openai())]
+        if isinstance(ev, wire.Delta):
+            key = "reasoning_content" if ev.kind == "reasoning" else "content"
+            return [sse(self._chunk({key: ev.text}, lps=ev.logprobs))]
+        if isinstance(ev, wire.ToolCall):  # name first, then the arguments, as OpenAI
+            first = call_json(ev, self.calls)
+            first["function"] = {"name": ev.name, "arguments": ""}
+            rest = {"index": self.calls, "function": {"arguments": ev.arguments}}
+            self.calls += 1
+            return [sse(self._chunk({"tool_calls": [first]})),
+                    sse(self._chunk({"tool_calls": [rest]}))]
+        if isinstance(ev, wire.Done):
+            out = [sse({**self._chunk({}, finish_of(ev), ev.logprobs),
+                        "shoal": speed(ev, self.ttft)})]
+            if self.include_usage:
+                out.append(sse({**self.base, "object": "chat.completion.chunk",
+                                "choices": [], "usage": usage(ev),
+                                "shoal": speed(ev, self.ttft)}))
+            return out
+        return []
+
+    def end(self) -> list[bytes]:
+        return [sse("[DONE]")]
+
+    def answer(self, a: Answer) -> dict[str, Any]:
         assert a.done is not None
         msg: dict[str, Any] = {"role": "assistant",
                                "content": a.content or (None if a.tool_calls else "")}
@@ -174,59 +217,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             msg["tool_calls"] = [call_json(c) for c in a.tool_calls]
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_of(a.done),
                                   "message": msg, "logprobs": None}
-        if body.logprobs:
+        if self.logprobs:
             choice["logprobs"] = {"content": a.logprobs, "refusal": None}
-        return web.json_response({
-            **base, "object": "chat.completion", "choices": [choice],
-            "usage": usage(a.done),
-            "shoal": common.speed(a.done, time.perf_counter() - g.t0)})
+        return {**self.base, "object": "chat.completion", "choices": [choice],
+                "usage": usage(a.done), "shoal": speed(a.done, self.ctx.since_start())}
 
 
-async def _stream(request: web.Request, g: common.Generation, base: dict[str, Any],
-                  include_usage: bool, logprobs: bool) -> web.StreamResponse:
-    resp = await common.sse(request)
-
-    async def send(obj: Any) -> None:
-        data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
-        await resp.write(f"data: {data}\n\n".encode())
-
-    def chunk(delta: dict[str, Any], finish: str | None = None,
-              lps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-        if logprobs:
-            c["logprobs"] = {"content": lps or [], "refusal": None} if lps else None
-        return {**base, "object": "chat.completion.chunk", "choices": [c]}
-
-    await send(chunk({"role": "assistant", "content": ""}))
-    ttft, calls = None, 0
-    async for ev in g.stream(progress=True):
-        if ev is None:
-            await resp.write(common.SSE_KEEPALIVE)
-            continue
-        if isinstance(ev, wire.Progress):
-            await resp.write(common.sse_progress(ev))
-            continue
-        if ttft is None:
-            ttft = time.perf_counter() - g.t0
-        if isinstance(ev, wire.Error):
-            await send(common.error_of(ev).to_openai())
-            break
-        if isinstance(ev, wire.Delta):
-            key = "reasoning_content" if ev.kind == "reasoning" else "content"
-            await send(chunk({key: ev.text}, lps=ev.logprobs))
-        elif isinstance(ev, wire.ToolCall):  # name first, then the arguments, as OpenAI
-            first = call_json(ev, calls)
-            first["function"] = {"name": ev.name, "arguments": ""}
-            await send(chunk({"tool_calls": [first]}))
-            await send(chunk({"tool_calls": [{"index": calls,
-                                              "function": {"arguments": ev.arguments}}]}))
-            calls += 1
-        elif isinstance(ev, wire.Done):
-            await send({**chunk({}, finish_of(ev), ev.logprobs),
-                        "shoal": common.speed(ev, ttft)})
-            if include_usage:
-                await send({**base, "object": "chat.completion.chunk", "choices": [],
-                            "usage": usage(ev), "shoal": common.speed(ev, ttft)})
-    await send("[DONE]")
-    await resp.write_eof()
-    return resp
+routes.post("/v1/chat/completions")(handler(Endpoint(ChatCompletionRequest, to_request,
+                                                     ChatRenderer)))

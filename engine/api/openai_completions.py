@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from typing import Any
 
 from aiohttp import web
@@ -15,6 +12,8 @@ from engine import protocol as wire
 from engine.api import common
 from engine.api.openai_chat import finish_of, usage
 from engine.api.openai_schemas import MAX_TOKENS_LIMIT, SamplingFields, StreamOptions
+from engine.api.render import SSE_KEEPALIVE, Answer, Context, error_of, sse
+from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest
 
 routes = web.RouteTableDef()
@@ -56,7 +55,7 @@ def to_request(body: CompletionRequest) -> wire.GenerateRequest:
     if body.logprobs is not None:
         sampling["logprobs"] = body.logprobs
     return wire.GenerateRequest(prompt=_prompt(body.prompt), suffix=body.suffix,
-                                sampling=sampling)
+                                sampling=wire.SamplingRequest.of(sampling))
 
 
 def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
@@ -72,54 +71,62 @@ def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any
             "text_offset": offsets}
 
 
-@routes.post("/v1/completions")
-async def completions(request: web.Request) -> web.StreamResponse:
-    raw = await common.read_json(request)
-    body = common.parse(CompletionRequest, raw)
-    relayed = await common.relay(request, body.model, raw)
-    if relayed is not None:
-        return relayed
-    async with common.generation(request, body.model, to_request(body)) as g:
-        base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
-                "created": int(time.time()), "model": g.model}
-        echo = (g.accepted.prompt_text or "") if body.echo else ""
-        if not body.stream:
-            a = await g.answer()
-            assert a.done is not None
-            lps = legacy_logprobs(a.logprobs, len(echo)) if body.logprobs is not None \
-                else None
-            return web.json_response({**base, "choices": [{
-                "index": 0, "text": echo + a.content, "logprobs": lps,
-                "finish_reason": finish_of(a.done)}], "usage": usage(a.done)})
-        resp = await common.sse(request)
+class CompletionRenderer:
+    """/v1/completions: text chunks (the echoed prompt first, when asked), the older
+    logprobs shape, usage if asked, [DONE]; or the text_completion object."""
 
-        async def send(choice: dict[str, Any] | None, **extra: Any) -> None:
-            obj = {**base, "choices": [choice] if choice else [], **extra}
-            await resp.write(f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode())
+    media: str = "text/event-stream"
+    keepalive_s: float | None = common.KEEPALIVE_S
+    wants_admission: bool = False
+    wants_progress: bool = False
 
-        at = len(echo)
-        if echo:
-            await send({"index": 0, "text": echo, "logprobs": None, "finish_reason": None})
-        async for ev in g.stream():
-            if ev is None:
-                await resp.write(common.SSE_KEEPALIVE)
-                continue
-            if isinstance(ev, wire.Error):
-                await resp.write(f"data: {json.dumps(common.error_of(ev).to_openai())}\n\n"
-                                 .encode())
-                break
-            if isinstance(ev, (wire.Delta, wire.Done)):
-                lps = legacy_logprobs(ev.logprobs or [], at) if body.logprobs is not None \
-                    else None
-                text = ev.text if isinstance(ev, wire.Delta) else ""
-                at += len(text)
-                finish = finish_of(ev) if isinstance(ev, wire.Done) else None
-                if text or finish or lps and lps["tokens"]:
-                    await send({"index": 0, "text": text, "logprobs": lps,
-                                "finish_reason": finish})
-                if isinstance(ev, wire.Done) and body.stream_options \
-                        and body.stream_options.include_usage:
-                    await send(None, usage=usage(ev))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+    def __init__(self, body: CompletionRequest, ctx: Context):
+        self.body = body
+        self.base = {"id": ctx.ids("cmpl-"), "object": "text_completion",
+                     "created": int(ctx.now()), "model": ctx.model}
+        self.echo = (ctx.prompt_text or "") if body.echo else ""
+        self.at = len(self.echo)
+
+    def _send(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
+        return sse({**self.base, "choices": [choice] if choice else [], **extra})
+
+    def start(self) -> list[bytes]:
+        return [self._send({"index": 0, "text": self.echo, "logprobs": None,
+                            "finish_reason": None})] if self.echo else []
+
+    def keepalive(self) -> bytes:
+        return SSE_KEEPALIVE
+
+    def event(self, ev: wire.Event) -> list[bytes]:
+        if isinstance(ev, wire.Error):
+            return [sse(error_of(ev).to_openai())]
+        if not isinstance(ev, (wire.Delta, wire.Done)):
+            return []
+        out = []
+        lps = legacy_logprobs(ev.logprobs or [], self.at) \
+            if self.body.logprobs is not None else None
+        text = ev.text if isinstance(ev, wire.Delta) else ""
+        self.at += len(text)
+        finish = finish_of(ev) if isinstance(ev, wire.Done) else None
+        if text or finish or lps and lps["tokens"]:
+            out.append(self._send({"index": 0, "text": text, "logprobs": lps,
+                                   "finish_reason": finish}))
+        opts = self.body.stream_options
+        if isinstance(ev, wire.Done) and opts and opts.include_usage:
+            out.append(self._send(None, usage=usage(ev)))
+        return out
+
+    def end(self) -> list[bytes]:
+        return [sse("[DONE]")]
+
+    def answer(self, a: Answer) -> dict[str, Any]:
+        assert a.done is not None
+        lps = legacy_logprobs(a.logprobs, len(self.echo)) \
+            if self.body.logprobs is not None else None
+        return {**self.base, "choices": [{
+            "index": 0, "text": self.echo + a.content, "logprobs": lps,
+            "finish_reason": finish_of(a.done)}], "usage": usage(a.done)}
+
+
+routes.post("/v1/completions")(handler(Endpoint(CompletionRequest, to_request,
+                                                CompletionRenderer)))

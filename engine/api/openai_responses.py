@@ -5,14 +5,13 @@ documented order (created, in_progress, output_item.added, deltas, …done, comp
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from typing import Any
 
 from aiohttp import web
 
 from engine import protocol as wire
-from engine.api import common, hints
+from engine.api import common
+from engine.api.render import SSE_KEEPALIVE, Answer, Context, error_of, sse
 from engine.api.responses_schemas import (
     NamedTool,
     ResponsesRequest,
@@ -20,19 +19,17 @@ from engine.api.responses_schemas import (
     flatten_tools,
     to_request,
 )
+from engine.api.serve import Endpoint, handler
 from engine.errors import ModelNotFound
 
 routes = web.RouteTableDef()
 
 
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
-
-
 def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
-              output: list[dict[str, Any]], done: wire.Done | None) -> dict[str, Any]:
+              output: list[dict[str, Any]], done: wire.Done | None,
+              created: int) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "id": rid, "object": "response", "created_at": int(time.time()), "status": status,
+        "id": rid, "object": "response", "created_at": created, "status": status,
         "model": model, "output": output, "error": None, "incomplete_details": None,
         "instructions": body.instructions, "metadata": body.metadata or {},
         "parallel_tool_calls": body.parallel_tool_calls is not False,
@@ -92,129 +89,136 @@ async def get_response(request: web.Request) -> web.Response:
                         param="response_id", code="not_found")
 
 
-@routes.post("/v1/responses")
-async def responses(request: web.Request) -> web.StreamResponse:
-    raw = await common.read_json(request)
-    body = common.parse(ResponsesRequest, raw)
-    relayed = await common.relay(request, body.model, raw)
-    if relayed is not None:
-        return relayed
-    req = to_request(body)
-    names = flatten_tools(body.tools)
-    hints.note(request, body.hints())
-    async with common.generation(request, body.model, req) as g:
-        rid = _id("resp")
-        if body.stream:
-            return await _stream(request, body, g, rid, names)
-        a = await g.answer()
-        output: list[dict[str, Any]] = []
-        if a.reasoning:
-            output.append(_reasoning(_id("rs"), a.reasoning))
-        if a.content or not a.tool_calls:
-            output.append(_message(_id("msg"), a.content, a.logprobs, "completed"))
-        output += [_call(_id("fc"), c, c.arguments, "completed", names) for c in a.tool_calls]
-        return web.json_response(_envelope(body, rid, g.model, "completed", output, a.done))
+class ResponsesRenderer:
+    """/v1/responses: the documented event order (created, in_progress, each item's
+    added / deltas / done, completed or incomplete, or failed), numbered; or the response
+    object."""
 
+    media: str = "text/event-stream"
+    keepalive_s: float | None = common.KEEPALIVE_S
+    wants_admission: bool = False
+    wants_progress: bool = False
 
-async def _stream(request: web.Request, body: ResponsesRequest, g: common.Generation,
-                  rid: str, names: ToolNames) -> web.StreamResponse:
-    resp = await common.sse(request)
-    seq = 0
-    output: list[dict[str, Any]] = []
-    open_item: dict[str, Any] | None = None  # the message or reasoning item being written
-    text = ""
+    def __init__(self, body: ResponsesRequest, ctx: Context):
+        self.body, self.ctx, self.names = body, ctx, flatten_tools(body.tools)
+        self.rid, self.created = ctx.ids("resp_"), int(ctx.now())
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self.open_item: dict[str, Any] | None = None  # the message or reasoning item
+        self.text = ""
 
-    async def send(kind: str, **data: Any) -> None:
-        nonlocal seq
-        obj = {"type": kind, "sequence_number": seq, **data}
-        seq += 1
-        await resp.write(f"event: {kind}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n"
-                         .encode())
+    def _env(self, status: str, done: wire.Done | None = None) -> dict[str, Any]:
+        return _envelope(self.body, self.rid, self.ctx.model, status, self.output, done,
+                         self.created)
 
-    async def close() -> None:
-        nonlocal open_item, text
-        if open_item is None:
-            return
-        i, iid = len(output), open_item["id"]
-        if open_item["type"] == "message":
+    def _send(self, kind: str, **data: Any) -> bytes:
+        obj = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return sse(obj, event=kind)
+
+    def _close(self) -> list[bytes]:
+        if self.open_item is None:
+            return []
+        i, iid, text = len(self.output), self.open_item["id"], self.text
+        if self.open_item["type"] == "message":
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            await send("response.output_text.done", item_id=iid, output_index=i,
-                       content_index=0, text=text, logprobs=[])
-            await send("response.content_part.done", item_id=iid, output_index=i,
-                       content_index=0, part=part)
+            out = [self._send("response.output_text.done", item_id=iid, output_index=i,
+                              content_index=0, text=text, logprobs=[]),
+                   self._send("response.content_part.done", item_id=iid, output_index=i,
+                              content_index=0, part=part)]
             item = _message(iid, text, [], "completed")
         else:
-            await send("response.reasoning_text.done", item_id=iid, output_index=i,
-                       content_index=0, text=text)
+            out = [self._send("response.reasoning_text.done", item_id=iid, output_index=i,
+                              content_index=0, text=text)]
             item = _reasoning(iid, text)
-        await send("response.output_item.done", output_index=i, item=item)
-        output.append(item)
-        open_item, text = None, ""
+        out.append(self._send("response.output_item.done", output_index=i, item=item))
+        self.output.append(item)
+        self.open_item, self.text = None, ""
+        return out
 
-    async def open_(kind: str) -> None:
-        nonlocal open_item
-        await close()
-        iid = _id("msg" if kind == "message" else "rs")
-        open_item = _message(iid, "", [], "in_progress") if kind == "message" \
+    def _open(self, kind: str) -> list[bytes]:
+        out = self._close()
+        iid = self.ctx.ids("msg_" if kind == "message" else "rs_")
+        self.open_item = _message(iid, "", [], "in_progress") if kind == "message" \
             else _reasoning(iid, "")
-        i = len(output)
-        await send("response.output_item.added", output_index=i, item=open_item)
-        if kind == "message":
-            await send("response.content_part.added", item_id=iid, output_index=i,
-                       content_index=0, part={"type": "output_text", "text": "",
-                                              "annotations": [], "logprobs": []})
-        else:
-            await send("response.content_part.added", item_id=iid, output_index=i,
-                       content_index=0, part={"type": "reasoning_text", "text": ""})
+        i = len(self.output)
+        out.append(self._send("response.output_item.added", output_index=i,
+                              item=self.open_item))
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []} \
+            if kind == "message" else {"type": "reasoning_text", "text": ""}
+        out.append(self._send("response.content_part.added", item_id=iid, output_index=i,
+                              content_index=0, part=part))
+        return out
 
-    start = _envelope(body, rid, g.model, "in_progress", [], None)
-    await send("response.created", response=start)
-    await send("response.in_progress", response=start)
-    async for ev in g.stream():
-        if ev is None:
-            await resp.write(common.SSE_KEEPALIVE)
-            continue
+    def start(self) -> list[bytes]:
+        start = self._env("in_progress")
+        return [self._send("response.created", response=start),
+                self._send("response.in_progress", response=start)]
+
+    def keepalive(self) -> bytes:
+        return SSE_KEEPALIVE
+
+    def event(self, ev: wire.Event) -> list[bytes]:
         if isinstance(ev, wire.Error):  # the protocol's own end for a failed response
-            await close()
-            err = common.error_of(ev)
-            failed = _envelope(body, rid, g.model, "failed", output, None)
+            out = self._close()
+            err = error_of(ev)
+            failed = self._env("failed")
             failed["error"] = {"code": err.code or "server_error", "message": err.message}
-            await send("response.failed", response=failed)
-            break
+            return out + [self._send("response.failed", response=failed)]
         if isinstance(ev, wire.Delta):
             kind = "reasoning" if ev.kind == "reasoning" else "message"
-            if open_item is None or open_item["type"] != kind:
-                await open_(kind)
-            assert open_item is not None
-            text += ev.text
+            out = self._open(kind) if self.open_item is None or \
+                self.open_item["type"] != kind else []
+            assert self.open_item is not None
+            self.text += ev.text
             name = "response.output_text.delta" if kind == "message" \
                 else "response.reasoning_text.delta"
             extra = {"logprobs": ev.logprobs or []} if kind == "message" else {}
-            await send(name, item_id=open_item["id"], output_index=len(output),
-                       content_index=0, delta=ev.text, **extra)
-        elif isinstance(ev, wire.ToolCall):
-            await close()
-            i, iid = len(output), _id("fc")
-            item = _call(iid, ev, ev.arguments, "completed", names)
-            started = _call(iid, ev, "", "in_progress", names)
-            await send("response.output_item.added", output_index=i, item=started)
+            return out + [self._send(name, item_id=self.open_item["id"],
+                                     output_index=len(self.output), content_index=0,
+                                     delta=ev.text, **extra)]
+        if isinstance(ev, wire.ToolCall):
+            out = self._close()
+            i, iid = len(self.output), self.ctx.ids("fc_")
+            item = _call(iid, ev, ev.arguments, "completed", self.names)
+            started = _call(iid, ev, "", "in_progress", self.names)
+            out.append(self._send("response.output_item.added", output_index=i,
+                                  item=started))
             if item["type"] == "custom_tool_call":
-                await send("response.custom_tool_call_input.delta", item_id=iid,
-                           output_index=i, delta=item["input"])
-                await send("response.custom_tool_call_input.done", item_id=iid,
-                           output_index=i, input=item["input"])
+                out += [self._send("response.custom_tool_call_input.delta", item_id=iid,
+                                   output_index=i, delta=item["input"]),
+                        self._send("response.custom_tool_call_input.done", item_id=iid,
+                                   output_index=i, input=item["input"])]
             else:
-                await send("response.function_call_arguments.delta", item_id=iid,
-                           output_index=i, delta=ev.arguments)
-                await send("response.function_call_arguments.done", item_id=iid,
-                           output_index=i, arguments=ev.arguments, name=item["name"])
-            await send("response.output_item.done", output_index=i, item=item)
-            output.append(item)
-        elif isinstance(ev, wire.Done):
-            await close()
-            final = _envelope(body, rid, g.model, "completed", output, ev)
+                out += [self._send("response.function_call_arguments.delta", item_id=iid,
+                                   output_index=i, delta=ev.arguments),
+                        self._send("response.function_call_arguments.done", item_id=iid,
+                                   output_index=i, arguments=ev.arguments,
+                                   name=item["name"])]
+            out.append(self._send("response.output_item.done", output_index=i, item=item))
+            self.output.append(item)
+            return out
+        if isinstance(ev, wire.Done):
+            out = self._close()
+            final = self._env("completed", ev)
             kind = "response.completed" if final["status"] == "completed" \
                 else "response.incomplete"
-            await send(kind, response=final)
-    await resp.write_eof()
-    return resp
+            return out + [self._send(kind, response=final)]
+        return []
+
+    def end(self) -> list[bytes]:
+        return []
+
+    def answer(self, a: Answer) -> dict[str, Any]:
+        if a.reasoning:
+            self.output.append(_reasoning(self.ctx.ids("rs_"), a.reasoning))
+        if a.content or not a.tool_calls:
+            self.output.append(_message(self.ctx.ids("msg_"), a.content, a.logprobs,
+                                        "completed"))
+        self.output += [_call(self.ctx.ids("fc_"), c, c.arguments, "completed", self.names)
+                        for c in a.tool_calls]
+        return self._env("completed", a.done)
+
+
+routes.post("/v1/responses")(handler(Endpoint(ResponsesRequest, to_request,
+                                              ResponsesRenderer)))

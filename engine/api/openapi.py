@@ -3,39 +3,32 @@ pydantic request schemas that validate every request (so it can't drift from the
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel
 
 from engine import __version__
-from engine.api import anthropic_schemas, ollama_schemas, openai_schemas, responses_schemas
-from engine.api.openai_completions import CompletionRequest
-
-routes = web.RouteTableDef()
-
-# (method, path, request schema or None, summary)
-OPERATIONS: list[tuple[str, str, type[BaseModel] | None, str]] = [
-    ("get", "/v1/models", None, "Models this node serves (OpenAI)"),
-    ("post", "/v1/chat/completions", openai_schemas.ChatCompletionRequest,
-     "Chat completion (OpenAI)"),
-    ("post", "/v1/completions", CompletionRequest, "Text completion (OpenAI)"),
-    ("post", "/v1/responses", responses_schemas.ResponsesRequest, "Response (OpenAI)"),
-    ("post", "/v1/messages", anthropic_schemas.MessagesRequest, "Message (Anthropic)"),
-    ("post", "/v1/messages/count_tokens", anthropic_schemas.CountTokensRequest,
-     "Count a message's tokens (Anthropic)"),
-    ("post", "/api/chat", ollama_schemas.ChatRequest, "Chat (Ollama)"),
-    ("post", "/api/generate", ollama_schemas.GenerateRequest, "Generate (Ollama)"),
-    ("get", "/api/tags", None, "Local models (Ollama)"),
-    ("get", "/api/ps", None, "Running models (Ollama)"),
-    ("get", "/api/version", None, "Version (Ollama)"),
-]
 
 
-def document() -> dict[str, Any]:
+def operations(table: Sequence[web.RouteDef]) -> list[tuple[str, str, Any, str]]:
+    """(method, path, request schema or None, summary) of every route of the user API:
+    from the route table itself, so no route is left out."""
+    out = []
+    for r in table:
+        if r.method == "HEAD" or not r.path.startswith(("/v1/", "/api/")):
+            continue
+        ep = getattr(r.handler, "endpoint", None)
+        doc = (r.handler.__doc__ or "").strip().split("\n")[0].rstrip(".:")
+        out.append((r.method.lower(), r.path.replace("{model_id:.+}", "{model_id}"),
+                    ep.schema if ep is not None else None, doc or r.path))
+    return out
+
+
+def document(table: Sequence[web.RouteDef]) -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     paths: dict[str, Any] = {}
-    for method, path, model, summary in OPERATIONS:
+    for method, path, model, summary in operations(table):
         op: dict[str, Any] = {"summary": summary, "responses": {
             "200": {"description": "the answer (JSON, or a stream when asked for)"},
             "400": {"description": "a field the node can't honour, named"},
@@ -56,6 +49,11 @@ def document() -> dict[str, Any]:
             "paths": paths, "components": {"schemas": schemas}}
 
 
-@routes.get("/openapi.json")
-async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(document())
+def route(table: Sequence[web.RouteDef]
+          ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The GET /openapi.json handler for the routes in `table`."""
+    doc = document(table)
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.json_response(doc)
+    return openapi

@@ -305,4 +305,5 @@ def to_request(body: ResponsesRequest) -> wire.GenerateRequest:
     return wire.GenerateRequest(
         messages=template_messages(body, names), tools=tools, tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        thinking=None if effort is None else effort != "none", sampling=sampling)
+        thinking=None if effort is None else effort != "none",
+        sampling=wire.SamplingRequest.of(sampling))

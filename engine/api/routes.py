@@ -12,7 +12,8 @@ from engine.errors import ShoalError
 
 routes: list[web.RouteDef] = [  # type: ignore[list-item]
     *openai_chat.routes, *openai_completions.routes, *openai_responses.routes,
-    *anthropic.routes, *ollama.routes, *openapi.routes]
+    *anthropic.routes, *ollama.routes]
+routes.append(web.get("/openapi.json", openapi.route(routes)))
 
 
 def error_body(path: str, e: ShoalError) -> dict[str, Any]:

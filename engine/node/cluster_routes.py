@@ -40,8 +40,7 @@ async def probe(request: web.Request) -> web.StreamResponse:
 
 @routes.get("/shoal/node")
 async def node_info(request: web.Request) -> web.Response:
-    c = _cluster(request)
-    return web.json_response(c.info())
+    return web.json_response(_cluster(request).info().to_json())
 
 
 @routes.get("/shoal/topology")
@@ -50,12 +49,12 @@ async def topology(request: web.Request) -> web.Response:
     (each node measures its own; peers report theirs)."""
     c = _cluster(request)
     me = c.info()
-    nodes = [{**me, "self": True, "reachable": True, "trusted": True}]
-    links = [{"from": c.id, **lk} for lk in me["links"]]
+    nodes = [{**me.to_json(), "self": True, "reachable": True, "trusted": True}]
+    links = [{"from": c.id, **lk} for lk in me.links]
     for p in c.peers.all():
-        nodes.append({**p.info, **p.public(), "self": False})
-        if p.trusted:
-            links += [{"from": p.id, **lk} for lk in p.info.get("links") or []]
+        nodes.append({**(p.info.to_json() if p.info else {}), **p.public(), "self": False})
+        if p.trusted and p.info is not None:
+            links += [{"from": p.id, **lk} for lk in p.info.links]
     # Thunderbolt cables between trusted nodes, each saying whether it carries RDMA and why not.
     cables = cluster_cables({str(n["id"]): n.get("platform") for n in nodes
                              if n.get("trusted") and n.get("id")})
@@ -83,7 +82,7 @@ async def launch(request: web.Request) -> web.Response:
 
 @routes.get("/shoal/instances")
 async def instances(request: web.Request) -> web.Response:
-    return web.json_response(_cluster(request).describe())
+    return web.json_response(_cluster(request).describe().to_json())
 
 
 @routes.delete("/shoal/instances/{id}")
@@ -97,24 +96,24 @@ async def stop_instance(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/peer/prepare")
 async def peer_prepare(request: web.Request) -> web.Response:
-    return web.json_response(await _cluster(request).prepare(await json_object(request)))
+    return web.json_response(await _cluster(request).followers.prepare(await json_object(request)))
 
 
 @routes.post("/shoal/peer/start")
 async def peer_start(request: web.Request) -> web.Response:
     body = await json_object(request)
-    return web.json_response(await _cluster(request).start_follower(body), status=202)
+    return web.json_response(await _cluster(request).followers.start(body), status=202)
 
 
 @routes.get("/shoal/peer/instances/{id}")
 async def peer_state(request: web.Request) -> web.Response:
-    return web.json_response(_cluster(request).follower_state(request.match_info["id"]))
+    return web.json_response(_cluster(request).followers.state(request.match_info["id"]))
 
 
 @routes.post("/shoal/peer/stop")
 async def peer_stop(request: web.Request) -> web.Response:
     body = await json_object(request)
-    await _cluster(request).stop_follower(str(body.get("instance")),
+    await _cluster(request).followers.stop(str(body.get("instance")),
                                           str(body.get("reason") or "stopped"))
     return web.json_response({"ok": True})
 

@@ -16,6 +16,7 @@ import aiohttp
 
 from engine.cluster.auth import NotInCluster, sign
 from engine.errors import PeerUnreachable, ShoalError
+from engine.protocol import NodeInfo
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0
@@ -27,17 +28,17 @@ def _major_minor(v: Any) -> tuple[str, ...]:
     return tuple(str(v or "?").split(".")[:2])
 
 
-def incompatibility(info: dict[str, Any]) -> str | None:
+def incompatibility(info: NodeInfo) -> str | None:
     """Why a peer can't share an instance with this node (Shoal or MLX versions), or None.
     MLX's wire format between ranks is only promised within one version."""
     from engine import __version__
     from engine.telemetry.versions import mlx_version
-    theirs, ours = info.get("version"), __version__
+    theirs, ours = info.version, __version__
     if _major_minor(theirs) != _major_minor(ours):
         return (f"runs Shoal {theirs}, this node runs {ours}: update both to the same "
                 "version before running a model on them together")
-    if info.get("mlx_version") and mlx_version() and info["mlx_version"] != mlx_version():
-        return (f"runs MLX {info['mlx_version']}, this node runs {mlx_version()}: install "
+    if info.mlx_version and mlx_version() and info.mlx_version != mlx_version():
+        return (f"runs MLX {info.mlx_version}, this node runs {mlx_version()}: install "
                 "the same MLX on both")
     return None
 
@@ -59,7 +60,7 @@ class Peer:
     trusted: bool = False  # answers with our cluster secret
     last_seen: float = 0.0
     error: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: NodeInfo | None = None  # what it last said of itself (trusted peers only)
     warning: str | None = None  # e.g. versions that can't run one model together
     link: dict[str, Any] = field(default_factory=dict)  # type, rtt_ms, bandwidth_MBps
 
@@ -67,7 +68,7 @@ class Peer:
         return {"url": self.url, "id": self.id, "name": self.name, "version": self.version,
                 "reachable": self.reachable, "trusted": self.trusted, "error": self.error,
                 "warning": self.warning, "link": self.link,
-                "mlx_version": self.info.get("mlx_version"),
+                "mlx_version": self.info.mlx_version if self.info else None,
                 "seen_s_ago": round(time.monotonic() - self.last_seen, 1)
                 if self.last_seen else None}
 
@@ -166,15 +167,20 @@ class Peers:
     async def _poll(self, url: str) -> None:
         peer = self._peers[url]
         try:
-            info = await self.call(url, "GET", "/shoal/node", timeout=POLL_S)
-            if not isinstance(info, dict) or "id" not in info:
+            raw = await self.call(url, "GET", "/shoal/node", timeout=POLL_S)
+            if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
                 raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
-            if info["id"] == self.node_id and self.on_same_id is not None:
+            try:
+                info: NodeInfo = NodeInfo.from_json(raw)
+            except (TypeError, ValueError) as e:
+                raise PeerUnreachable(f"{url} described itself in a shape this node "
+                                      f"can't read ({e}); update both nodes") from None
+            if info.id == self.node_id and self.on_same_id is not None:
                 self.on_same_id(url)  # a copied state folder: one side must change
                 return
             first = not peer.trusted
-            self._peers[url] = replace(peer, id=str(info["id"]), name=info.get("name"),
-                                       version=info.get("version"), reachable=True,
+            self._peers[url] = replace(peer, id=info.id, name=info.name,
+                                       version=info.version, reachable=True,
                                        trusted=True, last_seen=time.monotonic(), error=None,
                                        info=info, warning=incompatibility(info))
             if first or time.monotonic() - peer.link.get("at", 0) > LINK_PROBE_S:
@@ -182,7 +188,7 @@ class Peers:
         except NotInCluster as e:
             if peer.trusted or peer.error is None:
                 log.warning("peer %s is not in this cluster: %s", url, e.message)
-            self._peers[url] = replace(peer, reachable=True, trusted=False, info={},
+            self._peers[url] = replace(peer, reachable=True, trusted=False, info=None,
                                        last_seen=time.monotonic(),
                                        error=f"not in this cluster: {e.message}")
         except ShoalError as e:

@@ -16,7 +16,7 @@ from engine.placement.planner import Placement, Rejection, evaluate, explain, pl
 from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT
 from engine.placement.validate import PlacementError
-from engine.protocol import PlanInfo, RejectedInfo
+from engine.protocol import NodeInfo, PlanInfo, RejectedInfo
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet
@@ -32,32 +32,32 @@ class PlanReport:
 
 
 # --- what nodes report, as the planner reads it ---------------------------------------
-def planner_node(info: Mapping[str, Any]) -> dict[str, Any]:
+def planner_node(info: NodeInfo) -> dict[str, Any]:
     """One node's self-description (GET /shoal/node) as plan_from_cluster's node info."""
-    machine = info.get("machine") or {}
+    machine = info.machine or {}
     memory = machine.get("memory") or {}
-    rdma = ((info.get("platform") or {}).get("rdma") or {}).get("enabled")
-    speed = info.get("speed") or {}
-    return {"id": info.get("id"), "name": info.get("name"),
+    rdma = ((info.platform or {}).get("rdma") or {}).get("enabled")
+    speed = info.speed
+    return {"id": info.id, "name": info.name,
             "memory_usable_bytes": memory.get("available_bytes"),
             "memory_bytes": memory.get("total_bytes"), "chip": machine.get("chip"),
-            "models": info.get("models") or [], "rdma": bool(rdma),
+            "models": info.models, "rdma": bool(rdma),
             # measured on the machine itself (engine/telemetry/calibrate.py), when known
             "measured_bandwidth_Bps": speed.get("memory_bandwidth_Bps"),
             "measured_flops": speed.get("compute_flops")}
 
 
-def cluster_view(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
     """{"nodes", "links"} for the planner from node self-descriptions (the asking node
     first): each node's measured links, kept where both ends are among the nodes."""
     links = []
     for info in infos:
-        for lk in info.get("links") or []:
+        for lk in info.links:
             if "rtt_ms" in lk and "bandwidth_MBps" in lk:
-                links.append({"a": info["id"], "b": lk["to"],
+                links.append({"a": info.id, "b": lk["to"],
                               "latency_s": lk["rtt_ms"] / 2000,  # one way
                               "bandwidth_Bps": lk["bandwidth_MBps"] * 1e6, "rdma": False})
-    ids = {i["id"] for i in infos}
+    ids = {i.id for i in infos}
     return {"nodes": [planner_node(i) for i in infos],
             "links": [lk for lk in links if lk["b"] in ids]}
 

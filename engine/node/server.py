@@ -14,10 +14,12 @@ from aiohttp import web
 
 from engine import __version__
 from engine.api import cors
+from engine.api.backend import BACKEND
 from engine.api.common import MAX_BODY_MB, too_large
 from engine.api.routes import error_body
 from engine.api.routes import routes as api_routes
 from engine.errors import BadRequest, ShoalError, Unauthorized
+from engine.node.backend import NodeBackend
 from engine.node.incoming import json_object, require_local
 from engine.node.request_log import RequestLog
 from engine.node.service import Node
@@ -135,7 +137,8 @@ async def health(request: web.Request) -> web.Response:
 @routes.get("/shoal/status")
 async def status(request: web.Request) -> web.Response:
     cluster = request.app.get("cluster")
-    mine = {**cluster.describe(), "url": cluster.peers.self_url} if cluster is not None \
+    mine = {**cluster.describe().to_json(), "url": cluster.peers.self_url} \
+        if cluster is not None \
         else None
     return web.json_response(_node(request).status(cluster=mine))
 
@@ -215,6 +218,7 @@ def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
     app.on_response_prepare.append(cors.add_headers(origins))
     app["max_body"] = max_body
     app["node"] = node
+    app[BACKEND] = NodeBackend(node, cluster)
     app["requests"] = RequestLog()
     app["cluster"] = cluster
     app["stop"] = asyncio.Event()

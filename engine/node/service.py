@@ -123,12 +123,16 @@ class Node:
         return found
 
     # --- the worker ------------------------------------------------------------------
+    async def prepared(self, timeout: float = 900) -> None:
+        """Once the first run's default model is imported (at once when it is not)."""
+        if self._preparing is not None and not self._preparing.done():
+            await asyncio.wait_for(asyncio.shield(self._preparing), timeout)
+
     async def ensure_loaded(self, model_id: str | None = None) -> WorkerHandle:
         """The running worker for model_id (or the current/default model), starting or
         switching the worker as needed. A failed distributed instance is not silently
         replaced by a single-process one: it must be launched again."""
-        if self._preparing is not None and not self._preparing.done():
-            await asyncio.wait_for(asyncio.shield(self._preparing), 900)  # e.g. importing
+        await self.prepared()  # e.g. importing the default model
         async with self._load_lock:
             model_id = model_id or self._current_model() or self.default_model
             if model_id is None:

@@ -93,7 +93,7 @@ class WorkerHandle:
         try:
             ready: Ready = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
             self.ready = ready
-            takes = int(ready.extra.get("streams") or 1)
+            takes = ready.streams
             self._turn = asyncio.Semaphore(max(1, min(takes, self.max_streams)))
             return ready
         except TimeoutError:

@@ -15,16 +15,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, get_args
 
 from engine.errors import BadRequest
 from engine.placement.validate import max_lanes
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("ring", "jaccl", "jaccl-ring")
+Backend = Literal["ring", "jaccl", "jaccl-ring"]  # MLX's TCP ring; RDMA over Thunderbolt
+BACKENDS: tuple[str, ...] = get_args(Backend)
 STRATEGIES = ("pipeline", "tensor")
 
 
@@ -91,6 +92,10 @@ class DistConfig:
                                 f"most), and 1 for tensor; not {lanes}.")
         return cls(rank, world, backend, hosts, bells, strategy, layers, timeout,
                    devices, d.get("coordinator"), max(0, prefix_tokens), lanes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON the node writes (and from_dict reads back)."""
+        return json.loads(json.dumps(asdict(self)))
 
     @classmethod
     def from_file(cls, path: Path) -> DistConfig:

@@ -26,10 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.runtime.batching import Job, Prefilled, Streams
+from engine.runtime.batching import Prefilled, Streams
 from engine.runtime.chunking import Chunker
 from engine.runtime.doorbell import BATCH, END, STEP, TOKEN
-from engine.runtime.group_state import HEAD_LEN, OutOfStep, Plan, Seq, State, apply_plan
+from engine.runtime.group_schedule import Scheduler
+from engine.runtime.group_state import (
+    HEAD_LEN,
+    OutOfStep,
+    Plan,
+    Seq,
+    State,
+    apply_plan,
+    apply_step,
+)
 from engine.runtime.lockstep import DTYPES, Link
 from engine.runtime.prefix import PrefixCache
 
@@ -260,28 +269,32 @@ def serve_follower(steps: PipelineSteps | TensorSteps, link: Link,
                 raise OutOfStep(f"the plan names lane {plan.lane} of {steps.lanes}")
             apply_plan(plan, state)
             steps.run(plan, state)
-            state.fed(plan)
-            state.joined()
+            apply_step(plan, state)
     except OutOfStep as e:
         link.fail(str(e))
 
 
 # --- rank 0's scheduler ----------------------------------------------------------------
 class GroupBatcher(Streams):
-    """Rank 0's generator for a group that serves several requests at once."""
+    """Rank 0's generator for a group that serves several requests at once: a thread that
+    takes the requests' arrivals and departures, asks the Scheduler for each step's plan
+    (engine/runtime/group_schedule.py), runs it and samples."""
 
     def __init__(self, steps: PipelineSteps | TensorSteps, tokenizer: Any,
                  prefix: PrefixCache, streams: int, on_fatal: Callable[[str], None],
                  chunker: Chunker | None = None):
+        from engine.runtime.sampling import token_sampler
+
         super().__init__()
         self.steps, self.link, self.streams = steps, steps.link, streams
         self.eos = set(int(t) for t in tokenizer.eos_token_ids)
         self.state = State(prefix, steps.make_cache, steps.lanes)
         self.chunker = chunker or Chunker()
+        self.scheduler = Scheduler(
+            self.state, streams, self.chunker, steps.hidden, steps.dtype,
+            lambda job: token_sampler(job.sampling, job.tokenizer, job.prompt))
+        self._jobs = self.scheduler.jobs  # Streams' count of requests in flight
         self._on_fatal = on_fatal
-        self._waiting: list[Job] = []
-        self._gone: set[int] = set()
-        self._uid = 0
         self._lane = 0
         self._busy = False
         threading.Thread(target=self._run, name="group-batcher", daemon=True).start()
@@ -289,14 +302,15 @@ class GroupBatcher(Streams):
     def _run(self) -> None:
         import time
 
+        sched = self.scheduler
         try:
             while True:
-                idle = self.state.idle and not self._waiting
+                idle = self.state.idle and not sched.waiting
                 if idle and self._busy:  # every rank goes back to sleep on its doorbell
                     self._busy = False   # (inside a round their waits are bounded)
                     self.link.end_round()
                 self._take(block=idle)
-                if self.state.idle and not self._waiting:
+                if self.state.idle and not sched.waiting:
                     continue
                 if not self._busy:
                     self._busy = True
@@ -304,18 +318,18 @@ class GroupBatcher(Streams):
                 # the lanes take turns; one in flight is taken back before it is planned
                 lane, self._lane = self._lane, (self._lane + 1) % self.steps.lanes
                 self._sample(self.steps.settle(lane))
-                plan = self._plan(lane)
+                plan = sched.step(lane)
                 if plan.empty:
                     continue
+                if plan.chunk >= 0:  # the chunk's prompt, before the step moves it on
+                    chunked = self.state.pending[plan.chunk]
                 t = time.perf_counter()
                 outputs = self.steps.lead(plan, self.state)
                 if plan.chunk >= 0:  # the step's time is what the other streams waited
                     self.chunker.took(plan.chunk_len, time.perf_counter() - t)
-                if plan.chunk >= 0:  # the prefilled prompt's progress, before fed() moves it
-                    self._prefilled(self.state.pending[plan.chunk], plan.chunk_len)
-                self.state.fed(plan)
+                    _prefilled(chunked, plan.chunk_len)
+                apply_step(plan, self.state)
                 self._sample(outputs)
-                self.state.joined()
         except Exception as e:  # the group's state is unknown now: take it down
             log.exception("batched generation failed on rank 0")
             self._on_fatal(f"Generation failed in the model's group: {e}")
@@ -330,67 +344,23 @@ class GroupBatcher(Streams):
                 return
             block = False
             if kind == "add":
-                self._waiting.append(job)
-            elif job in self._waiting:
-                self._waiting.remove(job)
-            elif job.uid is not None:
-                self._gone.add(job.uid)
-
-    def _plan(self, lane: int) -> Plan:
-        """Decide this step of `lane`, applying rank 0's side of it as it goes."""
-        from engine.runtime.sampling import token_sampler
-
-        st = self.state
-        seqs = st.lanes[lane].decoding
-        plan = Plan(lane=lane, hidden=self.steps.hidden, dtype=self.steps.dtype)
-        plan.drop = [i for i, s in enumerate(seqs) if _uid(s) in self._gone]
-        plan.cancel = [i for i, s in enumerate(st.pending) if _uid(s) in self._gone]
-        self._forget([seqs[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
-        st.drop(plan)
-        plan.keep = len(st.prefix)
-        while self._waiting and len(st.pending) + st.n_decoding < self.streams:
-            job = self._waiting.pop(0)
-            try:
-                sample = token_sampler(job.sampling, job.tokenizer, job.prompt)
-            except Exception as e:  # e.g. a grammar that can't be built
-                job.out.put(e)
-                continue
-            cache, job.cached = st.prefix.fetch(job.prompt)
-            job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
-            job.uid, self._uid = self._uid, self._uid + 1
-            self._jobs[job.uid] = job
-            seq = st.admit(job.prompt, cache, job.cached)
-            seq.job, seq.sample = job, sample
-            plan.admit.append(job.prompt)
-            plan.cached.append(job.cached)
-        st.joined()  # prompts the prefix cache held all but the last token of
-        plan.feed = [_next(s) for s in st.lanes[lane].decoding]
-        ready = [(s.left, i) for i, s in enumerate(st.pending) if s.left > 0]
-        # one chunk a round of the lanes, so each stream waits for one chunk at most
-        if ready and st.first_busy_lane() in (lane, -1):
-            left, plan.chunk = min(ready)
-            size = self.chunker.size()
-            # a prompt two chunks from its end runs whole: a short request starts at once
-            plan.chunk_len = left if left <= 2 * size else size
-        return plan
-
-    @staticmethod
-    def _prefilled(seq: Seq, n: int) -> None:
-        if seq.job is not None:
-            seq.job.out.put(Prefilled(seq.job.cached, len(seq.tokens) + n))
+                self.scheduler.waiting.append(job)
+            else:
+                self.scheduler.leave(job)
 
     def _sample(self, outputs: Outputs) -> None:
+        gone = self.scheduler.gone
         for seqs, logits in outputs:
             for i, seq in enumerate(seqs):
                 job = seq.job
                 assert job is not None and seq.sample is not None
-                if job.uid in self._gone:
+                if job.uid in gone:
                     continue
                 try:
                     token, lp = seq.sample(logits[i:i + 1])
                 except Exception as e:  # this request's sampling failed (e.g. its grammar)
                     job.out.put(e)
-                    self._gone.add(job.uid)  # type: ignore[arg-type]
+                    gone.add(job.uid)  # type: ignore[arg-type]
                     continue
                 seq.generated += 1
                 finish = "stop" if token in self.eos else \
@@ -398,24 +368,15 @@ class GroupBatcher(Streams):
                 seq.next = token
                 job.out.put((token, lp, finish))
                 if finish is not None:
-                    self._gone.add(job.uid)  # type: ignore[arg-type]
+                    gone.add(job.uid)  # type: ignore[arg-type]
 
-    def _forget(self, seqs: list[Seq]) -> None:
-        for s in seqs:
-            uid = _uid(s)
-            self._gone.discard(uid)
-            self._jobs.pop(uid, None)
+
+def _prefilled(seq: Seq, n: int) -> None:
+    """The request hears how far its prompt is (before apply_step counts the chunk in)."""
+    if seq.job is not None:
+        seq.job.out.put(Prefilled(seq.job.cached, len(seq.tokens) + n))
 
 
 def _as(h: Any, dtype: Any) -> Any:
     """Hidden states travel between ranks in the group's dtype."""
     return h if h.dtype == dtype else h.astype(dtype)
-
-
-def _uid(seq: Seq) -> int:
-    return seq.job.uid if seq.job is not None and seq.job.uid is not None else -1
-
-
-def _next(seq: Seq) -> int:
-    """The token a decoding sequence feeds next: its prompt's last, then what it sampled."""
-    return seq.prompt[-1] if seq.next is None else seq.next

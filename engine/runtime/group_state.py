@@ -187,15 +187,39 @@ class OutOfStep(RuntimeError):
     pass
 
 
-def apply_plan(plan: Plan, state: State) -> None:
-    """A follower's side of the plan's bookkeeping before the step's compute, in rank 0's
-    order (GroupBatcher._plan): leavers, the prefix cache's count, joiners."""
+def apply_leavers(plan: Plan, state: State) -> None:
+    """The plan's leavers go (decoding ones into the prefix cache); a follower then drops
+    the prefix entries rank 0 dropped. Rank 0 runs this too, before it admits anyone."""
     state.drop(plan)
-    state.prefix.keep(plan.keep)
-    for prompt, cached in zip(plan.admit, plan.cached):
-        cache, n = state.prefix.fetch(prompt)
+    if not state.prefix.leader:
+        state.prefix.keep(plan.keep)
+
+
+def apply_admissions(plan: Plan, state: State,
+                     fetched: list[tuple[list[Any] | None, int]] | None = None) -> list[Seq]:
+    """The plan's joiners start prefilling from the prefix cache's hit, and prompts with
+    only their last token left join a lane. `fetched`: rank 0's own lookups, made while it
+    decided (a follower looks up here and checks it finds what rank 0 found)."""
+    seqs = []
+    for i, (prompt, cached) in enumerate(zip(plan.admit, plan.cached)):
+        cache, n = fetched[i] if fetched is not None else state.prefix.fetch(prompt)
         if n != cached:
             raise OutOfStep(f"the prefix cache is out of step (rank 0 holds {cached} of the "
                             f"prompt's tokens, this rank {n})")
-        state.admit(prompt, cache, cached)
+        seqs.append(state.admit(prompt, cache, cached))
+    state.joined()
+    return seqs
+
+
+def apply_plan(plan: Plan, state: State) -> list[Seq]:
+    """Everything a plan changes before its step's compute, on any rank: leavers, then
+    joiners (rank 0 decides between the two and runs the same two functions)."""
+    apply_leavers(plan, state)
+    return apply_admissions(plan, state)
+
+
+def apply_step(plan: Plan, state: State) -> None:
+    """After the step's compute, on any rank: the tokens fed are in the caches, and a
+    prompt whose chunk finished it joins a lane."""
+    state.fed(plan)
     state.joined()

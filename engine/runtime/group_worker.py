@@ -114,11 +114,11 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         fatal("load_failed", f"Rank {cfg.rank} couldn't load {model_path}: {e}")
 
     ctx = model_context(config)
-    emit("ready", model=model_id, context_length=ctx, pid=os.getpid(),
-         load_s=round(time.perf_counter() - t0, 3), rank=cfg.rank, world=cfg.world,
-         strategy=cfg.strategy, layers=list(info.layers), files=list(info.files),
-         bytes_read=info.bytes_read, peak_rss=peak_rss_bytes(), streams=streams,
-         lanes=cfg.lanes if streams > 1 else 1)
+    from engine.protocol import RankReady, Ready
+    emit(Ready(model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams,
+               RankReady(cfg.rank, cfg.world, cfg.strategy, list(info.layers),
+                         list(info.files), info.bytes_read, peak_rss_bytes(),
+                         cfg.lanes if streams > 1 else 1)))
     link = Link(cfg, group, bell, watchdog, on_broken=fatal.peer_lost)
     from engine.runtime.prefix import PrefixCache
     prefix = PrefixCache(cfg.prefix_cache_tokens, leader=cfg.rank == 0)

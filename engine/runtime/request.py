@@ -267,8 +267,8 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
         gen: Callable[..., Iterator[Any]], cancel: threading.Event,
         emit: Callable[[Message], None]) -> None:
     """Serve one request, emitting Accepted, Delta/ToolCall…, Done (or raising ShoalError)."""
-    s = dict(req.sampling)
-    ctx_len = min(ctx_len, int(s.pop("context_limit", None) or ctx_len))  # Ollama's num_ctx
+    s = req.sampling
+    ctx_len = min(ctx_len, s.context_limit or ctx_len)  # Ollama's num_ctx
     prompt, text, splitter, constraint = prepare(tokenizer, req, ctx_len)
     if len(prompt) >= ctx_len:
         raise too_long(str(len(prompt)), ctx_len)
@@ -276,18 +276,14 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     if req.count_only:
         emit(Done(rid, "stop", len(prompt), 0))
         return
-    if s.get("constraint") and constraint:
+    if s.constraint and constraint:
         raise BadRequest("A forced tool call and a response_format can't be combined.",
                          param="response_format")
-    s["constraint"] = s.get("constraint") or constraint
-    if s["constraint"] is not None:  # a bad schema is the client's 400, before any rank runs
+    grammar = s.constraint or constraint
+    if grammar is not None:  # a bad schema is the client's 400, before any rank runs
         from engine.runtime.grammar import check_constraint
-        check_constraint(s["constraint"], tokenizer,
-                         "tools" if constraint else "response_format")
-    s["max_tokens"] = min(int(s.get("max_tokens") or ctx_len), ctx_len - len(prompt))
-    s["stop"] = tuple(s.get("stop") or ())
-    s["logit_bias"] = tuple((int(k), float(v)) for k, v in (s.get("logit_bias") or {}).items())
-    sampling = Sampling(**s)
+        check_constraint(grammar, tokenizer, "tools" if constraint else "response_format")
+    sampling = Sampling.of(s, min(s.max_tokens or ctx_len, ctx_len - len(prompt)), grammar)
     lps: list[dict[str, Any]] = []
     records = gen(model, tokenizer, prompt, sampling, cancel,
                   progress=_progress_emitter(rid, emit))

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.protocol import SamplingRequest
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,23 @@ class Sampling:
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
     constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
     logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def of(cls, asked: SamplingRequest, max_tokens: int,
+           constraint: dict[str, Any] | None) -> Sampling:
+        """What the client asked, defaults where it didn't, for a prompt that leaves
+        `max_tokens` of the context."""
+        d = cls()
+        return cls(max_tokens=max_tokens,
+                   temperature=d.temperature if asked.temperature is None else asked.temperature,
+                   top_p=d.top_p if asked.top_p is None else asked.top_p,
+                   top_k=d.top_k if asked.top_k is None else asked.top_k,
+                   min_p=d.min_p if asked.min_p is None else asked.min_p,
+                   repetition_penalty=asked.repetition_penalty,
+                   presence_penalty=asked.presence_penalty,
+                   frequency_penalty=asked.frequency_penalty, seed=asked.seed,
+                   stop=asked.stop, logprobs=asked.logprobs, constraint=constraint,
+                   logit_bias=asked.logit_bias)
 
 
 def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[Any]]:

@@ -209,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = default_budget(ctx) if args.prefix_cache_tokens is None \
         else max(0, args.prefix_cache_tokens)
     gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget)
-    emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3),
-               extra={"streams": streams}))
+    emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams))
     serve(model, tokenizer, ctx, emit, gen=gen, concurrent=streams > 1)
     return 0
 

@@ -28,7 +28,7 @@ def trio(tmp_path_factory, tiny_model_dir) -> list[NodeProcess]:
 
 
 def node_id(n: NodeProcess) -> str:
-    return n.client.status()["cluster"]["id"]
+    return n.client.status().cluster["id"]
 
 
 def launch(via: NodeProcess, body: dict) -> httpx.Response:
@@ -56,7 +56,7 @@ def test_invalid_pipeline_placements_are_refused(trio, nodes, words):
     r = launch(a, {"model": "tiny-llama", "strategy": "pipeline", "nodes": nodes})
     assert r.status_code == 400, r.text
     assert words in r.json()["error"]["message"]
-    assert a.client.status()["worker_pid"] is None  # nothing was started
+    assert a.client.status().worker_pid is None  # nothing was started
 
 
 def test_tensor_parallel_needs_divisible_heads(trio):
@@ -89,7 +89,7 @@ def test_bad_lanes_are_refused_before_anything_starts(trio, strategy, lanes, wor
     message = r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "lanes" and words in message
     assert f"not {lanes!r}" in message
-    assert a.client.status()["worker_pid"] is None  # nothing was started
+    assert a.client.status().worker_pid is None  # nothing was started
 
 
 def test_lanes_need_a_node_that_batches(tmp_path, tiny_model_dir):
@@ -132,9 +132,9 @@ def test_pipeline_over_three_nodes_serves_through_any_node(trio, tiny_node):
     stream = c.client.chat(HELLO, model="tiny-llama", max_tokens=24, temperature=0)
     assert "".join(d.text for d in stream) == expected
     httpx.delete(a.url + f"/shoal/instances/{inst['id']}", timeout=60)
-    wait_until(lambda: all(n.client.status()["cluster"]["followers"] == [] or
+    wait_until(lambda: all(n.client.status().cluster["followers"] == [] or
                            all(f["state"] == "stopped" for f in
-                               n.client.status()["cluster"]["followers"]) for n in trio), 15)
+                               n.client.status().cluster["followers"]) for n in trio), 15)
 
 
 def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny_model_dir):
@@ -144,7 +144,7 @@ def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny
                 "nodes": [{"node": "self", "layers": [0, 2]},
                           {"node": node_id(b), "layers": [2, 4]}]}
         assert launch(a, body).status_code == 201
-        follower = b.client.status()["cluster"]["followers"][0]
+        follower = b.client.status().cluster["followers"][0]
         assert follower["state"] == "ready"
         b_worker = worker_pids(b)
         assert b_worker
@@ -157,10 +157,10 @@ def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny
             for _ in it:
                 pass
         assert time.monotonic() - t0 < 10
-        wait_until(lambda: a.client.status()["state"] == "error", 10)
+        wait_until(lambda: a.client.status().state == "error", 10)
         st = a.client.status()
-        assert "rank" in st["error"] or "peer" in st["error"]
-        assert st["cluster"]["instances"][0]["state"] == "failed"
+        assert "rank" in st.error or "peer" in st.error
+        assert st.cluster["instances"][0]["state"] == "failed"
         wait_until(lambda: not worker_pids(a) and not worker_pids(b), 10)
         # Asking again says the instance must be relaunched; relaunching works.
         with pytest.raises(ShoalError, match="Launch it again"):
@@ -182,7 +182,7 @@ def test_a_vanished_node_is_noticed_within_ten_seconds(tmp_path, tiny_model_dir)
                       ).status_code == 201
         os.killpg(b.proc.pid, signal.SIGKILL)  # the whole machine, as far as a knows
         t0 = time.monotonic()
-        wait_until(lambda: a.client.status()["state"] == "error", 10)
+        wait_until(lambda: a.client.status().state == "error", 10)
         assert time.monotonic() - t0 < 10
         assert not worker_pids(a)
     finally:
@@ -198,7 +198,7 @@ def test_memory_is_checked_before_launch_and_force_overrides(trio):
     assert r.status_code == 507, r.text
     msg = r.json()["error"]["message"]
     assert "needs" in msg and "usable" in msg and "force" in msg
-    assert a.client.status()["worker_pid"] is None  # nothing was started
+    assert a.client.status().worker_pid is None  # nothing was started
     forced = launch(a, {**body, "force": True})
     assert forced.status_code == 201, forced.text
     assert "forced beyond the memory check" in forced.json()["warning"]
@@ -232,6 +232,6 @@ def test_each_rank_reports_its_loading_progress(trio):
     assert r.status_code == 201, r.text
     ranks = r.json()["ranks"]
     assert ranks[1]["progress"] == [1, 1]  # the follower's layers, all loaded
-    follower = next(f for f in b.client.status()["cluster"]["followers"]
+    follower = next(f for f in b.client.status().cluster["followers"]
                     if f["instance"] == r.json()["id"])
     assert follower["state"] == "ready" and follower["progress"] == [1, 1]

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from engine.node.peers import incompatibility
+from engine.protocol import NodeInfo
 from nodes import start_cluster
 from tests_support import wait_until
 
@@ -30,11 +31,11 @@ def test_loopback_link_is_measured(tmp_path, tiny_model_dir):
 
 def test_incompatible_versions_are_named():
     from engine import __version__
-    assert incompatibility({"version": __version__}) is None
-    why = incompatibility({"version": "99.0.0"})
+    assert incompatibility(NodeInfo("b", version=__version__)) is None
+    why = incompatibility(NodeInfo("b", version="99.0.0"))
     assert why and "Shoal 99.0.0" in why
     from engine.telemetry.versions import mlx_version
-    why = incompatibility({"version": __version__, "mlx_version": "0.1.0"})
+    why = incompatibility(NodeInfo("b", version=__version__, mlx_version="0.1.0"))
     assert why and "MLX 0.1.0" in why and (mlx_version() or "") in why
 
 

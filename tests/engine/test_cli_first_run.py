@@ -25,9 +25,12 @@ def shoal(*args: str) -> subprocess.CompletedProcess:
 def test_first_run_imports_the_default_model_and_answers_paris(tmp_path):
     node = NodeProcess(tmp_path / "home", "default").wait_healthy()
     try:
-        ready = node.wait_ready(180)
-        assert ready["model"] == "SmolLM2-135M-Instruct"
+        # A client listing models as soon as the API answers (the import may still be
+        # under way) sees the default model.
         oai = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0)
+        assert "SmolLM2-135M-Instruct" in [m.id for m in oai.models.list()]
+        ready = node.wait_ready(180)
+        assert ready.model == "SmolLM2-135M-Instruct"
         r = oai.chat.completions.create(
             model="SmolLM2-135M-Instruct", max_tokens=20, temperature=0,
             messages=[{"role": "user", "content": "What is the capital of France?"}])

@@ -65,7 +65,7 @@ def test_a_recorded_request_is_accepted_as_sent(i):
     assert len(req.messages) == len(body["messages"]), "the conversation reaches the model"
     # Open WebUI's built-in tools (notes, memories, knowledge, ...) all reach the template
     assert len(req.tools or []) == len(body.get("tools") or [])
-    assert req.sampling.get("max_tokens") == max_tokens
+    assert req.sampling.max_tokens == max_tokens
 
 
 @pytest.fixture(scope="module")

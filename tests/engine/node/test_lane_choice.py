@@ -1,12 +1,13 @@
-"""Which lanes a launch runs (engine/node/cluster.py:choose_lanes), rule by rule: what the
+"""Which lanes a launch runs (engine/node/launch.py:choose_lanes), rule by rule: what the
 user asked for, else the planner's choice, except where it can't gain."""
 
 from __future__ import annotations
 
 import pytest
 
+from engine.api.common import parse
 from engine.errors import BadRequest
-from engine.node.cluster import choose_lanes
+from engine.node.launch import LaunchRequest, choose_lanes
 
 TWO_MACHINES = ["10.0.0.1", "10.0.0.2"]
 
@@ -23,7 +24,7 @@ TWO_MACHINES = ["10.0.0.1", "10.0.0.2"]
     ({"lanes": 1}, "tensor", TWO_MACHINES, 1, 8, 1),
 ])
 def test_lanes_are_chosen_by_rule(body, strategy, hosts, predicted, streams, lanes):
-    assert choose_lanes(body, strategy, hosts, predicted, streams) == lanes
+    assert choose_lanes(body.get("lanes"), strategy, hosts, predicted, streams) == lanes
 
 
 @pytest.mark.parametrize("lanes,strategy,streams,words", [
@@ -33,9 +34,16 @@ def test_lanes_are_chosen_by_rule(body, strategy, hosts, predicted, streams, lan
     (2, "tensor", 8, "from 1 to 1"), (2, "pipeline", 1, "--max-streams 1"),
 ])
 def test_bad_lanes_say_what_is_allowed(lanes, strategy, streams, words):
+    """The launch body's type check (LaunchRequest) and then the placement's range, as a
+    POST /shoal/instances meets them."""
+    body = {"model": "m", "strategy": strategy, "lanes": lanes}
     if words is None:  # JSON null: not asked
-        assert choose_lanes({"lanes": lanes}, strategy, TWO_MACHINES, 2, streams) == 2
+        asked = parse(LaunchRequest, body).lanes
+        assert choose_lanes(asked, strategy, TWO_MACHINES, 2, streams) == 2
         return
     with pytest.raises(BadRequest) as e:
-        choose_lanes({"lanes": lanes}, strategy, TWO_MACHINES, 1, streams)
+        asked = parse(LaunchRequest, body).lanes
+        choose_lanes(asked, strategy, TWO_MACHINES, 1, streams)
     assert e.value.param == "lanes" and words in e.value.message
+    if words == "whole number":
+        assert f"not {lanes!r}" in e.value.message

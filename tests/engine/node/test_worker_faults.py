@@ -26,10 +26,10 @@ def test_closing_the_stream_stops_generation(tiny_node):
     it = iter(stream)
     for _ in range(5):
         next(it)
-    assert tiny_node.client.status()["state"] == "generating"
+    assert tiny_node.client.status().state == "generating"
     stream.close()
     t0 = time.monotonic()
-    wait_until(lambda: tiny_node.client.status()["state"] == "idle", 5)
+    wait_until(lambda: tiny_node.client.status().state == "idle", 5)
     assert time.monotonic() - t0 < 2
     # The next answer is whole and its own.
     r = tiny_node.client.complete(HELLO, model="tiny-llama", max_tokens=4)
@@ -37,7 +37,7 @@ def test_closing_the_stream_stops_generation(tiny_node):
 
 
 def test_worker_killed_mid_stream_gives_an_error_then_recovers(fresh_node):
-    old_pid = fresh_node.client.status()["worker_pid"]
+    old_pid = fresh_node.client.status().worker_pid
     stream = _stream(fresh_node)
     it = iter(stream)
     next(it)
@@ -50,11 +50,11 @@ def test_worker_killed_mid_stream_gives_an_error_then_recovers(fresh_node):
     assert "exited unexpectedly" in str(e.value)
     assert f"on {socket.gethostname()}" in str(e.value)  # which machine holds the log
     st = fresh_node.client.status()
-    assert st["state"] == "error" and "exited unexpectedly" in st["error"]
+    assert st.state == "error" and "exited unexpectedly" in st.error
     # The next request starts a fresh worker.
     r = fresh_node.client.complete(HELLO, model="tiny-llama", max_tokens=3)
     assert r["usage"]["completion_tokens"] == 3
-    assert fresh_node.client.status()["worker_pid"] not in (None, old_pid)
+    assert fresh_node.client.status().worker_pid not in (None, old_pid)
 
 
 def test_truncated_weights_are_named(fresh_node):
@@ -71,13 +71,13 @@ def test_truncated_weights_are_named(fresh_node):
         oai.chat.completions.create(model="broken", messages=HELLO, max_tokens=3)
     msg = e.value.body["message"]
     assert "model.safetensors" in msg and "truncated" in msg
-    assert fresh_node.client.status()["state"] == "error"
+    assert fresh_node.client.status().state == "error"
     r = httpx.get(fresh_node.url + "/health", timeout=10)
     assert r.json()["ok"]
 
 
 def test_sigterm_stops_node_and_worker(fresh_node):
-    pid = fresh_node.client.status()["worker_pid"]
+    pid = fresh_node.client.status().worker_pid
     fresh_node.proc.send_signal(signal.SIGTERM)
     assert fresh_node.proc.wait(20) == 0
     wait_until(lambda: not _alive(pid), 5)
@@ -116,7 +116,7 @@ def test_an_unknown_start_model_shows_as_an_error(tmp_path):
     node = NodeProcess(tmp_path / "home", "no-such-model").wait_healthy()
     try:
         st = node.wait_state("error", 30)
-        assert "no-such-model" in st["error"]
+        assert "no-such-model" in st.error
     finally:
         node.stop()
 

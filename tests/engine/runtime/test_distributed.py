@@ -148,7 +148,7 @@ def test_concurrent_requests_decode_together_across_ranks(models, reference, tmp
     group = Group(tmp_path, models["qwen3"], world, strategy,
                   SPLITS[world] if strategy == "pipeline" else None, streams=4, lanes=lanes)
     try:
-        assert [r["extra"]["streams"] for r in group.ready()] == [4] * world
+        assert [r["streams"] for r in group.ready()] == [4] * world
         leader = group.leader
         todo = [REQUESTS[i] for i in (0, 1, 2, 4)]
         send_all(leader, todo, "c")

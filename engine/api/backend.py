@@ -1,0 +1,51 @@
+"""What the protocol adapters need from whatever serves them: the models it has, the one
+loaded, loading and unloading, one generation's events, and passing a request on to the
+node that serves its model. The node implements it (engine/node/backend.py); the adapters
+never see the node, its worker or the cluster."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from engine import protocol as wire
+from engine.hub.local import LocalModel
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """A model a distributed instance on another node serves."""
+    id: str
+    owner: str  # the owning node's URL
+    instance: dict[str, Any]  # its InstanceInfo as JSON
+
+
+@dataclass
+class Started:
+    """A generation the worker has begun: the model that serves it and its events, the
+    first of which is Accepted or Error."""
+    model: str
+    events: AsyncIterator[wire.Event]
+
+
+class Backend(Protocol):
+    async def models(self) -> list[LocalModel]: ...
+    def remote_models(self) -> list[RemoteModel]: ...
+    def loaded_model(self) -> str | None: ...
+    async def load(self, model: str | None) -> str: ...
+    async def unload(self, model: str) -> None: ...
+    def generate(self, model: str | None, req: wire.GenerateRequest
+                 ) -> AbstractAsyncContextManager[Started]: ...
+    async def relay(self, request: web.Request, model: str | None,
+                    body: Any) -> web.StreamResponse | None: ...
+
+
+BACKEND = web.AppKey("backend", Backend)
+
+
+def backend(request: web.Request) -> Backend:
+    return request.app[BACKEND]

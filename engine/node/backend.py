@@ -1,0 +1,62 @@
+"""The node as the protocol adapters' Backend (engine/api/backend.py): its models, its one
+worker, and the cluster's distributed instances, which other nodes own and answer for."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from engine import protocol as wire
+from engine.api.backend import RemoteModel, Started
+from engine.hub.local import LocalModel
+from engine.node import relay
+from engine.node.service import Node
+
+PREPARE_WAIT_S = 120.0  # the bundled model's import takes seconds; a list never hangs
+
+
+class NodeBackend:
+    def __init__(self, node: Node, cluster: Any = None):
+        self.node, self.cluster = node, cluster
+
+    async def models(self) -> list[LocalModel]:
+        """The models here; on a first run, once the default model is imported (a client
+        that lists models as soon as the API answers sees it)."""
+        with contextlib.suppress(TimeoutError):
+            await self.node.prepared(PREPARE_WAIT_S)
+        return self.node.local_models()
+
+    def remote_models(self) -> list[RemoteModel]:
+        if self.cluster is None:
+            return []
+        return [RemoteModel(inst.model, url, inst.to_json())
+                for url, inst in self.cluster.remote_instances()]
+
+    def loaded_model(self) -> str | None:
+        w = self.node.worker
+        return w.model_id if w is not None and w.alive else None
+
+    async def load(self, model: str | None) -> str:
+        return (await self.node.ensure_loaded(model)).model_id
+
+    async def unload(self, model: str) -> None:
+        if self.loaded_model() == model:
+            await self.node.unload()
+
+    @contextlib.asynccontextmanager
+    async def generate(self, model: str | None,
+                       req: wire.GenerateRequest) -> AsyncIterator[Started]:
+        worker = await self.node.ensure_loaded(model)
+        async with worker.generate(req, self.node.on_turn) as events:
+            yield Started(worker.model_id, events)
+
+    async def relay(self, request: web.Request, model: str | None,
+                    body: Any) -> web.StreamResponse | None:
+        w = self.node.worker
+        if not model or self.cluster is None or (w is not None and w.alive
+                                                 and w.model_id == model):
+            return None
+        return await relay.relay(request, self.cluster, model, body)

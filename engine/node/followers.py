@@ -1,0 +1,125 @@
+"""The ranks this node runs for instances other nodes own: it checks the model and hands out
+ports when asked (prepare), starts the rank's worker from the owner's DistConfig, reports
+its state to the owner's watch, and tells the owner at once when the rank fails."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import BadRequest, ShoalError
+from engine.node.launch import fresh_ports, write_config
+from engine.node.peers import Peers
+from engine.node.service import Node
+from engine.node.worker_handle import WorkerHandle
+from engine.paths import logs_dir
+from engine.protocol import ENDED, Exited, Fatal, FollowerInfo, InstanceState, Loading, Message
+from engine.runtime.distributed import DistConfig
+
+KEEP_ENDED = 4  # ended ranks remembered, for their reasons
+
+
+@dataclass
+class Follower:
+    """A rank this node runs for an instance owned elsewhere."""
+    instance: str
+    owner_url: str
+    rank: int
+    model: str
+    worker: WorkerHandle | None = None
+    state: InstanceState = InstanceState.STARTING
+    reason: str | None = None
+    progress: list[int] = field(default_factory=lambda: [0, 0])  # layers loaded, total
+    loaded: dict[str, Any] | None = None  # the rank's load report, once ready
+
+    def info(self) -> FollowerInfo:
+        return FollowerInfo(self.instance, self.rank, self.state, self.reason, self.progress)
+
+
+class Followers:
+    def __init__(self, node: Node, peers: Peers, name: str, host: str):
+        self.node, self.peers, self.name, self.host = node, peers, name, host
+        self._by_id: dict[str, Follower] = {}
+
+    def all(self) -> list[Follower]:
+        return list(self._by_id.values())
+
+    def holding(self, model: str) -> Follower | None:
+        """The rank of `model` this node holds (or held, until a failure)."""
+        return next((f for f in self._by_id.values() if f.worker is not None
+                     and f.model == model and f.reason != "stopped"), None)
+
+    async def prepare(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Check the model (the files this rank reads) and hand out two fresh ports."""
+        await self.node.check_model(self.node.resolve(str(body.get("model"))), all_files=False)
+        return fresh_ports(str(body.get("host") or self.host))
+
+    async def start(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            inst_id, model, owner = str(body["instance"]), str(body["model"]), str(body["owner"])
+            config = body["config"]
+        except KeyError as e:
+            raise BadRequest(f"A rank's start needs {e}.") from None
+        cfg = DistConfig.from_dict(config if isinstance(config, dict) else {})
+        path = self.node.resolve(model)
+        old = self._by_id.pop(inst_id, None)
+        if old and old.worker:
+            await old.worker.stop()
+        f = Follower(inst_id, owner, cfg.rank, model)
+        ended = [k for k, v in self._by_id.items() if v.state in ENDED]
+        for old_id in ended[:-KEEP_ENDED]:
+            del self._by_id[old_id]
+        self._by_id[inst_id] = f
+        f.worker = WorkerHandle(model, path, logs_dir(self.node.home) / f"worker-{inst_id}.log",
+                                lambda ev: self._on_event(f, ev),
+                                dist_config=write_config(self.node.home, inst_id, cfg))
+        self.node.keep(asyncio.create_task(self._run(f)))
+        return {"ok": True}
+
+    async def _run(self, f: Follower) -> None:
+        assert f.worker
+        try:
+            ready = await f.worker.start()
+            f.state = InstanceState.READY
+            f.loaded = ready.rank.report() if ready.rank else None
+        except ShoalError as e:
+            f.state, f.reason = InstanceState.FAILED, e.message
+
+    def _on_event(self, f: Follower, ev: Message) -> None:
+        if isinstance(ev, Exited) and f.state != InstanceState.STOPPED:
+            # the worker's own reason, where it gave one, says more than its exit
+            f.state, f.reason = InstanceState.FAILED, f.reason or ev.reason
+            self.node.keep(asyncio.get_running_loop().create_task(self._tell_owner(f)))
+        elif isinstance(ev, Fatal):
+            f.reason = ev.message
+        elif isinstance(ev, Loading):
+            f.progress = [ev.done, ev.total]
+
+    async def _tell_owner(self, f: Follower) -> None:
+        with contextlib.suppress(ShoalError):
+            await self.peers.call(f.owner_url, "POST", "/shoal/peer/failed",
+                                  {"instance": f.instance,
+                                   "reason": f"rank {f.rank} on node {self.name}: {f.reason}"},
+                                  timeout=5)
+
+    def state(self, inst_id: str) -> dict[str, Any]:
+        """What the owner's watch reads (GET /shoal/peer/instances/{id})."""
+        f = self._by_id.get(inst_id)
+        if f is None:
+            return {"state": InstanceState.STOPPED, "reason": "this node runs no such instance"}
+        return {"state": f.state, "reason": f.reason, "rank": f.rank, "progress": f.progress,
+                "loaded": f.loaded}
+
+    async def stop(self, inst_id: str, reason: str) -> None:
+        f = self._by_id.get(inst_id)
+        if f is not None:
+            f.state, f.reason = InstanceState.STOPPED, reason
+            if f.worker:
+                f.worker.dead_reason = "stopped"
+                await f.worker.stop()
+
+    async def close(self) -> None:
+        for inst_id in list(self._by_id):
+            await self.stop(inst_id, "the node is shutting down")

@@ -1,0 +1,228 @@
+"""A launch, typed: the POST /shoal/instances body (checked once; its 400s name the field),
+the ranks it names once resolved, the lanes it runs, and the checks a placement passes
+before anything starts. engine/node/cluster.py walks a launch with these."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, StrictInt, field_validator
+from pydantic_core import PydanticCustomError
+
+from engine.api.openai_schemas import Strict
+from engine.errors import BadRequest, InsufficientMemory
+from engine.node.planning import best_placement, plan_from_cluster
+from engine.placement.families import strategy_refusal
+from engine.placement.planner import Placement
+from engine.placement.validate import (
+    ModelShape,
+    NotEnoughMemory,
+    PlacementError,
+    check_pipeline,
+    check_strategy,
+    check_tensor,
+    max_lanes,
+)
+from engine.protocol import InstanceInfo, InstanceState, RankInfo
+from engine.runtime.distributed import Backend, DistConfig
+
+log = logging.getLogger(__name__)
+
+
+class NodeRef(Strict):
+    node: str  # an id, a name, host:port, or "self"
+    layers: tuple[StrictInt, StrictInt] | None = None  # [start, end) for a pipeline rank
+
+
+class LaunchRequest(Strict):
+    """POST /shoal/instances. Without `nodes` the planner's first choice is launched."""
+    model: str
+    strategy: Literal["pipeline", "tensor"] = "pipeline"
+    backend: Backend = "ring"
+    nodes: list[NodeRef] = Field(default_factory=list)  # rank 0 first
+    context: StrictInt | None = Field(default=None, ge=1)  # what the memory check plans for
+    force: StrictBool = False  # launch a placement the memory check refuses, with a warning
+    lanes: int | None = None  # micro-batches in flight; default: the planner's choice
+
+    @field_validator("lanes", mode="before")
+    @classmethod
+    def _whole(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise PydanticCustomError("lanes", "must be a whole number, not {got}",
+                                      {"got": repr(v)})
+        return v
+
+    def body(self, nodes: list[NodeRef] | None = None) -> dict[str, Any]:
+        """As JSON, for the node a launch is handed over to."""
+        out = self.model_dump(exclude_none=True)
+        if nodes is not None:
+            out["nodes"] = [n.model_dump(exclude_none=True) for n in nodes]
+        return out
+
+
+@dataclass
+class Rank:
+    """One rank of an instance: its node, and how far it has got."""
+    node: str  # the node's id
+    url: str | None  # None: this node
+    layers: tuple[int, int] | None = None
+    progress: list[int] | None = None  # layers loaded, total, while it starts
+    loaded: dict[str, Any] | None = None  # its load report, once ready
+
+
+@dataclass
+class Instance:
+    """A model this node runs over several nodes, as its owner."""
+    id: str
+    model: str
+    strategy: str
+    ranks: list[Rank]
+    state: InstanceState = InstanceState.STARTING
+    reason: str | None = None
+    backend: str = "ring"
+    devices: list[list[str | None]] | None = None  # jaccl: RDMA device per rank pair
+    lanes: int = 1  # micro-batches a pipeline keeps in flight
+    watch: asyncio.Task | None = field(default=None, repr=False)
+
+    def info(self) -> InstanceInfo:
+        return InstanceInfo(self.id, self.model, self.strategy, self.state, self.reason,
+                            [RankInfo(i, r.node, list(r.layers) if r.layers else None,
+                                      r.progress, r.loaded) for i, r in enumerate(self.ranks)],
+                            lanes=self.lanes)
+
+    def public(self) -> dict[str, Any]:
+        return self.info().to_json()
+
+
+def choose_lanes(lanes: int | None, strategy: str, hosts: list[str], predicted: int,
+                 max_streams: int) -> int:
+    """The micro-batches a launch's pipeline keeps in flight: the body's "lanes" (1 to one
+    per rank), else the planner's choice for the placement. Ranks on one machine (the same
+    host) get one lane unless asked: they share its memory bus, so their steps at once
+    don't gain (docs/benchmarks.md, "Pipeline lanes"). A node with --max-streams 1 runs a
+    group one request at a time, so there is nothing to split."""
+    top = max_lanes(strategy, len(hosts))
+    if lanes is None:
+        shared = len(set(hosts)) < len(hosts)
+        return 1 if strategy != "pipeline" or shared or max_streams < 2 else predicted
+    if not 1 <= lanes <= top:
+        raise BadRequest(f"'lanes' must be a whole number from 1 to {top} for this "
+                         f"{strategy} placement (one per rank at most; tensor ranks run "
+                         f"every step together), not {lanes!r}.", param="lanes")
+    if lanes > 1 and max_streams < 2:
+        raise BadRequest("'lanes' needs a node that decodes several requests at once; this "
+                         "one runs with --max-streams 1.", param="lanes")
+    return lanes
+
+
+def model_shape(config: dict[str, Any]) -> tuple[ModelShape, str]:
+    cfg = config.get("text_config", config)
+    heads = int(cfg.get("num_attention_heads", 0))
+    mtype = str(config.get("model_type", "?"))
+    return ModelShape(layers=int(cfg.get("num_hidden_layers", 0)), heads=heads,
+                      kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                      has_shard=strategy_refusal(mtype, "tensor") is None,
+                      vocab=int(cfg.get("vocab_size") or 0),
+                      tied=bool(cfg.get("tie_word_embeddings",
+                                        config.get("tie_word_embeddings", False)))), mtype
+
+
+def check_placement(config: dict[str, Any], strategy: str, ranks: list[Rank]) -> None:
+    """The family rule, then the layer ranges (pipeline) or the heads' split (tensor), as
+    the planner checks them: a BadRequest that says why the placement can't run."""
+    shape, mtype = model_shape(config)
+    try:
+        check_strategy(mtype, strategy)
+        if strategy == "pipeline":
+            check_pipeline([list(r.layers or ()) for r in ranks], shape.layers)
+        else:
+            if any(r.layers not in (None, (0, shape.layers)) for r in ranks):
+                raise PlacementError(f"tensor ranks hold a slice of every layer: leave "
+                                     f"out 'layers' (or give [0, {shape.layers}])")
+            check_tensor(shape, len(ranks), mtype)
+    except PlacementError as e:
+        raise BadRequest(f"This placement can't run: {e}.", param="nodes") from None
+
+
+def first_choice(inputs: dict[str, Any], req: LaunchRequest, me: str) -> Placement:
+    """The placement a launch without nodes takes: the planner's best (rank 0 here where
+    it can be), or InsufficientMemory with the planner's reasons."""
+    report = plan_from_cluster(**inputs, context=req.context, model_name=req.model)
+    best = best_placement(report.placements, me)
+    if best is None:
+        why = "; ".join(r.reason for r in report.rejections[:3]) or "no node can hold it"
+        raise InsufficientMemory(f"{req.model} fits no placement on this cluster: {why}",
+                                 param="model")
+    return report.placements[best]
+
+
+def memory_check(inputs: dict[str, Any], req: LaunchRequest, strategy: str, ranks: list[Rank],
+                 chosen: Placement | None) -> tuple[str | None, int]:
+    """Refuse a placement that would swap, with the numbers, unless forced (then the
+    numbers come back as a warning). Also the lanes the planner predicts best. The
+    planner's own choice has passed already: its figures are used as they are."""
+    if chosen is None:
+        layout = (strategy, "ring",
+                  [{"node": r.node, **({"layers": list(r.layers)} if r.layers else {})}
+                   for r in ranks])
+        try:
+            report = plan_from_cluster(**inputs, context=req.context, model_name=req.model,
+                                       force=req.force, layout=layout)
+        except NotEnoughMemory as e:
+            raise InsufficientMemory(f"{e}. Choose other nodes or a shorter context, or "
+                                     "launch with \"force\": true to try anyway.",
+                                     param="nodes") from None
+        except PlacementError as e:
+            log.info("memory check skipped: %s", e)
+            return None, 1
+        if not report.placements:
+            return None, 1
+        chosen = report.placements[0]
+    return "; ".join(chosen.warnings) or None, chosen.prediction.lanes
+
+
+def rdma_matrix(ranks: list[Rank], backend: str,
+                platforms: dict[str, Any]) -> list[list[str | None]]:
+    """The jaccl device matrix from every rank node's Thunderbolt and RDMA report, or
+    BadRequest naming the pair that lacks a cable or RDMA."""
+    from engine.cluster.probes import PlatformReport
+    from engine.cluster.rdma import device_matrix
+    from engine.cluster.thunderbolt import cable_graph
+    reports = {node: PlatformReport.from_dict(p) for node, p in platforms.items()}
+    m = device_matrix([r.node for r in ranks],
+                      cable_graph({k: v.thunderbolt for k, v in reports.items()}),
+                      {k: v.rdma for k, v in reports.items()}, ring=backend == "jaccl-ring")
+    if not m.ok:
+        raise BadRequest(f"{backend} can't run on these nodes: {'; '.join(m.problems)}. "
+                         "Use the ring backend (TCP).", param="backend")
+    return [list(row) for row in m.matrix or []]
+
+
+def write_config(home: Path, inst_id: str, cfg: DistConfig) -> Path:
+    """The rank's config file, which its worker reads (engine/runtime/distributed.py)."""
+    folder = home / "instances" / inst_id
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"rank{cfg.rank}.json"
+    path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    return path
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def fresh_ports(host: str) -> dict[str, Any]:
+    """A rank's two fresh ports on `host`: MLX's ring and the group's doorbell."""
+    return {"host": host, "ports": [free_port(host), free_port(host)]}
+
+
+def host_of(url: str) -> str:
+    return url.split("://", 1)[-1].rsplit(":", 1)[0]

@@ -1,0 +1,91 @@
+"""Passing a request on to the node that owns the distributed instance serving its model,
+and streaming the answer back, ended with an error the client recognises if that node
+stops answering midway."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from engine.errors import PeerUnreachable, ShoalError
+
+RELAY_CHECK_S = 1.0  # how often a relayed answer checks that its owner is still reachable
+
+
+async def relay(request: web.Request, cluster: Any, model: str,
+                body: Any) -> web.StreamResponse | None:
+    """When another node owns the distributed instance serving `model`, pass the request on
+    unchanged and stream its answer back byte for byte; None when this node serves it."""
+    owner, peers = cluster.owner_of(model), cluster.peers
+    if owner is None:
+        held = cluster.followers.holding(model)
+        if held is None:
+            return None
+        # This node holds (or held, until a failure) a rank of the model's instance: its
+        # owner answers, or says why not; never a second, local copy of the model.
+        owner, peer = held.owner_url, peers.find(held.owner_url)
+        if peer is None or not peer.reachable:
+            raise PeerUnreachable(
+                f"{model} runs here as a rank of a distributed instance whose owner "
+                f"({owner}) can't be reached. Launch it again once the nodes can reach "
+                "each other.")
+    raw = json.dumps(body).encode()
+    resp: web.StreamResponse | None = None
+
+    async def forward() -> None:
+        nonlocal resp
+        async with peers.session.post(
+                owner + request.path, data=raw,
+                headers={"Content-Type": "application/json",
+                         **peers.sign("POST", request.path, raw)},
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as up:
+            resp = web.StreamResponse(status=up.status, headers={
+                "Content-Type": up.headers.get("Content-Type", "application/json")})
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+
+    task = asyncio.ensure_future(forward())
+    try:
+        # A stream has no read timeout (a long prefill is silent), so the owner's liveness
+        # is the peers' poll: a pulled cable ends the answer instead of stalling it.
+        while not task.done():
+            await asyncio.wait({task}, timeout=RELAY_CHECK_S)
+            peer = peers.find(owner)
+            if not task.done() and peer is not None and not peer.reachable:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                    await task
+                gone = PeerUnreachable(f"The node serving this model ({owner}) stopped "
+                                       "answering; this answer is lost. Try again once it "
+                                       "is back, or launch the model on the nodes that are.")
+                if resp is None:
+                    raise gone
+                await _end_with(resp, gone)
+                return resp
+        task.result()
+        return resp
+    except aiohttp.ClientError as e:
+        raise PeerUnreachable(f"The node serving this model ({owner}) did not answer: "
+                              f"{e}") from None
+    finally:
+        task.cancel()
+
+
+async def _end_with(resp: web.StreamResponse, err: ShoalError) -> None:
+    """End an answer that has begun with an error its client recognises: an SSE `error`
+    event (the OpenAI and Anthropic SDKs both raise on it) or an NDJSON line (Ollama)."""
+    body = err.to_openai()
+    if resp.content_type == "text/event-stream":
+        line = f"event: error\ndata: {json.dumps({'type': 'error', **body})}\n\n"
+    else:
+        line = json.dumps({"error": err.message}) + "\n"
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await resp.write(line.encode())
+        await resp.write_eof()

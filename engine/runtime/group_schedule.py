@@ -1,0 +1,101 @@
+"""Rank 0's decisions for a batching group, apart from any compute or I/O, so they can be
+stepped in a test beside a follower's state.
+
+One step rule for every rank: rank 0 decides who leaves and applies it with
+group_state.apply_leavers, decides who joins (looking the prompts up in the prefix cache)
+and applies it with apply_admissions, then decides what the step feeds and which chunk
+runs; a follower applies the same plan with apply_plan, i.e. the same two functions in
+the same order. After the step's compute every rank runs apply_step. So nothing but the
+Plan has to travel, and no comment has to keep two copies of the rules alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.runtime.batching import Job, Prefilled
+from engine.runtime.chunking import Chunker
+from engine.runtime.group_state import Plan, Seq, State, apply_admissions, apply_leavers
+
+
+class Scheduler:
+    """What rank 0 knows beyond the shared State: the requests waiting for a turn, those
+    that left (cancelled, finished, failed) and the number of streams it serves."""
+
+    def __init__(self, state: State, streams: int, chunker: Chunker, hidden: int,
+                 dtype: str, sampler: Callable[[Job], Any]):
+        self.state, self.streams, self.chunker = state, streams, chunker
+        self.hidden, self.dtype = hidden, dtype
+        self.sampler = sampler  # a job's token sampler (may raise: its request fails)
+        self.waiting: list[Job] = []
+        self.gone: set[int] = set()  # uids whose sequences leave at their next plan
+        self.jobs: dict[int, Job] = {}
+        self._uid = 0
+
+    def step(self, lane: int) -> Plan:
+        """Decide `lane`'s next step, applying rank 0's side of it as it goes."""
+        st = self.state
+        seqs = st.lanes[lane].decoding
+        plan = Plan(lane=lane, hidden=self.hidden, dtype=self.dtype)
+        plan.drop = [i for i, s in enumerate(seqs) if uid(s) in self.gone]
+        plan.cancel = [i for i, s in enumerate(st.pending) if uid(s) in self.gone]
+        self._forget([seqs[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
+        apply_leavers(plan, st)
+        plan.keep = len(st.prefix)
+        joining, fetched = self._admit(plan)
+        for (job, sample), seq in zip(joining, apply_admissions(plan, st, fetched)):
+            seq.job, seq.sample = job, sample
+        plan.feed = [next_token(s) for s in st.lanes[lane].decoding]
+        ready = [(s.left, i) for i, s in enumerate(st.pending) if s.left > 0]
+        # one chunk a round of the lanes, so each stream waits for one chunk at most
+        if ready and st.first_busy_lane() in (lane, -1):
+            left, plan.chunk = min(ready)
+            size = self.chunker.size()
+            # a prompt two chunks from its end runs whole: a short request starts at once
+            plan.chunk_len = left if left <= 2 * size else size
+        return plan
+
+    def _admit(self, plan: Plan) -> tuple[list[tuple[Job, Any]], list[tuple[Any, int]]]:
+        """The waiting requests that join now, with their samplers and prefix hits."""
+        st = self.state
+        joining: list[tuple[Job, Any]] = []
+        fetched: list[tuple[Any, int]] = []
+        while self.waiting and len(st.pending) + len(joining) + st.n_decoding < self.streams:
+            job = self.waiting.pop(0)
+            try:
+                sample = self.sampler(job)
+            except Exception as e:  # e.g. a grammar that can't be built
+                job.out.put(e)
+                continue
+            cache, job.cached = st.prefix.fetch(job.prompt)
+            job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
+            job.uid, self._uid = self._uid, self._uid + 1
+            self.jobs[job.uid] = job
+            joining.append((job, sample))
+            fetched.append((cache, job.cached))
+            plan.admit.append(job.prompt)
+            plan.cached.append(job.cached)
+        return joining, fetched
+
+    def leave(self, job: Job) -> None:
+        """A request's thread is done with it (cancelled, stopped on a stop string)."""
+        if job in self.waiting:
+            self.waiting.remove(job)
+        elif job.uid is not None:
+            self.gone.add(job.uid)
+
+    def _forget(self, seqs: list[Seq]) -> None:
+        for s in seqs:
+            u = uid(s)
+            self.gone.discard(u)
+            self.jobs.pop(u, None)
+
+
+def uid(seq: Seq) -> int:
+    return seq.job.uid if seq.job is not None and seq.job.uid is not None else -1
+
+
+def next_token(seq: Seq) -> int:
+    """The token a decoding sequence feeds next: its prompt's last, then what it sampled."""
+    return seq.prompt[-1] if seq.next is None else seq.next

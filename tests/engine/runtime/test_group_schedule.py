@@ -1,0 +1,160 @@
+"""One step rule for a batching group: rank 0's Scheduler decides each Plan and applies it
+with the functions every follower runs. Here a leader's and a follower's State are
+stepped side by side in one process (fake KV caches that hold the tokens they were fed,
+scripted arrivals, cancels and finishes, over one lane and three), the plan crossing
+between them as the ranks' wire carries it; after every step the two must be equal. And
+a Plan survives its int32 codec, whatever it holds."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.runtime.batching import Job
+from engine.runtime.chunking import Chunker
+from engine.runtime.group_schedule import Scheduler
+from engine.runtime.group_state import Plan, State, apply_plan, apply_step
+from engine.runtime.lockstep import DTYPES
+from engine.runtime.prefix import PrefixCache
+from engine.runtime.sampling import Sampling
+
+
+class FakeKV:
+    """A layer cache that holds, per row, the tokens it was fed (what the real KV is of)."""
+
+    def __init__(self, rows: list[list[int]] | None = None):
+        self.rows = rows if rows is not None else [[]]
+
+    @property
+    def offset(self) -> int:
+        return len(self.rows[0]) if len(self.rows) == 1 else 0
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * sum(len(r) for r in self.rows)
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        self.rows = [r[:len(r) - n] for r in self.rows]
+        return n
+
+    def feed(self, tokens: list[int], row: int = 0) -> None:
+        self.rows[row] += tokens
+
+    def merge(self, caches: list[FakeKV]) -> FakeKV:
+        return FakeKV([list(c.rows[0]) for c in caches])
+
+    def extend(self, other: FakeKV) -> None:
+        self.rows += [list(r) for r in other.rows]
+
+    def filter(self, keep: list[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+
+    def extract(self, i: int) -> FakeKV:
+        return FakeKV([list(self.rows[i])])
+
+
+LAYERS = 2
+
+
+def make_cache() -> list[FakeKV]:
+    return [FakeKV() for _ in range(LAYERS)]
+
+
+def compute(plan: Plan, state: State) -> None:
+    """What a step's forward pass does to the caches: the fed tokens and the chunk in."""
+    lane = state.lanes[plan.lane]
+    for row, t in enumerate(plan.feed):
+        for c in lane.batch or []:
+            c.feed([t], row)
+    if plan.chunk >= 0:
+        seq = state.pending[plan.chunk]
+        at = len(seq.tokens)
+        for c in seq.cache or []:
+            c.feed(seq.prompt[at:at + plan.chunk_len])
+
+
+def wire(plan: Plan) -> Plan:
+    """The plan as a follower receives it."""
+    head, body = plan.encode()
+    return Plan.decode([int(x) for x in head.tolist()], [int(x) for x in body.tolist()])
+
+
+def view(state: State) -> dict:
+    """Everything a step's rules read, as plain values."""
+    return {
+        "pending": [(s.prompt, s.tokens, [c.rows for c in s.cache or []])
+                    for s in state.pending],
+        "lanes": [([(s.prompt, s.tokens) for s in ln.decoding],
+                   [c.rows for c in ln.batch or []]) for ln in state.lanes],
+        "prefix": [list(t) for lru in state.prefix.lru._lru._lrus.values() for _, t in lru]}
+
+
+def run_script(seed: int, lanes: int, steps: int = 120) -> int:
+    rng = random.Random(seed)
+    leader = State(PrefixCache(600, max_entries=6, leader=True), make_cache, lanes)
+    follower = State(PrefixCache(600, max_entries=6, leader=False), make_cache, lanes)
+    sched = Scheduler(leader, streams=4, chunker=Chunker(first=16), hidden=0,
+                      dtype=DTYPES[0], sampler=lambda job: None)
+    common = [rng.randrange(5, 200) for _ in range(40)]  # prompts share prefixes
+    jobs: list[Job] = []
+    planned = 0
+    for step in range(steps):
+        if rng.random() < 0.3:  # an arrival, often continuing an earlier conversation
+            base = rng.choice([j.prompt for j in jobs] or [common])
+            prompt = base[:rng.randrange(2, len(base) + 1)] + \
+                [rng.randrange(5, 200) for _ in range(rng.randrange(1, 60))]
+            job = Job(prompt, Sampling(max_tokens=rng.randrange(1, 12)), None)
+            jobs.append(job)
+            sched.waiting.append(job)
+        if jobs and rng.random() < 0.05:  # a client leaves
+            sched.leave(rng.choice(jobs))
+        plan = sched.step(step % lanes)
+        if plan.empty:
+            continue
+        planned += 1
+        got = wire(plan)
+        apply_plan(got, follower)
+        decoding = list(leader.lanes[plan.lane].decoding)
+        compute(plan, leader)
+        compute(got, follower)
+        apply_step(plan, leader)
+        apply_step(got, follower)
+        for seq in decoding:  # rank 0 samples: a token each, some requests finish
+            seq.next = rng.randrange(5, 200)
+            seq.generated += 1
+            assert seq.job is not None
+            if seq.generated >= seq.job.sampling.max_tokens or rng.random() < 0.05:
+                sched.gone.add(seq.job.uid)  # type: ignore[arg-type]
+        assert view(leader) == view(follower), f"step {step}"
+    return planned
+
+
+def test_a_leader_and_a_follower_stay_alike_one_lane():
+    assert run_script(seed=1, lanes=1) > 60
+
+
+def test_a_leader_and_a_follower_stay_alike_three_lanes():
+    for seed in range(4):
+        assert run_script(seed=seed, lanes=3) > 40
+
+
+ints = st.lists(st.integers(0, 2**31 - 1), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lane=st.integers(0, 7), drop=ints, cancel=ints, keep=st.integers(0, 2**31 - 1),
+       admit=st.lists(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=20),
+                      max_size=4),
+       feed=ints, chunk=st.integers(-1, 7), chunk_len=st.integers(0, 2**31 - 1),
+       hidden=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES))
+def test_a_plan_survives_its_codec(lane, drop, cancel, keep, admit, feed, chunk, chunk_len,
+                                   hidden, dtype):
+    cached = [len(p) // 2 for p in admit]
+    plan = Plan(lane, drop, cancel, keep, admit, cached, feed, chunk, chunk_len, hidden,
+                dtype)
+    assert wire(plan) == plan
