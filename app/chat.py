@@ -36,6 +36,7 @@ from app.messages import MessageView, PromptEdit
 from app.status import BUSY, runner_text
 from app.tasks import StreamTask, Tasks
 from engine.client import ChatDelta, NodeClient
+from engine.errors import PeerUnreachable
 
 log = logging.getLogger(__name__)
 NODE_DEFAULT = "node default"
@@ -486,6 +487,7 @@ class ChatPane(QWidget):
         stopped = self._stream is not None and self._stream.cancelled.is_set()
         self._stream = None
         started, wall = reply.stats.get("_started"), reply.stats.get("_wall")
+        unsent = bool(reply.stats.get("_unsent"))
         for key in [k for k in reply.stats if k.startswith("_")]:  # bookkeeping, not figures
             reply.stats.pop(key)
         self._show_wait(reply, None)
@@ -495,16 +497,17 @@ class ChatPane(QWidget):
         self.reply_ended.emit()
         if reply.stats.get("generation_tps") is not None:
             self.reply_finished.emit(dict(reply.stats))
-        self.request_done.emit(self._request_record(reply, started, wall, stopped))
+        self.request_done.emit(self._request_record(reply, started, wall, stopped, unsent))
 
     def _fail(self, reply: Message, error: BaseException) -> None:
         log.info("Chat failed: %s", error)
         reply.error = _message_of(error)
+        reply.stats["_unsent"] = isinstance(error, PeerUnreachable)  # never reached the node
         self._finish(reply)
 
     @staticmethod
     def _request_record(reply: Message, started: float | None, wall: float | None,
-                        stopped: bool) -> dict[str, Any]:
+                        stopped: bool, unsent: bool = False) -> dict[str, Any]:
         """One line of the Developer panel's request log."""
         took = time.monotonic() - started if started else None
         s = reply.stats
@@ -517,4 +520,5 @@ class ChatPane(QWidget):
             outcome = f"{tokens} tokens, {why}"
         return {"at": wall or time.time(), "route": "POST /v1/chat/completions",
                 "client": "Shoal chat", "model": s.get("model"), "ok": reply.error is None,
-                "outcome": outcome, "seconds": took}
+                "outcome": outcome, "seconds": took,
+                "reached": not unsent}

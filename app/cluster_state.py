@@ -18,6 +18,7 @@ from app.polling import Poller
 from app.snapshots import LinkEdge, NodeCard, link_edges, node_cards, running_instances
 from app.tasks import Tasks
 from engine.client import NodeClient
+from engine.protocol import PlanInfo
 
 log = logging.getLogger(__name__)
 TOPOLOGY_EVERY_S = 2.0
@@ -36,7 +37,7 @@ class ClusterState(QObject):
         self.planned: dict[str, int] = {}
         self.shoal_use: dict[str, int] = {}
         self._use_key: str | None = None  # which running model shoal_use describes
-        self.poller = Poller(tasks, client.base_url, lambda c: c.topology(), interval,
+        self.poller = Poller(tasks, client.base_url, lambda c: c.topology().to_json(), interval,
                              api_key=api_key, parent=self)
         self.poller.updated.connect(self.set_topology)
         self.poller.failed.connect(self._topology_failed)
@@ -133,10 +134,10 @@ class ClusterState(QObject):
             return
         model, context, strategy, nodes = request
 
-        def done(report: dict[str, Any], asked: str | None = key) -> None:
+        def done(report: PlanInfo, asked: str | None = key) -> None:
             if asked != self._use_key:
                 return  # the model changed meanwhile
-            ranks = (report.get("placements") or [{}])[0].get("ranks") or []
+            ranks = (report.placements or [{}])[0].get("ranks") or []
             self.shoal_use = {r["node"]: int(r["memory"]["total"]) for r in ranks}
             self._touch()
 

@@ -201,9 +201,9 @@ class DeveloperPanel(QWidget):
             self.poller.stop()
 
     def add_request(self, record: dict[str, Any]) -> None:
-        """One request the app made (ChatPane.request_done), newest first; the node's
-        own log, where it can be read, has them already."""
-        if self.poller is None:
+        """One request the app made (ChatPane.request_done), newest first. The node's
+        own log has those that reached it; one that never got there is only here."""
+        if self.poller is None or not record.get("reached", True):
             self.requests.appendleft(record)
             self._row(record)
 

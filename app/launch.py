@@ -9,7 +9,6 @@ their rank's state.
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from engine.protocol import InstanceInfo
 
 log = logging.getLogger(__name__)
 LAUNCH_POLL_S = 0.5
-NODE_IN_MESSAGE = re.compile(r"node ([0-9a-f]{6,}|[\w.-]+:\d+)")
 
 
 class NodeProgress(QWidget):
@@ -78,8 +76,8 @@ class LaunchPanel(QWidget):
         self.client, self.tasks, self.state = client, tasks, state
         self.logs_dir = Path(logs_dir) if logs_dir else None
         self.placement: tuple[str, str, str, list[tuple[str, tuple[int, int]]]] | None = None
-        # the instance this node owns: launched (an InstanceInfo) or seen in its status
-        self.instance: InstanceInfo | dict[str, Any] | None = None
+        # the instance this node owns, as JSON: launched here or seen in the topology
+        self.instance: dict[str, Any] | None = None
         self.launching: dict[str, Any] | None = None
         self.failed_node: str | None = None
         self.state_text = ""
@@ -160,12 +158,12 @@ class LaunchPanel(QWidget):
 
     def _launched(self, instance: InstanceInfo) -> None:
         self.launching = None
-        self.instance = instance
+        self.instance = instance.to_json()  # as the topology's instances read
         self.state.poller.interval = TOPOLOGY_EVERY_S
         for row in self.rows.values():
             row.show_state("Loaded", 1, 1)
-        self._set_headline("Ready", f"Ready: {instance['model']} runs on "
-                           f"{len(instance['ranks'])} node(s) ({instance['strategy']}). "
+        self._set_headline("Ready", f"Ready: {instance.model} runs on "
+                           f"{len(instance.ranks)} node(s) ({instance.strategy}). "
                            "Chat with it in the Chat tab.")
         self.state.set_planned({})  # what was planned is now in use
         self.state.refresh()
@@ -176,8 +174,7 @@ class LaunchPanel(QWidget):
         self.launching = None
         self.state.poller.interval = TOPOLOGY_EVERY_S
         reason = message_of(error)
-        match = NODE_IN_MESSAGE.search(reason)
-        self.failed_node = match.group(1) if match else None
+        self.failed_node = getattr(error, "node", None)  # the node the error is on
         for nid, row in self.rows.items():
             if self.failed_node in (nid, self.state.node_name(nid)):
                 row.show_state("Failed", 0, 1, failed=True)

@@ -28,8 +28,8 @@ from app.tasks import Tasks
 from app.theme import APPEARANCE, Appearance
 from app.tray import Tray
 from app.window import MainWindow
-from engine.cli import DEFAULT_PORT
 from engine.errors import ShoalError
+from engine.net import DEFAULT_PORT
 from engine.paths import default_home, ensure, logs_dir
 
 log = logging.getLogger(__name__)

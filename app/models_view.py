@@ -95,7 +95,7 @@ class ModelsView(QWidget):
         self.client, self.tasks, self.state = client, tasks, state
         self.local: list[dict[str, Any]] = []
         self.catalog: list[dict[str, Any]] = []
-        self.downloads: list[dict[str, Any]] = []
+        self.downloads: list[DownloadInfo] = []
         self.hub_available: bool | None = None  # unknown until the node answers
         self.offline = False
         self.downloading = False
@@ -380,7 +380,7 @@ class ModelsView(QWidget):
 
         def started(d: DownloadInfo) -> None:
             if chat:
-                self.chat_after[str(d.get("id"))] = repo
+                self.chat_after[d.id] = repo
             self.poller.poke()
         self.tasks.run(self.client.hub_pull, repo, on_done=started, on_error=failed,
                        owner=self)
@@ -392,8 +392,8 @@ class ModelsView(QWidget):
             self._no_hub()
 
     def _fill_downloads(self, downloads: list[DownloadInfo]) -> None:
-        self.downloads = sorted(downloads, key=lambda d: -float(d.get("started") or 0))
-        running = [d for d in downloads if d.get("state") == "running"]
+        self.downloads = sorted(downloads, key=lambda d: -float(d.started))
+        running = [d for d in downloads if d.state == "running"]
         self.poller.interval = DOWNLOADS_BUSY_S if running else DOWNLOADS_IDLE_S
         if bool(running) != self.downloading:
             self.downloading = bool(running)
@@ -402,17 +402,17 @@ class ModelsView(QWidget):
                 self.refresh()  # a finished download is a new local model
         self.download_progress.emit(self._progress_line(running))
         for d in downloads:
-            did = str(d.get("id"))
-            if did in self.chat_after and d.get("state") in ("done", "failed", "cancelled"):
+            did = d.id
+            if did in self.chat_after and d.state in ("done", "failed", "cancelled"):
                 repo = self.chat_after.pop(did)
-                if d.get("state") == "done":
+                if d.state == "done":
                     self.chat_requested.emit(repo)
         t = self.downloads_table
         t.setVisible(bool(self.downloads))
         self.downloads_label.setVisible(bool(self.downloads))
         t.setRowCount(len(self.downloads))
         for i, d in enumerate(self.downloads):
-            p = d.get("progress") or {}
+            p = d.progress or {}
             done, total = int(p.get("done") or 0), int(p.get("total") or 0)
             bar = t.cellWidget(i, 1)
             if not isinstance(bar, QProgressBar):
@@ -421,32 +421,32 @@ class ModelsView(QWidget):
                 t.setCellWidget(i, 1, bar)
             bar.setValue(int(1000 * done / total) if total else 0)
             bar.setFormat(f"{fmt_bytes(done)} / {fmt_bytes(total)}" if total else "starting")
-            bar.setAccessibleName(f"{d.get('repo')}: {bar.format()}")
-            state = d.get("state") or "?"
-            if d.get("error"):
-                state += f": {(d['error'] or {}).get('message', '')}"
-            t.setItem(i, 0, QTableWidgetItem(str(d.get("repo"))))
+            bar.setAccessibleName(f"{d.repo}: {bar.format()}")
+            state = str(d.state)
+            if d.error:
+                state += f": {d.error.get('message', '')}"
+            t.setItem(i, 0, QTableWidgetItem(d.repo))
             t.setItem(i, 2, QTableWidgetItem(fmt_rate(p.get("speed_Bps"))))
             t.setItem(i, 3, QTableWidgetItem(fmt_eta(p.get("eta_s"))))
             t.setItem(i, 4, QTableWidgetItem(state))
-            did = str(d.get("id"))
+            did = d.id
             cancel = t.cellWidget(i, 5)
-            if d.get("state") != "running":
+            if d.state != "running":
                 t.removeCellWidget(i, 5)
             elif cancel is None or cancel.property("download") != did:
                 cancel = _button("Cancel", lambda _c=False, x=did: self.cancel(x),
-                                 f"Cancel the download of {d.get('repo')}")
+                                 f"Cancel the download of {d.repo}")
                 cancel.setProperty("download", did)
                 t.setCellWidget(i, 5, cancel)
 
     @staticmethod
-    def _progress_line(running: list[dict[str, Any]]) -> str | None:
+    def _progress_line(running: list[DownloadInfo]) -> str | None:
         if not running:
             return None
         d = running[0]
-        p = d.get("progress") or {}
+        p = d.progress or {}
         done, total = int(p.get("done") or 0), int(p.get("total") or 0)
-        name = str(d.get("repo")).split("/")[-1]
+        name = d.repo.split("/")[-1]
         more = f" (+{len(running) - 1} more)" if len(running) > 1 else ""
         return (f"Downloading {name}: {100 * done // total}%{more}" if total else
                 f"Downloading {name}…{more}")

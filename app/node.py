@@ -18,9 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from engine.cli import DEFAULT_PORT  # engine.cli imports mlx only inside commands
 from engine.client import NodeClient
 from engine.errors import ShoalError
+from engine.net import DEFAULT_PORT
 from engine.paths import ensure, logs_dir
 
 log = logging.getLogger(__name__)

@@ -36,6 +36,7 @@ from app.launch import LaunchPanel
 from app.strips import LayerStrips
 from app.tasks import Tasks
 from engine.client import NodeClient
+from engine.protocol import PlanInfo
 
 log = logging.getLogger(__name__)
 DEBOUNCE_MS = 120
@@ -346,27 +347,27 @@ class PlacementView(QWidget):
                        on_done=lambda r: self._answered(seq, body, r, None, best),
                        on_error=lambda e: self._answered(seq, body, None, e, best), owner=self)
 
-    def _answered(self, seq: int, body: dict[str, Any], report: dict[str, Any] | None,
+    def _answered(self, seq: int, body: dict[str, Any], report: PlanInfo | None,
                   error: BaseException | None, best: bool) -> None:
         self._busy = False
         if self._again is not None:
             again, self._again = self._again, None
             self._send(*again)
             return  # a newer question is on its way; this answer is already stale
-        if error is not None:
-            self._infeasible(message_of(error), body)
+        if error is not None or report is None:
+            self._infeasible(message_of(error) if error else "The node gave no plan.", body)
             return
-        self._grey_strategies(report.get("strategies") or {})
-        placements = report.get("placements") or []
+        self._grey_strategies(report.strategies)
+        placements = report.placements
         if best:  # the node's one rule for its best placement (engine.node.planning)
-            if report.get("best") is None:  # nothing the ring can run: split the checked
+            if report.best is None:  # nothing the ring can run: split the checked
                 self.request(keep_ranges=False)
                 return
-            placements = [placements[report["best"]]]
+            placements = [placements[report.best]]
         self._show(report, placements[0])
 
     # --- showing the answer ---------------------------------------------------------------
-    def _show(self, report: dict[str, Any], placement: dict[str, Any]) -> None:
+    def _show(self, report: PlanInfo, placement: dict[str, Any]) -> None:
         ranks = placement["ranks"]
         self.prediction, self.reason = placement, None
         self.node_ids = [r["node"] for r in ranks]
@@ -379,7 +380,7 @@ class PlacementView(QWidget):
             box.setCurrentIndex(max(box.findData(value), 0))
             box.blockSignals(False)
         self.context_spin.blockSignals(True)
-        self.context_spin.setValue(int(report.get("context") or self.context_spin.value()))
+        self.context_spin.setValue(int(report.context or self.context_spin.value()))
         self.context_spin.blockSignals(False)
         self._check_nodes(self.node_ids)
         self.strips.set_layout(self._names(), self.ranges, self.layers, self.strategy)
@@ -398,7 +399,7 @@ class PlacementView(QWidget):
         self.reason_label.setText("\n".join(placement.get("warnings") or []))
         self._fill_table(ranks)
         self.notes.setText("\n".join(f"Note: {n}" for n in merge_notes(
-            report.get("notes") or [])))
+            report.notes)))
         self.running = self._is_running(ranks)
         self._show_measured()
         # What already runs is in use, not planned (the memory bars show it once).

@@ -44,9 +44,8 @@ from app import theme
 from app.common import message_of
 from app.tasks import Tasks
 from app.theme import APPEARANCE, MODES
-from engine.cli import DEFAULT_PORT
 from engine.client import NodeClient
-from engine.net import is_loopback
+from engine.net import DEFAULT_PORT, is_loopback
 
 log = logging.getLogger(__name__)
 KEEP_IN_TRAY = "tray/keep_running_on_close"

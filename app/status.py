@@ -48,7 +48,7 @@ def poll_status(url: str, stop: threading.Event, interval: float = 1.0,
     with NodeClient(url, api_key=api_key, timeout=timeout) as client:
         while not stop.is_set():
             try:
-                status = client.status()
+                status = client.status().to_json()  # the app reads the snapshot's JSON
             except ShoalError as e:
                 status = {"state": "unreachable", "model": None, "error": e.message,
                           "version": None}

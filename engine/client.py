@@ -115,6 +115,11 @@ class NodeClient:
     def models(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/models")["data"]
 
+    def requests(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """The node's recent API requests, oldest first (GET /shoal/requests): at (unix
+        time), method, path, status, seconds, client and a refusal's reason."""
+        return self._call("GET", "/shoal/requests", params={"since": since})["requests"]
+
     def load(self, model: str) -> dict[str, Any]:
         """Start loading a model in the node's worker; returns at once (watch status)."""
         return self._call("POST", "/shoal/load", json={"model": model})

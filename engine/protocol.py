@@ -275,7 +275,8 @@ def make(cls: type[Message] | str, **fields: Any) -> Message:
 # --- the node's JSON: states and records ----------------------------------------------------
 # The node builds these bodies from the records below and engine.client returns them, so
 # both sides spell a shape once. States are str enums: they go on the wire as the same
-# strings, and compare equal to them. Records also answer .get/[] for dict-style callers.
+# strings, and compare equal to them. Records are read by attribute; a reader that keeps
+# the JSON (the app's status and topology snapshots) takes `to_json()`.
 class InstanceState(StrEnum):
     """An instance's, or one of its follower ranks', life: starting → ready → failed|stopped."""
     STARTING = "starting"
@@ -333,17 +334,6 @@ class Record:
                     one.from_json(v) if one and isinstance(v, dict) else \
                     state(v) if state and v is not None else v
         return cls(**known)
-
-    # Read access by name, for the app's readers not yet moved to attributes.
-    def get(self, name: str, default: Any = None) -> Any:
-        fields = {f.name for f in dataclasses.fields(self)}
-        return getattr(self, name) if name in fields else default
-
-    def __getitem__(self, name: str) -> Any:
-        if not any(f.name == name for f in dataclasses.fields(self)):
-            raise KeyError(name)
-        return getattr(self, name)
-
 
 @dataclass(frozen=True)
 class RankInfo(Record):

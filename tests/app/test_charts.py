@@ -77,9 +77,9 @@ def test_charts_show_streams_in_flight_and_cache_reuse(qtbot):
     metrics = Metrics(window_s=120, clock=clock)
     view = ChartsView(metrics)
     qtbot.addWidget(view)
-    # what engine.client returns, and what the app makes itself while the node is away
+    # the status as the app keeps it (its JSON), and what it makes while the node is away
     metrics.add_status(StatusInfo.from_json({"state": "generating", "streams": {
-        "in_flight": 3, "waiting": 1, "max": 8}}))
+        "in_flight": 3, "waiting": 1, "max": 8}}).to_json())
     clock.now += 1
     metrics.add_status({"state": "idle", "streams": {"in_flight": 0, "waiting": 0, "max": 8}})
     metrics.add_status({"state": "unreachable"})  # no figures: nothing is added

@@ -84,7 +84,7 @@ def test_stop_ends_a_long_generation(qtbot, make_pane, tiny_node):
     shown = reply.text()
     assert "Stopped" in reply.stats_label.text() and not reply.error_label.isVisible()
     # The node stopped too, long before 4096 pieces.
-    qtbot.waitUntil(lambda: tiny_node.client.status()["state"] != "generating", timeout=10000)
+    qtbot.waitUntil(lambda: tiny_node.client.status().state != "generating", timeout=10000)
     assert reply.text() == shown
     assert len(shown.split()) < 4096
 
@@ -372,3 +372,35 @@ def test_the_stats_line_gives_the_wait_from_send():
     assert "(3.8 s of it loading" in format_stats({"wait_s": 3.85, "load_s": 3.91})
     assert format_stats({"ttft_s": 0.2, "finish_reason": "length"}) == (
         "Stopped at the length limit · first token after 0.20 s")
+
+
+def test_the_developer_log_shows_every_clients_requests_from_the_node(qtbot, tiny_node):
+    """The Developer panel reads the node's own request log: another client's request
+    shows with its client name, and a refused one with the reason, never its body."""
+    import httpx
+
+    from app.developer import DeveloperPanel
+
+    tasks = Tasks()
+    dev = DeveloperPanel(tiny_node.url, None, tasks=tasks)
+    qtbot.addWidget(dev)
+    dev.show()
+    r = httpx.post(tiny_node.url + "/v1/chat/completions", timeout=30,
+                   headers={"User-Agent": "my-agent/1.0"},
+                   json={"model": "tiny-llama", "messages": [{"role": "user",
+                                                                "content": "secret words"}],
+                         "temperature": 9})
+    assert r.status_code == 400
+
+    def row() -> list[str] | None:
+        for i in range(dev.log_table.rowCount()):
+            cells = [dev.log_table.item(i, j).text() for j in range(5)]
+            if cells[1] == "my-agent/1.0":
+                return cells
+        return None
+    qtbot.waitUntil(lambda: row() is not None, timeout=10000)
+    cells = row()
+    assert cells[2] == "POST /v1/chat/completions" and cells[3] == "400"
+    assert "temperature" in cells[4] and "secret" not in " ".join(cells)
+    dev.hide()
+    assert tasks.wait(20000)

@@ -66,7 +66,7 @@ def ready(state, model=MODEL):
 
 def test_the_plan_follows_calibration_and_shows_what_was_measured(qtbot, views):
     state, place, topo, client = views
-    state.set_topology(TopologyInfo.from_json({"nodes": [node("a", "studio", me=True)]}))
+    state.set_topology(TopologyInfo.from_json({"nodes": [node("a", "studio", me=True)]}).to_json())
     ready(state)
     place.set_models([{"id": MODEL, "shoal": {"layers": 30}}])
     qtbot.waitUntil(lambda: place.prediction is not None, timeout=5000)
@@ -74,8 +74,9 @@ def test_the_plan_follows_calibration_and_shows_what_was_measured(qtbot, views):
     assert place.headline.text().startswith("Predicted: 303 tokens/s")
 
     # The node finishes measuring its speed: the plan made before it is asked again.
-    state.set_topology(TopologyInfo.from_json({"nodes": [node(
-        "a", "studio", me=True, speed={"memory_bandwidth_Bps": 9e9, "compute_flops": 2e11})]}))
+    speed = {"memory_bandwidth_Bps": 9e9, "compute_flops": 2e11}
+    state.set_topology(
+        TopologyInfo.from_json({"nodes": [node("a", "studio", me=True, speed=speed)]}).to_json())
     qtbot.waitUntil(lambda: place.prediction["decode_tps"] == 14.9, timeout=5000)
     assert place.headline.text().startswith("Predicted: 14.9 tokens/s")
 
@@ -96,7 +97,7 @@ def test_the_plan_follows_calibration_and_shows_what_was_measured(qtbot, views):
 
 def test_a_new_machine_is_planned_for_and_one_alone_is_told_how_to_add_one(qtbot, views):
     state, place, topo, client = views
-    state.set_topology(TopologyInfo.from_json({"nodes": [node("a", "studio", me=True)]}))
+    state.set_topology(TopologyInfo.from_json({"nodes": [node("a", "studio", me=True)]}).to_json())
     qtbot.waitUntil(lambda: len(topo.cards) == 1, timeout=5000)
     assert topo.add_card.isVisible() and topo.add_button.isVisible()
     with qtbot.waitSignal(topo.add_machine_requested):
@@ -106,7 +107,7 @@ def test_a_new_machine_is_planned_for_and_one_alone_is_told_how_to_add_one(qtbot
     asked = len(client.asked)
 
     state.set_topology(TopologyInfo.from_json({"nodes": [node("a", "studio", me=True),
-                                                          node("b", "mini")]}))
+                                                          node("b", "mini")]}).to_json())
     qtbot.waitUntil(lambda: len(client.asked) > asked, timeout=5000)  # re-planned
     qtbot.waitUntil(lambda: len(topo.cards) == 2, timeout=5000)
     assert not topo.add_card.isVisible()  # two machines: the button is enough

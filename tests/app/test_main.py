@@ -58,7 +58,7 @@ def test_starts_its_node_and_stops_it_on_quit(qtbot, make_app, port, node_comman
     qtbot.waitUntil(lambda: len(shoal.topology.cards) == 1, timeout=10000)
     assert shoal.tray.cluster_action.text() == "Cluster: 1 machine"
 
-    proc, worker_pid = shoal.node.proc, shoal.node.client.status()["worker_pid"]
+    proc, worker_pid = shoal.node.proc, shoal.node.client.status().worker_pid
     assert running(proc.pid) and running(worker_pid)
     shoal.quit()
     assert proc.returncode is not None  # stopped and reaped before quit() returns
@@ -67,14 +67,14 @@ def test_starts_its_node_and_stops_it_on_quit(qtbot, make_app, port, node_comman
 
 
 def test_node_already_running_is_left_alone(qtbot, make_app, fresh_node):
-    worker_pid = fresh_node.client.status()["worker_pid"]
+    worker_pid = fresh_node.client.status().worker_pid
     shoal = make_app(fresh_node.port, ["false"])
     shoal.start()
     chatting(qtbot, shoal)
     qtbot.waitUntil(lambda: "Node: idle · tiny-llama" in status_text(shoal))
     shoal.quit()
     assert fresh_node.proc.poll() is None and fresh_node.client.health()
-    assert fresh_node.client.status()["worker_pid"] == worker_pid and running(worker_pid)
+    assert fresh_node.client.status().worker_pid == worker_pid and running(worker_pid)
 
 
 @pytest.mark.app_errors("The local node didn't start")
@@ -201,7 +201,7 @@ def test_main_runs_until_the_window_closes(qtbot, home, port, node_command, monk
     def close_when_ready():
         status = made[0].monitor.status if made else {}
         if status.get("state") == "idle" and status.get("model") == "tiny-llama":
-            seen["pids"] = made[0].node.proc.pid, made[0].node.client.status()["worker_pid"]
+            seen["pids"] = made[0].node.proc.pid, made[0].node.client.status().worker_pid
             made[0].window.close()  # no tray offscreen: closing quits
         elif time.monotonic() > deadline:
             made[0].window.close()  # the test fails below, but doesn't hang

@@ -56,7 +56,7 @@ def rows(view):
 
 
 def download_state(view):
-    return [d["state"] for d in view.downloads if d["repo"] == REPO]
+    return [d.state for d in view.downloads if d.repo == REPO]
 
 
 def test_search_download_cancel_then_download_and_chat(qtbot, hub_node, make_view):

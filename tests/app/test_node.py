@@ -23,8 +23,8 @@ def test_starts_a_node_and_stops_it_with_its_worker(home, port, node_command):
     node.start()
     try:
         assert node.started_by_us and answers(node.url)
-        wait_until(lambda: node.client.status()["worker_pid"], timeout=60)
-        worker_pid = node.client.status()["worker_pid"]
+        wait_until(lambda: node.client.status().worker_pid, timeout=60)
+        worker_pid = node.client.status().worker_pid
     finally:
         node.stop()
     assert node.proc.returncode is not None  # exited and reaped
@@ -33,13 +33,13 @@ def test_starts_a_node_and_stops_it_with_its_worker(home, port, node_command):
 
 
 def test_node_already_running_is_left_alone(home, fresh_node):
-    worker_pid = fresh_node.client.status()["worker_pid"]
+    worker_pid = fresh_node.client.status().worker_pid
     node = LocalNode(home, fresh_node.port, command=["false"])
     node.start()
     assert not node.started_by_us
     node.stop()
     assert fresh_node.proc.poll() is None and answers(fresh_node.url)
-    assert fresh_node.client.status()["worker_pid"] == worker_pid and running(worker_pid)
+    assert fresh_node.client.status().worker_pid == worker_pid and running(worker_pid)
 
 
 def test_port_taken_by_another_program_is_the_reason(home, port, port_holder, node_command):

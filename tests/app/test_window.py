@@ -77,7 +77,7 @@ def test_light_dark_and_back_while_running(qtbot, shoal):
     shoal.state.set_topology(TopologyInfo.from_json({"nodes": [
         {"id": "a", "name": "studio", "self": True, "reachable": True, "trusted": True,
          "machine": {"memory": {"total_bytes": 64 * 10**9, "available_bytes": 40 * 10**9}}}],
-        "links": []}))
+        "links": []}).to_json())
     qtbot.waitUntil(lambda: len(shoal.topology.cards) == 1, timeout=3000)
     for mode, dark in (("dark", True), ("light", False), ("dark", True)):
         shoal.window.appearance_actions[mode].trigger()
