@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from engine.protocol import (
     ClusterInfo,
     DownloadInfo,
@@ -30,8 +32,10 @@ def test_an_instance_goes_over_the_wire_and_back():
                                 "loaded": None}
     back = InstanceInfo.from_json(body)
     assert back == inst and back.state is InstanceState.READY
-    # dict-style readers (the GUI's older code) see the same values
-    assert back["ranks"][0]["loaded"]["files"] == 1 and back.get("warning") is None
+    # records are read by attribute only (dict-style access is gone)
+    assert back.ranks[0].loaded == {"files": 1} and back.warning is None
+    with pytest.raises(TypeError):
+        back["ranks"]  # noqa: B018
 
 
 def test_a_single_node_launch_has_no_id_and_a_newer_nodes_keys_are_dropped():
@@ -67,8 +71,8 @@ def test_a_status_snapshot_and_its_streams():
             "streams": {"in_flight": 2, "waiting": 1, "max": 8}}
     st = StatusInfo.from_json(wire)
     assert st.state is NodeState.GENERATING and st.state == "generating"
-    assert st.streams == StreamsInfo(2, 1, 8) and st["streams"]["in_flight"] == 2
-    assert st.get("cluster") is None and st.to_json() == wire  # no cluster: left out
+    assert st.streams == StreamsInfo(2, 1, 8) and st.streams.in_flight == 2
+    assert st.cluster is None and st.to_json() == wire  # no cluster: left out
     with_cluster = {**wire, "cluster": {"id": "n1", "name": "a", "url": "http://a"}}
     assert StatusInfo.from_json(with_cluster).to_json() == with_cluster
 
@@ -83,7 +87,7 @@ def test_a_plan_and_a_topology_go_over_the_wire_and_back():
                           "reason": "no"}], "best": 0}
     p = PlanInfo.from_json(plan)
     assert p.rejected == [RejectedInfo("tensor", "ring", ["a", "b"], "no")]
-    assert p["placements"][p.best]["ranks"][0]["node"] == "a" and p.to_json() == plan
+    assert p.placements[p.best]["ranks"][0]["node"] == "a" and p.to_json() == plan
     topo = {"nodes": [{"id": "a", "self": True}], "links": [], "thunderbolt": []}
     assert TopologyInfo.from_json(topo).to_json() == topo
-    assert TopologyInfo.from_json({"nodes": []}).get("thunderbolt") == []  # an older node
+    assert TopologyInfo.from_json({"nodes": []}).thunderbolt == []  # an older node

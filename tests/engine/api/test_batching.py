@@ -36,7 +36,7 @@ def test_concurrent_streams_answer_as_alone(fresh_node):
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
-        seen.append(fresh_node.client.status().streams["in_flight"])
+        seen.append(fresh_node.client.status().streams.in_flight)
         time.sleep(0.05)
     for t in threads:
         t.join()

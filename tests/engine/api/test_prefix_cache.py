@@ -83,7 +83,7 @@ def test_linear_attention_state_hits_each_turn_on_a_batching_node(tmp_path):
     node = NodeProcess(home_with(tmp_path, model), "tiny-next").wait_healthy()
     try:
         node.wait_ready()
-        assert node.client.status().streams["max"] > 1  # served by the batcher
+        assert node.client.status().streams.max > 1  # served by the batcher
         oai = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0)
         got, cached = [], []
         for c in chats:
