@@ -476,6 +476,9 @@ class ChatPane(QWidget):
                 reply.stats["completion_tokens"] = None if tokens is None else tokens + earlier
                 details = d.usage.get("prompt_tokens_details") or {}
                 reply.stats["cached_tokens"] = details.get("cached_tokens")
+                spec = d.usage.get("speculative") or {}
+                reply.stats["drafted_tokens"] = spec.get("drafted_tokens")
+                reply.stats["accepted_tokens"] = spec.get("accepted_tokens")
             if d.finish_reason:
                 reply.stats["finish_reason"] = d.finish_reason
         self.view.refresh(reply)

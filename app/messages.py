@@ -53,6 +53,9 @@ def format_stats(stats: dict[str, Any]) -> str:
         parts.append(f"{stats['completion_tokens']} tokens")
     if stats.get("cached_tokens"):
         parts.append(f"{stats['cached_tokens']} tokens cached")
+    if stats.get("drafted_tokens"):  # speculative decoding ran: how well it guessed
+        parts.append(f"{stats.get('accepted_tokens') or 0} of {stats['drafted_tokens']} "
+                     "drafted tokens kept")
     return " · ".join(parts)
 
 

@@ -32,6 +32,10 @@ def _cmd_node(a: argparse.Namespace) -> int:
         print("shoal node: --max-streams must be 1 or more, --queue-wait, --stall-timeout and "
               "--max-body-mb above 0.", file=sys.stderr)
         return 2
+    if not 1 <= a.draft_tokens <= 16:
+        print(f"shoal node: --draft-tokens must be 1 to 16 (got {a.draft_tokens}).",
+              file=sys.stderr)
+        return 2
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(NodeConfig(
         host=a.host, port=a.port, home=home, model=a.model,
@@ -43,7 +47,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
         allowed_hosts=a.allowed_host or [
             h for h in os.environ.get("SHOAL_ALLOWED_HOSTS", "").split(",") if h.strip()],
         max_body_mb=a.max_body_mb, max_streams=a.max_streams, queue_wait_s=a.queue_wait,
-        stall_s=a.stall_timeout)))
+        stall_s=a.stall_timeout, speculative=a.speculative == "on",
+        draft_model=a.draft_model, draft_tokens=a.draft_tokens)))
     # Everything is closed and every worker reaped. Leave without C++ static destructors:
     # MLX (imported for this machine's facts) can still hold a thread then, and a joinable
     # std::thread destroyed at exit aborts the process (seen once: exit code -6 after a
@@ -152,6 +157,13 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--model", help="model to load at start ('none' to load nothing; "
                    "default: the bundled SmolLM2, imported on first run)")
     n.add_argument("--api-key", help="require this key (needed off loopback)")
+    n.add_argument("--speculative", choices=("on", "off"), default="on",
+                   help="speculative decoding: draft tokens and verify them in one pass, "
+                        "where that measures faster (default on)")
+    n.add_argument("--draft-model", metavar="MODEL", help="a draft model (id or folder) "
+                   "with the served model's tokenizer; default: drafts from prompt lookup")
+    n.add_argument("--draft-tokens", type=int, default=6, metavar="N",
+                   help="the most drafted tokens per pass, 1 to 16 (default 6)")
     n.add_argument("--max-streams", type=int, default=8, metavar="N",
                    help="requests decoded together on this node (default 8); more wait")
     n.add_argument("--queue-wait", type=float, default=60.0, metavar="SECONDS",

@@ -44,6 +44,8 @@ class SamplingRequest:
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
     constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
     context_limit: int | None = None  # Ollama's num_ctx: a smaller window than the model's
+    speculative: bool | None = None  # None: the node's setting
+    draft_tokens: int | None = None  # the most guesses per pass
 
     @classmethod
     def of(cls, fields: dict[str, Any]) -> SamplingRequest:
@@ -199,6 +201,8 @@ class Done(Message):
     logprobs: list[dict[str, Any]] | None = None
     stop_sequence: str | None = None
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    drafted_tokens: int = 0  # speculative decoding: guesses verified
+    accepted_tokens: int = 0  # and kept
 
 
 @dataclass(frozen=True)

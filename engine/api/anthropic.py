@@ -16,7 +16,7 @@ from engine.api.anthropic_schemas import (
     to_request,
     tool_input,
 )
-from engine.api.render import Answer, Context, error_of, sse
+from engine.api.render import Answer, Context, drafts, error_of, sse
 from engine.api.serve import Endpoint, handler
 from engine.errors import ShoalError
 
@@ -33,12 +33,15 @@ def error_body(e: ShoalError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": e.message}}
 
 
-def _usage(done: wire.Done | None, prompt_tokens: int, cached: int = 0) -> dict[str, int]:
+def _usage(done: wire.Done | None, prompt_tokens: int, cached: int = 0) -> dict[str, Any]:
     """Anthropic counts prompt tokens read from the cache apart from input_tokens."""
     cached = done.cached_tokens if done else cached
-    return {"input_tokens": prompt_tokens - cached,
-            "output_tokens": done.generation_tokens if done else 0,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    out: dict[str, Any] = {"input_tokens": prompt_tokens - cached,
+                           "output_tokens": done.generation_tokens if done else 0,
+                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    if done is not None:
+        out["speculative"] = drafts(done)
+    return out
 
 
 class CountRenderer:

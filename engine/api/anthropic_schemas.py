@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from engine import protocol as wire
-from engine.api.openai_schemas import Loose, Strict
+from engine.api.openai_schemas import Drafts, Loose, Strict
 from engine.errors import BadRequest
 
 MAX_TOKENS_LIMIT = 1_000_000
@@ -166,7 +166,7 @@ class CountTokensRequest(Strict):
         return sorted(set(out))
 
 
-class MessagesRequest(CountTokensRequest):
+class MessagesRequest(CountTokensRequest, Drafts):
     max_tokens: int = Field(ge=1, le=MAX_TOKENS_LIMIT)
     stream: bool = False
     stop_sequences: list[str] | None = Field(default=None, max_length=16)
@@ -389,8 +389,8 @@ def to_request(body: CountTokensRequest, count_only: bool = False) -> wire.Gener
     if isinstance(body, MessagesRequest):
         sampling = {k: v for k, v in {
             "max_tokens": body.max_tokens, "temperature": body.temperature,
-            "top_p": body.top_p, "top_k": body.top_k, "stop": body.stop_sequences}.items()
-            if v is not None}
+            "top_p": body.top_p, "top_k": body.top_k, "stop": body.stop_sequences,
+            **body.drafts()}.items() if v is not None}
     fmt = body.output_config.format if body.output_config else None
     if fmt is not None:
         sampling["constraint"] = {"json_schema": fmt.schema_}

@@ -236,3 +236,4 @@ def tool_arguments(text: str, where: str) -> Any:
     except ValueError:
         raise BadRequest(f"'{where}' must be a JSON object encoded as a string.",
                          param=where) from None
+

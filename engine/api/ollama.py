@@ -20,7 +20,7 @@ from engine.api.ollama_schemas import (
     chat_request,
     generate_request,
 )
-from engine.api.render import Answer, Context
+from engine.api.render import Answer, Context, drafts
 from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest, ModelNotFound
 
@@ -126,7 +126,8 @@ def _final(done: wire.Done, model: str, t0: float, now: float,
             "total_duration": int((now - t0) * 1e9), "load_duration": 0,
             # the prompt's duration is what it took: a cached prefix cost nothing
             "prompt_eval_count": done.prompt_tokens, "prompt_eval_duration": int(p_s * 1e9),
-            "eval_count": done.generation_tokens, "eval_duration": int(g_s * 1e9)}
+            "eval_count": done.generation_tokens, "eval_duration": int(g_s * 1e9),
+            "speculative": drafts(done)}
 
 
 def _call(c: wire.ToolCall) -> dict[str, Any]:

@@ -10,11 +10,11 @@ from pydantic import Field
 
 from engine import protocol as wire
 from engine.api.common import tool_arguments
-from engine.api.openai_schemas import Loose, Strict
+from engine.api.openai_schemas import Drafts, Loose, Strict
 from engine.errors import BadRequest
 
 
-class Options(Strict):
+class Options(Drafts):
     num_predict: int | None = Field(default=None, ge=-2, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -90,7 +90,8 @@ def sampling(body: Common, ctx_hint: int | None = None) -> wire.SamplingRequest:
     s: dict[str, Any] = {
         "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "min_p": o.min_p,
         "repetition_penalty": o.repeat_penalty, "presence_penalty": o.presence_penalty,
-        "frequency_penalty": o.frequency_penalty, "seed": o.seed, "stop": o.stop}
+        "frequency_penalty": o.frequency_penalty, "seed": o.seed, "stop": o.stop,
+        **o.drafts()}
     if o.num_predict is not None and o.num_predict > 0:  # -1, -2: up to the context
         s["max_tokens"] = o.num_predict
     if o.num_ctx is not None:  # a smaller window than the model's is honoured

@@ -10,7 +10,16 @@ from engine import protocol as wire
 from engine.api import common
 from engine.api.backend import backend
 from engine.api.openai_schemas import ChatCompletionRequest, ChatMessage, choose_tool, constraint_of
-from engine.api.render import SSE_KEEPALIVE, Answer, Context, error_of, speed, sse, sse_progress
+from engine.api.render import (
+    SSE_KEEPALIVE,
+    Answer,
+    Context,
+    drafts,
+    error_of,
+    speed,
+    sse,
+    sse_progress,
+)
 from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest, ModelNotFound
 
@@ -133,7 +142,11 @@ def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
 def usage(done: wire.Done) -> dict[str, Any]:
     p, c = done.prompt_tokens, done.generation_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": done.accepted_tokens,
+                "rejected_prediction_tokens": done.drafted_tokens - done.accepted_tokens},
+            "speculative": drafts(done)}
 
 
 def finish_of(done: wire.Done) -> str:

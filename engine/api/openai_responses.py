@@ -11,7 +11,7 @@ from aiohttp import web
 
 from engine import protocol as wire
 from engine.api import common
-from engine.api.render import SSE_KEEPALIVE, Answer, Context, error_of, sse
+from engine.api.render import SSE_KEEPALIVE, Answer, Context, drafts, error_of, sse
 from engine.api.responses_schemas import (
     NamedTool,
     ResponsesRequest,
@@ -50,7 +50,8 @@ def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
                             "cache_write_tokens": done.prompt_tokens - done.cached_tokens},
                         "output_tokens": done.generation_tokens,
                         "output_tokens_details": {"reasoning_tokens": 0},
-                        "total_tokens": done.prompt_tokens + done.generation_tokens}
+                        "total_tokens": done.prompt_tokens + done.generation_tokens,
+                        "speculative": drafts(done)}
     return out
 
 

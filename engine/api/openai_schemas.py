@@ -23,7 +23,18 @@ class Loose(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
-class SamplingFields(Strict):
+class Drafts(Strict):
+    """Shoal's speculative-decoding knobs, the same on every protocol: the answer is the
+    same either way, only its speed changes (usage reports drafted/accepted tokens)."""
+    speculative: bool | None = None  # None: as the node is set
+    draft_tokens: int | None = Field(default=None, ge=1, le=16)
+
+    def drafts(self) -> dict[str, Any]:
+        return {k: v for k, v in (("speculative", self.speculative),
+                                  ("draft_tokens", self.draft_tokens)) if v is not None}
+
+
+class SamplingFields(Drafts):
     temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0, le=1_000_000)
@@ -59,7 +70,7 @@ class SamplingFields(Strict):
              "repetition_penalty": self.repetition_penalty,
              "presence_penalty": self.presence_penalty,
              "frequency_penalty": self.frequency_penalty, "seed": self.seed, "stop": stop,
-             "logit_bias": self.logit_bias}
+             "logit_bias": self.logit_bias, **self.drafts()}
         return {k: v for k, v in s.items() if v is not None}
 
 

@@ -112,3 +112,9 @@ def speed(done: wire.Done, ttft: float | None) -> dict[str, float]:
     return {"ttft_s": round(ttft or 0.0, 4), "prompt_tps": round(done.prompt_tps, 2),
             "generation_tps": round(done.generation_tps, 2),
             "peak_memory_gb": round(done.peak_memory_gb, 3)}
+
+
+def drafts(done: wire.Done) -> dict[str, int]:
+    """Shoal's extension to every API's usage: speculative decoding's guesses and how many
+    of them the model kept (the answer is the same either way; only its speed differs)."""
+    return {"drafted_tokens": done.drafted_tokens, "accepted_tokens": done.accepted_tokens}

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from engine import protocol as wire
 from engine.api.common import tool_arguments
-from engine.api.openai_schemas import MAX_TOKENS_LIMIT, Loose, Strict
+from engine.api.openai_schemas import MAX_TOKENS_LIMIT, Drafts, Loose, Strict
 from engine.errors import BadRequest
 
 HINTS = ("store", "metadata", "user", "service_tier", "prompt_cache_key",
@@ -94,7 +94,7 @@ class NamedTool(Strict):
     name: str
 
 
-class ResponsesRequest(Strict):
+class ResponsesRequest(Drafts):
     model: str | None = Field(default=None, min_length=1)
     input: str | list[Item]
     instructions: str | None = None
@@ -271,7 +271,7 @@ def to_request(body: ResponsesRequest) -> wire.GenerateRequest:
     _refuse_state(body)
     sampling: dict[str, Any] = {k: v for k, v in {
         "max_tokens": body.max_output_tokens, "temperature": body.temperature,
-        "top_p": body.top_p}.items() if v is not None}
+        "top_p": body.top_p, **body.drafts()}.items() if v is not None}
     for i, inc in enumerate(body.include or []):
         if inc == "message.output_text.logprobs":
             sampling["logprobs"] = body.top_logprobs or 0

@@ -54,6 +54,25 @@ class NodeConfig:
     max_streams: int = 8  # requests decoded together; more wait for a turn
     queue_wait_s: float = 60.0  # how long a request waits for a turn before a 503
     stall_s: float = 300.0  # a worker silent this long (no token, no prefill progress) is stuck
+    speculative: bool = True  # draft tokens where it pays (a request may ask either way)
+    draft_model: str | None = None  # a model id or folder; None: prompt lookup
+    draft_tokens: int = 6  # the most guesses per verify pass
+
+
+def drafting_args(cfg: NodeConfig, models: Path) -> tuple[str, ...]:
+    """The one-process worker's drafting flags. A draft model is a folder or the id of a
+    model in this node's models folder."""
+    args = ["--speculative", "on" if cfg.speculative else "off",
+            "--draft-tokens", str(cfg.draft_tokens)]
+    if cfg.draft_model:
+        folder = Path(cfg.draft_model).expanduser()
+        if not folder.is_dir():
+            folder = models / cfg.draft_model
+        if not folder.is_dir():
+            raise ShoalError(f"The draft model {cfg.draft_model} is neither a folder nor a "
+                             f"model in {models}: download it first, or give its folder.")
+        args += ["--draft-model", str(folder)]
+    return tuple(args)
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -86,7 +105,8 @@ async def run_node(cfg: NodeConfig) -> None:
     else:
         default = None if cfg.model == "none" else cfg.model
     node = Node(home, mdir, default_model=default, port=cport, max_streams=cfg.max_streams,
-                queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s)
+                queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s,
+                worker_args=drafting_args(cfg, mdir))
     ident = load_identity(home)
     store = SecretStore(home)
     secret = await asyncio.to_thread(store.ensure, cfg.secret)

@@ -37,8 +37,9 @@ def _mtime(p: Path) -> float:
 class Node:
     def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
                  token_timeout: float = 300.0, port: int = 0, max_streams: int = 8,
-                 queue_wait_s: float = 60.0):
+                 queue_wait_s: float = 60.0, worker_args: tuple[str, ...] = ()):
         self.home = home
+        self.worker_args = worker_args
         self.max_streams, self.queue_wait_s = max_streams, queue_wait_s
         self.port = port
         self.models_dir = models_dir
@@ -168,7 +169,8 @@ class Node:
         self._set(Loading(model_id))
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
-                         streams=self.max_streams, queue_wait_s=self.queue_wait_s)
+                         streams=self.max_streams, queue_wait_s=self.queue_wait_s,
+                         worker_args=() if dist_config else self.worker_args)
         self.worker = w
         try:
             ready = await w.start()

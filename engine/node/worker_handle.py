@@ -43,8 +43,10 @@ class WorkerHandle:
     def __init__(self, model_id: str, model_path: Path, log_path: Path,
                  on_event: Callable[[Any], None],  # takes a protocol.Message
                  token_timeout: float = 300.0, dist_config: Path | None = None,
-                 streams: int = 1, queue_wait_s: float = 60.0):
+                 streams: int = 1, queue_wait_s: float = 60.0,
+                 worker_args: tuple[str, ...] = ()):
         self.model_id = model_id
+        self.worker_args = worker_args  # e.g. the node's drafting flags
         self.dist_config = dist_config
         self.model_path = model_path
         self.ready: Ready | None = None  # the worker's ready message, once loaded
@@ -84,6 +86,7 @@ class WorkerHandle:
                 "--model", str(self.model_path), "--model-id", self.model_id,
                 "--streams", str(self.max_streams),
                 *(["--dist", str(self.dist_config)] if self.dist_config else []),
+                *self.worker_args,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=logf, env=worker_env(), limit=16 * 1024 * 1024)
         finally:

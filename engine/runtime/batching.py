@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.runtime.chunking import LARGEST, Chunker
+from engine.runtime.drafting import Drafting
 from engine.runtime.generate import ProgressFn, Record
 from engine.runtime.sampling import Sampling
+from engine.runtime.solo import Solo
 from engine.runtime.stops import StopMatcher, text_step
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,12 @@ class Job:
     out: queue.Queue[Any] = field(default_factory=queue.Queue)
     uid: int | None = None
     cached: int = 0
+    sampler: Any = None  # made once on the scheduler thread, kept across hand-overs
+    processors: list[Any] = field(default_factory=list)
+    emitted: int = 0
+    drafted: int = 0  # speculative decoding, while it ran alone
+    accepted: int = 0
+    context: list[int] = field(default_factory=list)
 
 
 class Streams:
@@ -96,7 +104,8 @@ class Streams:
                              generation_tps=(n - 1) / (now - first) if n > 1 else 0.0,
                              peak_memory_gb=_peak_gb(), logprob=lp[0], top_logprobs=lp[1],
                              stop_sequence=stops.matched if hit else None,
-                             cached_tokens=job.cached)
+                             cached_tokens=job.cached, drafted_tokens=job.drafted,
+                             accepted_tokens=job.accepted)
                 if finish is not None:
                     done = item[2] is not None  # the batch itself ended it
                     return
@@ -110,13 +119,18 @@ class Batcher(Streams):
     operation happens on the scheduler thread; request threads only handle text."""
 
     def __init__(self, model: Any, tokenizer: Any, prefix: Any, streams: int,
-                 chunker: Chunker | None = None):
+                 chunker: Chunker | None = None, drafting: Drafting | None = None):
         from mlx_lm.generate import BatchGenerator
 
         super().__init__()
         self.model, self.prefix, self.streams = model, prefix, streams
         self.chunker = chunker or Chunker()
         eos = [[int(t)] for t in tokenizer.eos_token_ids]
+        self._eos = {t for (t,) in eos}
+        # a request alone drafts (engine/runtime/solo.py); refused guesses must be trimmed
+        self.drafting = drafting if drafting is not None and _trimmable(model) else None
+        self._solo: Solo | None = None
+        self.rejoined = self.left = 0  # hand-overs between the batch and drafting alone
         self._gen = BatchGenerator(model, stop_tokens=eos, completion_batch_size=streams,
                                    prefill_batch_size=streams, prefill_step_size=LARGEST)
         # linear-attention state and sliding windows can't be rewound: keep a copy at each
@@ -129,7 +143,12 @@ class Batcher(Streams):
         from engine.runtime.sampling import token_logprobs
 
         while True:
-            self._take(block=not self._jobs)
+            self._take(block=not self._jobs and self._solo is None)
+            if self._solo is not None:
+                if not self._jobs:
+                    self._solo_step()
+                    continue
+                self._rejoin()  # another request came: back into the batch
             if not self._jobs:
                 continue
             try:
@@ -157,10 +176,12 @@ class Batcher(Streams):
                     continue
                 token = int(r.token)
                 lp = token_logprobs(r.logprobs, token, owner.sampling.logprobs)
+                owner.emitted += 1
                 owner.out.put((token, lp, r.finish_reason))
                 if r.finish_reason is not None:
                     del self._jobs[r.uid]
                     self._keep(r.all_tokens, r.prompt_cache)
+            self._leave_batch()
 
     def _take(self, block: bool) -> None:
         """Apply the requests' adds and removes (waiting for one when idle)."""
@@ -175,6 +196,9 @@ class Batcher(Streams):
                     self._add(job)
                 except Exception as e:  # e.g. a grammar that can't be built
                     job.out.put(e)
+            elif self._solo is not None and self._solo.job is job:
+                solo, self._solo = self._solo, None
+                self._keep(solo.tokens(), solo.cache)
             elif job.uid in self._jobs:
                 del self._jobs[job.uid]
                 self._gen.remove([job.uid])
@@ -184,17 +208,68 @@ class Batcher(Streams):
 
         from engine.runtime.sampling import make_sampling
 
-        sampler, processors = make_sampling(job.sampling, job.tokenizer)
+        job.sampler, job.processors = make_sampling(job.sampling, job.tokenizer)
         cache, job.cached = self.prefix.fetch(job.prompt)
         if cache is None:
             cache = make_prompt_cache(self.model)
-        (uid,) = self._gen.insert([job.prompt[job.cached:]],
-                                  max_tokens=[job.sampling.max_tokens], caches=[cache],
-                                  all_tokens=[job.prompt[:job.cached]], samplers=[sampler],
-                                  logits_processors=[processors])
-        job.uid = uid
-        self._jobs[uid] = job
+        if not self._jobs and self._solo is None and self._drafts(job):
+            self._solo = Solo(job, cache, job.cached, self.drafting, self.model)
+        else:
+            (uid,) = self._gen.insert([job.prompt[job.cached:]],
+                                      max_tokens=[job.sampling.max_tokens], caches=[cache],
+                                      all_tokens=[job.prompt[:job.cached]],
+                                      samplers=[job.sampler],
+                                      logits_processors=[job.processors])
+            job.uid = uid
+            self._jobs[uid] = job
         job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
+
+    # --- a request alone, with drafts ---------------------------------------------------
+    def _drafts(self, job: Job) -> bool:
+        return (self.drafting is not None and len(job.prompt) > 1
+                and self.drafting.wanted(job.sampling))
+
+    def _solo_step(self) -> None:
+        from engine.runtime.sampling import token_logprobs
+
+        solo = self._solo
+        assert solo is not None
+        job = solo.job
+        try:
+            if solo.prefilling:
+                self.chunker.took(*solo.prefill(self.chunker.size()))
+                job.out.put(Prefilled(job.cached, solo.done))
+                return
+            for token, row, finish in solo.decode(self._eos):
+                job.out.put((token, token_logprobs(row, token, job.sampling.logprobs),
+                             finish))
+                if finish is not None:
+                    self._solo = None
+                    self._keep(solo.tokens(), solo.cache)
+        except Exception as e:
+            log.exception("generation with drafts failed")
+            self._solo = None
+            job.out.put(RuntimeError(f"generation failed: {e}"))
+
+    def _rejoin(self) -> None:
+        solo, self._solo = self._solo, None
+        assert solo is not None
+        (uid,) = self._gen.insert(**solo.batch_entry())
+        solo.job.uid = uid
+        self._jobs[uid] = solo.job
+        self.rejoined += 1
+
+    def _leave_batch(self) -> None:
+        """The batch is down to one decoding request and nobody waits: it goes on alone."""
+        if len(self._jobs) != 1 or not self._inbox.empty():
+            return
+        ((uid, job),) = self._jobs.items()
+        if job.emitted == 0 or not self._drafts(job):
+            return  # still in its prompt (or not drafting): the batch carries on
+        cache, tokens = self._gen.remove([uid], return_prompt_caches=True)[uid]
+        del self._jobs[uid]
+        self._solo = Solo.resume(job, cache, list(tokens), self.drafting, self.model)
+        self.left += 1
 
     def _snapshot(self, uid: int) -> None:
         job = self._jobs.get(uid)

@@ -31,6 +31,8 @@ class Record:
     top_logprobs: tuple[tuple[int, float], ...] = ()
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    drafted_tokens: int = 0  # guesses verified so far (speculative decoding)
+    accepted_tokens: int = 0  # of them, those the model agreed with
 
 
 def build_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:

@@ -310,7 +310,8 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
                 emit(Done(rid, finish, r.prompt_tokens, r.generation_tokens, r.prompt_tps,
                           r.generation_tps, r.peak_memory_gb, lps or None,
                           getattr(r, "stop_sequence", None),
-                          getattr(r, "cached_tokens", 0)))
+                          getattr(r, "cached_tokens", 0),
+                          getattr(r, "drafted_tokens", 0), getattr(r, "accepted_tokens", 0)))
                 return
     finally:
         close = getattr(records, "close", None)

@@ -32,6 +32,8 @@ class Sampling:
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
     constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
     logit_bias: tuple[tuple[int, float], ...] = ()
+    speculative: bool | None = None  # None: as the node is set
+    draft_tokens: int | None = None  # the most guesses per pass (None: the node's)
 
     @classmethod
     def of(cls, asked: SamplingRequest, max_tokens: int,
@@ -48,7 +50,8 @@ class Sampling:
                    presence_penalty=asked.presence_penalty,
                    frequency_penalty=asked.frequency_penalty, seed=asked.seed,
                    stop=asked.stop, logprobs=asked.logprobs, constraint=constraint,
-                   logit_bias=asked.logit_bias)
+                   logit_bias=asked.logit_bias, speculative=asked.speculative,
+                   draft_tokens=asked.draft_tokens)
 
 
 def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[Any]]:

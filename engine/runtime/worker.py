@@ -136,14 +136,18 @@ def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
 
 
 def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], streams: int,
-                          prefix_tokens: int) -> tuple[Callable[..., Iterator[Any]], int]:
+                          prefix_tokens: int, drafting: Any = None
+                          ) -> tuple[Callable[..., Iterator[Any]], int]:
     """(the generator a one-process worker serves with, the requests it takes at once):
-    mlx-lm's BatchGenerator for several, one at a time where the family can't batch."""
+    mlx-lm's BatchGenerator for several, one at a time where the family can't batch; with
+    `drafting` (engine.runtime.drafting.Drafting) a request alone decodes with drafts."""
     from functools import partial
 
     from engine.placement.families import batching_refusal
-    from engine.runtime.generate import generate
+    from engine.runtime.drafting import Drafting, drafted_generate
     from engine.runtime.prefix import PrefixCache
+
+    drafting = drafting if drafting is not None else Drafting(enabled=False)
 
     prefix, streams = PrefixCache(prefix_tokens), max(1, streams)
     why = batching_refusal(str(config.get("model_type")))
@@ -152,8 +156,23 @@ def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], st
         streams = 1
     if streams > 1:
         from engine.runtime.batching import Batcher
-        return Batcher(model, tokenizer, prefix, streams), streams
-    return partial(generate, prefix=prefix), 1
+        return Batcher(model, tokenizer, prefix, streams, drafting=drafting), streams
+    return partial(drafted_generate, drafting, prefix=prefix), 1
+
+
+def load_drafting(args: argparse.Namespace, tokenizer: Any) -> Any:
+    """The worker's drafting as its flags say; a draft model that can't serve this target
+    (another vocabulary) is refused, naming both."""
+    from engine.runtime.drafting import Drafting
+    from engine.runtime.load import load_model
+    from engine.runtime.speculative import check_draft
+
+    if args.draft_model is None:
+        return Drafting(enabled=args.speculative == "on", max_draft=args.draft_tokens)
+    draft, draft_tok, _ = load_model(Path(args.draft_model), lambda done, total: None)
+    check_draft(tokenizer, draft_tok, args.model_id, Path(args.draft_model).name)
+    return Drafting(enabled=args.speculative == "on", draft_model=draft,
+                    max_draft=args.draft_tokens)
 
 
 def _reexec_with_quiet_blas_threads() -> None:
@@ -180,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help="the prefix cache's budget in tokens (default: as many as the "
                         "context the planner counts it for; 0: off)")
+    p.add_argument("--speculative", choices=("on", "off"), default="on",
+                   help="draft tokens where it pays (a request may still ask either way)")
+    p.add_argument("--draft-model", default=None, help="a draft model's folder (its "
+                   "tokenizer must be the target's); without one, drafts come from prompt "
+                   "lookup")
+    p.add_argument("--draft-tokens", type=int, default=6, choices=range(1, 17),
+                   metavar="1..16", help="the most guesses per pass (default 6)")
     args = p.parse_args(argv)
     if args.dist is not None and argv is None:
         _reexec_with_quiet_blas_threads()
@@ -208,7 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     from engine.runtime.prefix import default_budget
     budget = default_budget(ctx) if args.prefix_cache_tokens is None \
         else max(0, args.prefix_cache_tokens)
-    gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget)
+    try:
+        drafting = load_drafting(args, tokenizer)
+    except ShoalError as e:
+        emit(Fatal(e.code, e.message))
+        return 1
+    except Exception as e:  # a draft model that can't load, or can't serve this target
+        log.exception("the draft model %s can't be used", args.draft_model)
+        emit(Fatal("draft_refused", f"Couldn't use the draft model {args.draft_model}: {e}"))
+        return 1
+    gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget,
+                                         drafting)
     emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams))
     serve(model, tokenizer, ctx, emit, gen=gen, concurrent=streams > 1)
     return 0

@@ -372,6 +372,10 @@ def test_the_stats_line_gives_the_wait_from_send():
     assert "(3.8 s of it loading" in format_stats({"wait_s": 3.85, "load_s": 3.91})
     assert format_stats({"ttft_s": 0.2, "finish_reason": "length"}) == (
         "Stopped at the length limit · first token after 0.20 s")
+    # Speculative decoding ran: how many of its guesses the model kept.
+    assert format_stats({"completion_tokens": 40, "drafted_tokens": 30,
+                         "accepted_tokens": 24}) == "40 tokens · 24 of 30 drafted tokens kept"
+    assert "drafted" not in format_stats({"completion_tokens": 40, "drafted_tokens": 0})
 
 
 def test_the_developer_log_shows_every_clients_requests_from_the_node(qtbot, tiny_node):

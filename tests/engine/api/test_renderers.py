@@ -58,7 +58,10 @@ def test_openai_chat_stream():
         '"shoal":{"ttft_s":0.25,"prompt_tps":100.0,"generation_tps":20.0,'
         '"peak_memory_gb":0.5}}',
         f'data: {head},"choices":[],"usage":{{"prompt_tokens":10,"completion_tokens":2,'
-        '"total_tokens":12,"prompt_tokens_details":{"cached_tokens":4}},'
+        '"total_tokens":12,"prompt_tokens_details":{"cached_tokens":4},'
+        '"completion_tokens_details":{"accepted_prediction_tokens":0,'
+        '"rejected_prediction_tokens":0},'
+        '"speculative":{"drafted_tokens":0,"accepted_tokens":0}},'
         '"shoal":{"ttft_s":0.25,"prompt_tps":100.0,"generation_tps":20.0,'
         '"peak_memory_gb":0.5}}',
         "data: [DONE]"]

@@ -1,0 +1,152 @@
+"""How a worker drafts: its drafter (prompt lookup, or a draft model), the governor that
+learns whether drafting pays on this model, and the one-sequence generation that uses
+them (engine/runtime/speculative.py does the passes).
+
+Per request: `"speculative": false` turns drafting off, `true` turns it on where the node
+has it off, `"draft_tokens"` caps the guesses per pass. Drafting needs trimmable caches and
+no output constraint (a grammar's matcher can't take back refused guesses); where it can't
+run, the request decodes as without it and its usage says 0 drafted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.runtime.generate import ProgressFn, Record, cache_holds
+from engine.runtime.sampling import Sampling
+from engine.runtime.speculative import (
+    DEFAULT_DRAFT,
+    Drafter,
+    Governor,
+    ModelDraft,
+    PromptLookup,
+    Speculator,
+    usable,
+)
+from engine.runtime.stops import StopMatcher, text_step
+
+log = logging.getLogger(__name__)
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class Drafting:
+    """A worker's drafting: on by default or not, with a draft model or prompt lookup."""
+
+    enabled: bool = True
+    draft_model: Any = None  # an mlx-lm model sharing the target's tokenizer
+    max_draft: int = DEFAULT_DRAFT
+    governor: Governor = field(default_factory=Governor)
+
+    def __post_init__(self) -> None:
+        self.governor.max_draft = self.max_draft
+
+    @property
+    def source(self) -> str:
+        return "draft model" if self.draft_model is not None else "prompt lookup"
+
+    def drafter(self) -> Drafter:
+        return ModelDraft(self.draft_model) if self.draft_model is not None else PromptLookup()
+
+    def wanted(self, sampling: Sampling) -> bool:
+        """Whether this request drafts (before the cache is known)."""
+        on = self.enabled if sampling.speculative is None else sampling.speculative
+        return on and sampling.constraint is None
+
+    def stats(self) -> dict[str, Any]:
+        g = self.governor
+        return {"source": self.source, "drafted": g.drafted, "accepted": g.accepted,
+                "acceptance": round(g.accepted / g.drafted, 3) if g.drafted else None,
+                "draft_length": g.best(g.max_draft) if g.base and g.per is not None
+                else None}
+
+
+def drafted_generate(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
+                     sampling: Sampling, cancel: threading.Event | None = None,
+                     prefix: Any = None, progress: ProgressFn | None = None,
+                     fallback: Callable[..., Iterator[Record]] | None = None
+                     ) -> Iterator[Record]:
+    """engine.runtime.generate.generate with drafts where this request can have them."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.runtime.generate import generate
+
+    plain = fallback or generate
+    if not drafting.wanted(sampling) or len(prompt) < 1:
+        yield from plain(model, tokenizer, prompt, sampling, cancel, prefix=prefix,
+                         progress=progress)
+        return
+    cache, cached = prefix.fetch(prompt) if prefix is not None else (None, 0)
+    cache = cache if cache is not None else make_prompt_cache(model)
+    if not usable(cache):
+        yield from plain(model, tokenizer, prompt, sampling, cancel, prefix=prefix,
+                         progress=progress)
+        return
+    yield from _run(drafting, model, tokenizer, prompt, sampling, cache, cached, cancel,
+                    prefix, progress or (lambda c, d, t: None))
+
+
+def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
+         sampling: Sampling, cache: list[Any], cached: int, cancel: threading.Event | None,
+         prefix: Any, tell: ProgressFn) -> Iterator[Record]:
+    import mlx.core as mx
+
+    from engine.runtime.sampling import make_sampling, token_logprobs
+
+    sampler, processors = make_sampling(sampling, tokenizer)
+    tic = time.perf_counter()
+    tell(cached, cached, len(prompt))
+    done = cached
+    while done < len(prompt) - 1:  # all but the last token: the first pass feeds it
+        if cancel is not None and cancel.is_set():
+            yield Record("", None, "cancelled", len(prompt), 0, 0.0, 0.0, 0.0,
+                         cached_tokens=cached)
+            return
+        part = prompt[done:min(done + PREFILL_CHUNK, len(prompt) - 1)]
+        model(mx.array(part)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        done += len(part)
+        tell(cached, done, len(prompt))
+    if prefix is not None:
+        prefix.mark(prompt, cache)
+    spec = Speculator(model, cache, prompt, sampler, processors, drafting.drafter(),
+                      drafting.governor, sampling.draft_tokens)
+    spec.greedy = sampling.temperature == 0
+    eos = set(tokenizer.eos_token_ids)
+    detok, stops = tokenizer.detokenizer, StopMatcher(sampling.stop)
+    n, first, drafted, accepted = 0, 0.0, 0, 0
+    try:
+        while True:
+            p = spec.step(sampling.max_tokens - n)
+            drafted, accepted = drafted + p.drafted, accepted + p.accepted
+            for token, lp in zip(p.tokens, p.logprobs, strict=True):
+                n += 1
+                if n == 1:
+                    first = time.perf_counter()
+                    tell(cached, len(prompt), len(prompt))
+                finish = ("stop" if token in eos else
+                          "length" if n >= sampling.max_tokens else None)
+                text, finish, hit = text_step(detok, stops, token, finish, cancel)
+                now = time.perf_counter()
+                lpv = token_logprobs(lp, token, sampling.logprobs)
+                yield Record(text=text, token=token, finish_reason=finish,
+                             prompt_tokens=len(prompt), generation_tokens=n,
+                             prompt_tps=(len(prompt) - cached) / max(first - tic, 1e-9),
+                             generation_tps=(n - 1) / (now - first) if n > 1 else 0.0,
+                             peak_memory_gb=float(mx.get_peak_memory() / 1e9),
+                             logprob=lpv[0], top_logprobs=lpv[1],
+                             stop_sequence=stops.matched if hit else None,
+                             cached_tokens=cached, drafted_tokens=drafted,
+                             accepted_tokens=accepted)
+                if finish is not None:
+                    return
+    finally:
+        fed = spec.context[:-1]
+        if prefix is not None and cache_holds(cache, len(fed)):
+            prefix.finish(fed, cache)

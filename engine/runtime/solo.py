@@ -1,0 +1,100 @@
+"""A request the batcher runs alone, with drafts (engine/runtime/speculative.py).
+
+mlx-lm's BatchGenerator decodes one token per sequence per step, so drafts can't ride in
+it. While one request is all the worker has, the batcher's thread runs it here instead:
+its prompt in chunks, then verify passes. When another request arrives it goes back into
+the batch, where it left off (its KV cache, and its tokens for the sampler's penalties);
+when the batch drains to one request, that one comes out again (`Solo.resume`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from engine.runtime.speculative import Speculator
+
+
+class Solo:
+    def __init__(self, job: Any, cache: list[Any], done: int, drafting: Any, model: Any,
+                 emitted: int = 0):
+        self.job, self.cache, self.done, self.emitted = job, cache, done, emitted
+        self.model, self.drafting = model, drafting
+        self.spec: Speculator | None = None
+        prompt = job.prompt
+        if done >= len(prompt) - 1:  # nothing left to prefill
+            self._decode(prompt if emitted == 0 else job.context)
+
+    @classmethod
+    def resume(cls, job: Any, cache: list[Any], tokens: list[int], drafting: Any,
+               model: Any) -> Solo:
+        """A job taken out of the batch: `cache` holds every token of `tokens`, the last
+        of them already sent; that one is fed again for the next token's logits."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        trim_prompt_cache(cache, 1)
+        job.context = list(tokens)
+        return cls(job, cache, len(job.prompt), drafting, model, emitted=job.emitted)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.spec is None
+
+    def _decode(self, context: list[int]) -> None:
+        s = self.job.sampling
+        self.spec = Speculator(self.model, self.cache, context, self.job.sampler,
+                               self.job.processors, self.drafting.drafter(),
+                               self.drafting.governor, s.draft_tokens)
+        self.spec.greedy = s.temperature == 0
+
+    def prefill(self, size: int) -> tuple[int, float]:
+        """One chunk of the prompt (all of it but its last token); (tokens, seconds)."""
+        import mlx.core as mx
+
+        t0 = time.perf_counter()
+        end = min(self.done + max(1, size), len(self.job.prompt) - 1)
+        part = self.job.prompt[self.done:end]
+        self.model(mx.array(part)[None], cache=self.cache)
+        mx.eval([c.state for c in self.cache])
+        self.done = end
+        if self.done >= len(self.job.prompt) - 1:
+            self._decode(self.job.prompt)
+        return len(part), time.perf_counter() - t0
+
+    def decode(self, eos: set[int]) -> list[tuple[int, Any, str | None]]:
+        """One verify pass: the tokens it gives, each with its logprob row and whether it
+        ends the request ("stop" for an end token, "length" for the last allowed)."""
+        assert self.spec is not None
+        job, limit = self.job, self.job.sampling.max_tokens
+        p = self.spec.step(limit - self.emitted)
+        job.drafted += p.drafted
+        job.accepted += p.accepted
+        out = []
+        for token, lp in zip(p.tokens, p.logprobs, strict=True):
+            self.emitted += 1
+            finish = ("stop" if token in eos else
+                      "length" if self.emitted >= limit else None)
+            out.append((token, lp, finish))
+            if finish is not None:
+                break
+        job.emitted = self.emitted
+        return out
+
+    def tokens(self) -> list[int]:
+        """Exactly the tokens the cache holds."""
+        if self.spec is None:
+            return self.job.prompt[:self.done]
+        return self.spec.context[:-1]
+
+    def batch_entry(self) -> dict[str, Any]:
+        """What BatchGenerator.insert needs to carry on where this left off."""
+        job = self.job
+        if self.spec is None:
+            rest, fed = job.prompt[self.done:], job.prompt[:self.done]
+            left = job.sampling.max_tokens
+        else:
+            rest, fed = self.spec.context[-1:], self.spec.context[:-1]
+            left = job.sampling.max_tokens - self.emitted
+        return {"prompts": [rest], "max_tokens": [left], "caches": [self.cache],
+                "all_tokens": [fed], "samplers": [job.sampler],
+                "logits_processors": [job.processors]}

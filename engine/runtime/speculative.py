@@ -1,0 +1,249 @@
+"""Speculative decoding for one sequence: a drafter guesses the next tokens, one pass of
+the target model runs them all, and the guesses the target agrees with are kept.
+
+Exact by construction: every kept token is drawn from the target's own distribution given
+everything before it. Drafts are point guesses (prompt lookup, or a draft model's argmax),
+so "draw from the target at each position and go on while the draw equals the guess" is
+the standard accept/reject rule for them: a guess d is kept with probability p(d), and a
+rejection's draw comes from p without d, renormalised. Greedy output is the same token for
+token, and a seeded sampler draws once per kept token, in order, as it does without drafts.
+
+The KV of rejected guesses is trimmed, so speculation needs trimmable caches (no sliding
+window's ring, no recurrent state): `usable()` says whether a model has them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+MAX_DRAFT = 16  # a request's draft_tokens may ask for 1..MAX_DRAFT
+DEFAULT_DRAFT = 6
+
+
+class Drafter(Protocol):
+    """Guesses up to k tokens that follow `context` (prompt and answer so far)."""
+
+    def propose(self, context: list[int], k: int) -> list[int]: ...
+
+
+class PromptLookup:
+    """Drafts by n-gram match: find the last earlier place where the context's final n
+    tokens occurred (longest n first) and guess what followed them there. Costs no model;
+    agents echo files and diffs back, so their answers are full of such repeats."""
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
+        self.sizes = range(max_ngram, min_ngram - 1, -1)
+        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> where it last ended
+        self._upto = 0  # n-grams ending before this position are indexed
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        end = len(context) - 1  # the tail itself is not an earlier occurrence
+        for p in range(self._upto, end):
+            for n in self.sizes:
+                if p + 1 >= n:
+                    self._index[tuple(context[p + 1 - n:p + 1])] = p
+        self._upto = max(self._upto, end)
+        if k <= 0:
+            return []
+        for n in self.sizes:
+            if len(context) > n:
+                at = self._index.get(tuple(context[-n:]))
+                if at is not None:
+                    return context[at + 1:at + 1 + k]
+        return []
+
+
+class ModelDraft:
+    """Drafts with a small model sharing the target's tokenizer: its own KV cache, fed
+    what the context holds, then k greedy steps. The next call trims what was refused."""
+
+    def __init__(self, model: Any, chunk: int = 512):
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.model, self.chunk = model, chunk
+        self.cache = make_prompt_cache(model)
+        self.fed: list[int] = []  # the tokens whose KV the draft cache holds
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        import mlx.core as mx
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        if k <= 0:
+            return []
+        same = 0
+        limit = min(len(self.fed), len(context) - 1)  # the last token is always fed
+        while same < limit and self.fed[same] == context[same]:
+            same += 1
+        if len(self.fed) > same:
+            trim_prompt_cache(self.cache, len(self.fed) - same)
+            del self.fed[same:]
+        todo = context[same:]
+        while len(todo) > 1:
+            part = todo[:min(self.chunk, len(todo) - 1)]
+            self.model(mx.array(part)[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            self.fed += part
+            todo = todo[len(part):]
+        out: list[int] = []
+        for _ in range(k):
+            logits = self.model(mx.array(todo)[None], cache=self.cache)[:, -1, :]
+            self.fed += todo
+            todo = [int(mx.argmax(logits, axis=-1).item())]
+            out.append(todo[0])
+        return out
+
+
+def check_draft(target_tok: Any, draft_tok: Any, target: str, draft: str) -> None:
+    """A draft model must speak the target's vocabulary token for token."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        differ = sum(1 for t, i in tv.items() if dv.get(t) != i)
+        raise ValueError(
+            f"The draft model {draft} has another vocabulary than {target} ({len(dv)} "
+            f"against {len(tv)} tokens, {differ} of the target's differ): a draft model "
+            f"must share the target's tokenizer (e.g. a smaller model of the same family).")
+
+
+def usable(cache: list[Any]) -> bool:
+    """Whether refused guesses can be trimmed from this cache."""
+    from mlx_lm.models.cache import can_trim_prompt_cache
+    return bool(cache) and can_trim_prompt_cache(cache)
+
+
+class Governor:
+    """Chooses each pass's draft length from what drafts have earned on this model and
+    path: acceptance (a geometric fit: each guess kept with probability alpha) and the
+    measured time of a pass as a + b * guesses. It drafts the length that maximises
+    expected tokens per second, none where drafting loses, and still probes now and then
+    so a workload that starts repeating itself is noticed."""
+
+    PROBE_EVERY = 16  # passes between probes while drafting doesn't pay
+    REBASE_EVERY = 64  # passes between undrafted passes that re-measure a
+
+    def __init__(self, max_draft: int = DEFAULT_DRAFT, decay: float = 0.8):
+        self.max_draft, self.decay = max_draft, decay
+        self.kept, self.refused = 1.0, 1.0  # decayed counts; prior alpha 0.5
+        self.base: float | None = None  # seconds of a pass without guesses
+        self.per: float | None = None  # seconds each guess adds to a pass
+        self.passes = 0
+        self.drafted = self.accepted = 0  # totals, for the stats line
+
+    @property
+    def alpha(self) -> float:
+        return self.kept / (self.kept + self.refused)
+
+    def length(self, limit: int, cap: int | None = None) -> int:
+        """Guesses to ask for in the next pass (at most `limit`, and `cap` if given)."""
+        self.passes += 1
+        top = min(limit, self.max_draft if cap is None else cap)
+        if top <= 0:
+            return 0
+        if self.base is None and self.passes > 1 or self.passes % self.REBASE_EVERY == 0:
+            return 0  # measure a pass without guesses
+        if self.base is None or self.per is None:
+            return top
+        best = self.best(top)
+        if best == 0 and self.passes % self.PROBE_EVERY == 0:
+            return min(2, top)
+        return best
+
+    def best(self, top: int) -> int:
+        a, b, alpha = self.base or 1.0, self.per or 0.0, min(self.alpha, 0.999)
+
+        def rate(m: int) -> float:
+            return (1 - alpha ** (m + 1)) / (1 - alpha) / (a + b * m)
+        return max(range(top + 1), key=lambda m: (rate(m), -m))
+
+    def observed(self, drafted: int, accepted: int, seconds: float) -> None:
+        d = self.decay
+        if drafted == 0:
+            self.base = seconds if self.base is None else d * self.base + (1 - d) * seconds
+            return
+        self.drafted += drafted
+        self.accepted += accepted
+        self.kept = d * self.kept + accepted
+        self.refused = d * self.refused + (1 if accepted < drafted else 0)
+        if self.base is not None:
+            per = max(seconds - self.base, 0.0) / drafted
+            self.per = per if self.per is None else d * self.per + (1 - d) * per
+
+
+@dataclass
+class Pass:
+    """What one verify pass gave: the tokens to emit (the kept guesses, then the target's
+    own draw) with their log-probability rows, and how many guesses it ran and kept."""
+
+    tokens: list[int]
+    logprobs: list[Any]
+    drafted: int
+    accepted: int
+
+
+class Speculator:
+    """Decodes one sequence with drafts. The cache holds `context[:-1]`; the context's last
+    token is the one the next pass feeds (at the start: the prompt's last token)."""
+
+    def __init__(self, model: Any, cache: list[Any], context: list[int], sampler: Any,
+                 processors: list[Any], drafter: Drafter, governor: Governor,
+                 draft_cap: int | None = None):
+        self.model, self.cache, self.context = model, cache, list(context)
+        self.sampler, self.processors = sampler, processors
+        self.drafter, self.governor, self.cap = drafter, governor, draft_cap
+        self.greedy = getattr(sampler, "greedy", False)
+
+    def step(self, room: int) -> Pass:
+        """One pass; `room` is how many tokens may still be emitted (>= 1)."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        t0 = time.perf_counter()
+        want = self.governor.length(room - 1, self.cap)
+        guesses = self.drafter.propose(self.context, want)[:want] if want else []
+        fed = [self.context[-1], *guesses]
+        logits = self.model(mx.array(fed)[None], cache=self.cache)[0].astype(mx.float32)
+        tokens, rows = self._draw(logits, guesses)
+        kept = len(tokens) - 1
+        if len(guesses) > kept:
+            trim_prompt_cache(self.cache, len(guesses) - kept)
+        self.context += tokens
+        self.governor.observed(len(guesses), kept, time.perf_counter() - t0)
+        return Pass(tokens, rows, len(guesses), kept)
+
+    def _draw(self, logits: Any, guesses: list[int]) -> tuple[list[int], list[Any]]:
+        import mlx.core as mx
+
+        if not self.processors:
+            lps = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            if self.greedy:  # one evaluation for every position
+                drawn = mx.argmax(lps, axis=-1).tolist()
+                n = 0
+                while n < len(guesses) and drawn[n] == guesses[n]:
+                    n += 1
+                return drawn[:n + 1], [lps[i] for i in range(n + 1)]
+        tokens: list[int] = []
+        rows: list[Any] = []
+        for i in range(len(guesses) + 1):
+            row = logits[i:i + 1]
+            if self.processors:
+                history = mx.array(self.context + guesses[:i], dtype=mx.int32)
+                for p in self.processors:
+                    row = p(history, row)
+            lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
+            t = int(self.sampler(lp).item())
+            tokens.append(t)
+            rows.append(lp[0])
+            if i == len(guesses) or t != guesses[i]:
+                break
+        return tokens, rows
+
+
+def tokens_of(spec: Speculator, room: int) -> Iterator[tuple[int, Any, Pass]]:
+    """Each emitted token with its logprob row and the pass it came from, until `room`."""
+    while room > 0:
+        p = spec.step(room)
+        for t, lp in zip(p.tokens[:room], p.logprobs[:room], strict=True):
+            yield t, lp, p
+        room -= len(p.tokens)
