@@ -394,7 +394,10 @@ class PlacementView(QWidget):
             + (f" · {fmt_tps(many)} tokens/s over {placement.get('streams')} streams"
                + (f" in {lanes} lanes" if (lanes := placement.get("lanes") or 1)
                   > 1 else "")
-               if (many := placement.get("decode_tps_streams")) else ""))
+               if (many := placement.get("decode_tps_streams")) else "")
+            + (f" · {fmt_tps(drafted)} tokens/s with drafts"
+               if (drafted := placement.get("decode_tps_drafted") or 0)
+               > 1.01 * placement["decode_tps"] else ""))
         self.reason_label.setVisible(bool(placement.get("warnings")))
         self.reason_label.setText("\n".join(placement.get("warnings") or []))
         self._fill_table(ranks)

@@ -141,7 +141,7 @@ def render(r: PlanReport, top: int = 10) -> str:
         return "\n".join(lines)
     full = f"@{context_label(r.context)}"
     head = ["#", "STRATEGY", "BACKEND", "NODE", "LAYERS", "MEMORY GB (USABLE)",
-            "DECODE tok/s", full, "PREFILL tok/s", "STREAMS tok/s"]
+            "DECODE tok/s", full, "PREFILL tok/s", "STREAMS tok/s", "DRAFTED tok/s"]
     rows = []
     for k, p in enumerate(r.placements[:top], 1):
         for j, rk in enumerate(p.ranks):
@@ -151,7 +151,8 @@ def render(r: PlanReport, top: int = 10) -> str:
             backend = p.backend if p.strategy != "single" else "-"
             first = [str(k), p.strategy, backend] if j == 0 else ["", "", ""]
             pred = [f"{p.decode_tps:.1f}", f"{p.prediction.decode_tps_full:.1f}",
-                    f"{p.prefill_tps:.0f}", _streams(p.prediction)] if j == 0 else [""] * 4
+                    f"{p.prefill_tps:.0f}", _streams(p.prediction),
+                    _drafted(p.prediction)] if j == 0 else [""] * 5
             rows.append([*first, rk.name, layers, mem + (" !" if not rk.memory.fits else ""),
                          *pred])
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
@@ -161,6 +162,11 @@ def render(r: PlanReport, top: int = 10) -> str:
         lines.append(f"... and {len(r.placements) - top} more (--top N)")
     lines += [f"warning: {w}" for p in r.placements[:top] for w in p.warnings]
     return "\n".join(lines)
+
+
+def _drafted(p: Any) -> str:
+    """One sequence with drafts (speculative decoding, one node), and the guesses per pass."""
+    return f"{p.decode_tps_drafted:.1f} (k={p.draft_tokens})" if p.decode_tps_drafted else "-"
 
 
 def _streams(p: Any) -> str:

@@ -14,7 +14,7 @@ chunks, where every stored weight is read once per chunk and compute usually dom
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
@@ -36,6 +36,8 @@ class Prediction:
     decode_tps_streams: float = 0.0  # `streams` sequences together, all of them
     streams: int = 1
     lanes: int = 1  # micro-batches a pipeline keeps in flight for them (lanes_round_s)
+    decode_tps_drafted: float = 0.0  # one sequence with drafts (one node only; 0: none)
+    draft_tokens: int = 0  # the guesses per pass that prediction assumes
 
 
 
@@ -177,6 +179,19 @@ def pipeline_lanes(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[Lin
     return (len(stages), many) if many < 0.95 * one else (1, one)
 
 
+def drafted_tps(step: Callable[[int], float], a: Assumptions = DEFAULT) -> tuple[float, int]:
+    """(decode tokens/s with drafts, guesses per pass) for a pass costing step(tokens):
+    k guesses each kept with probability alpha give (1 - alpha^(k+1)) / (1 - alpha)
+    tokens per pass of k + 1 tokens; the best k, or none where no k beats one token."""
+    alpha = min(max(a.draft_acceptance, 0.0), 0.999)
+    best, k_best = 1 / step(1), 0
+    for k in range(1, a.draft_tokens + 1):
+        rate = (1 - alpha ** (k + 1)) / (1 - alpha) / step(k + 1)
+        if rate > best:
+            best, k_best = rate, k
+    return best, k_best
+
+
 def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
             ring: Sequence[LinkSpec], context: int, a: Assumptions = DEFAULT) -> Prediction:
     """Decode and prefill tokens/s for a pipeline (or single node) or tensor placement."""
@@ -195,6 +210,14 @@ def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
         lanes, round_s = 1, batched_step_s(model, stages, ring, strategy, a.streams, prompt, a)
     else:
         lanes, round_s = pipeline_lanes(model, stages, ring, a.streams, prompt, a)
+    drafted, k = 0.0, 0
+    if strategy != "tensor" and len(stages) == 1:  # groups don't draft yet
+        # a pass verifying k guesses costs as k + 1 sequences' step in a batch: weights
+        # read once, the experts the tokens route to, the head and FLOPs per token (its KV
+        # is counted per token too: read once in truth, so a slight overestimate)
+        drafted, k = drafted_tps(lambda tokens: batched_step_s(
+            model, stages, ring, strategy, tokens, prompt, a), a)
     return Prediction(decode_tps=one, decode_tps_full=1 / step(1, context),
                       prefill_tps=prompt / prefill, decode_tps_streams=a.streams / round_s,
-                      streams=a.streams, lanes=lanes)
+                      streams=a.streams, lanes=lanes, decode_tps_drafted=drafted,
+                      draft_tokens=k)

@@ -74,7 +74,8 @@ class Placement:
                 "context": self.context, "decode_tps": p.decode_tps,
                 "decode_tps_full_context": p.decode_tps_full, "prefill_tps": p.prefill_tps,
                 "decode_tps_streams": p.decode_tps_streams, "streams": p.streams,
-                "lanes": p.lanes, "warnings": list(self.warnings),
+                "lanes": p.lanes, "decode_tps_drafted": p.decode_tps_drafted,
+                "draft_tokens": p.draft_tokens, "warnings": list(self.warnings),
                 "ranks": [{"node": r.node, "name": r.name, "layers": list(r.layers),
                            "memory": r.memory.as_dict()} for r in self.ranks]}
 

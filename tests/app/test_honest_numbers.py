@@ -41,7 +41,8 @@ class Planner:
                              "usable": 20 * GB}} for i, nid in enumerate(ids)]
         return PlanInfo.from_json({"model": model, "context": 8192, "best": 0, "placements": [{
             "strategy": "pipeline", "backend": "ring", "ranks": ranks,
-            "decode_tps": 14.9 if calibrated else 303.0, "prefill_tps": 900.0}]})
+            "decode_tps": 14.9 if calibrated else 303.0, "prefill_tps": 900.0,
+            "decode_tps_drafted": 31.0 if calibrated else 303.0}]})
 
 
 @pytest.fixture
@@ -72,6 +73,7 @@ def test_the_plan_follows_calibration_and_shows_what_was_measured(qtbot, views):
     qtbot.waitUntil(lambda: place.prediction is not None, timeout=5000)
     assert place.prediction["decode_tps"] == 303.0
     assert place.headline.text().startswith("Predicted: 303 tokens/s")
+    assert "drafts" not in place.headline.text()  # no faster with them: not shown
 
     # The node finishes measuring its speed: the plan made before it is asked again.
     speed = {"memory_bandwidth_Bps": 9e9, "compute_flops": 2e11}
@@ -79,6 +81,8 @@ def test_the_plan_follows_calibration_and_shows_what_was_measured(qtbot, views):
         TopologyInfo.from_json({"nodes": [node("a", "studio", me=True, speed=speed)]}).to_json())
     qtbot.waitUntil(lambda: place.prediction["decode_tps"] == 14.9, timeout=5000)
     assert place.headline.text().startswith("Predicted: 14.9 tokens/s")
+    # speculative decoding's prediction shows beside, where it beats plain decode
+    assert "31.0 tokens/s with drafts" in place.headline.text()
 
     # The model runs here: in use, not planned; a reply's measured speed shows beside.
     assert place.running and state.planned == {}

@@ -93,3 +93,25 @@ def test_a_model_by_numbers_spreads_its_stated_parameters_over_its_layers():
 def test_configs_missing_a_field_are_refused_by_name(config, reason):
     with pytest.raises(PlacementError, match=reason):
         ModelSpec.from_config(config)
+
+
+def test_drafts_are_predicted_on_one_node_where_they_pay_and_never_below_plain():
+    from placement_support import dense, mesh, node
+
+    from engine.placement.cost import Stage, predict
+    from engine.placement.tables import Assumptions
+
+    model = dense()
+    mac = node("studio", 192)  # memory-bound decode: a pass of 7 tokens costs about one
+    p = predict(model, "pipeline", [Stage(mac, (0, 80), True)], [], 8192)
+    assert p.decode_tps_drafted > 1.5 * p.decode_tps and p.draft_tokens > 0
+    slow = node("cpu", 192, bandwidth_gbs=800, tflops=0.05)  # compute-bound: it can't pay
+    q = predict(model, "pipeline", [Stage(slow, (0, 80), True)], [], 8192)
+    assert q.decode_tps_drafted == q.decode_tps and q.draft_tokens == 0
+    never = predict(model, "pipeline", [Stage(mac, (0, 80), True)], [], 8192,
+                    Assumptions(draft_acceptance=0.0))
+    assert never.draft_tokens == 0
+    a, b = node("a", 96), node("b", 96)  # groups don't draft yet: nothing predicted
+    two = predict(model, "pipeline", [Stage(a, (0, 40), True), Stage(b, (40, 80), False)],
+                  mesh([a, b]) * 2, 8192)  # a to b, and back
+    assert two.decode_tps_drafted == 0.0
