@@ -59,7 +59,7 @@ class ChartsView(QWidget):
         self.power = _plot("Power", "W")
         self.energy = _plot("Energy per token", "J/token")
         self.streams = _plot("Requests on the node", "requests")
-        self.cached = _plot("Prompt tokens from the prefix cache per request", "tokens")
+        self.cached = _plot("Tokens per request: from the prefix cache, drafts kept", "tokens")
         self.plots = [self.tps, self.ttft, self.memory, self.power, self.energy,
                       self.streams, self.cached]
         for p in self.plots[1:]:
@@ -71,7 +71,10 @@ class ChartsView(QWidget):
         self.energy_curve = self.energy.plot([], [], symbol="o", symbolSize=7)
         self.in_flight_curve = self.streams.plot([], [], name="in flight")
         self.waiting_curve = self.streams.plot([], [], name="waiting")
-        self.cached_curve = self.cached.plot([], [], pen=None, symbol="o", symbolSize=7)
+        self.cached_curve = self.cached.plot([], [], pen=None, symbol="o", symbolSize=7,
+                                             name="prompt tokens cached")
+        self.drafts_curve = self.cached.plot([], [], pen=None, symbol="t", symbolSize=9,
+                                             name="drafted tokens kept")
         self.node_curves: dict[tuple[str, str], pg.PlotDataItem] = {}
         self.cluster_curve = self.power.plot([], [], name="cluster")
         self.power_note = QLabel()
@@ -135,10 +138,10 @@ class ChartsView(QWidget):
                 axis.setTextPen(fg)
             self._legend_colour(p, fg)
         points = {self.tps_curve: 0, self.ttft_curve: 3, self.energy_curve: 4,
-                  self.cached_curve: 1}
+                  self.cached_curve: 1, self.drafts_curve: 2}
         for curve, i in points.items():
             colour = theme.series(i, pal)
-            if curve is not self.cached_curve:
+            if curve not in (self.cached_curve, self.drafts_curve):
                 curve.setPen(pg.mkPen(colour, width=2))
             curve.setSymbolBrush(colour)
         self.live_curve.setSymbolBrush(theme.series(2, pal))
@@ -196,6 +199,7 @@ class ChartsView(QWidget):
         self._set(self.ttft_curve, [(r.at, r.ttft_s) for r in reqs])
         self._set(self.energy_curve, [(r.at, r.joules_per_token) for r in reqs])
         self._set(self.cached_curve, [(r.at, r.cached_tokens) for r in reqs])
+        self._set(self.drafts_curve, [(r.at, r.accepted_tokens) for r in reqs])
         self.in_flight_curve.setData(*steps(m.in_flight.xs(), m.in_flight.ys(), now))
         self.waiting_curve.setData(*steps(m.waiting.xs(), m.waiting.ys(), now))
         for i, (name, series) in enumerate(sorted(m.memory.items())):

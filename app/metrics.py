@@ -26,6 +26,7 @@ class Request:
     joules_per_token: float | None
     cached_tokens: int | None = None
     model: str | None = None
+    accepted_tokens: int | None = None  # speculative decoding: drafted tokens kept
 
 
 def steps(xs: list[float], ys: list[float], until: float | None = None
@@ -95,8 +96,9 @@ class Metrics(QObject):
         tps, ttft = stats.get("generation_tps"), stats.get("ttft_s")
         watts = self.cluster_watts.last
         jpt = watts / tps if watts and tps else None
+        kept = stats.get("accepted_tokens") if stats.get("drafted_tokens") else None
         self.requests.append(Request(now, tps, ttft, jpt, stats.get("cached_tokens"),
-                                     stats.get("model")))
+                                     stats.get("model"), kept))
         self.live_tps = None
         self._trim(now)
         self.changed.emit()

@@ -84,13 +84,15 @@ def test_charts_show_streams_in_flight_and_cache_reuse(qtbot):
     metrics.add_status({"state": "idle", "streams": {"in_flight": 0, "waiting": 0, "max": 8}})
     metrics.add_status({"state": "unreachable"})  # no figures: nothing is added
     metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.2, "cached_tokens": 1480})
-    metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.9})
+    metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.9, "drafted_tokens": 30,
+                         "accepted_tokens": 24})
     view.tick()
     # A count drawn as steps: flat, then a jump where it changed (no diagonals).
     assert list(view.in_flight_curve.getData()[1]) == [3.0, 3.0, 0.0]
     assert list(view.in_flight_curve.getData()[0]) == [clock.now - 1, clock.now, clock.now]
     assert list(view.waiting_curve.getData()[1]) == [1.0, 1.0, 0.0]
     assert list(view.cached_curve.getData()[1]) == [1480]
+    assert list(view.drafts_curve.getData()[1]) == [24]  # the request that drafted
 
 
 def test_power_charts_hide_when_no_node_measures_it(qtbot):
