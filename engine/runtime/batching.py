@@ -246,6 +246,9 @@ class Batcher(Streams):
                 if finish is not None:
                     self._solo = None
                     self._keep(solo.tokens(), solo.cache)
+                    if self.drafting is not None:
+                        self.drafting.log_request(job.drafted, job.accepted, job.emitted,
+                                                  solo.seconds())
         except Exception as e:
             log.exception("generation with drafts failed")
             self._solo = None

@@ -59,6 +59,13 @@ class Drafting:
         on = self.enabled if sampling.speculative is None else sampling.speculative
         return on and sampling.constraint is None
 
+    def log_request(self, drafted: int, accepted: int, tokens: int, seconds: float) -> None:
+        """The worker's line per drafted request (its log is the node's worker.log)."""
+        if drafted:
+            log.info("drafts (%s): %d of %d kept (%.0f%%), %d tokens in %.2f s, "
+                     "acceptance on this model %.2f", self.source, accepted, drafted,
+                     100 * accepted / drafted, tokens, seconds, self.governor.alpha)
+
     def stats(self) -> dict[str, Any]:
         g = self.governor
         return {"source": self.source, "drafted": g.drafted, "accepted": g.accepted,
@@ -147,6 +154,7 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
                 if finish is not None:
                     return
     finally:
+        drafting.log_request(drafted, accepted, n, time.perf_counter() - (first or tic))
         fed = spec.context[:-1]
         if prefix is not None and cache_holds(cache, len(fed)):
             prefix.finish(fed, cache)

@@ -21,6 +21,7 @@ class Solo:
         self.job, self.cache, self.done, self.emitted = job, cache, done, emitted
         self.model, self.drafting = model, drafting
         self.spec: Speculator | None = None
+        self.started = time.perf_counter()
         prompt = job.prompt
         if done >= len(prompt) - 1:  # nothing left to prefill
             self._decode(prompt if emitted == 0 else job.context)
@@ -79,6 +80,10 @@ class Solo:
                 break
         job.emitted = self.emitted
         return out
+
+    def seconds(self) -> float:
+        """Since this request went alone (its log line's figure)."""
+        return time.perf_counter() - self.started
 
     def tokens(self) -> list[int]:
         """Exactly the tokens the cache holds."""

@@ -118,9 +118,12 @@ class Governor:
     path: acceptance (a geometric fit: each guess kept with probability alpha) and the
     measured time of a pass as a + b * guesses. It drafts the length that maximises
     expected tokens per second, none where drafting loses, and still probes now and then
-    so a workload that starts repeating itself is noticed."""
+    so a workload that starts repeating itself is noticed: every 16 passes at first, half
+    as often after each probe that didn't pay (a draft model's probe costs its catching
+    up), down to one in 512."""
 
-    PROBE_EVERY = 16  # passes between probes while drafting doesn't pay
+    PROBE_EVERY = 16  # passes between probes while drafting doesn't pay, at first
+    PROBE_MAX = 512
     REBASE_EVERY = 64  # passes between undrafted passes that re-measure a
 
     def __init__(self, max_draft: int = DEFAULT_DRAFT, decay: float = 0.8):
@@ -129,6 +132,7 @@ class Governor:
         self.base: float | None = None  # seconds of a pass without guesses
         self.per: float | None = None  # seconds each guess adds to a pass
         self.passes = 0
+        self.probe_every, self._next_probe = self.PROBE_EVERY, self.PROBE_EVERY
         self.drafted = self.accepted = 0  # totals, for the stats line
 
     @property
@@ -146,9 +150,15 @@ class Governor:
         if self.base is None or self.per is None:
             return top
         best = self.best(top)
-        if best == 0 and self.passes % self.PROBE_EVERY == 0:
+        if best > 0:
+            self.probe_every = self.PROBE_EVERY
+            self._next_probe = self.passes + self.probe_every
+            return best
+        if self.passes >= self._next_probe:
+            self._next_probe = self.passes + self.probe_every
+            self.probe_every = min(2 * self.probe_every, self.PROBE_MAX)
             return min(2, top)
-        return best
+        return 0
 
     def best(self, top: int) -> int:
         a, b, alpha = self.base or 1.0, self.per or 0.0, min(self.alpha, 0.999)
