@@ -404,6 +404,7 @@ class NodeInfo(Record):
     speed: dict[str, Any] = field(default_factory=dict)  # calibrated bandwidth and flops
     platform: dict[str, Any] | None = None  # engine.cluster.probes.PlatformReport as JSON
     power: dict[str, Any] | None = None
+    draft: dict[str, Any] | None = None  # its draft model: {"model", "bytes", "kv_per_token"}
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class Cluster:
         self.instance: Instance | None = None
         self.followers = Followers(node, peers, node_name, host)
         self.facts: Any = None  # engine.node.facts.NodeFacts, set by the node's main
+        self.draft: dict[str, Any] | None = None  # its draft model's size, set by main
 
     # --- what other nodes and the GUI see ----------------------------------------------
     def links(self) -> list[dict[str, Any]]:
@@ -82,7 +83,7 @@ class Cluster:
         return NodeInfo(self.id, self.name, mine.instances, mine.followers, __version__,
                         mlx_version(), NodeState(self.node.status()["state"]),
                         [m.id for m in self.node.local_models()], self.links(),
-                        **(self.facts.describe() if self.facts else {}))
+                        **(self.facts.describe() if self.facts else {}), draft=self.draft)
 
     def plan_infos(self) -> list[NodeInfo]:
         """What the planner may use: this node first, then trusted compatible peers."""

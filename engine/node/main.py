@@ -15,6 +15,7 @@ import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -59,20 +60,41 @@ class NodeConfig:
     draft_tokens: int = 6  # the most guesses per verify pass
 
 
+def draft_folder(cfg: NodeConfig, models: Path) -> Path | None:
+    """The draft model's folder: a folder, or the id of a model in the models folder."""
+    if not cfg.draft_model:
+        return None
+    folder = Path(cfg.draft_model).expanduser()
+    if not folder.is_dir():
+        folder = models / cfg.draft_model
+    if not folder.is_dir():
+        raise ShoalError(f"The draft model {cfg.draft_model} is neither a folder nor a "
+                         f"model in {models}: download it first, or give its folder.")
+    return folder
+
+
 def drafting_args(cfg: NodeConfig, models: Path) -> tuple[str, ...]:
-    """The one-process worker's drafting flags. A draft model is a folder or the id of a
-    model in this node's models folder."""
+    """The one-process worker's drafting flags."""
     args = ["--speculative", "on" if cfg.speculative else "off",
             "--draft-tokens", str(cfg.draft_tokens)]
-    if cfg.draft_model:
-        folder = Path(cfg.draft_model).expanduser()
-        if not folder.is_dir():
-            folder = models / cfg.draft_model
-        if not folder.is_dir():
-            raise ShoalError(f"The draft model {cfg.draft_model} is neither a folder nor a "
-                             f"model in {models}: download it first, or give its folder.")
-        args += ["--draft-model", str(folder)]
-    return tuple(args)
+    folder = draft_folder(cfg, models)
+    return tuple(args + (["--draft-model", str(folder)] if folder else []))
+
+
+def draft_size(folder: Path | None) -> dict[str, Any] | None:
+    """What the planner counts for the draft model: its weights in memory and its KV per
+    token (it keeps a cache of its own)."""
+    if folder is None:
+        return None
+    import json
+
+    from engine.placement.model import ModelSpec
+    from engine.runtime.checkpoint import memory_bytes
+
+    config = json.loads((folder / "config.json").read_text())
+    spec = ModelSpec.from_config(config, name=folder.name)
+    return {"model": folder.name, "bytes": int(memory_bytes(folder, config)),
+            "kv_per_token": float(spec.kv_per_token * spec.kv_bytes)}
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -115,6 +137,8 @@ async def run_node(cfg: NodeConfig) -> None:
     peers = Peers(home, cfg.peers, secret, ident.id)
     peers.self_url = f"http://{me}:{cport}"
     cluster = Cluster(node, ident.id, ident.name, peers, me)
+    if cfg.speculative:  # the draft is loaded beside a model served alone: plans count it
+        cluster.draft = await asyncio.to_thread(draft_size, draft_folder(cfg, mdir))
     discovery: Discovery | None = None
 
     def start_discovery() -> None:

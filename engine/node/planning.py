@@ -44,7 +44,10 @@ def planner_node(info: NodeInfo) -> dict[str, Any]:
             "models": info.models, "rdma": bool(rdma),
             # measured on the machine itself (engine/telemetry/calibrate.py), when known
             "measured_bandwidth_Bps": speed.get("memory_bandwidth_Bps"),
-            "measured_flops": speed.get("compute_flops")}
+            "measured_flops": speed.get("compute_flops"),
+            # its draft model, which it loads beside a model it serves alone
+            "draft_bytes": (info.draft or {}).get("bytes", 0),
+            "draft_kv_per_token": (info.draft or {}).get("kv_per_token", 0.0)}
 
 
 def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
@@ -132,7 +135,8 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
     has = bool(info.get("has_model")) or (model_name is not None and
                                           model_name in (info.get("models") or []))
     return NodeSpec(nid, name, int(usable), float(bw), float(flops), has,
-                    bool(info.get("rdma", False)))
+                    bool(info.get("rdma", False)), int(info.get("draft_bytes") or 0),
+                    float(info.get("draft_kv_per_token") or 0.0))
 
 
 def _chip_profile(chip: str, gpu_cores: Any) -> dict[str, Any] | None:

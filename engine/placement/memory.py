@@ -5,7 +5,7 @@ GPU may use, never against "free" memory."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.placement.model import ModelSpec, NodeSpec
 from engine.placement.tables import DEFAULT, Assumptions, kv_tokens, table
@@ -20,11 +20,12 @@ class MemoryUse:
     overhead: int
     usable: int
     prefix_cache: int = 0
+    draft: int = 0  # a draft model's weights and KV, on a node serving the model alone
 
     @property
     def total(self) -> int:
         return (self.weights + self.kv_cache + self.prefix_cache + self.activations
-                + self.overhead)
+                + self.overhead + self.draft)
 
     @property
     def fits(self) -> bool:
@@ -33,6 +34,7 @@ class MemoryUse:
     def as_dict(self) -> dict[str, int]:
         return {"weights": self.weights, "kv_cache": self.kv_cache,
                 "prefix_cache": self.prefix_cache, "activations": self.activations,
+                "draft": self.draft,
                 "overhead": self.overhead, "total": self.total, "usable": self.usable}
 
 
@@ -58,7 +60,8 @@ def refusal(node: NodeSpec, use: MemoryUse, layers: tuple[int, int], context: in
             f"{context_label(context)} context; {gb(use.usable)} usable "
             f"(weights {gb(use.weights)}, KV cache {gb(use.kv_cache)}, prefix cache "
             f"{gb(use.prefix_cache)}, activations "
-            f"{gb(use.activations)}, runtime {gb(use.overhead)})")
+            f"{gb(use.activations)}, runtime {gb(use.overhead)}"
+            + (f", draft model {gb(use.draft)}" if use.draft else "") + ")")
 
 
 class Sizer:
@@ -78,15 +81,23 @@ class Sizer:
         with the first rank, which runs the head for the last rank's output (`last` is
         kept so callers read alike; it adds nothing)."""
         weights, kv = self._pipeline_parts(layers, first, last)
-        return _use(weights, kv, self._act, node, self.a)
+        use = _use(weights, kv, self._act, node, self.a)
+        return replace(use, draft=self._draft(node, first, last))
 
     def pipeline_fits(self, node: NodeSpec, s: int, e: int, first: bool, last: bool) -> bool:
         weights, kv = self._pipeline_parts((s, e), first, last)
         a = self.a  # the same sum, rounded the same way, as MemoryUse.total
         prefix = kv * a.prefix_cache_contexts
         need = round(weights) + round(kv) + round(prefix) + round(self._act) + \
-            round(a.runtime_fixed_bytes + a.runtime_fraction * (weights + kv + prefix))
+            round(a.runtime_fixed_bytes + a.runtime_fraction * (weights + kv + prefix)) + \
+            self._draft(node, first, last)
         return need <= node.memory_bytes
+
+    def _draft(self, node: NodeSpec, first: bool, last: bool) -> int:
+        """A node's draft model is loaded only where it serves the whole model alone."""
+        if not (first and last) or not node.draft_bytes:
+            return 0
+        return round(node.draft_bytes + node.draft_kv_per_token * self.context)
 
     def _pipeline_parts(self, layers: tuple[int, int], first: bool,
                         last: bool) -> tuple[float, float]:

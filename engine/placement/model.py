@@ -45,6 +45,10 @@ class NodeSpec:
     compute_flops: float
     has_model_files: bool = False
     rdma: bool = False
+    # its draft model (speculative decoding), loaded beside a model it serves alone:
+    # weights, and KV bytes per token of context
+    draft_bytes: int = 0
+    draft_kv_per_token: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -56,3 +56,50 @@ def test_every_api_reports_the_drafts(tiny_node):
         "model": MODEL, "messages": ask, "stream": False,
         "options": {"num_predict": 24, "speculative": False}}).json()
     assert olla["speculative"] == {"drafted_tokens": 0, "accepted_tokens": 0}
+
+
+def test_a_node_with_a_draft_model_drafts_and_plans_count_it(tmp_path, tiny_model_dir):
+    """The draft model is the target itself here (every guess kept); the node tells peers
+    and the topology its size, so plans of a model served alone count it."""
+    from nodes import NodeProcess, home_with
+
+    node = NodeProcess(home_with(tmp_path, tiny_model_dir), "tiny-llama",
+                       "--draft-model", "tiny-llama").wait_healthy()
+    try:
+        node.wait_ready()
+        r = chat(node.url, speculative=True)
+        assert r.status_code == 200, r.text
+        spec = r.json()["usage"]["speculative"]
+        assert spec["drafted_tokens"] > 0 and spec["accepted_tokens"] == spec["drafted_tokens"]
+        me = httpx.get(node.url + "/shoal/topology", timeout=30).json()["nodes"][0]
+        draft = me["draft"]  # as GET /shoal/node tells peers
+        assert draft["model"] == "tiny-llama" and draft["bytes"] > 0
+        assert draft["kv_per_token"] > 0
+        plan = node.client.plan("tiny-llama")  # one node: the draft is loaded beside it
+        assert plan.placements[0]["ranks"][0]["memory"]["draft"] > draft["bytes"]
+    finally:
+        node.stop()
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_naming_both(tmp_path,
+                                                                      tiny_model_dir):
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    from nodes import NodeProcess, home_with
+
+    home = home_with(tmp_path, tiny_model_dir)
+    other = home / "models" / "other-draft"
+    shutil.copytree(tiny_model_dir, other)
+    t = Tokenizer.from_file(str(other / "tokenizer.json"))
+    t.add_special_tokens(["<|fim_prefix|>"])  # one token more than the target's
+    t.save(str(other / "tokenizer.json"))
+    node = NodeProcess(home, "tiny-llama", "--draft-model", "other-draft").wait_healthy()
+    try:
+        r = chat(node.url)
+        assert r.status_code >= 400
+        text = r.text
+        assert "other-draft" in text and "tiny-llama" in text and "vocabulary" in text
+    finally:
+        node.stop()

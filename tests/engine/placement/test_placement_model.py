@@ -115,3 +115,21 @@ def test_drafts_are_predicted_on_one_node_where_they_pay_and_never_below_plain()
     two = predict(model, "pipeline", [Stage(a, (0, 40), True), Stage(b, (40, 80), False)],
                   mesh([a, b]) * 2, 8192)  # a to b, and back
     assert two.decode_tps_drafted == 0.0
+
+
+def test_a_draft_model_is_counted_where_it_is_loaded():
+    from dataclasses import replace
+
+    from placement_support import dense, node
+
+    from engine.placement.memory import pipeline_rank_memory, refusal
+
+    model, plain = dense(), node("studio", 192)
+    drafting = replace(plain, draft_bytes=int(2e9), draft_kv_per_token=100_000.0)
+    alone = pipeline_rank_memory(model, plain, (0, 80), True, True, 8192)
+    with_draft = pipeline_rank_memory(model, drafting, (0, 80), True, True, 8192)
+    assert with_draft.draft == 2e9 + 100_000 * 8192
+    assert with_draft.total - alone.total == with_draft.draft
+    assert "draft model 2.8 GB" in refusal(drafting, with_draft, (0, 80), 8192)
+    # a pipeline's rank doesn't load it (groups don't draft)
+    assert pipeline_rank_memory(model, drafting, (0, 40), True, False, 8192).draft == 0
