@@ -88,7 +88,12 @@ class LocalNode:
                 # The key goes by environment, not argv, so `ps` doesn't show it.
                 env = {**os.environ, **({"SHOAL_API_KEY": self.api_key} if self.api_key
                                         else {})}
-                from app.settings import saved_allowed_hosts, saved_cors_origins
+                from app.settings import (
+                    saved_allowed_hosts,
+                    saved_cors_origins,
+                    saved_drafting_env,
+                )
+                env |= saved_drafting_env(self.home)  # Settings → API: drafting
                 cors = saved_cors_origins(self.home)  # Settings → API
                 if cors:
                     env["SHOAL_CORS_ORIGINS"] = ",".join(cors)

@@ -55,6 +55,8 @@ NODE_API_KEY = "node/api_key"  # only in old app.ini files: moved to the keyring
 NODE_KEY_STORED = "node/api_key_stored"  # true when a key is in the keyring (or key file)
 NODE_CORS = "node/cors_origins"  # browser origins the node allows (CORS), space-separated
 NODE_HOSTS = "node/allowed_hosts"  # Host names the node answers to beside its own
+NODE_SPECULATIVE = "node/speculative"  # speculative decoding on (the default) or off
+NODE_DRAFT = "node/draft_model"  # a draft model's id or folder; empty: prompt lookup
 
 
 # --- the API settings of the node the app starts -------------------------------------------
@@ -65,6 +67,13 @@ class NodeSettings:
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
+    speculative: bool = True
+    draft_model: str = ""
+
+    def drafting_env(self) -> dict[str, str]:
+        """The node's drafting settings, as the environment `shoal node` reads them."""
+        env = {"SHOAL_SPECULATIVE": "on" if self.speculative else "off"}
+        return env | ({"SHOAL_DRAFT_MODEL": self.draft_model} if self.draft_model else {})
 
 
 def parse_hosts(text: str) -> tuple[str, ...]:
@@ -97,6 +106,12 @@ def check_origins(origins: tuple[str, ...]) -> str | None:
             return (f"'{o}' is not an origin: write scheme and host, like "
                     "http://localhost:3000 (or * for any page).")
     return None
+
+
+def saved_drafting_env(home: Path) -> dict[str, str]:
+    """The drafting settings saved for the node the app starts in HOME."""
+    settings = QSettings(str(Path(home) / "app.ini"), QSettings.Format.IniFormat)
+    return node_settings(settings).drafting_env()
 
 
 def saved_cors_origins(home: Path) -> tuple[str, ...]:
@@ -156,7 +171,9 @@ def node_settings(settings: QSettings) -> NodeSettings:
     host = str(settings.value(NODE_HOST, "127.0.0.1") or "127.0.0.1").strip()
     cors = parse_origins(str(settings.value(NODE_CORS, "") or ""))
     hosts = parse_hosts(str(settings.value(NODE_HOSTS, "") or ""))
-    return NodeSettings(host or "127.0.0.1", port, key or None, cors, hosts)
+    return NodeSettings(host or "127.0.0.1", port, key or None, cors, hosts,
+                        _truthy(settings.value(NODE_SPECULATIVE, True)),
+                        str(settings.value(NODE_DRAFT, "") or "").strip())
 
 
 def check_api(host: str, key: str) -> str | None:
@@ -327,6 +344,12 @@ class SettingsDialog(QDialog):
         self.hosts_edit = QLineEdit(" ".join(current.allowed_hosts))
         self.hosts_edit.setPlaceholderText("none (names clients use besides this machine's "
                                            "own, e.g. shoal.lan)")
+        self.spec_box = QCheckBox("Draft tokens and verify them in one pass where that is "
+                                  "faster (the answers stay the same)")
+        self.spec_box.setChecked(current.speculative)
+        self.draft_edit = QLineEdit(current.draft_model)
+        self.draft_edit.setPlaceholderText("none: drafts from the conversation itself (a "
+                                           "smaller model of the same family, by id)")
         self.api_message = QLabel("Applied the next time Shoal starts its node. The cluster "
                                   "port (for other nodes) is this port + 1.")
         self.api_message.setWordWrap(True)
@@ -339,6 +362,8 @@ class SettingsDialog(QDialog):
         form.addRow("API key:", self.key_edit)
         form.addRow("Browser origins (CORS):", self.cors_edit)
         form.addRow("Other host names:", self.hosts_edit)
+        form.addRow("Speculative decoding:", self.spec_box)
+        form.addRow("Draft model:", self.draft_edit)
         form.addRow("", save)
         form.addRow("", self.api_message)
         return tab
@@ -362,6 +387,8 @@ class SettingsDialog(QDialog):
             return False
         self.settings.setValue(NODE_CORS, " ".join(origins))
         self.settings.setValue(NODE_HOSTS, " ".join(hosts))
+        self.settings.setValue(NODE_SPECULATIVE, self.spec_box.isChecked())
+        self.settings.setValue(NODE_DRAFT, self.draft_edit.text().strip())
         self.settings.sync()
         theme.set_role(self.api_message, None)
         kept = f" The key is kept in {where}." if key else ""

@@ -157,11 +157,14 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--model", help="model to load at start ('none' to load nothing; "
                    "default: the bundled SmolLM2, imported on first run)")
     n.add_argument("--api-key", help="require this key (needed off loopback)")
-    n.add_argument("--speculative", choices=("on", "off"), default="on",
+    n.add_argument("--speculative", choices=("on", "off"),
+                   default=os.environ.get("SHOAL_SPECULATIVE", "on"),
                    help="speculative decoding: draft tokens and verify them in one pass, "
-                        "where that measures faster (default on)")
-    n.add_argument("--draft-model", metavar="MODEL", help="a draft model (id or folder) "
-                   "with the served model's tokenizer; default: drafts from prompt lookup")
+                        "where that measures faster (default on, or SHOAL_SPECULATIVE)")
+    n.add_argument("--draft-model", metavar="MODEL",
+                   default=os.environ.get("SHOAL_DRAFT_MODEL") or None,
+                   help="a draft model (id or folder) with the served model's tokenizer; "
+                        "default: drafts from prompt lookup (or SHOAL_DRAFT_MODEL)")
     n.add_argument("--draft-tokens", type=int, default=6, metavar="N",
                    help="the most drafted tokens per pass, 1 to 16 (default 6)")
     n.add_argument("--max-streams", type=int, default=8, metavar="N",

@@ -2,6 +2,7 @@
 the API the app's node will serve (checked, kept in app.ini but the key in the keyring,
 used at its next start), and the background setting the window shares."""
 
+import os
 import stat
 import sys
 import types
@@ -163,3 +164,25 @@ def test_host_names_are_checked_and_the_node_answers_to_them(qtbot, dialog, home
         assert no.status_code == 403
     finally:
         node.stop()
+
+
+def test_drafting_settings_reach_the_node_the_app_starts(qtbot, dialog, home, tmp_path):
+    """Settings → API: speculative decoding off, or a draft model; the node the app starts
+    reads them from its environment (a draft model it doesn't have stops it, naming it)."""
+    import subprocess
+
+    from app.settings import saved_drafting_env
+    assert dialog.spec_box.isChecked()  # on by default
+    assert saved_drafting_env(home) == {"SHOAL_SPECULATIVE": "on"}
+    dialog.host_edit.setText("127.0.0.1")
+    dialog.spec_box.setChecked(False)
+    dialog.draft_edit.setText("no-such-draft")
+    assert dialog.save_api()
+    env = saved_drafting_env(home)
+    assert env == {"SHOAL_SPECULATIVE": "off", "SHOAL_DRAFT_MODEL": "no-such-draft"}
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "node", "--home", str(tmp_path / "n"),
+         "--model", "none", "--port", "0", "--mdns", "off"],
+        env={**os.environ, **env, "SHOAL_KEYRING": "0"}, capture_output=True, text=True,
+        timeout=60)
+    assert out.returncode != 0 and "no-such-draft" in out.stdout + out.stderr
