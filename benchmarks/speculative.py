@@ -12,7 +12,11 @@ on this CPU it does; MLX's 4-bit CPU kernels are slower than its float32 BLAS on
 the bundled model's 4-bit copy would be a slower draft, not a cheaper one).
 Every mode's answer is checked to be the same tokens as without drafts.
 
-Run: .venv/bin/python benchmarks/speculative.py [--tokens 160] [--rounds 3]
+With --pipeline: the same workloads on a 2-rank pipeline of worker processes (MLX ring over
+loopback, SmolLM2 split 15/15, each rank pinned to a core of its own, as on two machines),
+one request at a time (so it drafts), `"speculative": false` against the default.
+
+Run: .venv/bin/python benchmarks/speculative.py [--tokens 160] [--rounds 3] [--pipeline]
 """
 
 from __future__ import annotations
@@ -55,12 +59,68 @@ def as_a_worker_runs() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+def pipeline(tokens: int, rounds: int) -> None:
+    import os
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "engine" / "runtime"))
+    from dist_harness import Group, generate
+
+    from engine.hub.bundled import ensure_default_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="shoal-spec-pp-"))
+    try:
+        model = ensure_default_model(tmp / "models")
+        g = Group(tmp / "group", model, 2, "pipeline", layers=[[0, 15], [15, 30]],
+                  streams=8, timeout_s=120)
+        g.ready(300)
+        for r, w in enumerate(g.ranks):
+            os.sched_setaffinity(w.proc.pid, {r % (os.cpu_count() or 2)})
+        got: dict[tuple[str, bool], list[float]] = {}
+        kept: dict[tuple[str, bool], tuple[int, int]] = {}
+        same: dict[str, bool] = {}
+        for i in range(rounds + 1):
+            for w, msgs in WORKLOADS.items():
+                answers = {}
+                for spec in (False, True):
+                    evs = generate(g.leader, f"{w}-{spec}-{i}", msgs, 600,
+                                   max_tokens=tokens, speculative=spec)
+                    done = evs[-1]
+                    assert done["ev"] == "done", done
+                    answers[spec] = [e["text"] for e in evs if e["ev"] == "delta"]
+                    if i:
+                        got.setdefault((w, spec), []).append(done["generation_tps"])
+                        kept[w, spec] = (done["accepted_tokens"], done["drafted_tokens"])
+                        print(f"round {i} {w:5} drafts={spec!s:5} "
+                              f"{done['generation_tps']:6.1f} tok/s kept {kept[w, spec]}",
+                              flush=True)
+                same[w] = same.get(w, True) and answers[False] == answers[True]
+        g.kill()
+        print("\n| workload | drafts | decode tok/s | ratio | kept / drafted (last round) | "
+              "same answer |")
+        print("|---|---|---|---|---|---|")
+        for w in WORKLOADS:
+            base = statistics.median(got[w, False])
+            for spec in (False, True):
+                med = statistics.median(got[w, spec])
+                k, d = kept[w, spec]
+                print(f"| {w} | {'prompt lookup' if spec else 'none'} | {med:.1f} | "
+                      f"{med / base:.2f} | {k} / {d} | {'yes' if same[w] else 'NO'} |")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     as_a_worker_runs()
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=160)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pipeline", action="store_true")
     a = p.parse_args()
+    if a.pipeline:
+        pipeline(a.tokens, a.rounds)
+        return
     from engine.hub.bundled import ensure_default_model
     from engine.runtime.drafting import Drafting, drafted_generate
     from engine.runtime.generate import build_prompt

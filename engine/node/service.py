@@ -170,7 +170,8 @@ class Node:
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
-                         worker_args=() if dist_config else self.worker_args)
+                         worker_args=_group_args(self.worker_args) if dist_config
+                         else self.worker_args)
         self.worker = w
         try:
             ready = await w.start()
@@ -257,3 +258,17 @@ class Node:
         if self.worker is not None:
             self.worker.dead_reason = self.worker.dead_reason or "stopped"
             await self.worker.stop()
+
+
+def _group_args(args: tuple[str, ...]) -> tuple[str, ...]:
+    """A group's rank takes the drafting flags but no draft model (groups draft by prompt
+    lookup)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--draft-model":
+            skip = True
+        else:
+            out.append(a)
+    return tuple(out)

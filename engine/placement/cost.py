@@ -36,7 +36,7 @@ class Prediction:
     decode_tps_streams: float = 0.0  # `streams` sequences together, all of them
     streams: int = 1
     lanes: int = 1  # micro-batches a pipeline keeps in flight for them (lanes_round_s)
-    decode_tps_drafted: float = 0.0  # one sequence with drafts (one node only; 0: none)
+    decode_tps_drafted: float = 0.0  # one sequence alone, with drafts (0: not predicted)
     draft_tokens: int = 0  # the guesses per pass that prediction assumes
 
 
@@ -210,13 +210,11 @@ def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
         lanes, round_s = 1, batched_step_s(model, stages, ring, strategy, a.streams, prompt, a)
     else:
         lanes, round_s = pipeline_lanes(model, stages, ring, a.streams, prompt, a)
-    drafted, k = 0.0, 0
-    if strategy != "tensor" and len(stages) == 1:  # groups don't draft yet
-        # a pass verifying k guesses costs as k + 1 sequences' step in a batch: weights
-        # read once, the experts the tokens route to, the head and FLOPs per token (its KV
-        # is counted per token too: read once in truth, so a slight overestimate)
-        drafted, k = drafted_tps(lambda tokens: batched_step_s(
-            model, stages, ring, strategy, tokens, prompt, a), a)
+    # a pass verifying k guesses costs as k + 1 sequences' step in a batch: weights read
+    # once, the experts the tokens route to, the head and FLOPs per token, one trip round
+    # a group (its KV is counted per token too: read once in truth, a slight overestimate)
+    drafted, k = drafted_tps(lambda tokens: batched_step_s(
+        model, stages, ring, strategy, tokens, prompt, a), a)
     return Prediction(decode_tps=one, decode_tps_full=1 / step(1, context),
                       prefill_tps=prompt / prefill, decode_tps_streams=a.streams / round_s,
                       streams=a.streams, lanes=lanes, decode_tps_drafted=drafted,

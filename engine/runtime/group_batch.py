@@ -53,6 +53,15 @@ class Flight:
     item: int          # the item whose decode output rank 0 has yet to take back
     lane: int
     seqs: list[Seq]    # the lane's sequences, in the output's row order
+    width: int = 1     # positions per sequence: 1 + guesses for a drafted step
+
+
+def _feed(plan: Plan) -> Any:
+    """A step's input ids: a token per sequence (B, 1), or one sequence's token and its
+    guesses (1, 1 + guesses)."""
+    import mlx.core as mx
+    ids = mx.array(plan.feed)
+    return ids[None] if plan.guesses else ids[:, None]
 
 
 class PipelineSteps:
@@ -89,13 +98,14 @@ class PipelineSteps:
         head, body = plan.encode()
         item = [(head, BATCH), (body, STEP)]
         if plan.feed:
-            h = _as(stage(mx.array(plan.feed)[:, None], lane.batch), self._dtype)
+            h = _as(stage(_feed(plan), lane.batch), self._dtype)
             link.compute(h)
             item.append((h, STEP))
             link.stats.overlapped += bool(self._flights)
         self._send(item)
         if plan.feed:
-            self._flights.append(Flight(self._items - 1, plan.lane, list(lane.decoding)))
+            self._flights.append(Flight(self._items - 1, plan.lane, list(lane.decoding),
+                                        1 + plan.guesses))
         if plan.chunk >= 0:  # while the next ranks run the decode batch
             seq = state.pending[plan.chunk]
             at = len(seq.tokens)
@@ -119,13 +129,15 @@ class PipelineSteps:
     def _take(self) -> None:
         link, f = self.link, self._flights.popleft()
         link.expect(TOKEN)
-        out = link.recv((len(f.seqs), 1, self.hidden), self._dtype, link.cfg.predecessor)
+        shape = (1, f.width, self.hidden) if f.width > 1 else (len(f.seqs), 1, self.hidden)
+        out = link.recv(shape, self._dtype, link.cfg.predecessor)
         self._outs.append((f.seqs, out))
 
     def _heads(self) -> Outputs:
         done = []
         for seqs, out in self._outs:
-            logits = self.stage.logits(out)[:, -1, :]
+            logits = self.stage.logits(out)
+            logits = logits[0] if logits.shape[1] > 1 else logits[:, -1, :]
             self.link.compute(logits)
             done.append((seqs, logits))
         self._outs = []
@@ -159,8 +171,9 @@ class PipelineSteps:
         item = [] if stage.last else [(head, BATCH), (body, STEP)]
         if plan.feed:
             link.expect(STEP)
-            h = _as(stage(link.recv((len(plan.feed), 1, plan.hidden), dtype, src),
-                          state.lanes[plan.lane].batch), dtype)
+            shape = (1, len(plan.feed), plan.hidden) if plan.guesses else \
+                (len(plan.feed), 1, plan.hidden)
+            h = _as(stage(link.recv(shape, dtype, src), state.lanes[plan.lane].batch), dtype)
             link.compute(h)
             item.append((h, TOKEN if stage.last else STEP))
         for x, op in item:
@@ -201,9 +214,10 @@ class TensorSteps:
 
         link, lane, done = self.link, state.lanes[plan.lane], []
         if plan.feed:
-            x = mx.array(plan.feed)[:, None]
+            x = _feed(plan)
             if lead:
-                logits = self.model(x, cache=lane.batch)[:, -1, :]
+                logits = self.model(x, cache=lane.batch)
+                logits = logits[0] if plan.guesses else logits[:, -1, :]
                 link.compute(logits, collective=True)
                 done.append((list(lane.decoding), logits))
             else:
@@ -282,7 +296,7 @@ class GroupBatcher(Streams):
 
     def __init__(self, steps: PipelineSteps | TensorSteps, tokenizer: Any,
                  prefix: PrefixCache, streams: int, on_fatal: Callable[[str], None],
-                 chunker: Chunker | None = None):
+                 chunker: Chunker | None = None, drafting: Any = None):
         from engine.runtime.sampling import token_sampler
 
         super().__init__()
@@ -292,7 +306,9 @@ class GroupBatcher(Streams):
         self.chunker = chunker or Chunker()
         self.scheduler = Scheduler(
             self.state, streams, self.chunker, steps.hidden, steps.dtype,
-            lambda job: token_sampler(job.sampling, job.tokenizer, job.prompt))
+            lambda job: token_sampler(job.sampling, job.tokenizer, job.prompt),
+            drafting if drafting is not None and _trimmable(steps.make_cache()) else None)
+        self._stamp: float | None = None  # when the lone sequence's last step was sampled
         self._jobs = self.scheduler.jobs  # Streams' count of requests in flight
         self._on_fatal = on_fatal
         self._lane = 0
@@ -351,6 +367,10 @@ class GroupBatcher(Streams):
     def _sample(self, outputs: Outputs) -> None:
         gone = self.scheduler.gone
         for seqs, logits in outputs:
+            if len(seqs) == 1 and self.scheduler.drafting is not None:
+                self._verify(seqs[0], logits)
+                continue
+            self._stamp = None
             for i, seq in enumerate(seqs):
                 job = seq.job
                 assert job is not None and seq.sample is not None
@@ -369,6 +389,57 @@ class GroupBatcher(Streams):
                 job.out.put((token, lp, finish))
                 if finish is not None:
                     gone.add(job.uid)  # type: ignore[arg-type]
+
+
+    def _verify(self, seq: Seq, logits: Any) -> None:
+        """A lone sequence's step: its token's logits, then one row per guess. Draws go in
+        order while they equal the guesses (engine/runtime/speculative.py's rule); the
+        refused guesses are trimmed on every rank at the lane's next plan."""
+        import time
+
+        job, guesses, sched = seq.job, seq.guesses, self.scheduler
+        assert job is not None and seq.sample is not None
+        seq.guesses = []
+        if job.uid in sched.gone:
+            return
+        kept, finish = 0, None
+        for i in range(len(guesses) + 1):
+            try:
+                token, lp = seq.sample(logits[i:i + 1])
+            except Exception as e:  # this request's sampling failed (e.g. its grammar)
+                job.out.put(e)
+                sched.gone.add(job.uid)  # type: ignore[arg-type]
+                return
+            seq.generated += 1
+            finish = "stop" if token in self.eos else \
+                "length" if seq.generated >= job.sampling.max_tokens else None
+            seq.next = token
+            job.out.put((token, lp, finish))
+            if finish is not None or i == len(guesses) or token != guesses[i]:
+                break
+            kept += 1
+        job.drafted += len(guesses)
+        job.accepted += kept
+        lane = next(i for i, ln in enumerate(self.state.lanes)
+                    if any(s is seq for s in ln.decoding))
+        if len(guesses) > kept:
+            sched.trims[lane] = len(guesses) - kept
+        now = time.perf_counter()
+        if self.state.n_decoding != 1:
+            self._stamp = None  # a step shared with others: not a lone pass's time
+        else:
+            if self._stamp is not None:
+                sched.drafting.governor.observed(len(guesses), kept, now - self._stamp)
+            self._stamp = now
+        if finish is not None:
+            sched.gone.add(job.uid)  # type: ignore[arg-type]
+
+
+def _trimmable(cache: list[Any]) -> bool:
+    """Refused guesses can be trimmed from every layer's cache (no sliding window's ring,
+    no recurrent state): the model's caches as rank 0 makes them (all layers)."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+    return bool(cache) and all(type(c) in (KVCache, QuantizedKVCache) for c in cache)
 
 
 def _prefilled(seq: Seq, n: int) -> None:

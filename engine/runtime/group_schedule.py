@@ -16,7 +16,14 @@ from typing import Any
 
 from engine.runtime.batching import Job, Prefilled
 from engine.runtime.chunking import Chunker
-from engine.runtime.group_state import Plan, Seq, State, apply_admissions, apply_leavers
+from engine.runtime.group_state import (
+    Plan,
+    Seq,
+    State,
+    apply_admissions,
+    apply_leavers,
+    apply_trim,
+)
 
 
 class Scheduler:
@@ -24,8 +31,12 @@ class Scheduler:
     that left (cancelled, finished, failed) and the number of streams it serves."""
 
     def __init__(self, state: State, streams: int, chunker: Chunker, hidden: int,
-                 dtype: str, sampler: Callable[[Job], Any]):
+                 dtype: str, sampler: Callable[[Job], Any], drafting: Any = None):
         self.state, self.streams, self.chunker = state, streams, chunker
+        # engine.runtime.drafting.Drafting, where the model's caches can be trimmed: a
+        # sequence decoding alone in the group feeds drafted guesses with its token
+        self.drafting = drafting
+        self.trims: dict[int, int] = {}  # lane -> refused guesses to trim at its next plan
         self.hidden, self.dtype = hidden, dtype
         self.sampler = sampler  # a job's token sampler (may raise: its request fails)
         self.waiting: list[Job] = []
@@ -37,7 +48,9 @@ class Scheduler:
         """Decide `lane`'s next step, applying rank 0's side of it as it goes."""
         st = self.state
         seqs = st.lanes[lane].decoding
-        plan = Plan(lane=lane, hidden=self.hidden, dtype=self.dtype)
+        plan = Plan(lane=lane, hidden=self.hidden, dtype=self.dtype,
+                    trim=self.trims.pop(lane, 0))
+        apply_trim(plan, st)
         plan.drop = [i for i, s in enumerate(seqs) if uid(s) in self.gone]
         plan.cancel = [i for i, s in enumerate(st.pending) if uid(s) in self.gone]
         self._forget([seqs[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
@@ -47,6 +60,7 @@ class Scheduler:
         for (job, sample), seq in zip(joining, apply_admissions(plan, st, fetched)):
             seq.job, seq.sample = job, sample
         plan.feed = [next_token(s) for s in st.lanes[lane].decoding]
+        self._draft(plan)
         ready = [(s.left, i) for i, s in enumerate(st.pending) if s.left > 0]
         # one chunk a round of the lanes, so each stream waits for one chunk at most
         if ready and st.first_busy_lane() in (lane, -1):
@@ -55,6 +69,24 @@ class Scheduler:
             # a prompt two chunks from its end runs whole: a short request starts at once
             plan.chunk_len = left if left <= 2 * size else size
         return plan
+
+    def _draft(self, plan: Plan) -> None:
+        """Guesses for a sequence decoding alone, with nothing waiting or prefilling."""
+        st, d = self.state, self.drafting
+        seqs = st.lanes[plan.lane].decoding
+        if (d is None or len(seqs) != 1 or st.n_decoding != 1 or st.pending or self.waiting
+                or seqs[0].job is None or uid(seqs[0]) in self.gone):
+            return
+        seq, job = seqs[0], seqs[0].job
+        if not d.wanted(job.sampling):
+            return
+        seq.drafter = seq.drafter or d.drafter()  # a group's: prompt lookup
+        room = job.sampling.max_tokens - seq.generated
+        want = d.governor.length(room - 1, job.sampling.draft_tokens)
+        context = [*seq.tokens, plan.feed[0]]
+        seq.guesses = seq.drafter.propose(context, want)[:want] if want else []
+        plan.feed += seq.guesses
+        plan.guesses = len(seq.guesses)
 
     def _admit(self, plan: Plan) -> tuple[list[tuple[Job, Any]], list[tuple[Any, int]]]:
         """The waiting requests that join now, with their samplers and prefix hits."""

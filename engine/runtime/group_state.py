@@ -21,7 +21,7 @@ from engine.runtime.batching import Job
 from engine.runtime.lockstep import DTYPES
 from engine.runtime.prefix import PrefixCache
 
-HEAD_LEN = 11
+HEAD_LEN = 13
 
 
 @dataclass
@@ -39,11 +39,14 @@ class Plan:
     chunk_len: int = 0
     hidden: int = 0
     dtype: str = DTYPES[0]
+    guesses: int = 0     # drafted tokens: the lane's one sequence feeds 1 + guesses
+    trim: int = 0        # refused guesses of the lane's last step, trimmed before this one
 
     @property
     def empty(self) -> bool:
         """Nothing to run and nothing to tell the other ranks."""
-        return not (self.drop or self.cancel or self.admit or self.feed or self.chunk >= 0)
+        return not (self.drop or self.cancel or self.admit or self.feed or self.chunk >= 0
+                    or self.trim)
 
     def encode(self) -> tuple[Any, Any]:
         import mlx.core as mx
@@ -51,7 +54,7 @@ class Plan:
         ids = [t for p in self.admit for t in p]
         head = [self.lane, len(self.drop), len(self.cancel), self.keep, len(self.admit),
                 len(ids), len(self.feed), self.chunk, self.chunk_len, self.hidden,
-                DTYPES.index(self.dtype)]
+                DTYPES.index(self.dtype), self.guesses, self.trim]
         body = [*self.drop, *self.cancel, *(len(p) for p in self.admit), *self.cached,
                 *ids, *self.feed, 0]  # never empty
         return mx.array(head, dtype=mx.int32), mx.array(body, dtype=mx.int32)
@@ -62,7 +65,7 @@ class Plan:
 
     @classmethod
     def decode(cls, head: list[int], body: list[int]) -> Plan:
-        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt = head
+        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt, guesses, trim = head
         at = 0
 
         def take(n: int) -> list[int]:
@@ -77,7 +80,7 @@ class Plan:
             admit.append(ids[at:at + n])
             at += n
         return cls(lane, drop, cancel, keep, admit, cached, feed, chunk, chunk_len, hidden,
-                   DTYPES[dt])
+                   DTYPES[dt], guesses, trim)
 
 
 @dataclass
@@ -89,6 +92,8 @@ class Seq:
     sample: Callable[[Any], tuple[int, Any]] | None = None
     generated: int = 0
     next: int | None = None    # the token it feeds at its lane's next step
+    guesses: list[int] = field(default_factory=list)  # rank 0: drafted for its step
+    drafter: Any = None        # rank 0: its prompt lookup (engine/runtime/speculative.py)
 
     @property
     def left(self) -> int:
@@ -176,8 +181,11 @@ class State:
             lane.decoding.append(seq)
 
     def fed(self, plan: Plan) -> None:
-        for seq, t in zip(self.lanes[plan.lane].decoding, plan.feed):
-            seq.tokens.append(t)
+        if plan.guesses:  # one sequence fed its token and the guesses
+            self.lanes[plan.lane].decoding[0].tokens.extend(plan.feed)
+        else:
+            for seq, t in zip(self.lanes[plan.lane].decoding, plan.feed):
+                seq.tokens.append(t)
         if plan.chunk >= 0:
             seq = self.pending[plan.chunk]
             seq.tokens += seq.prompt[len(seq.tokens):len(seq.tokens) + plan.chunk_len]
@@ -185,6 +193,20 @@ class State:
 
 class OutOfStep(RuntimeError):
     pass
+
+
+def apply_trim(plan: Plan, state: State) -> None:
+    """The refused guesses of the lane's last step leave its KV and its sequence's tokens,
+    first, so a leaver's KV goes into the prefix cache exactly as its tokens say."""
+    if not plan.trim:
+        return
+    lane = state.lanes[plan.lane]
+    if len(lane.decoding) != 1 or lane.batch is None:
+        raise OutOfStep(f"a trim of {plan.trim} for lane {plan.lane}, which holds "
+                        f"{len(lane.decoding)} sequences")
+    for c in lane.batch:
+        c.trim(plan.trim)
+    del lane.decoding[0].tokens[-plan.trim:]
 
 
 def apply_leavers(plan: Plan, state: State) -> None:
@@ -213,7 +235,8 @@ def apply_admissions(plan: Plan, state: State,
 
 def apply_plan(plan: Plan, state: State) -> list[Seq]:
     """Everything a plan changes before its step's compute, on any rank: leavers, then
-    joiners (rank 0 decides between the two and runs the same two functions)."""
+    joiners (rank 0 decides between the two and runs the same functions)."""
+    apply_trim(plan, state)
     apply_leavers(plan, state)
     return apply_admissions(plan, state)
 

@@ -45,7 +45,7 @@ def _follow_stdin(quit_group: Callable[[], None]) -> None:
 
 
 def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
-             serve: Callable[..., None], streams: int = 1) -> int:
+             serve: Callable[..., None], streams: int = 1, drafting: Any = None) -> int:
     import mlx.core as mx
 
     from engine.placement.families import batching_refusal
@@ -129,7 +129,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
             serve_follower(steps, link, prefix)  # ends by quit or fatal
         gen: Callable[..., Iterator[Any]] = GroupBatcher(
             steps, tokenizer, prefix, streams,
-            on_fatal=lambda why: fatal("group_failed", why))
+            on_fatal=lambda why: fatal("group_failed", why), drafting=drafting)
     else:
         if cfg.rank != 0:
             _follower(cfg.strategy, model, link, prefix).serve()  # ends by quit or fatal

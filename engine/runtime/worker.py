@@ -213,9 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
     if args.dist is not None:
+        from engine.runtime.drafting import Drafting
         from engine.runtime.group_worker import run_rank
         return run_rank(args.model, args.model_id, args.dist, emit, serve,
-                        max(1, args.streams))
+                        max(1, args.streams),  # a group drafts by prompt lookup
+                        Drafting(enabled=args.speculative == "on",
+                                 max_draft=args.draft_tokens))
     from engine.runtime.checkpoint import model_context
     from engine.runtime.load import load_model
 

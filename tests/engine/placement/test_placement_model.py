@@ -111,10 +111,10 @@ def test_drafts_are_predicted_on_one_node_where_they_pay_and_never_below_plain()
     never = predict(model, "pipeline", [Stage(mac, (0, 80), True)], [], 8192,
                     Assumptions(draft_acceptance=0.0))
     assert never.draft_tokens == 0
-    a, b = node("a", 96), node("b", 96)  # groups don't draft yet: nothing predicted
+    a, b = node("a", 96), node("b", 96)  # a pipeline: each pass pays every hop once
     two = predict(model, "pipeline", [Stage(a, (0, 40), True), Stage(b, (40, 80), False)],
                   mesh([a, b]) * 2, 8192)  # a to b, and back
-    assert two.decode_tps_drafted == 0.0
+    assert two.decode_tps_drafted > 1.5 * two.decode_tps
 
 
 def test_a_draft_model_is_counted_where_it_is_loaded():

@@ -320,3 +320,35 @@ def test_prefix_cache_with_linear_attention_state(tmp_path):
         assert [e[-1]["cached_tokens"] > 0 for e in events] == [False, True, True]
     finally:
         group.kill()
+
+
+@pytest.mark.parametrize("strategy,world,lanes", [
+    ("pipeline", 2, 1), ("pipeline", 3, 3), ("tensor", 2, 1)])
+def test_a_lone_request_drafts_across_ranks_and_answers_the_same(models, tmp_path,
+                                                                 strategy, world, lanes):
+    """A request alone in a group feeds prompt-lookup guesses with its token: one pass
+    over the ranks verifies them, the refused ones are trimmed on every rank. The answer
+    is token for token the one without drafts (greedy, penalised, seeded), the drafts
+    show in its done event, and the prefix cache still hits after it."""
+    group = Group(tmp_path, models["llama"], world, strategy,
+                  SPLITS[world] if strategy == "pipeline" else None, streams=4, lanes=lanes)
+    echo = [{"role": "user", "content": "one two three four five six " * 6}]
+    asks = [(echo, {"max_tokens": 40}), (REQUESTS[2][0], {**REQUESTS[2][1], "max_tokens": 30}),
+            (REQUESTS[4][0], {**REQUESTS[4][1], "max_tokens": 30})]
+    try:
+        group.ready()
+        drafted = refused = 0
+        for i, (msgs, s) in enumerate(asks):
+            plain = generate(group.leader, f"p{i}", msgs, **s, speculative=False)
+            assert plain[-1]["drafted_tokens"] == 0
+            spec = generate(group.leader, f"s{i}", msgs, **s)
+            assert texts(spec) == texts(plain), f"request {i}"
+            assert spec[-1]["accepted_tokens"] <= spec[-1]["drafted_tokens"]
+            drafted += spec[-1]["drafted_tokens"]
+            refused += spec[-1]["drafted_tokens"] - spec[-1]["accepted_tokens"]
+        assert drafted > 0 and refused > 0  # guesses kept, and some trimmed on every rank
+        again = generate(group.leader, "again", echo, max_tokens=40, speculative=False)
+        assert again[-1]["cached_tokens"] > 0
+        assert group.shutdown() == [0] * world
+    finally:
+        group.kill()

@@ -68,7 +68,10 @@ def make_cache() -> list[FakeKV]:
 def compute(plan: Plan, state: State) -> None:
     """What a step's forward pass does to the caches: the fed tokens and the chunk in."""
     lane = state.lanes[plan.lane]
-    for row, t in enumerate(plan.feed):
+    if plan.guesses:  # one sequence: its token and the guesses
+        for c in lane.batch or []:
+            c.feed(list(plan.feed), 0)
+    for row, t in enumerate([] if plan.guesses else plan.feed):
         for c in lane.batch or []:
             c.feed([t], row)
     if plan.chunk >= 0:
@@ -94,17 +97,41 @@ def view(state: State) -> dict:
         "prefix": [list(t) for lru in state.prefix.lru._lru._lrus.values() for _, t in lru]}
 
 
-def run_script(seed: int, lanes: int, steps: int = 120) -> int:
+class Drafts:
+    """Drafting as the scheduler sees it: guesses of random lengths (prompt lookup would
+    find some; here any will do, the sampling below keeps a random share)."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.governor = self
+
+    def drafter(self) -> Drafts:
+        return self
+
+    def propose(self, context: list[int], k: int) -> list[int]:
+        return [self.rng.randrange(5, 200) for _ in range(k)]
+
+    def wanted(self, sampling: Sampling) -> bool:
+        return True
+
+    def length(self, limit: int, cap: int | None = None) -> int:
+        return max(0, min(limit, self.rng.randrange(0, 5)))
+
+
+def run_script(seed: int, lanes: int, steps: int = 120, drafts: bool = False,
+               arrivals: float = 0.3) -> int:
     rng = random.Random(seed)
     leader = State(PrefixCache(600, max_entries=6, leader=True), make_cache, lanes)
     follower = State(PrefixCache(600, max_entries=6, leader=False), make_cache, lanes)
     sched = Scheduler(leader, streams=4, chunker=Chunker(first=16), hidden=0,
-                      dtype=DTYPES[0], sampler=lambda job: None)
+                      dtype=DTYPES[0], sampler=lambda job: None,
+                      drafting=Drafts(rng) if drafts else None)
+    drafted = 0
     common = [rng.randrange(5, 200) for _ in range(40)]  # prompts share prefixes
     jobs: list[Job] = []
     planned = 0
     for step in range(steps):
-        if rng.random() < 0.3:  # an arrival, often continuing an earlier conversation
+        if rng.random() < arrivals:  # an arrival, often continuing an earlier conversation
             base = rng.choice([j.prompt for j in jobs] or [common])
             prompt = base[:rng.randrange(2, len(base) + 1)] + \
                 [rng.randrange(5, 200) for _ in range(rng.randrange(1, 60))]
@@ -124,13 +151,21 @@ def run_script(seed: int, lanes: int, steps: int = 120) -> int:
         compute(got, follower)
         apply_step(plan, leader)
         apply_step(got, follower)
+        if plan.guesses:  # rank 0 keeps some of the guesses; the rest go at the next plan
+            drafted += 1
+            kept = rng.randrange(0, plan.guesses + 1)
+            if kept < plan.guesses:
+                sched.trims[plan.lane] = plan.guesses - kept
+            decoding[0].generated += kept
         for seq in decoding:  # rank 0 samples: a token each, some requests finish
+            seq.guesses = []
             seq.next = rng.randrange(5, 200)
             seq.generated += 1
             assert seq.job is not None
             if seq.generated >= seq.job.sampling.max_tokens or rng.random() < 0.05:
                 sched.gone.add(seq.job.uid)  # type: ignore[arg-type]
         assert view(leader) == view(follower), f"step {step}"
+    assert not drafts or drafted > 5  # the script did draft
     return planned
 
 
@@ -143,6 +178,14 @@ def test_a_leader_and_a_follower_stay_alike_three_lanes():
         assert run_script(seed=seed, lanes=3) > 40
 
 
+def test_a_leader_and_a_follower_stay_alike_with_drafts_and_trims():
+    """A sequence alone feeds guesses; the refused ones are trimmed from its KV and its
+    tokens on both sides at the lane's next plan, before anyone leaves or joins."""
+    for seed, lanes in ((1, 1), (2, 1), (3, 3), (4, 2)):  # arrivals rarer: more alone
+        assert run_script(seed=seed, lanes=lanes, steps=300, drafts=True,
+                          arrivals=0.08) > 60
+
+
 ints = st.lists(st.integers(0, 2**31 - 1), max_size=6)
 
 
@@ -151,10 +194,11 @@ ints = st.lists(st.integers(0, 2**31 - 1), max_size=6)
        admit=st.lists(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=20),
                       max_size=4),
        feed=ints, chunk=st.integers(-1, 7), chunk_len=st.integers(0, 2**31 - 1),
-       hidden=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES))
+       hidden=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
+       guesses=st.integers(0, 16), trim=st.integers(0, 16))
 def test_a_plan_survives_its_codec(lane, drop, cancel, keep, admit, feed, chunk, chunk_len,
-                                   hidden, dtype):
+                                   hidden, dtype, guesses, trim):
     cached = [len(p) // 2 for p in admit]
     plan = Plan(lane, drop, cancel, keep, admit, cached, feed, chunk, chunk_len, hidden,
-                dtype)
+                dtype, guesses, trim)
     assert wire(plan) == plan
