@@ -84,8 +84,10 @@ def pipeline(tokens: int, rounds: int) -> None:
             for w, msgs in WORKLOADS.items():
                 answers = {}
                 for spec in (False, True):
+                    # drafts: the node's default (its governor decides), not forced
                     evs = generate(g.leader, f"{w}-{spec}-{i}", msgs, 600,
-                                   max_tokens=tokens, speculative=spec)
+                                   max_tokens=tokens, **({} if spec else
+                                                         {"speculative": False}))
                     done = evs[-1]
                     assert done["ev"] == "done", done
                     answers[spec] = [e["text"] for e in evs if e["ev"] == "delta"]

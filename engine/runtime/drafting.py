@@ -2,10 +2,12 @@
 learns whether drafting pays on this model, and the one-sequence generation that uses
 them (engine/runtime/speculative.py does the passes).
 
-Per request: `"speculative": false` turns drafting off, `true` turns it on where the node
-has it off, `"draft_tokens"` caps the guesses per pass. Drafting needs trimmable caches and
-no output constraint (a grammar's matcher can't take back refused guesses); where it can't
-run, the request decodes as without it and its usage says 0 drafted.
+Per request: `"speculative": false` turns drafting off; `true` drafts the most guesses
+every pass (`"draft_tokens"` of them, or the node's), even where the node has drafting off
+or the governor finds it doesn't pay; left out, the node's setting and its governor decide.
+Drafting needs trimmable caches and no output constraint (a grammar's matcher can't take
+back refused guesses); where it can't run, the request decodes as without it and its
+usage says 0 drafted.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
     if prefix is not None:
         prefix.mark(prompt, cache)
     spec = Speculator(model, cache, prompt, sampler, processors, drafting.drafter(),
-                      drafting.governor, sampling.draft_tokens)
+                      drafting.governor, sampling.draft_tokens, sampling.speculative is True)
     spec.greedy = sampling.temperature == 0
     eos = set(tokenizer.eos_token_ids)
     detok, stops = tokenizer.detokenizer, StopMatcher(sampling.stop)

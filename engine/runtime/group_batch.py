@@ -372,24 +372,30 @@ class GroupBatcher(Streams):
                 continue
             self._stamp = None
             for i, seq in enumerate(seqs):
-                job = seq.job
-                assert job is not None and seq.sample is not None
-                if job.uid in gone:
-                    continue
-                try:
-                    token, lp = seq.sample(logits[i:i + 1])
-                except Exception as e:  # this request's sampling failed (e.g. its grammar)
-                    job.out.put(e)
-                    gone.add(job.uid)  # type: ignore[arg-type]
-                    continue
-                seq.generated += 1
-                finish = "stop" if token in self.eos else \
-                    "length" if seq.generated >= job.sampling.max_tokens else None
-                seq.next = token
-                job.out.put((token, lp, finish))
-                if finish is not None:
-                    gone.add(job.uid)  # type: ignore[arg-type]
+                assert seq.job is not None
+                if seq.job.uid not in gone:
+                    self._emit(seq, logits[i:i + 1])
 
+    def _emit(self, seq: Seq, row: Any) -> int | None:
+        """Sample a sequence's next token from one row of logits and send it; None when
+        that ended the request (its last token, or its sampling failed)."""
+        job, gone = seq.job, self.scheduler.gone
+        assert job is not None and seq.sample is not None
+        try:
+            token, lp = seq.sample(row)
+        except Exception as e:  # this request's sampling failed (e.g. its grammar)
+            job.out.put(e)
+            gone.add(job.uid)  # type: ignore[arg-type]
+            return None
+        seq.generated += 1
+        finish = "stop" if token in self.eos else \
+            "length" if seq.generated >= job.sampling.max_tokens else None
+        seq.next = token
+        job.out.put((token, lp, finish))
+        if finish is not None:
+            gone.add(job.uid)  # type: ignore[arg-type]
+            return None
+        return token
 
     def _verify(self, seq: Seq, logits: Any) -> None:
         """A lone sequence's step: its token's logits, then one row per guess. Draws go in
@@ -402,22 +408,13 @@ class GroupBatcher(Streams):
         seq.guesses = []
         if job.uid in sched.gone:
             return
-        kept, finish = 0, None
+        kept = 0
         for i in range(len(guesses) + 1):
-            try:
-                token, lp = seq.sample(logits[i:i + 1])
-            except Exception as e:  # this request's sampling failed (e.g. its grammar)
-                job.out.put(e)
-                sched.gone.add(job.uid)  # type: ignore[arg-type]
-                return
-            seq.generated += 1
-            finish = "stop" if token in self.eos else \
-                "length" if seq.generated >= job.sampling.max_tokens else None
-            seq.next = token
-            job.out.put((token, lp, finish))
-            if finish is not None or i == len(guesses) or token != guesses[i]:
+            token = self._emit(seq, logits[i:i + 1])
+            if i < len(guesses) and seq.next == guesses[i]:
+                kept += 1  # (its KV is in; a last token that ends the request counts too)
+            if token is None or i == len(guesses) or token != guesses[i]:
                 break
-            kept += 1
         job.drafted += len(guesses)
         job.accepted += kept
         lane = next(i for i, ln in enumerate(self.state.lanes)
@@ -431,8 +428,6 @@ class GroupBatcher(Streams):
             if self._stamp is not None:
                 sched.drafting.governor.observed(len(guesses), kept, now - self._stamp)
             self._stamp = now
-        if finish is not None:
-            sched.gone.add(job.uid)  # type: ignore[arg-type]
 
 
 def _trimmable(cache: list[Any]) -> bool:

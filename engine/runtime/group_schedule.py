@@ -82,7 +82,8 @@ class Scheduler:
             return
         seq.drafter = seq.drafter or d.drafter()  # a group's: prompt lookup
         room = job.sampling.max_tokens - seq.generated
-        want = d.governor.length(room - 1, job.sampling.draft_tokens)
+        want = d.governor.length(room - 1, job.sampling.draft_tokens,
+                                 job.sampling.speculative is True)
         context = [*seq.tokens, plan.feed[0]]
         seq.guesses = seq.drafter.propose(context, want)[:want] if want else []
         plan.feed += seq.guesses

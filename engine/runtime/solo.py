@@ -45,7 +45,8 @@ class Solo:
         s = self.job.sampling
         self.spec = Speculator(self.model, self.cache, context, self.job.sampler,
                                self.job.processors, self.drafting.drafter(),
-                               self.drafting.governor, s.draft_tokens)
+                               self.drafting.governor, s.draft_tokens,
+                               s.speculative is True)
         self.spec.greedy = s.temperature == 0
 
     def prefill(self, size: int) -> tuple[int, float]:

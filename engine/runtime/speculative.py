@@ -139,12 +139,15 @@ class Governor:
     def alpha(self) -> float:
         return self.kept / (self.kept + self.refused)
 
-    def length(self, limit: int, cap: int | None = None) -> int:
-        """Guesses to ask for in the next pass (at most `limit`, and `cap` if given)."""
+    def length(self, limit: int, cap: int | None = None, force: bool = False) -> int:
+        """Guesses to ask for in the next pass (at most `limit`, and `cap` if given);
+        `force` (a request that sent "speculative": true) always asks for the most."""
         self.passes += 1
         top = min(limit, self.max_draft if cap is None else cap)
         if top <= 0:
             return 0
+        if force:
+            return top
         if self.base is None and self.passes > 1 or self.passes % self.REBASE_EVERY == 0:
             return 0  # measure a pass without guesses
         if self.base is None or self.per is None:
@@ -198,10 +201,11 @@ class Speculator:
 
     def __init__(self, model: Any, cache: list[Any], context: list[int], sampler: Any,
                  processors: list[Any], drafter: Drafter, governor: Governor,
-                 draft_cap: int | None = None):
+                 draft_cap: int | None = None, force: bool = False):
         self.model, self.cache, self.context = model, cache, list(context)
         self.sampler, self.processors = sampler, processors
         self.drafter, self.governor, self.cap = drafter, governor, draft_cap
+        self.force = force  # draft on even where the governor finds it doesn't pay
         self.greedy = getattr(sampler, "greedy", False)
 
     def step(self, room: int) -> Pass:
@@ -210,7 +214,7 @@ class Speculator:
         from mlx_lm.models.cache import trim_prompt_cache
 
         t0 = time.perf_counter()
-        want = self.governor.length(room - 1, self.cap)
+        want = self.governor.length(room - 1, self.cap, self.force)
         guesses = self.drafter.propose(self.context, want)[:want] if want else []
         fed = [self.context[-1], *guesses]
         logits = self.model(mx.array(fed)[None], cache=self.cache)[0].astype(mx.float32)

@@ -114,7 +114,7 @@ class Drafts:
     def wanted(self, sampling: Sampling) -> bool:
         return True
 
-    def length(self, limit: int, cap: int | None = None) -> int:
+    def length(self, limit: int, cap: int | None = None, force: bool = False) -> int:
         return max(0, min(limit, self.rng.randrange(0, 5)))
 
 

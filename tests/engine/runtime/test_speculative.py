@@ -55,7 +55,7 @@ def test_greedy_answers_are_the_same_token_for_token(tiny):
     from engine.runtime.sampling import Sampling
 
     model, tok, _ = tiny
-    s = Sampling(max_tokens=80, temperature=0.0)
+    s = Sampling(max_tokens=80, temperature=0.0, speculative=True)  # drafts every pass
     drafting = Drafting()
     for text in (ECHO, "Tell me about the sea."):
         prompt = prompt_of(tok, text)
@@ -71,7 +71,7 @@ def test_a_draft_model_that_agrees_is_kept_whole_and_changes_nothing(tiny):
     from engine.runtime.sampling import Sampling
 
     model, tok, _ = tiny
-    s = Sampling(max_tokens=40, temperature=0.0)
+    s = Sampling(max_tokens=40, temperature=0.0, speculative=True)
     prompt = prompt_of(tok, "Count with me.")
     want = tokens(plain(model, tok, prompt, s))
     drafting = Drafting(draft_model=model, max_draft=4)  # the target drafts for itself
@@ -90,7 +90,7 @@ def test_seeded_sampling_draws_as_without_drafts(tiny):
     model, tok, _ = tiny
     prompt = prompt_of(tok)
     for seed in (1, 2, 3):
-        s = Sampling(max_tokens=30, temperature=0.7, seed=seed)
+        s = Sampling(max_tokens=30, temperature=0.7, seed=seed, speculative=True)
         want = tokens(plain(model, tok, prompt, s))
         got = tokens(drafted_generate(Drafting(draft_model=model), model, tok, prompt, s))
         assert got == want, seed
@@ -191,7 +191,7 @@ def test_a_batch_hands_a_request_to_drafting_and_back_without_a_seam(tiny):
     model, tok, _ = tiny
     drafting = Drafting(draft_model=model, max_draft=3)
     gen = Batcher(model, tok, PrefixCache(0), 4, drafting=drafting)
-    long_s, short_s = Sampling(max_tokens=120), Sampling(max_tokens=20)
+    long_s, short_s = Sampling(max_tokens=120, speculative=True), Sampling(max_tokens=20)
     a, b = prompt_of(tok, "first"), prompt_of(tok, "second one")
     want_a = tokens(plain(model, tok, a, long_s))
     want_b = tokens(plain(model, tok, b, short_s))
@@ -231,5 +231,6 @@ def test_a_request_can_turn_drafting_off_or_on(tiny):
                                prompt, Sampling(max_tokens=20, speculative=True)))
     assert on[-1].drafted_tokens > 0 and tokens(on) == tokens(off)
     capped = list(drafted_generate(Drafting(draft_model=model, max_draft=6), model, tok,
-                                   prompt, Sampling(max_tokens=20, draft_tokens=1)))
+                                   prompt, Sampling(max_tokens=20, draft_tokens=1,
+                                                    speculative=True)))
     assert 0 < capped[-1].drafted_tokens <= 19  # one guess per pass at most
