@@ -93,7 +93,7 @@ def draft_size(folder: Path | None) -> dict[str, Any] | None:
 
     config = json.loads((folder / "config.json").read_text())
     spec = ModelSpec.from_config(config, name=folder.name)
-    return {"model": folder.name, "bytes": int(memory_bytes(folder, config)),
+    return {"model": folder.name, "bytes": int(memory_bytes(folder, config) or 0),
             "kv_per_token": float(spec.kv_per_token * spec.kv_bytes)}
 
 

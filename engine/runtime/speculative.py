@@ -91,7 +91,8 @@ class ModelDraft:
         for _ in range(k):
             logits = self.model(mx.array(todo)[None], cache=self.cache)[:, -1, :]
             self.fed += todo
-            todo = [int(mx.argmax(logits, axis=-1).item())]
+            best: Any = mx.argmax(logits, axis=-1).item()
+            todo = [int(best)]
             out.append(todo[0])
         return out
 
@@ -232,7 +233,7 @@ class Speculator:
         if not self.processors:
             lps = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             if self.greedy:  # one evaluation for every position
-                drawn = mx.argmax(lps, axis=-1).tolist()
+                drawn: list[int] = mx.argmax(lps, axis=-1).tolist()  # type: ignore[assignment]
                 n = 0
                 while n < len(guesses) and drawn[n] == guesses[n]:
                     n += 1
