@@ -313,6 +313,8 @@ class GroupBatcher(Streams):
         self._on_fatal = on_fatal
         self._lane = 0
         self._busy = False
+        self._resting = threading.Event()  # every rank is back on its doorbell
+        self._resting.set()
         threading.Thread(target=self._run, name="group-batcher", daemon=True).start()
 
     def _run(self) -> None:
@@ -325,11 +327,14 @@ class GroupBatcher(Streams):
                 if idle and self._busy:  # every rank goes back to sleep on its doorbell
                     self._busy = False   # (inside a round their waits are bounded)
                     self.link.end_round()
+                if idle:
+                    self._resting.set()
                 self._take(block=idle)
                 if self.state.idle and not sched.waiting:
                     continue
                 if not self._busy:
                     self._busy = True
+                    self._resting.clear()
                     self.link.new_request()
                 # the lanes take turns; one in flight is taken back before it is planned
                 lane, self._lane = self._lane, (self._lane + 1) % self.steps.lanes
@@ -349,6 +354,12 @@ class GroupBatcher(Streams):
         except Exception as e:  # the group's state is unknown now: take it down
             log.exception("batched generation failed on rank 0")
             self._on_fatal(f"Generation failed in the model's group: {e}")
+
+    def rest(self, timeout: float) -> bool:
+        """Wait (bounded) until the round in progress has ended on every rank: a shutdown
+        right after a request's last token must not quit the group under its last plan
+        (the one that drops the finished request) or its END."""
+        return self._resting.wait(timeout)
 
     def _take(self, block: bool) -> None:
         import queue

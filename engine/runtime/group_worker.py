@@ -140,6 +140,9 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
 
     serve(model, tokenizer, ctx, emit, gen=gen, on_request=on_request,
           concurrent=streams > 1)
+    rest = getattr(gen, "rest", None)
+    if rest is not None:  # the batcher's last round (its drop plan, its END) ends first
+        rest(5.0)
     bell.quit()  # QUIT travels round the ring; every rank leaves with exit code 0
     bell.closed.wait(5)
     # Leave now: the stdin reader may still be blocked, and MLX's group teardown after
