@@ -53,7 +53,6 @@ class Job:
     emitted: int = 0
     drafted: int = 0  # speculative decoding, while it ran alone
     accepted: int = 0
-    context: list[int] = field(default_factory=list)
 
 
 class Streams:

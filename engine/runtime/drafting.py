@@ -28,6 +28,7 @@ from engine.runtime.speculative import (
     ModelDraft,
     PromptLookup,
     Speculator,
+    feed,
     usable,
 )
 from engine.runtime.stops import StopMatcher, text_step
@@ -68,12 +69,12 @@ class Drafting:
                      "acceptance on this model %.2f", self.source, accepted, drafted,
                      100 * accepted / drafted, tokens, seconds, self.governor.alpha)
 
-    def stats(self) -> dict[str, Any]:
-        g = self.governor
-        return {"source": self.source, "drafted": g.drafted, "accepted": g.accepted,
-                "acceptance": round(g.accepted / g.drafted, 3) if g.drafted else None,
-                "draft_length": g.best(g.max_draft) if g.base and g.per is not None
-                else None}
+    def speculator(self, model: Any, cache: list[Any], context: list[int],
+                   sampling: Sampling, sampler: Any, processors: list[Any]) -> Speculator:
+        """One request's decoding with drafts, as it asked (a cap, forced on, greedy)."""
+        return Speculator(model, cache, context, sampler, processors, self.drafter(),
+                          self.governor, sampling.draft_tokens, sampling.speculative is True,
+                          sampling.temperature == 0)
 
 
 def drafted_generate(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
@@ -118,15 +119,12 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
                          cached_tokens=cached)
             return
         part = prompt[done:min(done + PREFILL_CHUNK, len(prompt) - 1)]
-        model(mx.array(part)[None], cache=cache)
-        mx.eval([c.state for c in cache])
+        feed(model, cache, part)
         done += len(part)
         tell(cached, done, len(prompt))
     if prefix is not None:
         prefix.mark(prompt, cache)
-    spec = Speculator(model, cache, prompt, sampler, processors, drafting.drafter(),
-                      drafting.governor, sampling.draft_tokens, sampling.speculative is True)
-    spec.greedy = sampling.temperature == 0
+    spec = drafting.speculator(model, cache, prompt, sampling, sampler, processors)
     eos = set(tokenizer.eos_token_ids)
     detok, stops = tokenizer.detokenizer, StopMatcher(sampling.stop)
     n, first, drafted, accepted = 0, 0.0, 0, 0

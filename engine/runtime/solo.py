@@ -12,19 +12,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.runtime.speculative import Speculator
+from engine.runtime.speculative import Speculator, feed
 
 
 class Solo:
+    """`job` is the batcher's Job: its sampler and processors, and its counts of tokens
+    emitted, drafted and kept, which the request's thread reads."""
+
     def __init__(self, job: Any, cache: list[Any], done: int, drafting: Any, model: Any,
-                 emitted: int = 0):
-        self.job, self.cache, self.done, self.emitted = job, cache, done, emitted
+                 context: list[int] | None = None):
+        self.job, self.cache, self.done = job, cache, done
         self.model, self.drafting = model, drafting
         self.spec: Speculator | None = None
         self.started = time.perf_counter()
-        prompt = job.prompt
-        if done >= len(prompt) - 1:  # nothing left to prefill
-            self._decode(prompt if emitted == 0 else job.context)
+        if done >= len(job.prompt) - 1:  # nothing left to prefill
+            self._decode(context or job.prompt)
 
     @classmethod
     def resume(cls, job: Any, cache: list[Any], tokens: list[int], drafting: Any,
@@ -34,30 +36,23 @@ class Solo:
         from mlx_lm.models.cache import trim_prompt_cache
 
         trim_prompt_cache(cache, 1)
-        job.context = list(tokens)
-        return cls(job, cache, len(job.prompt), drafting, model, emitted=job.emitted)
+        return cls(job, cache, len(job.prompt), drafting, model, context=list(tokens))
 
     @property
     def prefilling(self) -> bool:
         return self.spec is None
 
     def _decode(self, context: list[int]) -> None:
-        s = self.job.sampling
-        self.spec = Speculator(self.model, self.cache, context, self.job.sampler,
-                               self.job.processors, self.drafting.drafter(),
-                               self.drafting.governor, s.draft_tokens,
-                               s.speculative is True)
-        self.spec.greedy = s.temperature == 0
+        job = self.job
+        self.spec = self.drafting.speculator(self.model, self.cache, context, job.sampling,
+                                             job.sampler, job.processors)
 
     def prefill(self, size: int) -> tuple[int, float]:
         """One chunk of the prompt (all of it but its last token); (tokens, seconds)."""
-        import mlx.core as mx
-
         t0 = time.perf_counter()
         end = min(self.done + max(1, size), len(self.job.prompt) - 1)
         part = self.job.prompt[self.done:end]
-        self.model(mx.array(part)[None], cache=self.cache)
-        mx.eval([c.state for c in self.cache])
+        feed(self.model, self.cache, part)
         self.done = end
         if self.done >= len(self.job.prompt) - 1:
             self._decode(self.job.prompt)
@@ -68,18 +63,17 @@ class Solo:
         ends the request ("stop" for an end token, "length" for the last allowed)."""
         assert self.spec is not None
         job, limit = self.job, self.job.sampling.max_tokens
-        p = self.spec.step(limit - self.emitted)
+        p = self.spec.step(limit - job.emitted)
         job.drafted += p.drafted
         job.accepted += p.accepted
         out = []
         for token, lp in zip(p.tokens, p.logprobs, strict=True):
-            self.emitted += 1
+            job.emitted += 1
             finish = ("stop" if token in eos else
-                      "length" if self.emitted >= limit else None)
+                      "length" if job.emitted >= limit else None)
             out.append((token, lp, finish))
             if finish is not None:
                 break
-        job.emitted = self.emitted
         return out
 
     def seconds(self) -> float:
@@ -97,10 +91,8 @@ class Solo:
         job = self.job
         if self.spec is None:
             rest, fed = job.prompt[self.done:], job.prompt[:self.done]
-            left = job.sampling.max_tokens
         else:
             rest, fed = self.spec.context[-1:], self.spec.context[:-1]
-            left = job.sampling.max_tokens - self.emitted
-        return {"prompts": [rest], "max_tokens": [left], "caches": [self.cache],
-                "all_tokens": [fed], "samplers": [job.sampler],
+        return {"prompts": [rest], "max_tokens": [job.sampling.max_tokens - job.emitted],
+                "caches": [self.cache], "all_tokens": [fed], "samplers": [job.sampler],
                 "logits_processors": [job.processors]}

@@ -15,7 +15,6 @@ window's ring, no recurrent state): `usable()` says whether a model has them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,6 +55,14 @@ class PromptLookup:
         return []
 
 
+def feed(model: Any, cache: list[Any], tokens: list[int]) -> None:
+    """Run `tokens` into `cache` (a prompt's chunk: no logits wanted) and evaluate it."""
+    import mlx.core as mx
+
+    model(mx.array(tokens)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+
+
 class ModelDraft:
     """Drafts with a small model sharing the target's tokenizer: its own KV cache, fed
     what the context holds, then k greedy steps. The next call trims what was refused."""
@@ -83,8 +90,7 @@ class ModelDraft:
         todo = context[same:]
         while len(todo) > 1:
             part = todo[:min(self.chunk, len(todo) - 1)]
-            self.model(mx.array(part)[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
+            feed(self.model, self.cache, part)
             self.fed += part
             todo = todo[len(part):]
         out: list[int] = []
@@ -202,12 +208,12 @@ class Speculator:
 
     def __init__(self, model: Any, cache: list[Any], context: list[int], sampler: Any,
                  processors: list[Any], drafter: Drafter, governor: Governor,
-                 draft_cap: int | None = None, force: bool = False):
+                 draft_cap: int | None = None, force: bool = False, greedy: bool = False):
         self.model, self.cache, self.context = model, cache, list(context)
         self.sampler, self.processors = sampler, processors
         self.drafter, self.governor, self.cap = drafter, governor, draft_cap
         self.force = force  # draft on even where the governor finds it doesn't pay
-        self.greedy = getattr(sampler, "greedy", False)
+        self.greedy = greedy  # argmax: every position drawn in one evaluation
 
     def step(self, room: int) -> Pass:
         """One pass; `room` is how many tokens may still be emitted (>= 1)."""
@@ -254,11 +260,3 @@ class Speculator:
                 break
         return tokens, rows
 
-
-def tokens_of(spec: Speculator, room: int) -> Iterator[tuple[int, Any, Pass]]:
-    """Each emitted token with its logprob row and the pass it came from, until `room`."""
-    while room > 0:
-        p = spec.step(room)
-        for t, lp in zip(p.tokens[:room], p.logprobs[:room], strict=True):
-            yield t, lp, p
-        room -= len(p.tokens)
