@@ -73,12 +73,13 @@ def draft_folder(cfg: NodeConfig, models: Path) -> Path | None:
     return folder
 
 
-def drafting_args(cfg: NodeConfig, models: Path) -> tuple[str, ...]:
-    """The one-process worker's drafting flags."""
-    args = ["--speculative", "on" if cfg.speculative else "off",
-            "--draft-tokens", str(cfg.draft_tokens)]
-    folder = draft_folder(cfg, models)
-    return tuple(args + (["--draft-model", str(folder)] if folder else []))
+def drafting_args(cfg: NodeConfig, folder: Path | None
+                  ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(a one-process worker's drafting flags, a group rank's): a group drafts by prompt
+    lookup, so its ranks get no draft model."""
+    group = ("--speculative", "on" if cfg.speculative else "off",
+             "--draft-tokens", str(cfg.draft_tokens))
+    return group + (("--draft-model", str(folder)) if folder else ()), group
 
 
 def draft_size(folder: Path | None) -> dict[str, Any] | None:
@@ -126,9 +127,11 @@ async def run_node(cfg: NodeConfig) -> None:
             await asyncio.to_thread(_default_model, mdir)
     else:
         default = None if cfg.model == "none" else cfg.model
+    draft = draft_folder(cfg, mdir)
+    one_args, group_args = drafting_args(cfg, draft)
     node = Node(home, mdir, default_model=default, port=cport, max_streams=cfg.max_streams,
                 queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s,
-                worker_args=drafting_args(cfg, mdir))
+                worker_args=one_args, group_args=group_args)
     ident = load_identity(home)
     store = SecretStore(home)
     secret = await asyncio.to_thread(store.ensure, cfg.secret)
@@ -138,7 +141,7 @@ async def run_node(cfg: NodeConfig) -> None:
     peers.self_url = f"http://{me}:{cport}"
     cluster = Cluster(node, ident.id, ident.name, peers, me)
     if cfg.speculative:  # the draft is loaded beside a model served alone: plans count it
-        cluster.draft = await asyncio.to_thread(draft_size, draft_folder(cfg, mdir))
+        cluster.draft = await asyncio.to_thread(draft_size, draft)
     discovery: Discovery | None = None
 
     def start_discovery() -> None:
