@@ -16,7 +16,14 @@ With --pipeline: the same workloads on a 2-rank pipeline of worker processes (ML
 loopback, SmolLM2 split 15/15, each rank pinned to a core of its own, as on two machines),
 one request at a time (so it drafts), `"speculative": false` against the default.
 
+With --batch N: N requests at once through the worker's batcher (engine/runtime/batching.py),
+drafting in the batch against drafting off: all code edits, then one code edit beside N-1
+chats (the chats ride in the passes that verify the edit's guesses). The figure is the
+batch's decode tokens/s: every answer's tokens after its first, over the time from the
+first answer's first token to the last answer's end.
+
 Run: .venv/bin/python benchmarks/speculative.py [--tokens 160] [--rounds 3] [--pipeline]
+     [--batch 4]
 """
 
 from __future__ import annotations
@@ -113,13 +120,77 @@ def pipeline(tokens: int, rounds: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def batched(size: int, tokens: int, rounds: int) -> None:
+    import threading
+
+    from engine.hub.bundled import ensure_default_model
+    from engine.runtime.batching import Batcher
+    from engine.runtime.drafting import Drafting
+    from engine.runtime.generate import build_prompt
+    from engine.runtime.load import load_model
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.sampling import Sampling
+
+    folder = ensure_default_model(Path(tempfile.mkdtemp(prefix="shoal-spec-")) / "models")
+    model, tok, _ = load_model(folder)
+    gens = {m: Batcher(model, tok, PrefixCache(0), size, drafting=Drafting(enabled=m))
+            for m in (False, True)}
+    s = Sampling(max_tokens=tokens, temperature=0.0)
+    code, chat = (build_prompt(tok, WORKLOADS[w]) for w in ("code", "chat"))
+    mixes = {"all code edits": [code] * size, "one code edit, the rest chats":
+             [code] + [chat] * (size - 1)}
+    got: dict[tuple[str, bool], list[float]] = {}
+    same: dict[str, bool] = {}
+    for i in range(rounds + 1):
+        for mix, prompts in mixes.items():
+            answers = {}
+            for on, gen in gens.items():
+                outs: list[list] = [[] for _ in prompts]
+                stamps: list[tuple[float, float]] = [(0.0, 0.0)] * len(prompts)
+
+                def one(j: int, prompt: list[int], gen=gen, outs=outs,
+                        stamps=stamps) -> None:
+                    first = 0.0
+                    for r in gen(model, tok, prompt, s):
+                        outs[j].append(r)
+                        first = first or time.perf_counter()
+                    stamps[j] = (first, time.perf_counter())
+                ts = [threading.Thread(target=one, args=(j, p)) for j, p in enumerate(prompts)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                n = sum(len(o) - 1 for o in outs)
+                tps = n / (max(e for _, e in stamps) - min(f for f, _ in stamps))
+                answers[on] = [[r.token for r in o] for o in outs]
+                if i:
+                    got.setdefault((mix, on), []).append(tps)
+                    kept = sum(o[-1].accepted_tokens for o in outs)
+                    drafted = sum(o[-1].drafted_tokens for o in outs)
+                    print(f"round {i} {mix:30} drafts={on!s:5} {tps:6.1f} tok/s "
+                          f"kept {kept} of {drafted}", flush=True)
+            same[mix] = same.get(mix, True) and answers[False] == answers[True]
+    print(f"\n| batch of {size} | drafts | decode tok/s (the batch) | ratio | same answers |")
+    print("|---|---|---|---|---|")
+    for mix in mixes:
+        base = statistics.median(got[mix, False])
+        for on in (False, True):
+            med = statistics.median(got[mix, on])
+            print(f"| {mix} | {'prompt lookup' if on else 'none'} | {med:.1f} | "
+                  f"{med / base:.2f} | {'yes' if same[mix] else 'NO'} |")
+
+
 def main() -> None:
     as_a_worker_runs()
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=160)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pipeline", action="store_true")
+    p.add_argument("--batch", type=int, default=0)
     a = p.parse_args()
+    if a.batch:
+        batched(a.batch, a.tokens, a.rounds)
+        return
     if a.pipeline:
         pipeline(a.tokens, a.rounds)
         return

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.runtime.batch_drafts import DraftedBatch, Row
 from engine.runtime.chunking import LARGEST, Chunker
 from engine.runtime.drafting import Drafting
 from engine.runtime.generate import ProgressFn, Record
 from engine.runtime.sampling import Sampling
-from engine.runtime.solo import Solo
 from engine.runtime.stops import StopMatcher, text_step
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,9 @@ class Job:
     sampler: Any = None  # made once on the scheduler thread, kept across hand-overs
     processors: list[Any] = field(default_factory=list)
     emitted: int = 0
-    drafted: int = 0  # speculative decoding, while it ran alone
+    drafted: int = 0  # speculative decoding: guesses made and kept
     accepted: int = 0
+    started: float = 0.0  # when it began decoding (the drafting log line's figure)
 
 
 class Streams:
@@ -126,12 +127,15 @@ class Batcher(Streams):
         self.chunker = chunker or Chunker()
         eos = [[int(t)] for t in tokenizer.eos_token_ids]
         self._eos = {t for (t,) in eos}
-        # a request alone drafts (engine/runtime/solo.py); refused guesses must be trimmed
+        # requests draft in the batch (engine/runtime/batch_drafts.py); refused guesses
+        # must be trimmed
         self.drafting = drafting if drafting is not None and _trimmable(model) else None
-        self._solo: Solo | None = None
-        self.rejoined = self.left = 0  # hand-overs between the batch and drafting alone
         self._gen = BatchGenerator(model, stop_tokens=eos, completion_batch_size=streams,
                                    prefill_batch_size=streams, prefill_step_size=LARGEST)
+        self._batch: DraftedBatch | None = None
+        if self.drafting is not None:  # mlx-lm 0.32.2 never replaces its generation batch
+            self._batch = DraftedBatch(model, self._gen.sampler, self.drafting.governor_for)
+            self._gen._generation_batch = self._batch
         # linear-attention state and sliding windows can't be rewound: keep a copy at each
         # prompt's end
         self._recurrent = prefix.budget_tokens > 0 and not _trimmable(model)
@@ -142,12 +146,7 @@ class Batcher(Streams):
         from engine.runtime.sampling import token_logprobs
 
         while True:
-            self._take(block=not self._jobs and self._solo is None)
-            if self._solo is not None:
-                if not self._jobs:
-                    self._solo_step()
-                    continue
-                self._rejoin()  # another request came: back into the batch
+            self._take(block=not self._jobs)
             if not self._jobs:
                 continue
             try:
@@ -168,6 +167,8 @@ class Batcher(Streams):
                     job.out.put(RuntimeError(f"generation failed: {e}"))
                 self._gen.remove(list(self._jobs))
                 self._jobs.clear()
+                if self._batch is not None:
+                    self._batch.rows.clear()
                 continue
             for r in responses:
                 owner = self._jobs.get(r.uid)
@@ -176,11 +177,12 @@ class Batcher(Streams):
                 token = int(r.token)
                 lp = token_logprobs(r.logprobs, token, owner.sampling.logprobs)
                 owner.emitted += 1
+                if owner.emitted == 1:
+                    owner.started = time.perf_counter()
                 owner.out.put((token, lp, r.finish_reason))
                 if r.finish_reason is not None:
-                    del self._jobs[r.uid]
+                    self._drop(r.uid)
                     self._keep(r.all_tokens, r.prompt_cache)
-            self._leave_batch()
 
     def _take(self, block: bool) -> None:
         """Apply the requests' adds and removes (waiting for one when idle)."""
@@ -195,11 +197,8 @@ class Batcher(Streams):
                     self._add(job)
                 except Exception as e:  # e.g. a grammar that can't be built
                     job.out.put(e)
-            elif self._solo is not None and self._solo.job is job:
-                solo, self._solo = self._solo, None
-                self._keep(solo.tokens(), solo.cache)
             elif job.uid in self._jobs:
-                del self._jobs[job.uid]
+                self._drop(job.uid)
                 self._gen.remove([job.uid])
 
     def _add(self, job: Job) -> None:
@@ -211,67 +210,26 @@ class Batcher(Streams):
         cache, job.cached = self.prefix.fetch(job.prompt)
         if cache is None:
             cache = make_prompt_cache(self.model)
-        if not self._jobs and self._solo is None and self._drafts(job):
-            self._solo = Solo(job, cache, job.cached, self.drafting, self.model)
-        else:
-            (uid,) = self._gen.insert([job.prompt[job.cached:]],
-                                      max_tokens=[job.sampling.max_tokens], caches=[cache],
-                                      all_tokens=[job.prompt[:job.cached]],
-                                      samplers=[job.sampler],
-                                      logits_processors=[job.processors])
-            job.uid = uid
-            self._jobs[uid] = job
+        (uid,) = self._gen.insert([job.prompt[job.cached:]],
+                                  max_tokens=[job.sampling.max_tokens], caches=[cache],
+                                  all_tokens=[job.prompt[:job.cached]],
+                                  samplers=[job.sampler], logits_processors=[job.processors])
+        job.uid = uid
+        self._jobs[uid] = job
+        if self._batch is not None and self.drafting is not None \
+                and self.drafting.wanted(job.sampling):
+            s = job.sampling
+            self._batch.rows[uid] = Row(job, self.drafting.drafter(), s.draft_tokens,
+                                        s.speculative is True, s.temperature == 0)
         job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
 
-    # --- a request alone, with drafts ---------------------------------------------------
-    def _drafts(self, job: Job) -> bool:
-        return (self.drafting is not None and len(job.prompt) > 1
-                and self.drafting.wanted(job.sampling))
-
-    def _solo_step(self) -> None:
-        from engine.runtime.sampling import token_logprobs
-
-        solo = self._solo
-        assert solo is not None
-        job = solo.job
-        try:
-            if solo.prefilling:
-                self.chunker.took(*solo.prefill(self.chunker.size()))
-                job.out.put(Prefilled(job.cached, solo.done))
-                return
-            for token, row, finish in solo.decode(self._eos):
-                job.out.put((token, token_logprobs(row, token, job.sampling.logprobs),
-                             finish))
-                if finish is not None:
-                    self._solo = None
-                    self._keep(solo.tokens(), solo.cache)
-                    if self.drafting is not None:
-                        self.drafting.log_request(job.drafted, job.accepted, job.emitted,
-                                                  solo.seconds())
-        except Exception as e:
-            log.exception("generation with drafts failed")
-            self._solo = None
-            job.out.put(RuntimeError(f"generation failed: {e}"))
-
-    def _rejoin(self) -> None:
-        solo, self._solo = self._solo, None
-        assert solo is not None
-        (uid,) = self._gen.insert(**solo.batch_entry())
-        solo.job.uid = uid
-        self._jobs[uid] = solo.job
-        self.rejoined += 1
-
-    def _leave_batch(self) -> None:
-        """The batch is down to one decoding request and nobody waits: it goes on alone."""
-        if len(self._jobs) != 1 or not self._inbox.empty():
-            return
-        ((uid, job),) = self._jobs.items()
-        if job.emitted == 0 or not self._drafts(job):
-            return  # still in its prompt (or not drafting): the batch carries on
-        cache, tokens = self._gen.remove([uid], return_prompt_caches=True)[uid]
-        del self._jobs[uid]
-        self._solo = Solo.resume(job, cache, list(tokens), self.drafting, self.model)
-        self.left += 1
+    def _drop(self, uid: int) -> None:
+        """A request leaves the batch (finished, cancelled or gone): its drafting line."""
+        job = self._jobs.pop(uid)
+        if self._batch is not None and self._batch.rows.pop(uid, None) is not None:
+            assert self.drafting is not None
+            self.drafting.log_request(job.drafted, job.accepted, job.emitted,
+                                      time.perf_counter() - (job.started or time.perf_counter()))
 
     def _snapshot(self, uid: int) -> None:
         job = self._jobs.get(uid)

@@ -45,10 +45,19 @@ class Drafting:
     enabled: bool = True
     draft_model: Any = None  # an mlx-lm model sharing the target's tokenizer
     max_draft: int = DEFAULT_DRAFT
-    governor: Governor = field(default_factory=Governor)
+    governor: Governor = field(default_factory=Governor)  # for one sequence at a time
+    governors: dict[int, Governor] = field(default_factory=dict)  # for batches, by size
 
     def __post_init__(self) -> None:
         self.governor.max_draft = self.max_draft
+        self.governors[1] = self.governor
+
+    def governor_for(self, size: int) -> Governor:
+        """The governor of passes over `size` sequences: what a guess costs grows with
+        the batch, so each size learns its own."""
+        if size not in self.governors:
+            self.governors[size] = Governor(self.max_draft)
+        return self.governors[size]
 
     @property
     def source(self) -> str:

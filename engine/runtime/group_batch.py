@@ -57,11 +57,9 @@ class Flight:
 
 
 def _feed(plan: Plan) -> Any:
-    """A step's input ids: a token per sequence (B, 1), or one sequence's token and its
-    guesses (1, 1 + guesses)."""
+    """A step's input ids (B, 1 + guesses): each sequence's token and its guesses."""
     import mlx.core as mx
-    ids = mx.array(plan.feed)
-    return ids[None] if plan.guesses else ids[:, None]
+    return mx.array(plan.feed).reshape(-1, plan.width)
 
 
 class PipelineSteps:
@@ -105,7 +103,7 @@ class PipelineSteps:
         self._send(item)
         if plan.feed:
             self._flights.append(Flight(self._items - 1, plan.lane, list(lane.decoding),
-                                        1 + plan.guesses))
+                                        plan.width))
         if plan.chunk >= 0:  # while the next ranks run the decode batch
             seq = state.pending[plan.chunk]
             at = len(seq.tokens)
@@ -129,15 +127,15 @@ class PipelineSteps:
     def _take(self) -> None:
         link, f = self.link, self._flights.popleft()
         link.expect(TOKEN)
-        shape = (1, f.width, self.hidden) if f.width > 1 else (len(f.seqs), 1, self.hidden)
-        out = link.recv(shape, self._dtype, link.cfg.predecessor)
+        out = link.recv((len(f.seqs), f.width, self.hidden), self._dtype,
+                        link.cfg.predecessor)
         self._outs.append((f.seqs, out))
 
     def _heads(self) -> Outputs:
         done = []
         for seqs, out in self._outs:
             logits = self.stage.logits(out)
-            logits = logits[0] if logits.shape[1] > 1 else logits[:, -1, :]
+            logits = logits if logits.shape[1] > 1 else logits[:, -1, :]
             self.link.compute(logits)
             done.append((seqs, logits))
         self._outs = []
@@ -171,8 +169,7 @@ class PipelineSteps:
         item = [] if stage.last else [(head, BATCH), (body, STEP)]
         if plan.feed:
             link.expect(STEP)
-            shape = (1, len(plan.feed), plan.hidden) if plan.guesses else \
-                (len(plan.feed), 1, plan.hidden)
+            shape = (len(plan.feed) // plan.width, plan.width, plan.hidden)
             h = _as(stage(link.recv(shape, dtype, src), state.lanes[plan.lane].batch), dtype)
             link.compute(h)
             item.append((h, TOKEN if stage.last else STEP))
@@ -217,7 +214,7 @@ class TensorSteps:
             x = _feed(plan)
             if lead:
                 logits = self.model(x, cache=lane.batch)
-                logits = logits[0] if plan.guesses else logits[:, -1, :]
+                logits = logits if plan.guesses else logits[:, -1, :]
                 link.compute(logits, collective=True)
                 done.append((list(lane.decoding), logits))
             else:
@@ -308,7 +305,7 @@ class GroupBatcher(Streams):
             self.state, streams, self.chunker, steps.hidden, steps.dtype,
             lambda job: token_sampler(job.sampling, job.tokenizer, job.prompt),
             drafting if drafting is not None and _trimmable(steps.make_cache()) else None)
-        self._stamp: float | None = None  # when the lone sequence's last step was sampled
+        self._stamps: dict[int, float] = {}  # lane -> when its last drafting step was sampled
         self._jobs = self.scheduler.jobs  # Streams' count of requests in flight
         self._on_fatal = on_fatal
         self._lane = 0
@@ -378,10 +375,9 @@ class GroupBatcher(Streams):
     def _sample(self, outputs: Outputs) -> None:
         gone = self.scheduler.gone
         for seqs, logits in outputs:
-            if len(seqs) == 1 and self.scheduler.drafting is not None:
-                self._verify(seqs[0], logits)
+            if self.scheduler.drafting is not None:
+                self._verify(seqs, logits)
                 continue
-            self._stamp = None
             for i, seq in enumerate(seqs):
                 assert seq.job is not None
                 if seq.job.uid not in gone:
@@ -408,37 +404,46 @@ class GroupBatcher(Streams):
             return None
         return token
 
-    def _verify(self, seq: Seq, logits: Any) -> None:
-        """A lone sequence's step: its token's logits, then one row per guess. Draws go in
-        order while they equal the guesses (engine/runtime/speculative.py's rule); the
-        refused guesses are trimmed on every rank at the lane's next plan."""
+    def _verify(self, seqs: list[Seq], logits: Any) -> None:
+        """A drafting group's step: per sequence, its token's logits then one row per
+        guess (logits (B, width, vocab)), or one row each (B, vocab) where no sequence
+        guessed. Draws go in order while they equal the guesses (the rule of
+        engine/runtime/speculative.py); what each refused, and its padding, is trimmed on
+        every rank at the lane's next plan."""
         import time
 
-        job, guesses, sched = seq.job, seq.guesses, self.scheduler
-        assert job is not None and seq.sample is not None
-        seq.guesses = []
-        if job.uid in sched.gone:
+        sched = self.scheduler
+        width = logits.shape[1] if logits.ndim == 3 else 1
+        lane = next((i for i, ln in enumerate(self.state.lanes)
+                     if any(s is seqs[0] for s in ln.decoding)), None)
+        trims, rows = [], []
+        for i, seq in enumerate(seqs):
+            job, guesses = seq.job, seq.guesses
+            assert job is not None and seq.sample is not None
+            seq.guesses = []
+            kept = 0
+            if job.uid not in sched.gone:
+                for p in range(len(guesses) + 1):
+                    row = logits[i, p:p + 1] if width > 1 else logits[i:i + 1]
+                    token = self._emit(seq, row)
+                    if p < len(guesses) and seq.next == guesses[p]:
+                        kept += 1  # (its KV is in; a last token that ends it counts too)
+                    if token is None or p == len(guesses) or token != guesses[p]:
+                        break
+                job.drafted += len(guesses)
+                job.accepted += kept
+            trims.append(width - 1 - kept)
+            rows.append((len(guesses), kept))
+        if lane is None:
             return
-        kept = 0
-        for i in range(len(guesses) + 1):
-            token = self._emit(seq, logits[i:i + 1])
-            if i < len(guesses) and seq.next == guesses[i]:
-                kept += 1  # (its KV is in; a last token that ends the request counts too)
-            if token is None or i == len(guesses) or token != guesses[i]:
-                break
-        job.drafted += len(guesses)
-        job.accepted += kept
-        lane = next(i for i, ln in enumerate(self.state.lanes)
-                    if any(s is seq for s in ln.decoding))
-        if len(guesses) > kept:
-            sched.trims[lane] = len(guesses) - kept
-        now = time.perf_counter()
-        if self.state.n_decoding != 1:
-            self._stamp = None  # a step shared with others: not a lone pass's time
-        else:
-            if self._stamp is not None:
-                sched.drafting.governor.observed(len(guesses), kept, now - self._stamp)
-            self._stamp = now
+        if any(trims):
+            sched.trims[lane] = trims
+        now, then = time.perf_counter(), self._stamps.pop(lane, None)
+        if self.state.pending or sched.waiting:
+            return  # a step beside a prompt's chunk is no measure of a pass
+        if then is not None:
+            sched.drafting.governor_for(len(seqs)).observed_rows(rows, width - 1, now - then)
+        self._stamps[lane] = now
 
 
 def _trimmable(cache: list[Any]) -> bool:

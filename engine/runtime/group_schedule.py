@@ -33,10 +33,11 @@ class Scheduler:
     def __init__(self, state: State, streams: int, chunker: Chunker, hidden: int,
                  dtype: str, sampler: Callable[[Job], Any], drafting: Any = None):
         self.state, self.streams, self.chunker = state, streams, chunker
-        # engine.runtime.drafting.Drafting, where the model's caches can be trimmed: a
-        # sequence decoding alone in the group feeds drafted guesses with its token
+        # engine.runtime.drafting.Drafting, where the model's caches can be trimmed: the
+        # decoding sequences feed drafted guesses with their tokens
         self.drafting = drafting
-        self.trims: dict[int, int] = {}  # lane -> refused guesses to trim at its next plan
+        self.trims: dict[int, list[int]] = {}  # lane -> per sequence, what to trim at its
+                                               # next plan
         self.hidden, self.dtype = hidden, dtype
         self.sampler = sampler  # a job's token sampler (may raise: its request fails)
         self.waiting: list[Job] = []
@@ -49,7 +50,7 @@ class Scheduler:
         st = self.state
         seqs = st.lanes[lane].decoding
         plan = Plan(lane=lane, hidden=self.hidden, dtype=self.dtype,
-                    trim=self.trims.pop(lane, 0))
+                    trim=self.trims.pop(lane, []))
         apply_trim(plan, st)
         plan.drop = [i for i, s in enumerate(seqs) if uid(s) in self.gone]
         plan.cancel = [i for i, s in enumerate(st.pending) if uid(s) in self.gone]
@@ -71,23 +72,41 @@ class Scheduler:
         return plan
 
     def _draft(self, plan: Plan) -> None:
-        """Guesses for a sequence decoding alone, with nothing waiting or prefilling."""
+        """Guesses for the lane's decoding sequences, while no prompt waits or prefills
+        (a chunk's step is no measure of a pass): each drafts as many as the governor and
+        its request allow; every sequence's row is padded to the widest."""
         st, d = self.state, self.drafting
         seqs = st.lanes[plan.lane].decoding
-        if (d is None or len(seqs) != 1 or st.n_decoding != 1 or st.pending or self.waiting
-                or seqs[0].job is None or uid(seqs[0]) in self.gone):
+        if d is None or not seqs or st.pending or self.waiting:
             return
-        seq, job = seqs[0], seqs[0].job
-        if not d.wanted(job.sampling):
+        drafting = [i for i, s in enumerate(seqs) if s.job is not None
+                    and uid(s) not in self.gone and d.wanted(s.job.sampling)]
+        if not drafting:
             return
-        seq.drafter = seq.drafter or d.drafter()  # a group's: prompt lookup
-        room = job.sampling.max_tokens - seq.generated
-        want = d.governor.length(room - 1, job.sampling.draft_tokens,
-                                 job.sampling.speculative is True)
-        context = [*seq.tokens, plan.feed[0]]
-        seq.guesses = seq.drafter.propose(context, want)[:want] if want else []
-        plan.feed += seq.guesses
-        plan.guesses = len(seq.guesses)
+        jobs = [seqs[i].job.sampling for i in drafting]  # type: ignore[union-attr]
+        room = [j.max_tokens - seqs[i].generated - 1 for i, j in zip(drafting, jobs)]
+        caps = [j.draft_tokens for j in jobs if j.draft_tokens is not None]
+        gov = d.governor_for(len(seqs))
+        want = gov.length(max(room), max(caps) if len(caps) == len(jobs) else None,
+                          any(j.speculative is True for j in jobs))
+        if want == 0:
+            return
+        for i, j, left in zip(drafting, jobs, room, strict=True):
+            seq = seqs[i]
+            seq.drafter = seq.drafter or d.drafter()
+            k = min(want, left, j.draft_tokens or want)
+            if k > 0:
+                seq.guesses = seq.drafter.propose([*seq.tokens, plan.feed[i]], k)[:k]
+        width = gov.width([len(s.guesses) for s in seqs])  # what pays, for these guesses
+        if width == 0:
+            for s in seqs:
+                s.guesses = []
+            return
+        for s in seqs:
+            s.guesses = s.guesses[:width]
+        plan.feed = [t for s, f in zip(seqs, plan.feed, strict=True)
+                     for t in [f, *s.guesses, *[f] * (width - len(s.guesses))]]
+        plan.guesses = width
 
     def _admit(self, plan: Plan) -> tuple[list[tuple[Job, Any]], list[tuple[Any, int]]]:
         """The waiting requests that join now, with their samplers and prefix hits."""

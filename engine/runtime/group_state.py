@@ -34,19 +34,25 @@ class Plan:
     keep: int = 0        # prefix cache entries rank 0 holds after the drops
     admit: list[list[int]] = field(default_factory=list)  # prompts that join
     cached: list[int] = field(default_factory=list)  # their tokens the prefix cache holds
-    feed: list[int] = field(default_factory=list)    # one token per sequence of the lane
+    feed: list[int] = field(default_factory=list)    # 1 + guesses tokens per sequence
     chunk: int = -1      # the prefilling prompt whose chunk runs (-1: none)
     chunk_len: int = 0
     hidden: int = 0
     dtype: str = DTYPES[0]
-    guesses: int = 0     # drafted tokens: the lane's one sequence feeds 1 + guesses
-    trim: int = 0        # refused guesses of the lane's last step, trimmed before this one
+    guesses: int = 0     # drafted tokens: each of the lane's sequences feeds its token and
+                         # this many guesses (padded where it has fewer)
+    trim: list[int] = field(default_factory=list)  # per sequence of the lane: positions
+                         # of its last step refused (and padding), trimmed before this one
+
+    @property
+    def width(self) -> int:
+        return 1 + self.guesses
 
     @property
     def empty(self) -> bool:
         """Nothing to run and nothing to tell the other ranks."""
         return not (self.drop or self.cancel or self.admit or self.feed or self.chunk >= 0
-                    or self.trim)
+                    or any(self.trim))
 
     def encode(self) -> tuple[Any, Any]:
         import mlx.core as mx
@@ -54,18 +60,18 @@ class Plan:
         ids = [t for p in self.admit for t in p]
         head = [self.lane, len(self.drop), len(self.cancel), self.keep, len(self.admit),
                 len(ids), len(self.feed), self.chunk, self.chunk_len, self.hidden,
-                DTYPES.index(self.dtype), self.guesses, self.trim]
+                DTYPES.index(self.dtype), self.guesses, len(self.trim)]
         body = [*self.drop, *self.cancel, *(len(p) for p in self.admit), *self.cached,
-                *ids, *self.feed, 0]  # never empty
+                *ids, *self.feed, *self.trim, 0]  # never empty
         return mx.array(head, dtype=mx.int32), mx.array(body, dtype=mx.int32)
 
     @staticmethod
     def body_len(head: list[int]) -> int:
-        return head[1] + head[2] + 2 * head[4] + head[5] + head[6] + 1
+        return head[1] + head[2] + 2 * head[4] + head[5] + head[6] + head[12] + 1
 
     @classmethod
     def decode(cls, head: list[int], body: list[int]) -> Plan:
-        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt, guesses, trim = head
+        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt, guesses, nt = head
         at = 0
 
         def take(n: int) -> list[int]:
@@ -73,8 +79,8 @@ class Plan:
             at += n
             return body[at - n:at]
 
-        drop, cancel, lens, cached, ids, feed = (take(nd), take(nc), take(na), take(na),
-                                                 take(nids), take(nf))
+        drop, cancel, lens, cached, ids, feed, trim = (take(nd), take(nc), take(na),
+                                                       take(na), take(nids), take(nf), take(nt))
         admit, at = [], 0
         for n in lens:
             admit.append(ids[at:at + n])
@@ -93,7 +99,7 @@ class Seq:
     generated: int = 0
     next: int | None = None    # the token it feeds at its lane's next step
     guesses: list[int] = field(default_factory=list)  # rank 0: drafted for its step
-    drafter: Any = None        # rank 0: its prompt lookup (engine/runtime/speculative.py)
+    drafter: Any = None        # rank 0: its drafter (engine/runtime/speculative.py)
 
     @property
     def left(self) -> int:
@@ -181,11 +187,9 @@ class State:
             lane.decoding.append(seq)
 
     def fed(self, plan: Plan) -> None:
-        if plan.guesses:  # one sequence fed its token and the guesses
-            self.lanes[plan.lane].decoding[0].tokens.extend(plan.feed)
-        else:
-            for seq, t in zip(self.lanes[plan.lane].decoding, plan.feed):
-                seq.tokens.append(t)
+        w = plan.width  # each sequence fed its token and its (padded) guesses
+        for i, seq in enumerate(self.lanes[plan.lane].decoding[:len(plan.feed) // w]):
+            seq.tokens.extend(plan.feed[i * w:(i + 1) * w])
         if plan.chunk >= 0:
             seq = self.pending[plan.chunk]
             seq.tokens += seq.prompt[len(seq.tokens):len(seq.tokens) + plan.chunk_len]
@@ -196,17 +200,22 @@ class OutOfStep(RuntimeError):
 
 
 def apply_trim(plan: Plan, state: State) -> None:
-    """The refused guesses of the lane's last step leave its KV and its sequence's tokens,
-    first, so a leaver's KV goes into the prefix cache exactly as its tokens say."""
-    if not plan.trim:
+    """What each sequence refused at the lane's last step leaves its KV and its tokens,
+    first, so a leaver's KV goes into the prefix cache exactly as its tokens say. A prompt
+    that joined the lane since (at the end of it) trims nothing."""
+    from engine.runtime.batch_drafts import take_back
+
+    if not any(plan.trim):
         return
     lane = state.lanes[plan.lane]
-    if len(lane.decoding) != 1 or lane.batch is None:
-        raise OutOfStep(f"a trim of {plan.trim} for lane {plan.lane}, which holds "
-                        f"{len(lane.decoding)} sequences")
-    for c in lane.batch:
-        c.trim(plan.trim)
-    del lane.decoding[0].tokens[-plan.trim:]
+    if len(plan.trim) > len(lane.decoding) or lane.batch is None:
+        raise OutOfStep(f"trims for {len(plan.trim)} sequences of lane {plan.lane}, which "
+                        f"holds {len(lane.decoding)}")
+    trims = [*plan.trim, *[0] * (len(lane.decoding) - len(plan.trim))]
+    take_back(lane.batch, trims)
+    for seq, n in zip(lane.decoding, trims, strict=True):
+        if n:
+            del seq.tokens[-n:]
 
 
 def apply_leavers(plan: Plan, state: State) -> None:

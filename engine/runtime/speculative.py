@@ -123,11 +123,12 @@ def usable(cache: list[Any]) -> bool:
 class Governor:
     """Chooses each pass's draft length from what drafts have earned on this model and
     path: acceptance (a geometric fit: each guess kept with probability alpha) and the
-    measured time of a pass as a + b * guesses. It drafts the length that maximises
-    expected tokens per second, none where drafting loses, and still probes now and then
-    so a workload that starts repeating itself is noticed: every 16 passes at first, half
-    as often after each probe that didn't pay (a draft model's probe costs its catching
-    up), down to one in 512."""
+    measured time of a pass of each width (where a width wasn't measured yet, a + b *
+    guesses from those that were: a batch's first guess can cost far more than the
+    next). It drafts the length that maximises expected tokens per second, none where
+    drafting loses, and still probes now and then so a workload that starts repeating
+    itself is noticed: every 16 passes at first, half as often after each probe that
+    didn't pay (a draft model's probe costs its catching up), down to one in 512."""
 
     PROBE_EVERY = 16  # passes between probes while drafting doesn't pay, at first
     PROBE_MAX = 512
@@ -137,8 +138,10 @@ class Governor:
         self.max_draft, self.decay = max_draft, decay
         self.kept, self.refused = 1.0, 1.0  # decayed counts; prior alpha 0.5
         self.base: float | None = None  # seconds of a pass without guesses
-        self.per: float | None = None  # seconds each guess adds to a pass
+        self.per: float | None = None  # seconds each guess adds to a pass (the fit's b)
+        self.times: dict[int, float] = {}  # guesses -> seconds of a pass that wide
         self.passes = 0
+        self.chose = False  # the last length was the best one (not a probe or a measure)
         self.probe_every, self._next_probe = self.PROBE_EVERY, self.PROBE_EVERY
         self.drafted = self.accepted = 0  # totals, for the stats line
 
@@ -150,6 +153,7 @@ class Governor:
         """Guesses to ask for in the next pass (at most `limit`, and `cap` if given);
         `force` (a request that sent "speculative": true) always asks for the most."""
         self.passes += 1
+        self.chose = False
         top = min(limit, self.max_draft if cap is None else cap)
         if top <= 0:
             return 0
@@ -161,6 +165,7 @@ class Governor:
             return top
         best = self.best(top)
         if best > 0:
+            self.chose = True
             self.probe_every = self.PROBE_EVERY
             self._next_probe = self.passes + self.probe_every
             return best
@@ -170,24 +175,49 @@ class Governor:
             return min(2, top)
         return 0
 
-    def best(self, top: int) -> int:
-        a, b, alpha = self.base or 1.0, self.per or 0.0, min(self.alpha, 0.999)
+    def width(self, lengths: list[int]) -> int:
+        """A batch's pass width, once each sequence's guesses are known (0 for those
+        without): where `length` chose (not a probe, a measure or a forced pass), the
+        best for these guesses, since every sequence pays for the widest."""
+        top = max(lengths, default=0)
+        return self.best(top, lengths) if self.chose and top else top
 
-        def rate(m: int) -> float:
-            return (1 - alpha ** (m + 1)) / (1 - alpha) / (a + b * m)
+    def cost(self, m: int) -> float:
+        if m in self.times:
+            return self.times[m]
+        return (self.base or 1.0) + (self.per or 0.0) * m
+
+    def best(self, top: int, lengths: list[int] | None = None) -> int:
+        """The width that gives the most tokens per second; `lengths`: each sequence's
+        guesses (one sequence with `top` if not given)."""
+        alpha = min(self.alpha, 0.999)
+
+        def rate(m: int) -> float:  # expected tokens per second of a pass m wide
+            return sum((1 - alpha ** (min(m, n) + 1)) / (1 - alpha)
+                       for n in lengths or [top]) / self.cost(m)
         return max(range(top + 1), key=lambda m: (rate(m), -m))
 
     def observed(self, drafted: int, accepted: int, seconds: float) -> None:
+        self.observed_rows([(drafted, accepted)], drafted, seconds)
+
+    def observed_rows(self, rows: list[tuple[int, int]], width: int,
+                      seconds: float) -> None:
+        """A pass `width` guesses wide took `seconds`; each drafting sequence's (guesses,
+        kept) counts towards acceptance."""
         d = self.decay
-        if drafted == 0:
-            self.base = seconds if self.base is None else d * self.base + (1 - d) * seconds
+        before = self.times.get(width)
+        self.times[width] = seconds if before is None else d * before + (1 - d) * seconds
+        if width == 0:
+            self.base = self.times[0]
             return
-        self.drafted += drafted
-        self.accepted += accepted
-        self.kept = d * self.kept + accepted
-        self.refused = d * self.refused + (1 if accepted < drafted else 0)
+        for drafted, accepted in rows:
+            if drafted:
+                self.drafted += drafted
+                self.accepted += accepted
+                self.kept = d * self.kept + accepted
+                self.refused = d * self.refused + (1 if accepted < drafted else 0)
         if self.base is not None:
-            per = max(seconds - self.base, 0.0) / drafted
+            per = max(seconds - self.base, 0.0) / width
             self.per = per if self.per is None else d * self.per + (1 - d) * per
 
 
@@ -225,7 +255,8 @@ class Speculator:
         guesses = self.drafter.propose(self.context, want)[:want] if want else []
         fed = [self.context[-1], *guesses]
         logits = self.model(mx.array(fed)[None], cache=self.cache)[0].astype(mx.float32)
-        tokens, rows = self._draw(logits, guesses)
+        tokens, rows = draw(logits, guesses, self.context, self.sampler, self.processors,
+                            self.greedy)
         kept = len(tokens) - 1
         if len(guesses) > kept:
             trim_prompt_cache(self.cache, len(guesses) - kept)
@@ -233,30 +264,35 @@ class Speculator:
         self.governor.observed(len(guesses), kept, time.perf_counter() - t0)
         return Pass(tokens, rows, len(guesses), kept)
 
-    def _draw(self, logits: Any, guesses: list[int]) -> tuple[list[int], list[Any]]:
-        import mlx.core as mx
 
-        if not self.processors:
-            lps = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            if self.greedy:  # one evaluation for every position
-                drawn: list[int] = mx.argmax(lps, axis=-1).tolist()  # type: ignore[assignment]
-                n = 0
-                while n < len(guesses) and drawn[n] == guesses[n]:
-                    n += 1
-                return drawn[:n + 1], [lps[i] for i in range(n + 1)]
-        tokens: list[int] = []
-        rows: list[Any] = []
-        for i in range(len(guesses) + 1):
-            row = logits[i:i + 1]
-            if self.processors:
-                history = mx.array(self.context + guesses[:i], dtype=mx.int32)
-                for p in self.processors:
-                    row = p(history, row)
-            lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
-            t = int(self.sampler(lp).item())
-            tokens.append(t)
-            rows.append(lp[0])
-            if i == len(guesses) or t != guesses[i]:
-                break
-        return tokens, rows
+def draw(logits: Any, guesses: list[int], context: list[int], sampler: Any,
+         processors: list[Any], greedy: bool) -> tuple[list[int], list[Any]]:
+    """The accept/reject rule over one sequence's verify logits (1 + len(guesses), vocab):
+    draw at each position, in order, while the draw equals the guess. `context` ends with
+    the token the pass fed first; processors see it and the guesses before each position.
+    Gives the kept guesses and the target's own last draw, with their logprob rows."""
+    import mlx.core as mx
 
+    if not processors:
+        lps = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if greedy:  # one evaluation for every position
+            drawn: list[int] = mx.argmax(lps, axis=-1).tolist()  # type: ignore[assignment]
+            n = 0
+            while n < len(guesses) and drawn[n] == guesses[n]:
+                n += 1
+            return drawn[:n + 1], [lps[i] for i in range(n + 1)]
+    tokens: list[int] = []
+    rows: list[Any] = []
+    for i in range(len(guesses) + 1):
+        row = logits[i:i + 1]
+        if processors:
+            history = mx.array(context + guesses[:i], dtype=mx.int32)
+            for p in processors:
+                row = p(history, row)
+        lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
+        t = int(sampler(lp).item())
+        tokens.append(t)
+        rows.append(lp[0])
+        if i == len(guesses) or t != guesses[i]:
+            break
+    return tokens, rows

@@ -324,12 +324,13 @@ def test_prefix_cache_with_linear_attention_state(tmp_path):
 
 @pytest.mark.parametrize("strategy,world,lanes", [
     ("pipeline", 2, 1), ("pipeline", 3, 3), ("tensor", 2, 1)])
-def test_a_lone_request_drafts_across_ranks_and_answers_the_same(models, tmp_path,
-                                                                 strategy, world, lanes):
-    """A request alone in a group feeds prompt-lookup guesses with its token: one pass
-    over the ranks verifies them, the refused ones are trimmed on every rank. The answer
-    is token for token the one without drafts (greedy, penalised, seeded), the drafts
-    show in its done event, and the prefix cache still hits after it."""
+def test_requests_draft_across_ranks_alone_and_together_and_answer_the_same(
+        models, tmp_path, strategy, world, lanes):
+    """A request in a group feeds prompt-lookup guesses with its token: one pass over the
+    ranks verifies them, what it refused is trimmed on every rank. Alone and then all at
+    once (each sequence with its own guesses in one pass, padded to the widest), every
+    answer is token for token the one without drafts (greedy, penalised, seeded), the
+    drafts show in the done events, and the prefix cache still hits after them."""
     group = Group(tmp_path, models["llama"], world, strategy,
                   SPLITS[world] if strategy == "pipeline" else None, streams=4, lanes=lanes)
     echo = [{"role": "user", "content": "one two three four five six " * 6}]
@@ -338,15 +339,23 @@ def test_a_lone_request_drafts_across_ranks_and_answers_the_same(models, tmp_pat
     try:
         group.ready()
         drafted = refused = 0
+        want = []
         for i, (msgs, s) in enumerate(asks):
             plain = generate(group.leader, f"p{i}", msgs, **s, speculative=False)
             assert plain[-1]["drafted_tokens"] == 0
+            want.append(texts(plain))
             spec = generate(group.leader, f"s{i}", msgs, **s, speculative=True)  # every pass
-            assert texts(spec) == texts(plain), f"request {i}"
+            assert texts(spec) == want[i], f"request {i}"
             assert spec[-1]["accepted_tokens"] <= spec[-1]["drafted_tokens"]
             drafted += spec[-1]["drafted_tokens"]
             refused += spec[-1]["drafted_tokens"] - spec[-1]["accepted_tokens"]
         assert drafted > 0 and refused > 0  # guesses kept, and some trimmed on every rank
+        short = generate(group.leader, "short", echo, max_tokens=20, speculative=False)
+        together = [(echo, {"max_tokens": 20}), *asks[1:]]  # the echo ends first
+        send_all(group.leader, [(m, {**s, "speculative": True}) for m, s in together], "t")
+        got = collect_all(group.leader, [f"t{i}" for i in range(len(asks))])
+        assert [texts(got[f"t{i}"]) for i in range(len(asks))] == [texts(short), *want[1:]]
+        assert got["t0"][-1]["drafted_tokens"] > 0  # beside the others, in their passes
         again = generate(group.leader, "again", echo, max_tokens=40, speculative=False)
         assert again[-1]["cached_tokens"] > 0
         assert group.shutdown() == [0] * world

@@ -42,6 +42,14 @@ class FakeKV:
         self.rows = [r[:len(r) - n] for r in self.rows]
         return n
 
+    keys, state = True, ()  # as engine/runtime/batch_drafts.take_back reads a batch's layer
+
+    def prepare(self, right_padding: list[int]) -> None:
+        self._drop = right_padding
+
+    def finalize(self) -> None:  # a row's last positions go (BatchKVCache rolls them out)
+        self.rows = [r[:len(r) - n] for r, n in zip(self.rows, self._drop, strict=True)]
+
     def feed(self, tokens: list[int], row: int = 0) -> None:
         self.rows[row] += tokens
 
@@ -67,13 +75,10 @@ def make_cache() -> list[FakeKV]:
 
 def compute(plan: Plan, state: State) -> None:
     """What a step's forward pass does to the caches: the fed tokens and the chunk in."""
-    lane = state.lanes[plan.lane]
-    if plan.guesses:  # one sequence: its token and the guesses
+    lane, w = state.lanes[plan.lane], plan.width
+    for row in range(len(plan.feed) // w):  # each sequence: its token and its guesses
         for c in lane.batch or []:
-            c.feed(list(plan.feed), 0)
-    for row, t in enumerate([] if plan.guesses else plan.feed):
-        for c in lane.batch or []:
-            c.feed([t], row)
+            c.feed(plan.feed[row * w:(row + 1) * w], row)
     if plan.chunk >= 0:
         seq = state.pending[plan.chunk]
         at = len(seq.tokens)
@@ -103,7 +108,9 @@ class Drafts:
 
     def __init__(self, rng: random.Random):
         self.rng = rng
-        self.governor = self
+
+    def governor_for(self, size: int) -> Drafts:
+        return self
 
     def drafter(self) -> Drafts:
         return self
@@ -116,6 +123,9 @@ class Drafts:
 
     def length(self, limit: int, cap: int | None = None, force: bool = False) -> int:
         return max(0, min(limit, self.rng.randrange(0, 5)))
+
+    def width(self, lengths: list[int]) -> int:
+        return max(lengths)
 
 
 def run_script(seed: int, lanes: int, steps: int = 120, drafts: bool = False,
@@ -151,12 +161,15 @@ def run_script(seed: int, lanes: int, steps: int = 120, drafts: bool = False,
         compute(got, follower)
         apply_step(plan, leader)
         apply_step(got, follower)
-        if plan.guesses:  # rank 0 keeps some of the guesses; the rest go at the next plan
-            drafted += 1
-            kept = rng.randrange(0, plan.guesses + 1)
-            if kept < plan.guesses:
-                sched.trims[plan.lane] = plan.guesses - kept
-            decoding[0].generated += kept
+        if plan.guesses:  # rank 0 keeps some of each sequence's guesses; the rest, and
+            drafted += 1  # the padding, go at the lane's next plan
+            trims = []
+            for seq in decoding:
+                kept = rng.randrange(0, len(seq.guesses) + 1)
+                trims.append(plan.guesses - kept)
+                seq.generated += kept
+            if any(trims):
+                sched.trims[plan.lane] = trims
         for seq in decoding:  # rank 0 samples: a token each, some requests finish
             seq.guesses = []
             seq.next = rng.randrange(5, 200)
@@ -179,9 +192,10 @@ def test_a_leader_and_a_follower_stay_alike_three_lanes():
 
 
 def test_a_leader_and_a_follower_stay_alike_with_drafts_and_trims():
-    """A sequence alone feeds guesses; the refused ones are trimmed from its KV and its
-    tokens on both sides at the lane's next plan, before anyone leaves or joins."""
-    for seed, lanes in ((1, 1), (2, 1), (3, 3), (4, 2)):  # arrivals rarer: more alone
+    """The decoding sequences feed guesses, each its own number, padded to the widest;
+    what each refused is trimmed from its KV and its tokens on both sides at the lane's
+    next plan, before anyone leaves or joins."""
+    for seed, lanes in ((1, 1), (2, 1), (3, 3), (4, 2)):  # arrivals rarer: drafts run
         assert run_script(seed=seed, lanes=lanes, steps=300, drafts=True,
                           arrivals=0.08) > 60
 
@@ -195,7 +209,7 @@ ints = st.lists(st.integers(0, 2**31 - 1), max_size=6)
                       max_size=4),
        feed=ints, chunk=st.integers(-1, 7), chunk_len=st.integers(0, 2**31 - 1),
        hidden=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
-       guesses=st.integers(0, 16), trim=st.integers(0, 16))
+       guesses=st.integers(0, 16), trim=ints)
 def test_a_plan_survives_its_codec(lane, drop, cancel, keep, admit, feed, chunk, chunk_len,
                                    hidden, dtype, guesses, trim):
     cached = [len(p) // 2 for p in admit]

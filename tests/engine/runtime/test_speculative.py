@@ -1,11 +1,12 @@
 """Speculative decoding on one node: drafts never change a greedy answer, sampling keeps the
-model's distribution, a batch hands a request to drafting and back without a seam, and the
+model's distribution, requests draft together in a batch, each at its own length, and the
 governor stops drafting where it loses."""
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 
 import pytest
 
@@ -180,42 +181,83 @@ def test_a_draft_model_with_another_vocabulary_is_refused_naming_both(tiny, tmp_
     check_draft(tok, tok, "tiny-llama", "same")  # the same tokenizer passes
 
 
-def test_a_batch_hands_a_request_to_drafting_and_back_without_a_seam(tiny):
-    """Alone, a request drafts; when a second arrives it rejoins the batch where it was;
-    when the batch is down to it again it drafts again. Every answer is the greedy one."""
+def run_together(gen, model, tok, asks) -> list[list]:
+    """Every (prompt, sampling) in `asks` through the batcher at once, one thread each."""
+    got: list[list] = [[] for _ in asks]
+    start = threading.Barrier(len(asks))
+
+    def one(i, prompt, s):
+        start.wait(30)
+        got[i] = list(gen(model, tok, prompt, s))
+    threads = [threading.Thread(target=one, args=(i, p, s)) for i, (p, s) in enumerate(asks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+        assert not t.is_alive()
+    return got
+
+
+def test_requests_draft_together_each_at_its_length_and_riders_ride(tiny):
+    """Five requests in one batch: greedy ones that draft, one that turned drafting off,
+    a seeded sampler, one with a repetition penalty. Each answer is the one it gets alone
+    without drafts, and some steps ran guesses for some sequences while others rode."""
     from engine.runtime.batching import Batcher
     from engine.runtime.drafting import Drafting
     from engine.runtime.prefix import PrefixCache
     from engine.runtime.sampling import Sampling
 
     model, tok, _ = tiny
-    drafting = Drafting(draft_model=model, max_draft=3)
-    gen = Batcher(model, tok, PrefixCache(0), 4, drafting=drafting)
-    long_s, short_s = Sampling(max_tokens=120, speculative=True), Sampling(max_tokens=20)
-    a, b = prompt_of(tok, "first"), prompt_of(tok, "second one")
-    want_a = tokens(plain(model, tok, a, long_s))
-    want_b = tokens(plain(model, tok, b, short_s))
-    got: dict[str, list] = {}
-    first_tokens = threading.Event()
+    gen = Batcher(model, tok, PrefixCache(0), 8, drafting=Drafting(max_draft=4))
+    echo, sea = prompt_of(tok), prompt_of(tok, "Tell me about the sea.")
+    asks = [(echo, Sampling(max_tokens=90, speculative=True)),
+            (sea, Sampling(max_tokens=40, speculative=True)),
+            (echo, Sampling(max_tokens=60, speculative=False)),
+            (echo, Sampling(max_tokens=50, temperature=0.7, seed=3, speculative=True)),
+            (sea, Sampling(max_tokens=45, repetition_penalty=1.3, speculative=True))]
+    got = run_together(gen, model, tok, asks)
+    for (prompt, s), out in zip(asks, got, strict=True):
+        assert tokens(out) == tokens(plain(model, tok, prompt, s)), s
+        assert out[-1].finish_reason == "length"
+    assert got[0][-1].drafted_tokens > 0 and got[0][-1].accepted_tokens > 0
+    assert got[2][-1].drafted_tokens == 0  # its "speculative": false held in the batch
+    batched = [g for size, g in gen.drafting.governors.items() if size > 1]
+    assert sum(g.drafted for g in batched) > 0  # guesses ran beside other sequences
 
-    def run_a():
-        out = []
-        for r in gen(model, tok, a, long_s):
-            out.append(r)
-            if len(out) == 10:
-                first_tokens.set()
-        got["a"] = out
 
-    t = threading.Thread(target=run_a)
-    t.start()
-    assert first_tokens.wait(60)
-    got["b"] = list(gen(model, tok, b, short_s))  # joins while a is drafting
-    t.join(120)
-    assert tokens(got["a"]) == want_a and tokens(got["b"]) == want_b
-    last = got["a"][-1]
-    assert last.drafted_tokens > 0  # alone before b came and after b ended
-    assert got["b"][-1].drafted_tokens == 0  # b never ran alone
-    assert gen.rejoined >= 1 and gen.left >= 1
+def test_an_end_token_inside_kept_guesses_ends_the_answer_there(tiny):
+    """The greedy answer's third token is made an end token, and the model drafts for
+    itself (every guess kept): the pass that keeps it and the guesses after it ends the
+    answer there, and the KV kept for the prefix cache is exactly the answer's."""
+    from engine.runtime.batching import Batcher
+    from engine.runtime.drafting import Drafting
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.sampling import Sampling
+
+    model, tok, _ = tiny
+    prompt, s = prompt_of(tok), Sampling(max_tokens=80, speculative=True)
+    full = tokens(plain(model, tok, prompt, s))
+    end = full[2]
+    cut = full[:full.index(end) + 1]
+    assert len(cut) == 3
+
+    class Ends:  # the tokenizer with one more end token
+        def __init__(self, inner):
+            self._inner, self.eos_token_ids = inner, {*inner.eos_token_ids, end}
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+    ends = Ends(tok)
+    prefix = PrefixCache(4096)
+    gen = Batcher(model, ends, prefix, 4, drafting=Drafting(draft_model=model, max_draft=6))
+    a, b = run_together(gen, model, ends, [(prompt, s), (prompt_of(tok, "Hi"), s)])
+    assert tokens(a) == cut and a[-1].finish_reason == "stop"
+    assert a[-1].drafted_tokens > 0
+    deadline = time.monotonic() + 10
+    while prefix.fetch([*prompt, *cut, 1])[1] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the batcher keeps the KV just after the last token is out
+    cache, hit = prefix.fetch([*prompt, *cut, 1])
+    assert hit == len(prompt) + len(cut)  # the cache held exactly what was answered
 
 
 def test_a_request_can_turn_drafting_off_or_on(tiny):
