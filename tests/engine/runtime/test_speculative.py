@@ -161,6 +161,29 @@ def test_the_governor_stops_drafting_where_it_loses_and_drafts_where_it_pays():
     assert g.length(3) <= 3  # never past what the request may still emit
 
 
+def test_a_batch_governor_learns_that_the_first_guess_is_dear_and_counts_riders():
+    """A batch of 4 where, as on this CPU, one guess doubles a pass and six cost 3.3x:
+    guesses of which one is kept (a loss at every width) stop after the first passes,
+    guesses all kept still pay, and guesses for one sequence of four don't pay for the
+    three that ride."""
+    from engine.runtime.speculative import Governor
+
+    cost = {0: 1.0, 1: 2.2, 2: 2.5, 3: 2.7, 4: 2.9, 5: 3.1, 6: 3.33}
+    g = Governor(max_draft=6)
+    widths = []
+    for _ in range(300):
+        m = g.width([g.length(100)] * 4)
+        widths.append(m)
+        g.observed_rows([(m, min(m, 1))] * 4, m, cost[m])  # the first guess kept
+    assert sum(w > 0 for w in widths[100:]) <= 200 // Governor.PROBE_EVERY
+    g = Governor(max_draft=6)
+    for _ in range(60):
+        m = g.width([g.length(100)] * 4)
+        g.observed_rows([(m, m)] * 4, m, cost[m])  # every guess kept
+    assert g.width([g.length(100)] * 4) == 6
+    assert g.width([6, 0, 0, 0]) == 0  # one row's guesses don't pay for three riders
+
+
 def test_a_draft_model_with_another_vocabulary_is_refused_naming_both(tiny, tmp_path):
     from transformers import PreTrainedTokenizerFast
 
