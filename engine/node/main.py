@@ -73,13 +73,12 @@ def draft_folder(cfg: NodeConfig, models: Path) -> Path | None:
     return folder
 
 
-def drafting_args(cfg: NodeConfig, folder: Path | None
-                  ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(a one-process worker's drafting flags, a group rank's): a group drafts by prompt
-    lookup, so its ranks get no draft model."""
-    group = ("--speculative", "on" if cfg.speculative else "off",
-             "--draft-tokens", str(cfg.draft_tokens))
-    return group + (("--draft-model", str(folder)) if folder else ()), group
+def drafting_args(cfg: NodeConfig, folder: Path | None) -> tuple[str, ...]:
+    """A worker's drafting flags (a group's rank 0 loads the draft model, if the node that
+    serves the group has one; the other ranks ignore it)."""
+    return ("--speculative", "on" if cfg.speculative else "off",
+            "--draft-tokens", str(cfg.draft_tokens),
+            *(("--draft-model", str(folder)) if folder else ()))
 
 
 def draft_size(folder: Path | None) -> dict[str, Any] | None:
@@ -128,10 +127,10 @@ async def run_node(cfg: NodeConfig) -> None:
     else:
         default = None if cfg.model == "none" else cfg.model
     draft = draft_folder(cfg, mdir)
-    one_args, group_args = drafting_args(cfg, draft)
+    draft_args = drafting_args(cfg, draft)
     node = Node(home, mdir, default_model=default, port=cport, max_streams=cfg.max_streams,
                 queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s,
-                worker_args=one_args, group_args=group_args)
+                worker_args=draft_args)
     ident = load_identity(home)
     store = SecretStore(home)
     secret = await asyncio.to_thread(store.ensure, cfg.secret)
@@ -140,7 +139,7 @@ async def run_node(cfg: NodeConfig) -> None:
     peers = Peers(home, cfg.peers, secret, ident.id)
     peers.self_url = f"http://{me}:{cport}"
     cluster = Cluster(node, ident.id, ident.name, peers, me)
-    if cfg.speculative:  # the draft is loaded beside a model served alone: plans count it
+    if cfg.speculative:  # the draft is loaded beside the model (rank 0's): plans count it
         cluster.draft = await asyncio.to_thread(draft_size, draft)
     discovery: Discovery | None = None
 

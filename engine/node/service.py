@@ -37,11 +37,9 @@ def _mtime(p: Path) -> float:
 class Node:
     def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
                  token_timeout: float = 300.0, port: int = 0, max_streams: int = 8,
-                 queue_wait_s: float = 60.0, worker_args: tuple[str, ...] = (),
-                 group_args: tuple[str, ...] = ()):
+                 queue_wait_s: float = 60.0, worker_args: tuple[str, ...] = ()):
         self.home = home
-        # extra flags for the worker: one that serves the model alone, and rank 0 of a group
-        self.worker_args, self.group_args = worker_args, group_args
+        self.worker_args = worker_args  # extra flags for its workers (drafting)
         self.max_streams, self.queue_wait_s = max_streams, queue_wait_s
         self.port = port
         self.models_dir = models_dir
@@ -172,8 +170,7 @@ class Node:
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
-                         worker_args=self.group_args if dist_config
-                         else self.worker_args)
+                         worker_args=self.worker_args)
         self.worker = w
         try:
             ready = await w.start()

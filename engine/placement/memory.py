@@ -20,7 +20,7 @@ class MemoryUse:
     overhead: int
     usable: int
     prefix_cache: int = 0
-    draft: int = 0  # a draft model's weights and KV, on a node serving the model alone
+    draft: int = 0  # a draft model's weights and KV, on the rank that drafts (rank 0)
 
     @property
     def total(self) -> int:
@@ -93,9 +93,9 @@ class Sizer:
             self._draft(node, first, last)
         return need <= node.memory_bytes
 
-    def _draft(self, node: NodeSpec, first: bool, last: bool) -> int:
-        """A node's draft model is loaded only where it serves the whole model alone."""
-        if not (first and last) or not node.draft_bytes:
+    def _draft(self, node: NodeSpec, first: bool, last: bool = True) -> int:
+        """A node's draft model is loaded by rank 0, which drafts for the whole group."""
+        if not first or not node.draft_bytes:
             return 0
         return round(node.draft_bytes + node.draft_kv_per_token * self.context)
 
@@ -108,15 +108,16 @@ class Sizer:
             params += m.embed_params + (0 if m.tie_embeddings else m.head_params)
         return params * m.bytes_per_param, (self._kv[e] - self._kv[s]) * self._kv_bytes
 
-    def tensor(self, node: NodeSpec, ranks: int) -> MemoryUse:
+    def tensor(self, node: NodeSpec, ranks: int, first: bool = False) -> MemoryUse:
         """A tensor rank: 1/ranks of every layer; embeddings and head are replicated
         (mlx-lm shards only the layers); the KV cache splits by head, except MLA's shared
         latent."""
         m = self.model
         params = self._t.weights[-1] / ranks + m.edge_params
         kv = self._kv[-1] * self._kv_bytes / (ranks if m.kv_sharded else 1)
-        return _use(params * m.bytes_per_param, kv,
-                    _activations(m, self.context, m.heads // ranks, self.a), node, self.a)
+        use = _use(params * m.bytes_per_param, kv,
+                   _activations(m, self.context, m.heads // ranks, self.a), node, self.a)
+        return replace(use, draft=self._draft(node, first))
 
 
 def pipeline_rank_memory(model: ModelSpec, node: NodeSpec, layers: tuple[int, int],
@@ -127,9 +128,9 @@ def pipeline_rank_memory(model: ModelSpec, node: NodeSpec, layers: tuple[int, in
 
 
 def tensor_rank_memory(model: ModelSpec, node: NodeSpec, ranks: int, context: int,
-                       a: Assumptions = DEFAULT) -> MemoryUse:
+                       a: Assumptions = DEFAULT, first: bool = False) -> MemoryUse:
     """Memory of one of `ranks` tensor-parallel ranks (see Sizer.tensor)."""
-    return Sizer(model, context, a).tensor(node, ranks)
+    return Sizer(model, context, a).tensor(node, ranks, first)
 
 
 def _activations(model: ModelSpec, context: int, heads: int, a: Assumptions) -> float:

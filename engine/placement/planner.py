@@ -162,7 +162,7 @@ def _build(model: ModelSpec, strategy: str, backend: str, order: Sequence[NodeSp
             raise PlacementError(f"tensor ranks hold a slice of every layer: layers must be "
                                  f"[0, {model.layers}] or left out")
         layers = [(0, model.layers)] * n
-        uses = [size.tensor(nd, n) for nd in order]
+        uses = [size.tensor(nd, n, i == 0) for i, nd in enumerate(order)]
     else:
         if ranges is not None:
             check_pipeline(ranges, model.layers)

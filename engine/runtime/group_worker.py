@@ -45,7 +45,10 @@ def _follow_stdin(quit_group: Callable[[], None]) -> None:
 
 
 def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
-             serve: Callable[..., None], streams: int = 1, drafting: Any = None) -> int:
+             serve: Callable[..., None], streams: int = 1,
+             drafting: Callable[[Any], Any] | None = None) -> int:
+    """One rank of a group. `drafting` makes rank 0's Drafting from the model's tokenizer
+    (loading the draft model, if the node has one): rank 0 drafts for the whole group."""
     import mlx.core as mx
 
     from engine.placement.families import batching_refusal
@@ -93,6 +96,13 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         if why and streams > 1 and cfg.rank == 0:
             log.warning("%s", why)
             streams = 1
+        drafts = None
+        if cfg.rank == 0 and streams > 1 and drafting is not None:
+            try:  # before the others wait on rank 0 (asleep, on the doorbell)
+                drafts = drafting(tokenizer)
+            except Exception as e:  # a draft model that can't load or can't serve this one
+                log.exception("the draft model can't be used")
+                fatal("draft_refused", f"Couldn't use the draft model: {e}")
         # Ranks load at their own pace: wait on the doorbell (asleep), not in MLX.
         if cfg.rank == 0:
             bell.ring(LOADED)
@@ -129,7 +139,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
             serve_follower(steps, link, prefix)  # ends by quit or fatal
         gen: Callable[..., Iterator[Any]] = GroupBatcher(
             steps, tokenizer, prefix, streams,
-            on_fatal=lambda why: fatal("group_failed", why), drafting=drafting)
+            on_fatal=lambda why: fatal("group_failed", why), drafting=drafts)
     else:
         if cfg.rank != 0:
             _follower(cfg.strategy, model, link, prefix).serve()  # ends by quit or fatal

@@ -213,12 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
     if args.dist is not None:
-        from engine.runtime.drafting import Drafting
+        from functools import partial
+
         from engine.runtime.group_worker import run_rank
         return run_rank(args.model, args.model_id, args.dist, emit, serve,
-                        max(1, args.streams),  # a group drafts by prompt lookup
-                        Drafting(enabled=args.speculative == "on",
-                                 max_draft=args.draft_tokens))
+                        max(1, args.streams), partial(load_drafting, args))
     from engine.runtime.checkpoint import model_context
     from engine.runtime.load import load_model
 

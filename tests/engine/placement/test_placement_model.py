@@ -131,5 +131,10 @@ def test_a_draft_model_is_counted_where_it_is_loaded():
     assert with_draft.draft == 2e9 + 100_000 * 8192
     assert with_draft.total - alone.total == with_draft.draft
     assert "draft model 2.8 GB" in refusal(drafting, with_draft, (0, 80), 8192)
-    # a pipeline's rank doesn't load it (groups don't draft)
-    assert pipeline_rank_memory(model, drafting, (0, 40), True, False, 8192).draft == 0
+    # a group's rank 0 loads it (it drafts for the group), no other rank does
+    assert pipeline_rank_memory(model, drafting, (0, 40), True, False, 8192).draft == \
+        with_draft.draft
+    assert pipeline_rank_memory(model, drafting, (40, 80), False, True, 8192).draft == 0
+    from engine.placement.memory import tensor_rank_memory
+    assert tensor_rank_memory(model, drafting, 2, 8192, first=True).draft == with_draft.draft
+    assert tensor_rank_memory(model, drafting, 2, 8192).draft == 0

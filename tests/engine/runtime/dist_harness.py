@@ -121,7 +121,8 @@ class Group:
     def __init__(self, tmp: Path, model: Path, world: int, strategy: str,
                  layers: list[list[int]] | None = None, timeout_s: float = 20,
                  env: dict[str, str] | None = None, prefix_cache_tokens: int = 8192,
-                 streams: int = 1, lanes: int = 1, prefix: list[str] | None = None):
+                 streams: int = 1, lanes: int = 1, prefix: list[str] | None = None,
+                 args: tuple[str, ...] = ()):
         ports = free_ports(2 * world)
         self.config = {"world": world, "backend": "ring", "strategy": strategy,
                        "hosts": [f"127.0.0.1:{p}" for p in ports[:world]],
@@ -134,7 +135,8 @@ class Group:
             cfg = tmp / f"rank{r}.json"
             cfg.write_text(json.dumps({**self.config, "rank": r}))
             self.ranks.append(Worker(["--model", str(model), "--model-id", "m",
-                                      "--dist", str(cfg), "--streams", str(streams)],
+                                      "--dist", str(cfg), "--streams", str(streams),
+                                      *args],
                                      tmp / f"rank{r}.log", env, prefix))
 
     @property

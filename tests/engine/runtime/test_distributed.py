@@ -7,6 +7,7 @@ whole group down quickly."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -320,6 +321,48 @@ def test_prefix_cache_with_linear_attention_state(tmp_path):
         assert [e[-1]["cached_tokens"] > 0 for e in events] == [False, True, True]
     finally:
         group.kill()
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+def test_a_group_drafts_with_a_draft_model_on_rank_0(models, tmp_path, strategy):
+    """Rank 0 loads the node's draft model and drafts for the group: here the target
+    itself (so every greedy guess is kept), for two requests at once, and the answers are
+    the ones without drafts. A draft model with another vocabulary takes the group down
+    at start, naming both models."""
+    group = Group(tmp_path / "g", models["llama"], 2, strategy,
+                  SPLITS[2] if strategy == "pipeline" else None, streams=4,
+                  args=("--draft-model", str(models["llama"]), "--draft-tokens", "4"))
+    asks = [(REQUESTS[0][0], {"max_tokens": 24}), (REQUESTS[1][0], {"max_tokens": 16})]
+    try:
+        group.ready()
+        want = [texts(generate(group.leader, f"p{i}", m, **s, speculative=False))
+                for i, (m, s) in enumerate(asks)]
+        send_all(group.leader, [(m, {**s, "speculative": True}) for m, s in asks], "d")
+        got = collect_all(group.leader, ["d0", "d1"])
+        assert [texts(got["d0"]), texts(got["d1"])] == want
+        done = [got[k][-1] for k in ("d0", "d1")]
+        assert all(d["drafted_tokens"] > 0 for d in done)
+        assert all(d["accepted_tokens"] == d["drafted_tokens"] for d in done)
+        assert group.shutdown() == [0, 0]
+    finally:
+        group.kill()
+    if strategy == "tensor":
+        return
+    from tokenizers import Tokenizer
+
+    other = tmp_path / "other-draft"
+    shutil.copytree(models["llama"], other)
+    t = Tokenizer.from_file(str(other / "tokenizer.json"))
+    t.add_special_tokens(["<|fim_prefix|>"])
+    t.save(str(other / "tokenizer.json"))
+    bad = Group(tmp_path / "bad", models["llama"], 2, strategy, SPLITS[2], streams=4,
+                args=("--draft-model", str(other)))
+    try:
+        ev = bad.leader.expect(lambda e: e["ev"] in ("ready", "fatal"), 90)
+        assert ev["ev"] == "fatal" and ev["code"] == "draft_refused", ev
+        assert "other-draft" in ev["message"] and "vocabulary" in ev["message"]
+    finally:
+        bad.kill()
 
 
 @pytest.mark.parametrize("strategy,world,lanes", [
