@@ -48,7 +48,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
             h for h in os.environ.get("SHOAL_ALLOWED_HOSTS", "").split(",") if h.strip()],
         max_body_mb=a.max_body_mb, max_streams=a.max_streams, queue_wait_s=a.queue_wait,
         stall_s=a.stall_timeout, speculative=a.speculative == "on",
-        draft_model=a.draft_model, draft_tokens=a.draft_tokens)))
+        draft_model=a.draft_model, draft_tokens=a.draft_tokens,
+        kv_bits=int(a.kv_bits) if a.kv_bits in ("8", "4") else None)))
     # Everything is closed and every worker reaped. Leave without C++ static destructors:
     # MLX (imported for this machine's facts) can still hold a thread then, and a joinable
     # std::thread destroyed at exit aborts the process (seen once: exit code -6 after a
@@ -167,6 +168,11 @@ def parser() -> argparse.ArgumentParser:
                         "default: drafts from prompt lookup (or SHOAL_DRAFT_MODEL)")
     n.add_argument("--draft-tokens", type=int, default=6, metavar="N",
                    help="the most drafted tokens per pass, 1 to 16 (default 6)")
+    n.add_argument("--kv-bits", choices=("16", "8", "4"),
+                   default=os.environ.get("SHOAL_KV_BITS", "16"),
+                   help="the KV cache's bits: 16 (the model's own), or quantized to 8 or "
+                        "4 for about 1.9x or 3.6x the context (default 16, or "
+                        "SHOAL_KV_BITS); a launch may choose its own")
     n.add_argument("--max-streams", type=int, default=8, metavar="N",
                    help="requests decoded together on this node (default 8); more wait")
     n.add_argument("--queue-wait", type=float, default=60.0, metavar="SECONDS",

@@ -9,13 +9,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engine import placement_profiles
 from engine.node.planning import Layout, PlanReport, make_report, plan_from_cluster, report_json
 from engine.placement.memory import context_label, gb
-from engine.placement.model import QUANTIZATIONS, ModelSpec
+from engine.placement.model import QUANTIZATIONS, ModelSpec, kv_value_bytes
 from engine.placement.profiles import SimulationError, parse_simulation, profile_model
 from engine.placement.validate import PlacementError
 
@@ -39,6 +40,8 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "on --nodes instead of planning")
     p.add_argument("--nodes", help="with --strategy: rank order, e.g. a,b or a:0-30,b:30-61")
     p.add_argument("--backend", choices=("ring", "jaccl"), default="ring")
+    p.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=16,
+                   help="the KV cache's bits: 16, or quantized to 8 or 4 (default 16)")
     p.add_argument("--force", action="store_true", help="accept placements beyond the "
                    "memory check (they may swap or fail to load)")
     p.add_argument("--top", type=int, default=10, help="placements to show (default 10)")
@@ -60,7 +63,8 @@ def cmd_plan(a: argparse.Namespace, cluster: ClusterFetch | None = None) -> int:
         else:
             infos, links, config = cluster(a.model)
             report = plan_from_cluster(infos, config, a.context, links, a.model,
-                                       a.force, _layout(a))
+                                       a.force, _layout(a),
+                                       kv_bits=None if a.kv_bits == 16 else a.kv_bits)
     except PlacementError as e:
         print(f"shoal: {e}", file=sys.stderr)
         return 1
@@ -82,6 +86,8 @@ def _simulate(a: argparse.Namespace) -> PlanReport:
     except SimulationError as e:
         raise SimulationError(f"{path}: {e}") from None
     model = _find_model(a.model, sim.models, a.quant)
+    if a.kv_bits != 16:
+        model = replace(model, kv_bytes=kv_value_bytes(a.kv_bits))
     return make_report(model, sim.nodes, sim.links,
                        a.context or sim.context or model.context, a.force, _layout(a), [])
 

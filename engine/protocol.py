@@ -361,6 +361,7 @@ class InstanceInfo(Record):
     reason: str | None = None
     ranks: list[RankInfo] = field(default_factory=list)
     lanes: int = 1  # micro-batches a pipeline keeps in flight (one per rank at most)
+    kv_bits: int = 16  # the KV cache's bits on every rank (16, or quantized to 8 or 4)
     warning: str | None = None  # a forced launch's memory warning
 
 

@@ -134,6 +134,8 @@ class Cluster:
         """Check a launch, hand it to the node that holds rank 0 if that is another, else
         start every rank and watch them (the walk in docs/design-notes.md)."""
         req = parse(LaunchRequest, raw)
+        if req.kv_bits is None:  # this node's setting, for every rank (and a hand-over)
+            req = req.model_copy(update={"kv_bits": self.node.kv_bits or 16})
         chosen, inputs = None, None
         if not req.nodes:  # the planner's first choice
             inputs = self.plan_inputs(req.model)
@@ -155,9 +157,10 @@ class Cluster:
             memory_check(inputs, req, "pipeline", ranks, chosen)
             choose_lanes(req.lanes, "pipeline", [self.host], 1, 1)  # one process: one batch
             await self.stop_instance("replaced by a new launch")
-            await self.node.start_worker(req.model, path)
+            await self.node.start_worker(req.model, path, kv_bits=req.kv(None))
             return InstanceInfo(None, req.model, "single", InstanceState.READY, None,
-                                [RankInfo(0, self.id)]).to_json()
+                                [RankInfo(0, self.id)],
+                                kv_bits=req.kv(None) or 16).to_json()
         rdma = rdma_matrix(ranks, req.backend, self._platforms(ranks)) \
             if req.backend != "ring" else None
         check_placement(inputs["model_config"], req.strategy, ranks)
@@ -169,7 +172,8 @@ class Cluster:
                      predicted)
         await self.stop_instance("replaced by a new launch")
         inst = Instance(uuid.uuid4().hex[:12], req.model, req.strategy, ranks,
-                        backend=req.backend, devices=rdma, lanes=lanes)
+                        backend=req.backend, devices=rdma, lanes=lanes,
+                        kv_bits=req.kv(None))
         self.instance = inst
         try:
             await self._start(inst, path, inputs["model_context"])
@@ -241,7 +245,8 @@ class Cluster:
             devices=tuple(tuple(row) for row in inst.devices) if inst.devices else None,
             coordinator=f"{got[0]['host']}:{got[0]['ports'][0]}" if inst.devices else None,
             # the prefix cache budget every rank shares (the planner counts it)
-            prefix_cache_tokens=default_budget(context), lanes=inst.lanes)
+            prefix_cache_tokens=default_budget(context), lanes=inst.lanes,
+            kv_bits=inst.kv_bits)
         # 2. start every rank at once (MLX's init needs them all)
         starts = [self.peers.call(r.url, "POST", "/shoal/peer/start",
                                   {"instance": inst.id, "model": inst.model,

@@ -49,6 +49,7 @@ class LaunchRequest(Strict):
     context: StrictInt | None = Field(default=None, ge=1)  # what the memory check plans for
     force: StrictBool = False  # launch a placement the memory check refuses, with a warning
     lanes: int | None = None  # micro-batches in flight; default: the planner's choice
+    kv_bits: Literal[16, 8, 4] | None = None  # the KV's bits; default: the node's setting
 
     @field_validator("lanes", mode="before")
     @classmethod
@@ -57,6 +58,11 @@ class LaunchRequest(Strict):
             raise PydanticCustomError("lanes", "must be a whole number, not {got}",
                                       {"got": repr(v)})
         return v
+
+    def kv(self, default: int | None) -> int | None:
+        """The KV quantization this launch runs with (None: the model's 16 bits)."""
+        bits = self.kv_bits if self.kv_bits is not None else default
+        return None if bits in (None, 16) else bits
 
     def body(self, nodes: list[NodeRef] | None = None) -> dict[str, Any]:
         """As JSON, for the node a launch is handed over to."""
@@ -88,13 +94,14 @@ class Instance:
     backend: str = "ring"
     devices: list[list[str | None]] | None = None  # jaccl: RDMA device per rank pair
     lanes: int = 1  # micro-batches a pipeline keeps in flight
+    kv_bits: int | None = None  # quantized KV on every rank (8, 4; None: 16 bits)
     watch: asyncio.Task | None = field(default=None, repr=False)
 
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.id, self.model, self.strategy, self.state, self.reason,
                             [RankInfo(i, r.node, list(r.layers) if r.layers else None,
                                       r.progress, r.loaded) for i, r in enumerate(self.ranks)],
-                            lanes=self.lanes)
+                            lanes=self.lanes, kv_bits=self.kv_bits or 16)
 
     def public(self) -> dict[str, Any]:
         return self.info().to_json()
@@ -153,7 +160,8 @@ def check_placement(config: dict[str, Any], strategy: str, ranks: list[Rank]) ->
 def first_choice(inputs: dict[str, Any], req: LaunchRequest, me: str) -> Placement:
     """The placement a launch without nodes takes: the planner's best (rank 0 here where
     it can be), or InsufficientMemory with the planner's reasons."""
-    report = plan_from_cluster(**inputs, context=req.context, model_name=req.model)
+    report = plan_from_cluster(**inputs, context=req.context, model_name=req.model,
+                               kv_bits=req.kv(None))
     best = best_placement(report.placements, me)
     if best is None:
         why = "; ".join(r.reason for r in report.rejections[:3]) or "no node can hold it"
@@ -173,7 +181,7 @@ def memory_check(inputs: dict[str, Any], req: LaunchRequest, strategy: str, rank
                    for r in ranks])
         try:
             report = plan_from_cluster(**inputs, context=req.context, model_name=req.model,
-                                       force=req.force, layout=layout)
+                                       force=req.force, layout=layout, kv_bits=req.kv(None))
         except NotEnoughMemory as e:
             raise InsufficientMemory(f"{e}. Choose other nodes or a shorter context, or "
                                      "launch with \"force\": true to try anyway.",

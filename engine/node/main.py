@@ -58,6 +58,7 @@ class NodeConfig:
     speculative: bool = True  # draft tokens where it pays (a request may ask either way)
     draft_model: str | None = None  # a model id or folder; None: prompt lookup
     draft_tokens: int = 6  # the most guesses per verify pass
+    kv_bits: int | None = None  # quantized KV (8 or 4) for launches that don't choose
 
 
 def draft_folder(cfg: NodeConfig, models: Path) -> Path | None:
@@ -129,7 +130,7 @@ async def run_node(cfg: NodeConfig) -> None:
     draft = draft_folder(cfg, mdir)
     draft_args = drafting_args(cfg, draft)
     node = Node(home, mdir, default_model=default, port=cport, max_streams=cfg.max_streams,
-                queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s,
+                queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s, kv_bits=cfg.kv_bits,
                 worker_args=draft_args)
     ident = load_identity(home)
     store = SecretStore(home)

@@ -13,7 +13,8 @@ from engine.node.planning import best_placement, plan_from_cluster, plan_info
 from engine.placement.validate import NotEnoughMemory, PlacementError
 
 routes = web.RouteTableDef()
-PLAN_USAGE = "Send {\"model\": ID, \"context\"?: N, \"strategy\"?, \"nodes\"?}."
+PLAN_USAGE = ("Send {\"model\": ID, \"context\"?: N, \"kv_bits\"?: 16|8|4, \"strategy\"?, "
+              "\"nodes\"?}.")
 
 
 @routes.get("/shoal/plan/inputs")
@@ -45,13 +46,20 @@ async def plan(request: web.Request) -> web.Response:
     try:
         report = plan_from_cluster(**c.plan_inputs(body["model"]), context=body.get("context"),
                                    model_name=body["model"], force=bool(body.get("force")),
-                                   layout=layout)
+                                   layout=layout, kv_bits=_kv_bits(body))
     except NotEnoughMemory as e:
         raise InsufficientMemory(str(e), param="nodes") from None
     except PlacementError as e:
         raise BadRequest(f"This placement can't run: {e}", param="nodes") from None
     best = best_placement(report.placements, c.id) if layout is None else None
     return web.json_response(plan_info(report, best).to_json())
+
+
+def _kv_bits(body: dict) -> int | None:
+    bits = body.get("kv_bits")
+    if bits not in (None, 16, 8, 4) or isinstance(bits, bool):
+        raise BadRequest(f"kv_bits must be 16, 8 or 4, not {bits!r}.", param="kv_bits")
+    return None if bits in (None, 16) else bits
 
 
 def _cluster(request: web.Request) -> Cluster:

@@ -6,12 +6,13 @@ all plan through this module; none of them reaches into another's."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import placement_profiles
 from engine.placement.families import strategy_refusal
-from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
+from engine.placement.memory import context_label
+from engine.placement.model import LinkSpec, ModelSpec, NodeSpec, kv_value_bytes
 from engine.placement.planner import Placement, Rejection, evaluate, explain, plan
 from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT
@@ -74,8 +75,16 @@ def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[Lin
         strategy, backend, ranks = layout
         one = evaluate(model, nodes, links, context, strategy, ranks, backend, force)
         return PlanReport(model, context, [one], [], notes)
-    return PlanReport(model, context, plan(model, nodes, links, context, force),
-                      explain(model, nodes, links, context), notes)
+    found = plan(model, nodes, links, context, force)
+    if not found and model.kv_bytes == 2:  # would quantized KV make room?
+        for bits in (8, 4):
+            if plan(replace(model, kv_bytes=kv_value_bytes(bits)), nodes, links, context):
+                notes.append(f"It fits with {bits}-bit KV cache (launch with \"kv_bits\": "
+                             f"{bits}, or shoal node --kv-bits {bits}): "
+                             f"{context_label(context)} context in "
+                             f"{kv_value_bytes(bits) / 2:.0%} of the KV memory.")
+                break
+    return PlanReport(model, context, found, explain(model, nodes, links, context), notes)
 
 
 def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Mapping[str, Any],
@@ -83,7 +92,8 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
                       links: Sequence[Mapping[str, Any]] | None = None,
                       model_name: str | None = None, force: bool = False,
                       layout: Layout | None = None, weight_bytes: int | None = None,
-                      model_context: int | None = None) -> PlanReport:
+                      model_context: int | None = None,
+                      kv_bits: int | None = None) -> PlanReport:
     """Plan from what nodes report, as plain dicts.
 
     node_infos: {"id", "name", "memory_usable_bytes" (the GPU working-set limit) or
@@ -92,10 +102,13 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
     "has_model" or "models" (ids on disk), "rdma"}. links: {"a", "b", "latency_s",
     "bandwidth_Bps", "rdma"} from the link probes; unmeasured pairs are assumed 10GbE.
     model_config: the model's config.json; weight_bytes what its weights take in memory,
-    model_context its context window, where the checkpoint on disk tells them."""
+    model_context its context window, where the checkpoint on disk tells them; kv_bits the
+    KV's quantization (8 or 4; None: 16 bits)."""
     notes: list[str] = []
     model = ModelSpec.from_config(model_config, name=model_name, weight_bytes=weight_bytes,
                                   context=model_context)
+    if kv_bits is not None:
+        model = replace(model, kv_bytes=kv_value_bytes(kv_bits))
     nodes = [_node_from_info(i, info, model_name, notes) for i, info in enumerate(node_infos)]
     specs = [LinkSpec(str(k["a"]), str(k["b"]), float(k["latency_s"]),
                       float(k["bandwidth_Bps"]), bool(k.get("rdma", False)))

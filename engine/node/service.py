@@ -37,9 +37,11 @@ def _mtime(p: Path) -> float:
 class Node:
     def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
                  token_timeout: float = 300.0, port: int = 0, max_streams: int = 8,
-                 queue_wait_s: float = 60.0, worker_args: tuple[str, ...] = ()):
+                 queue_wait_s: float = 60.0, worker_args: tuple[str, ...] = (),
+                 kv_bits: int | None = None):
         self.home = home
         self.worker_args = worker_args  # extra flags for its workers (drafting)
+        self.kv_bits = kv_bits  # quantized KV for launches that don't choose (8, 4)
         self.max_streams, self.queue_wait_s = max_streams, queue_wait_s
         self.port = port
         self.models_dir = models_dir
@@ -146,16 +148,19 @@ class Node:
                     and w.dead_reason != "stopped":
                 raise WorkerFailed(f"The distributed instance of {model_id} is not running "
                                    f"({w.dead_reason}). Launch it again.")
-            return await self._start(model_id, self.resolve(model_id), None)
+            return await self._start(model_id, self.resolve(model_id), None, self.kv_bits)
 
     async def start_worker(self, model_id: str, path: Path,
-                           dist_config: Path | None = None) -> WorkerHandle:
-        """Start (replacing any current one) the worker this node serves requests with."""
+                           dist_config: Path | None = None,
+                           kv_bits: int | None = None) -> WorkerHandle:
+        """Start (replacing any current one) the worker this node serves requests with;
+        `kv_bits` quantizes the KV of one that serves alone (a group's ranks read theirs
+        from the config)."""
         async with self._load_lock:
-            return await self._start(model_id, path, dist_config)
+            return await self._start(model_id, path, dist_config, kv_bits)
 
-    async def _start(self, model_id: str, path: Path, dist_config: Path | None
-                     ) -> WorkerHandle:
+    async def _start(self, model_id: str, path: Path, dist_config: Path | None,
+                     kv_bits: int | None = None) -> WorkerHandle:
         try:  # refused before the running worker is stopped
             await self.check_model(path)
         except ShoalError as e:
@@ -170,7 +175,8 @@ class Node:
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
-                         worker_args=self.worker_args)
+                         worker_args=self.worker_args + _kv_flags(
+                             None if dist_config else kv_bits))
         self.worker = w
         try:
             ready = await w.start()
@@ -258,3 +264,6 @@ class Node:
             self.worker.dead_reason = self.worker.dead_reason or "stopped"
             await self.worker.stop()
 
+
+def _kv_flags(bits: int | None) -> tuple[str, ...]:
+    return ("--kv-bits", str(bits)) if bits else ()

@@ -89,7 +89,7 @@ class ModelSpec:
     context: int = 32768
     model_type: str = ""
     shardable: bool = True
-    kv_bytes: int = 2  # the cache is kept in the activation dtype
+    kv_bytes: float = 2  # per value: the activation dtype, or quantized (kv_value_bytes)
     _raw: tuple[float, float] = field(default=(0.0, 0.0), init=False, repr=False,
                                       compare=False)
 
@@ -268,3 +268,9 @@ def quantized_bytes_per_param(quant: Any, dtype: str = "bfloat16") -> float:
                              f"numbers, got {dict(quant)}")
     scale = 1 if str(quant.get("mode", "affine")).startswith(("mx", "nv")) else 4
     return bits / 8 + scale / group
+
+
+def kv_value_bytes(bits: int | None) -> float:
+    """Bytes a KV value takes: 2 at 16 bits; quantized, bits / 8 plus a 16-bit scale and
+    bias per group of 64 (engine/runtime/quant_kv.py)."""
+    return 2.0 if bits is None else bits / 8 + 4 / 64

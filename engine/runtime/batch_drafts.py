@@ -41,10 +41,12 @@ def rewindable(cache: list[Any]) -> bool:
     """Whether every layer of a batch's cache can be rewound row by row."""
     from mlx_lm.models.cache import BatchKVCache, CacheList
 
+    from engine.runtime.quant_kv import BatchQuantKV
+
     def ok(c: Any) -> bool:
         if isinstance(c, CacheList):
             return all(ok(x) for x in c.caches)
-        return isinstance(c, BatchKVCache)
+        return isinstance(c, (BatchKVCache, BatchQuantKV))
     return all(ok(c) for c in cache)
 
 

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.runtime.batch_drafts import DraftedBatch, Row
 from engine.runtime.chunking import LARGEST, Chunker
 from engine.runtime.drafting import Drafting
 from engine.runtime.generate import ProgressFn, Record
@@ -119,11 +118,16 @@ class Batcher(Streams):
     operation happens on the scheduler thread; request threads only handle text."""
 
     def __init__(self, model: Any, tokenizer: Any, prefix: Any, streams: int,
-                 chunker: Chunker | None = None, drafting: Drafting | None = None):
+                 chunker: Chunker | None = None, drafting: Drafting | None = None,
+                 kv_bits: int | None = None):
         from mlx_lm.generate import BatchGenerator
+
+        from engine.runtime.batch_drafts import DraftedBatch
+        from engine.runtime.quant_kv import KV
 
         super().__init__()
         self.model, self.prefix, self.streams = model, prefix, streams
+        self.kv = KV.for_model(model, kv_bits)  # 8 or 4 bits (quant_kv.py), or 16
         self.chunker = chunker or Chunker()
         eos = [[int(t)] for t in tokenizer.eos_token_ids]
         self._eos = {t for (t,) in eos}
@@ -132,7 +136,7 @@ class Batcher(Streams):
         self.drafting = drafting if drafting is not None and _trimmable(model) else None
         self._gen = BatchGenerator(model, stop_tokens=eos, completion_batch_size=streams,
                                    prefill_batch_size=streams, prefill_step_size=LARGEST)
-        self._batch: DraftedBatch | None = None
+        self._batch: Any = None  # batch_drafts.DraftedBatch where requests may draft
         if self.drafting is not None:  # mlx-lm 0.32.2 never replaces its generation batch
             self._batch = DraftedBatch(model, self._gen.sampler, self.drafting.governor_for)
             self._gen._generation_batch = self._batch
@@ -202,14 +206,13 @@ class Batcher(Streams):
                 self._gen.remove([job.uid])
 
     def _add(self, job: Job) -> None:
-        from mlx_lm.models.cache import make_prompt_cache
-
+        from engine.runtime.batch_drafts import Row
         from engine.runtime.sampling import make_sampling
 
         job.sampler, job.processors = make_sampling(job.sampling, job.tokenizer)
         cache, job.cached = self.prefix.fetch(job.prompt)
         if cache is None:
-            cache = make_prompt_cache(self.model)
+            cache = self.kv.make(self.model)
         (uid,) = self._gen.insert([job.prompt[job.cached:]],
                                   max_tokens=[job.sampling.max_tokens], caches=[cache],
                                   all_tokens=[job.prompt[:job.cached]],

@@ -56,6 +56,7 @@ class DistConfig:
     coordinator: str | None = None
     prefix_cache_tokens: int = 0  # the prefix cache's budget, the same on every rank
     lanes: int = 1  # micro-batches a batching pipeline keeps in flight (group_batch.py)
+    kv_bits: int | None = None  # quantized KV on every rank (8 or 4; None: 16 bits)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistConfig:
@@ -69,6 +70,7 @@ class DistConfig:
             devices = d.get("devices")
             prefix_tokens = int(d.get("prefix_cache_tokens") or 0)
             lanes = int(d.get("lanes", 1))
+            kv_bits = None if d.get("kv_bits") is None else int(d["kv_bits"])
         except (KeyError, TypeError, ValueError) as e:
             raise BadDistConfig(f"The distributed config is incomplete or malformed ({e}).") from e
         if world < 2 or not 0 <= rank < world:
@@ -87,11 +89,14 @@ class DistConfig:
             devices = tuple(tuple(r) for r in devices)
         if timeout <= 0:
             raise BadDistConfig("timeout_s must be positive.")
+        if kv_bits not in (None, 4, 8):
+            raise BadDistConfig(f"kv_bits must be 8 or 4 (or absent for 16-bit KV), not "
+                                f"{kv_bits}.")
         if not 1 <= lanes <= max_lanes(strategy, world):
             raise BadDistConfig(f"lanes must be 1 to {world} for a pipeline (one per rank at "
                                 f"most), and 1 for tensor; not {lanes}.")
         return cls(rank, world, backend, hosts, bells, strategy, layers, timeout,
-                   devices, d.get("coordinator"), max(0, prefix_tokens), lanes)
+                   devices, d.get("coordinator"), max(0, prefix_tokens), lanes, kv_bits)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON the node writes (and from_dict reads back)."""

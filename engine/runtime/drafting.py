@@ -89,9 +89,10 @@ class Drafting:
 def drafted_generate(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
                      sampling: Sampling, cancel: threading.Event | None = None,
                      prefix: Any = None, progress: ProgressFn | None = None,
-                     fallback: Callable[..., Iterator[Record]] | None = None
-                     ) -> Iterator[Record]:
-    """engine.runtime.generate.generate with drafts where this request can have them."""
+                     fallback: Callable[..., Iterator[Record]] | None = None,
+                     kv: Any = None) -> Iterator[Record]:
+    """engine.runtime.generate.generate with drafts where this request can have them
+    (`kv`, an engine.runtime.quant_kv.KV, makes a fresh cache)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from engine.runtime.generate import generate
@@ -99,13 +100,14 @@ def drafted_generate(drafting: Drafting, model: Any, tokenizer: Any, prompt: lis
     plain = fallback or generate
     if not drafting.wanted(sampling) or len(prompt) < 1:
         yield from plain(model, tokenizer, prompt, sampling, cancel, prefix=prefix,
-                         progress=progress)
+                         progress=progress, kv=kv)
         return
     cache, cached = prefix.fetch(prompt) if prefix is not None else (None, 0)
-    cache = cache if cache is not None else make_prompt_cache(model)
+    if cache is None:
+        cache = kv.make(model) if kv is not None else make_prompt_cache(model)
     if not usable(cache):
         yield from plain(model, tokenizer, prompt, sampling, cancel, prefix=prefix,
-                         progress=progress)
+                         progress=progress, kv=kv)
         return
     yield from _run(drafting, model, tokenizer, prompt, sampling, cache, cached, cancel,
                     prefix, progress or (lambda c, d, t: None))

@@ -55,11 +55,12 @@ class _Cancelled(Exception):
 
 def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
              cancel: threading.Event | None = None, prefix: Any = None,
-             progress: ProgressFn | None = None) -> Iterator[Record]:
+             progress: ProgressFn | None = None, kv: Any = None) -> Iterator[Record]:
     """Stream records for `prompt`. Setting `cancel` ends the stream at the next token, or
     at the next prefill chunk, with finish_reason "cancelled". With a `prefix`
     (engine.runtime.prefix.PrefixCache) the prompt starts from the longest cached prefix,
-    and its KV is kept afterwards. `progress` hears how far the prefill is."""
+    and its KV is kept afterwards. `progress` hears how far the prefill is; `kv`
+    (engine.runtime.quant_kv.KV) makes a fresh cache (quantized, say)."""
     import mlx.core as mx
     from mlx_lm.generate import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
@@ -69,7 +70,8 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
     sampler, processors = make_sampling(sampling, tokenizer)
     stops = StopMatcher(sampling.stop)
     cache, cached = prefix.fetch(prompt) if prefix is not None else (None, 0)
-    cache = cache if cache is not None else make_prompt_cache(model)
+    if cache is None:
+        cache = kv.make(model) if kv is not None else make_prompt_cache(model)
     fed = list(prompt)  # every token the cache holds: mlx-lm feeds each one it yields
     tell = progress or (lambda cached, done, total: None)
     tell(cached, cached, len(prompt))

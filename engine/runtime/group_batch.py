@@ -195,16 +195,17 @@ class TensorSteps:
 
     lanes = 1
 
-    def __init__(self, model: Any, link: Link):
+    def __init__(self, model: Any, link: Link, kv: Any = None):
+        from engine.runtime.quant_kv import KV
         from engine.runtime.tensor import head_is_sharded
 
         self.model, self.link = model, link
+        self.kv = kv if kv is not None else KV()  # quantized KV or not (quant_kv.py)
         self.hidden, self.dtype = 0, DTYPES[0]
         self.body = model if head_is_sharded(model) else getattr(model, "model", model)
 
     def make_cache(self) -> list[Any]:
-        from mlx_lm.models.cache import make_prompt_cache
-        return list(make_prompt_cache(self.model))
+        return list(self.kv.make(self.model))
 
     def _run(self, plan: Plan, state: State, lead: bool) -> Outputs:
         import mlx.core as mx
@@ -450,7 +451,7 @@ def _trimmable(cache: list[Any]) -> bool:
     """Refused guesses can be trimmed from every layer's cache (no sliding window's ring,
     no recurrent state): the model's caches as rank 0 makes them (all layers)."""
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
-    return bool(cache) and all(type(c) in (KVCache, QuantizedKVCache) for c in cache)
+    return bool(cache) and all(isinstance(c, (KVCache, QuantizedKVCache)) for c in cache)
 
 
 def _prefilled(seq: Seq, n: int) -> None:

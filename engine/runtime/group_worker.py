@@ -80,6 +80,14 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         fatal("peer_lost", f"Rank {cfg.rank}: nothing happened for {cfg.timeout_s:.0f} s while "
               f"{what}; the group is stuck or a peer is frozen.", peer=peer)
 
+    from engine.runtime.load import read_config
+    from engine.runtime.quant_kv import KV
+    try:  # before the group forms, so every rank refuses alike (none sees a peer go)
+        kv = KV.for_config(read_config(Path(model_path)), cfg.kv_bits)
+    except ValueError as e:
+        fatal("kv_bits_refused", f"Couldn't quantize the KV cache of {model_id}: {e}")
+    except ShoalError:  # an unreadable config.json: loading says what is wrong with it
+        kv = KV()
     bell = Doorbell(cfg, on_lost=fatal.peer_lost, on_quit=on_quit)
     watchdog = Watchdog(cfg.timeout_s, on_expire)
     try:
@@ -96,6 +104,8 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         if why and streams > 1 and cfg.rank == 0:
             log.warning("%s", why)
             streams = 1
+        if cfg.strategy == "pipeline":  # every rank's KV alike: 16 bits, or 8 or 4
+            model.quantize_kv(kv)
         drafts = None
         if cfg.rank == 0 and streams > 1 and drafting is not None:
             try:  # before the others wait on rank 0 (asleep, on the doorbell)
@@ -134,7 +144,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     prefix = PrefixCache(cfg.prefix_cache_tokens, leader=cfg.rank == 0)
     if streams > 1:  # requests decode together (engine/runtime/group_batch.py)
         from engine.runtime.group_batch import GroupBatcher, serve_follower
-        steps = _steps(cfg.strategy, model, link)
+        steps = _steps(cfg.strategy, model, link, kv)
         if cfg.rank != 0:
             serve_follower(steps, link, prefix)  # ends by quit or fatal
         gen: Callable[..., Iterator[Any]] = GroupBatcher(
@@ -142,8 +152,8 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
             on_fatal=lambda why: fatal("group_failed", why), drafting=drafts)
     else:
         if cfg.rank != 0:
-            _follower(cfg.strategy, model, link, prefix).serve()  # ends by quit or fatal
-        gen = _lockstep(_leader(cfg.strategy, model, link, prefix), fatal)
+            _follower(cfg.strategy, model, link, prefix, kv).serve()  # quit or fatal end it
+        gen = _lockstep(_leader(cfg.strategy, model, link, prefix, kv), fatal)
 
     def on_request(rid: str, active: bool) -> None:
         (fatal.inflight.add if active else fatal.inflight.discard)(rid)
@@ -201,22 +211,24 @@ def _lockstep(runner: Any, fatal: Any) -> Callable[..., Iterator[Any]]:
     return generate
 
 
-def _steps(strategy: str, model: Any, link: Any) -> Any:
+# A pipeline's Stage makes its caches (quantized by Stage.quantize_kv); tensor ranks get `kv`.
+def _steps(strategy: str, model: Any, link: Any, kv: Any) -> Any:
     from engine.runtime.group_batch import PipelineSteps, TensorSteps
-    return PipelineSteps(model, link) if strategy == "pipeline" else TensorSteps(model, link)
+    return PipelineSteps(model, link) if strategy == "pipeline" else \
+        TensorSteps(model, link, kv)
 
 
-def _leader(strategy: str, model: Any, link: Any, prefix: Any) -> Any:
+def _leader(strategy: str, model: Any, link: Any, prefix: Any, kv: Any) -> Any:
     if strategy == "pipeline":
         from engine.runtime.pipeline import PipelineLeader
         return PipelineLeader(model, link, model.hidden, model.dtype, prefix)
     from engine.runtime.tensor import TensorLeader
-    return TensorLeader(model, link, prefix)
+    return TensorLeader(model, link, prefix, kv)
 
 
-def _follower(strategy: str, model: Any, link: Any, prefix: Any) -> Any:
+def _follower(strategy: str, model: Any, link: Any, prefix: Any, kv: Any) -> Any:
     if strategy == "pipeline":
         from engine.runtime.pipeline import PipelineFollower
         return PipelineFollower(model, link, prefix)
     from engine.runtime.tensor import TensorFollower
-    return TensorFollower(model, link, prefix)
+    return TensorFollower(model, link, prefix, kv)

@@ -222,6 +222,11 @@ class Stage:
     def make_cache(self) -> list[Any]:
         return copy.deepcopy(self._cache)
 
+    def quantize_kv(self, kv: Any) -> None:
+        """Every cache made from now on keeps its KV as `kv` (engine.runtime.quant_kv.KV)
+        says."""
+        self._cache = kv.quantize(self._cache)
+
     def __call__(self, x: Any, cache: list[Any]) -> Any:
         """Token ids (rank 0) or the previous rank's hidden states in; this rank's output
         hidden states out."""

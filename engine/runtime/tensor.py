@@ -35,8 +35,12 @@ def _prefill(model: Any, link: Link, prompt: Any, cache: list[Any]) -> Any:
 class TensorLeader:
     """Rank 0 of a tensor parallel group: runs the whole model and returns logits."""
 
-    def __init__(self, model: Any, link: Link, prefix: PrefixCache | None = None):
+    def __init__(self, model: Any, link: Link, prefix: PrefixCache | None = None,
+                 kv: Any = None):
+        from engine.runtime.quant_kv import KV
+
         self.model, self.link = model, link
+        self.kv = kv if kv is not None else KV()  # quantized KV or not (quant_kv.py)
         self.cache: list[Any] = []
         self.prefix = prefix if prefix is not None else PrefixCache(0)
         self.fed: list[int] = []   # the tokens the cache holds
@@ -52,12 +56,11 @@ class TensorLeader:
     def start(self, prompt: list[int], sampling: Sampling) -> Any:
         """Logits for the prompt's last position (1, vocab)."""
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
 
         link = self.link
         link.new_request()
         cache, self.cached = self.prefix.fetch(prompt)
-        self.cache = cache if cache is not None else make_prompt_cache(self.model)
+        self.cache = cache if cache is not None else self.kv.make(self.model)
         link.bell.ring(REQUEST)
         link.all_sum(Header(len(prompt), 0, DTYPES[0], sampling, self.cached,
                             len(self.prefix), len(self.prev)).encode())
@@ -96,8 +99,12 @@ def head_is_sharded(model: Any) -> bool:
 class TensorFollower:
     """Ranks 1…n-1: compute the layers' slices; the head and sampling are rank 0's."""
 
-    def __init__(self, model: Any, link: Link, prefix: PrefixCache | None = None):
+    def __init__(self, model: Any, link: Link, prefix: PrefixCache | None = None,
+                 kv: Any = None):
+        from engine.runtime.quant_kv import KV
+
         self.model, self.link = model, link
+        self.kv = kv if kv is not None else KV()
         self.prefix = prefix if prefix is not None else PrefixCache(0, leader=False)
         # The head's slice must run with the other ranks' where it is sharded; otherwise
         # the body (layers and norm) is enough.
@@ -105,11 +112,10 @@ class TensorFollower:
 
     def serve(self) -> None:
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
 
         link, cfg = self.link, self.link.cfg
         last = cfg.rank == cfg.world - 1
-        busy, cache = False, []
+        busy, cache = False, list[Any]()
         done: list[Any] = []
         while True:
             op = link.wait(busy)
@@ -123,7 +129,7 @@ class TensorFollower:
                                                   hdr.n_keep, done)
                 if problem:
                     link.fail(problem)
-                cache = hit if hit is not None else make_prompt_cache(self.model)
+                cache = hit if hit is not None else self.kv.make(self.model)
                 busy, done = True, []
                 tokens = _prefill(self.model, link, ids[hdr.n_cached:hdr.n_prompt], cache)
                 self.prefix.mark(ids.tolist()[:hdr.n_prompt], cache)

@@ -136,18 +136,21 @@ def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
 
 
 def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], streams: int,
-                          prefix_tokens: int, drafting: Any = None
+                          prefix_tokens: int, drafting: Any = None, kv_bits: int | None = None
                           ) -> tuple[Callable[..., Iterator[Any]], int]:
     """(the generator a one-process worker serves with, the requests it takes at once):
     mlx-lm's BatchGenerator for several, one at a time where the family can't batch; with
-    `drafting` (engine.runtime.drafting.Drafting) a request alone decodes with drafts."""
+    `drafting` (engine.runtime.drafting.Drafting) requests decode with drafts; `kv_bits`
+    quantizes the KV (a ValueError where the model's heads can't be)."""
     from functools import partial
 
     from engine.placement.families import batching_refusal
     from engine.runtime.drafting import Drafting, drafted_generate
     from engine.runtime.prefix import PrefixCache
+    from engine.runtime.quant_kv import KV
 
     drafting = drafting if drafting is not None else Drafting(enabled=False)
+    kv = KV.for_model(model, kv_bits)
 
     prefix, streams = PrefixCache(prefix_tokens), max(1, streams)
     why = batching_refusal(str(config.get("model_type")))
@@ -156,8 +159,9 @@ def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], st
         streams = 1
     if streams > 1:
         from engine.runtime.batching import Batcher
-        return Batcher(model, tokenizer, prefix, streams, drafting=drafting), streams
-    return partial(drafted_generate, drafting, prefix=prefix), 1
+        return Batcher(model, tokenizer, prefix, streams, drafting=drafting,
+                       kv_bits=kv_bits), streams
+    return partial(drafted_generate, drafting, prefix=prefix, kv=kv), 1
 
 
 def load_drafting(args: argparse.Namespace, tokenizer: Any) -> Any:
@@ -206,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                    "lookup")
     p.add_argument("--draft-tokens", type=int, default=6, choices=range(1, 17),
                    metavar="1..16", help="the most guesses per pass (default 6)")
+    p.add_argument("--kv-bits", type=int, default=None, choices=(4, 8),
+                   help="quantize the KV cache to 8 or 4 bits (default: the model's 16; "
+                        "a group takes its ranks' from --dist)")
     args = p.parse_args(argv)
     if args.dist is not None and argv is None:
         _reexec_with_quiet_blas_threads()
@@ -245,8 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("the draft model %s can't be used", args.draft_model)
         emit(Fatal("draft_refused", f"Couldn't use the draft model {args.draft_model}: {e}"))
         return 1
-    gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget,
-                                         drafting)
+    try:
+        gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget,
+                                             drafting, args.kv_bits)
+    except ValueError as e:  # quantized KV this model's heads can't take
+        emit(Fatal("kv_bits_refused", f"Couldn't quantize the KV cache of "
+                                      f"{args.model_id}: {e}"))
+        return 1
     emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams))
     serve(model, tokenizer, ctx, emit, gen=gen, concurrent=streams > 1)
     return 0

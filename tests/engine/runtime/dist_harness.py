@@ -122,13 +122,14 @@ class Group:
                  layers: list[list[int]] | None = None, timeout_s: float = 20,
                  env: dict[str, str] | None = None, prefix_cache_tokens: int = 8192,
                  streams: int = 1, lanes: int = 1, prefix: list[str] | None = None,
-                 args: tuple[str, ...] = ()):
+                 args: tuple[str, ...] = (), kv_bits: int | None = None):
         ports = free_ports(2 * world)
         self.config = {"world": world, "backend": "ring", "strategy": strategy,
                        "hosts": [f"127.0.0.1:{p}" for p in ports[:world]],
                        "bells": [f"127.0.0.1:{p}" for p in ports[world:]],
                        "layers": layers or [], "timeout_s": timeout_s,
-                       "prefix_cache_tokens": prefix_cache_tokens, "lanes": lanes}
+                       "prefix_cache_tokens": prefix_cache_tokens, "lanes": lanes,
+                       "kv_bits": kv_bits}
         tmp.mkdir(parents=True, exist_ok=True)
         self.ranks: list[Worker] = []
         for r in range(world):

@@ -324,6 +324,45 @@ def test_prefix_cache_with_linear_attention_state(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+def test_a_group_keeps_quantized_kv_on_every_rank(tmp_path, strategy):
+    """kv_bits 8 in the group's config: every rank keeps its layers' KV at 8 bits, and the
+    answers (greedy and penalised, two at once, then a prefix-cache hit) are the one
+    process's with --kv-bits 8. A model whose heads can't be quantized is refused at
+    start, naming kv_bits' problem."""
+    wide = make_tiny_model(tmp_path / "wide", hidden_size=256,  # 64-wide heads
+                           num_hidden_layers=6)
+    asks = [(REQUESTS[0][0], {"max_tokens": 20}), (REQUESTS[2][0], REQUESTS[2][1])]
+    w = Worker(["--model", str(wide), "--model-id", "m", "--kv-bits", "8", "--streams",
+                "4"], tmp_path / "single.log")
+    try:
+        w.expect(lambda e: e["ev"] == "ready")
+        want = [texts(generate(w, f"ref{i}", m, **s)) for i, (m, s) in enumerate(asks)]
+    finally:
+        w.kill()
+    group = Group(tmp_path / "g", wide, 2, strategy,
+                  SPLITS[2] if strategy == "pipeline" else None, streams=4, kv_bits=8)
+    try:
+        group.ready()
+        send_all(group.leader, asks, "q")
+        got = collect_all(group.leader, ["q0", "q1"])
+        assert [texts(got["q0"]), texts(got["q1"])] == want
+        again = generate(group.leader, "again", *asks[0][:1], **asks[0][1])
+        assert texts(again) == want[0] and again[-1]["cached_tokens"] > 0
+        assert group.shutdown() == [0, 0]
+    finally:
+        group.kill()
+    narrow = Group(tmp_path / "n", make_tiny_model(tmp_path / "narrow", num_hidden_layers=6),
+                   2, strategy,
+                   SPLITS[2] if strategy == "pipeline" else None, streams=4, kv_bits=4)
+    try:
+        ev = narrow.leader.expect(lambda e: e["ev"] in ("ready", "fatal"), 90)
+        assert ev["ev"] == "fatal" and ev["code"] == "kv_bits_refused", ev
+        assert "heads are [16] wide" in ev["message"]
+    finally:
+        narrow.kill()
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
 def test_a_group_drafts_with_a_draft_model_on_rank_0(models, tmp_path, strategy):
     """Rank 0 loads the node's draft model and drafts for the group: here the target
     itself (so every greedy guess is kept), for two requests at once, and the answers are
