@@ -166,7 +166,11 @@ class Tray(QObject):
         model = self.status.get("model")
         running = bool(model) and (self.status.get("runner") or {}).get("type") in (
             "Ready", "Loading")
-        text = f"Model: {model}" if model else "No model running"
+        runner = self.status.get("runner") or {}
+        gone = runner.get("unloaded") if runner.get("type") == "Idle" else None
+        text = f"Model: {model}" if model else \
+            f"{gone} unloaded (unused); the next request loads it" if gone else \
+            "No model running"
         if model and self.speed:
             text += f" · {fmt_tps(self.speed)} tokens/s" + (" now" if self.live else "")
         if self.watts is not None:

@@ -55,17 +55,6 @@ def decode_tps(records: list) -> float:
     return records[-1].generation_tps
 
 
-def as_a_worker_runs() -> None:
-    """Run with the environment a worker process gets (OpenBLAS preloaded on Linux: without
-    it a pass of 7 tokens costs 6x one token on this CPU instead of 1.3x)."""
-    import os
-
-    from engine.runtime.cpu import worker_env
-    env = worker_env()
-    if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", ""):
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-
-
 def pipeline(tokens: int, rounds: int) -> None:
     import os
     import shutil
@@ -181,6 +170,7 @@ def batched(size: int, tokens: int, rounds: int) -> None:
 
 
 def main() -> None:
+    from benchmarks.worker_env import as_a_worker_runs
     as_a_worker_runs()
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=160)

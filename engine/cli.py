@@ -32,9 +32,18 @@ def _cmd_node(a: argparse.Namespace) -> int:
         print("shoal node: --max-streams must be 1 or more, --queue-wait, --stall-timeout and "
               "--max-body-mb above 0.", file=sys.stderr)
         return 2
+    if a.prefix_disk_gb < 0:
+        print("shoal node: --prefix-disk-gb must be 0 (off) or more.", file=sys.stderr)
+        return 2
     if not 1 <= a.draft_tokens <= 16:
         print(f"shoal node: --draft-tokens must be 1 to 16 (got {a.draft_tokens}).",
               file=sys.stderr)
+        return 2
+    from engine.node.state import duration_seconds
+    try:
+        unload_after = duration_seconds(a.unload_after)
+    except ValueError as e:
+        print(f"shoal node: --unload-after: {e}.", file=sys.stderr)
         return 2
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(NodeConfig(
@@ -49,7 +58,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
         max_body_mb=a.max_body_mb, max_streams=a.max_streams, queue_wait_s=a.queue_wait,
         stall_s=a.stall_timeout, speculative=a.speculative == "on",
         draft_model=a.draft_model, draft_tokens=a.draft_tokens,
-        kv_bits=int(a.kv_bits) if a.kv_bits in ("8", "4") else None)))
+        kv_bits=int(a.kv_bits) if a.kv_bits in ("8", "4") else None,
+        keep_alive_s=unload_after, prefix_disk_gb=a.prefix_disk_gb)))
     # Everything is closed and every worker reaped. Leave without C++ static destructors:
     # MLX (imported for this machine's facts) can still hold a thread then, and a joinable
     # std::thread destroyed at exit aborts the process (seen once: exit code -6 after a
@@ -173,6 +183,16 @@ def parser() -> argparse.ArgumentParser:
                    help="the KV cache's bits: 16 (the model's own), or quantized to 8 or "
                         "4 for about 1.9x or 3.6x the context (default 16, or "
                         "SHOAL_KV_BITS); a launch may choose its own")
+    n.add_argument("--prefix-disk-gb", type=float, metavar="GB",
+                   default=float(os.environ.get("SHOAL_PREFIX_DISK_GB", "0") or 0),
+                   help="keep finished prompts' KV on disk too, up to this much per model, "
+                        "so it survives restarts (in HOME/cache/prefix; default 0: off, or "
+                        "SHOAL_PREFIX_DISK_GB)")
+    n.add_argument("--unload-after", metavar="DURATION",
+                   default=os.environ.get("SHOAL_UNLOAD_AFTER", "never"),
+                   help="unload a model nobody used for this long (e.g. 10m, 1h; the next "
+                        "request loads it again; an Ollama request's keep_alive sets its "
+                        "own); default never, or SHOAL_UNLOAD_AFTER")
     n.add_argument("--max-streams", type=int, default=8, metavar="N",
                    help="requests decoded together on this node (default 8); more wait")
     n.add_argument("--queue-wait", type=float, default=60.0, metavar="SECONDS",

@@ -23,6 +23,7 @@ from engine.api.ollama_schemas import (
 from engine.api.render import Answer, Context, drafts
 from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest, ModelNotFound
+from engine.node.state import duration_seconds
 
 routes = web.RouteTableDef()
 OLLAMA_VERSION = "0.12.0"  # the Ollama API level these routes follow
@@ -90,7 +91,10 @@ async def ps(request: web.Request) -> web.Response:
     if loaded is None:
         return web.json_response({"models": []})
     m = await _find(request, loaded)
-    return web.json_response({"models": [{**_entry(m), "expires_at": "2100-01-01T00:00:00Z",
+    left = backend(request).expires_in(loaded)  # None: kept loaded until it is stopped
+    expires = "2100-01-01T00:00:00Z" if left is None else \
+        _now(datetime.now(UTC).timestamp() + left)
+    return web.json_response({"models": [{**_entry(m), "expires_at": expires,
                                           "size_vram": m.size_bytes,
                                           "context_length": m.context_length}]})
 
@@ -203,10 +207,24 @@ class OllamaRenderer:
         return out
 
 
+def keep_alive_seconds(v: Any) -> float | None:
+    """Ollama's keep_alive (engine.node.state.duration_seconds), or a 400 naming it."""
+    try:
+        return duration_seconds(v)
+    except ValueError as e:
+        raise BadRequest(f"keep_alive: {e}", param="keep_alive") from None
+
+
+def _keep(request: web.Request, model: str, keep_alive: Any) -> None:
+    if keep_alive is not None:
+        backend(request).keep_alive(model, keep_alive_seconds(keep_alive))
+
+
 async def _load_only(request: web.Request, model: str, chat: bool,
                      keep_alive: Any) -> web.Response:
     """An empty request loads the model (or, with keep_alive 0, unloads it), as Ollama."""
-    if keep_alive in (0, "0", "0s", "0m"):
+    _keep(request, model, keep_alive)
+    if keep_alive is not None and keep_alive_seconds(keep_alive) == 0:
         await backend(request).unload(model)
         reason = "unload"
     else:
@@ -219,13 +237,17 @@ async def _load_only(request: web.Request, model: str, chat: bool,
 
 
 async def _chat_load(request: web.Request, body: ChatRequest) -> web.Response | None:
-    return await _load_only(request, body.model, True, body.keep_alive) \
-        if not body.messages else None
+    if body.messages:  # a request to answer: its keep_alive holds from now on
+        _keep(request, body.model, body.keep_alive)
+        return None
+    return await _load_only(request, body.model, True, body.keep_alive)
 
 
 async def _generate_load(request: web.Request, body: GenerateRequest) -> web.Response | None:
-    return await _load_only(request, body.model, False, body.keep_alive) \
-        if not body.prompt and not body.raw else None
+    if body.prompt or body.raw:
+        _keep(request, body.model, body.keep_alive)
+        return None
+    return await _load_only(request, body.model, False, body.keep_alive)
 
 
 routes.post("/api/chat")(handler(Endpoint(

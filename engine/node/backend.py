@@ -46,6 +46,12 @@ class NodeBackend:
         if self.loaded_model() == model:
             await self.node.unload()
 
+    def keep_alive(self, model: str, seconds: float | None) -> None:
+        self.node.keep_alive[model] = seconds
+
+    def expires_in(self, model: str) -> float | None:
+        return self.node.expires_in(model)
+
     @contextlib.asynccontextmanager
     async def generate(self, model: str | None,
                        req: wire.GenerateRequest) -> AsyncIterator[Started]:

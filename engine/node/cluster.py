@@ -100,7 +100,7 @@ class Cluster:
         path = self.node.resolve(model)
         config = self.model_config(model)
         return {"model_config": config, "weight_bytes": memory_bytes(path, config),
-                "model_context": model_context(config)}
+                "model_context": self.node.model_settings.capped(model, model_context(config))}
 
     def plan_inputs(self, model: str) -> dict[str, Any]:
         """plan_from_cluster's node_infos, links and model facts for `model` here."""
@@ -246,7 +246,8 @@ class Cluster:
             coordinator=f"{got[0]['host']}:{got[0]['ports'][0]}" if inst.devices else None,
             # the prefix cache budget every rank shares (the planner counts it)
             prefix_cache_tokens=default_budget(context), lanes=inst.lanes,
-            kv_bits=inst.kv_bits)
+            kv_bits=inst.kv_bits,
+            context_limit=self.node.model_settings.context_limit(inst.model))
         # 2. start every rank at once (MLX's init needs them all)
         starts = [self.peers.call(r.url, "POST", "/shoal/peer/start",
                                   {"instance": inst.id, "model": inst.model,

@@ -251,6 +251,32 @@ async def cancel_download(request: web.Request) -> web.Response:
     return web.json_response(d.public())
 
 
+@routes.put("/shoal/models/{id:.+}/settings")
+async def model_settings(request: web.Request) -> web.Response:
+    """{"context_limit": N | null}: serve the model with less context than it declares
+    (less KV memory). The listings and the planner use it at once; a loaded model gets it
+    when it next loads."""
+    model_id = request.match_info["id"]
+    node = request.app["node"]
+    body = await json_object(request, "Send {\"context_limit\": TOKENS or null}.",
+                             "context_limit")
+    unknown = sorted(set(body) - {"context_limit"})
+    if unknown:
+        raise BadRequest(f"Unknown setting {unknown[0]!r}: a model has context_limit.",
+                         param=unknown[0])
+    model = next((m for m in node.local_models() if m.id == model_id), None)
+    if model is None:
+        raise ModelNotFound(f"No model {model_id!r} on this node.", param="id")
+    from engine.runtime.checkpoint import model_context, read_config
+    declared = model_context(await asyncio.to_thread(read_config, model.path))
+    node.model_settings.set_context_limit(model_id, body.get("context_limit"), declared)
+    loaded = getattr(node.runner, "model", None) == model_id
+    return web.json_response({
+        "model": model_id, "context_limit": node.model_settings.context_limit(model_id),
+        "context_length": node.model_settings.capped(model_id, declared),
+        "declared_context": declared, "applies": "next load" if loaded else "now"})
+
+
 @routes.delete("/shoal/models/{id:.+}")
 async def remove_model(request: web.Request) -> web.Response:
     model_id = request.match_info["id"]

@@ -59,6 +59,8 @@ class NodeConfig:
     draft_model: str | None = None  # a model id or folder; None: prompt lookup
     draft_tokens: int = 6  # the most guesses per verify pass
     kv_bits: int | None = None  # quantized KV (8 or 4) for launches that don't choose
+    keep_alive_s: float | None = None  # unload a model unused this long (None: never)
+    prefix_disk_gb: float = 0.0  # the prefix cache's disk tier per model (0: off)
 
 
 def draft_folder(cfg: NodeConfig, models: Path) -> Path | None:
@@ -131,6 +133,8 @@ async def run_node(cfg: NodeConfig) -> None:
     draft_args = drafting_args(cfg, draft)
     node = Node(home, mdir, default_model=default, port=cport, max_streams=cfg.max_streams,
                 queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s, kv_bits=cfg.kv_bits,
+                keep_alive_s=cfg.keep_alive_s,
+                prefix_disk_bytes=int(cfg.prefix_disk_gb * 1e9),
                 worker_args=draft_args)
     ident = load_identity(home)
     store = SecretStore(home)
@@ -191,6 +195,7 @@ async def run_node(cfg: NodeConfig) -> None:
                                        lambda: _default_model(mdir))
         elif default:
             node.load_in_background(default)
+        node.keep(asyncio.create_task(node.unload_when_idle()))
         await stop.wait()
     finally:
         log.info("node stopping")

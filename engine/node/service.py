@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,18 @@ class Node:
     def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
                  token_timeout: float = 300.0, port: int = 0, max_streams: int = 8,
                  queue_wait_s: float = 60.0, worker_args: tuple[str, ...] = (),
-                 kv_bits: int | None = None):
+                 kv_bits: int | None = None, keep_alive_s: float | None = None,
+                 prefix_disk_bytes: int = 0):
         self.home = home
+        # a model unused this long is unloaded (None: never); a request may set its own
+        self.keep_alive_s = keep_alive_s
+        self.keep_alive: dict[str, float | None] = {}  # model -> what its last request set
+        from engine.node.model_settings import ModelSettings
+        self.model_settings = ModelSettings(home)  # e.g. a context limit per model
+        self._used = time.monotonic()  # when the last request ended
         self.worker_args = worker_args  # extra flags for its workers (drafting)
         self.kv_bits = kv_bits  # quantized KV for launches that don't choose (8, 4)
+        self.prefix_disk_bytes = prefix_disk_bytes  # per model, one-process workers only
         self.max_streams, self.queue_wait_s = max_streams, queue_wait_s
         self.port = port
         self.models_dir = models_dir
@@ -91,8 +100,12 @@ class Node:
 
     # --- models ----------------------------------------------------------------------
     def local_models(self) -> list[Any]:
+        """The models here, each with the context it runs with (the user's limit)."""
+        from dataclasses import replace
+
         from engine.hub.local import list_local_models
-        return list_local_models(self.models_dir)
+        return [replace(m, context_length=self.model_settings.capped(m.id, m.context_length))
+                if m.context_length else m for m in list_local_models(self.models_dir)]
 
     def resolve(self, model_id: str) -> Path:
         from engine.hub.local import find_local_model, why_unusable
@@ -159,6 +172,14 @@ class Node:
         async with self._load_lock:
             return await self._start(model_id, path, dist_config, kv_bits)
 
+    def _disk_flags(self, dist_config: Path | None) -> tuple[str, ...]:
+        """The prefix cache's disk tier, for a worker serving alone (a group's ranks must
+        find the same entries, which a disk of its own per node can't promise)."""
+        if dist_config is not None or self.prefix_disk_bytes <= 0:
+            return ()
+        return ("--prefix-disk", str(self.home / "cache" / "prefix"),
+                "--prefix-disk-bytes", str(self.prefix_disk_bytes))
+
     async def _start(self, model_id: str, path: Path, dist_config: Path | None,
                      kv_bits: int | None = None) -> WorkerHandle:
         try:  # refused before the running worker is stopped
@@ -175,8 +196,9 @@ class Node:
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
-                         worker_args=self.worker_args + _kv_flags(
-                             None if dist_config else kv_bits))
+                         worker_args=self.worker_args + (() if dist_config else _solo_flags(
+                             kv_bits, self.model_settings.context_limit(model_id)))
+                         + self._disk_flags(dist_config))
         self.worker = w
         try:
             ready = await w.start()
@@ -245,17 +267,44 @@ class Node:
                 self._set(Failed(self.runner.model, ev.reason))
 
     def on_turn(self, busy: bool) -> None:
+        self._used = time.monotonic()
         r = self.runner
         if isinstance(r, Ready):
             self._set(Ready(r.model, r.context_length, r.pid, generating=busy))
 
-    async def unload(self) -> None:
+    async def unload(self, idle: Idle | None = None) -> None:
         async with self._load_lock:
             if self.worker is not None:
                 self.worker.dead_reason = "stopped"
                 await self.worker.stop()
                 self.worker = None
-            self._set(Idle())
+            self._set(idle or Idle())
+
+    def idle_limit(self, model: str) -> float | None:
+        """Seconds `model` may sit unused before it is unloaded (None: never)."""
+        return self.keep_alive.get(model, self.keep_alive_s)
+
+    def expires_in(self, model: str) -> float | None:
+        """Seconds until the loaded `model` unloads if nobody uses it (None: never)."""
+        limit, w = self.idle_limit(model), self.worker
+        if limit is None or w is None or w.dist_config is not None:
+            return None
+        return limit if w.in_flight else max(0.0, limit - (time.monotonic() - self._used))
+
+    async def unload_when_idle(self, every: float = 1.0) -> None:
+        """Unload a one-process model nobody used for its keep-alive (as Ollama does);
+        the next request for it loads it again. Runs until cancelled."""
+        while True:
+            await asyncio.sleep(every)
+            w, r = self.worker, self.runner
+            if w is None or not w.alive or w.dist_config is not None or w.in_flight \
+                    or not isinstance(r, Ready):
+                continue
+            limit, unused = self.idle_limit(r.model), time.monotonic() - self._used
+            if limit is not None and unused >= limit:
+                log.info("unloading %s: unused for %.0f s (keep-alive %.0f s)", r.model,
+                         unused, limit)
+                await self.unload(Idle(unloaded=r.model, idle_s=round(unused, 1)))
 
     async def close(self) -> None:
         for t in list(self._tasks):
@@ -265,5 +314,7 @@ class Node:
             await self.worker.stop()
 
 
-def _kv_flags(bits: int | None) -> tuple[str, ...]:
-    return ("--kv-bits", str(bits)) if bits else ()
+def _solo_flags(kv_bits: int | None, context_limit: int | None) -> tuple[str, ...]:
+    """A one-process worker's flags for what a group's ranks read from their config."""
+    return (*(("--kv-bits", str(kv_bits)) if kv_bits else ()),
+            *(("--context-limit", str(context_limit)) if context_limit else ()))

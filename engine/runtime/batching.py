@@ -143,14 +143,24 @@ class Batcher(Streams):
         # linear-attention state and sliding windows can't be rewound: keep a copy at each
         # prompt's end
         self._recurrent = prefix.budget_tokens > 0 and not _trimmable(model)
+        self._resting = threading.Event()  # nothing in flight, every finish kept
         threading.Thread(target=self._run, name="batcher", daemon=True).start()
+
+    def rest(self, timeout: float) -> bool:
+        """Wait (bounded) until the last request's KV is kept (in memory and, with a disk
+        tier, on disk): a worker shutting down right after an answer must not cut the
+        write short."""
+        return self._resting.wait(timeout)
 
     # --- the scheduler thread -------------------------------------------------------------
     def _run(self) -> None:
         from engine.runtime.sampling import token_logprobs
 
         while True:
+            if not self._jobs:
+                self._resting.set()
             self._take(block=not self._jobs)
+            self._resting.clear()
             if not self._jobs:
                 continue
             try:

@@ -57,6 +57,7 @@ class DistConfig:
     prefix_cache_tokens: int = 0  # the prefix cache's budget, the same on every rank
     lanes: int = 1  # micro-batches a batching pipeline keeps in flight (group_batch.py)
     kv_bits: int | None = None  # quantized KV on every rank (8 or 4; None: 16 bits)
+    context_limit: int | None = None  # the user's limit below the model's context
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DistConfig:
@@ -71,6 +72,7 @@ class DistConfig:
             prefix_tokens = int(d.get("prefix_cache_tokens") or 0)
             lanes = int(d.get("lanes", 1))
             kv_bits = None if d.get("kv_bits") is None else int(d["kv_bits"])
+            limit = None if d.get("context_limit") is None else int(d["context_limit"])
         except (KeyError, TypeError, ValueError) as e:
             raise BadDistConfig(f"The distributed config is incomplete or malformed ({e}).") from e
         if world < 2 or not 0 <= rank < world:
@@ -96,7 +98,8 @@ class DistConfig:
             raise BadDistConfig(f"lanes must be 1 to {world} for a pipeline (one per rank at "
                                 f"most), and 1 for tensor; not {lanes}.")
         return cls(rank, world, backend, hosts, bells, strategy, layers, timeout,
-                   devices, d.get("coordinator"), max(0, prefix_tokens), lanes, kv_bits)
+                   devices, d.get("coordinator"), max(0, prefix_tokens), lanes, kv_bits,
+                   limit if limit and limit > 0 else None)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON the node writes (and from_dict reads back)."""

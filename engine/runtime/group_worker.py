@@ -133,7 +133,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         log.exception("starting rank %d failed", cfg.rank)
         fatal("load_failed", f"Rank {cfg.rank} couldn't load {model_path}: {e}")
 
-    ctx = model_context(config)
+    ctx = min(model_context(config), cfg.context_limit or 1 << 62)
     from engine.protocol import RankReady, Ready
     emit(Ready(model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams,
                RankReady(cfg.rank, cfg.world, cfg.strategy, list(info.layers),

@@ -9,6 +9,8 @@
 - Eviction is LRU within a token budget and an entry count, both identical on every rank
   of a group; followers don't evict by themselves but trim to the count rank 0 kept, so
   their tries hold the same keys and make the same decision for every prompt.
+- With a disk tier (engine/runtime/disk_cache.py, one process only) finished prompts are
+  also written to the SSD, and a lookup that finds more there than in memory loads it.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ def default_budget(context_length: int) -> int:
 
 
 class PrefixCache:
-    def __init__(self, budget_tokens: int, max_entries: int = 16, leader: bool = True):
+    def __init__(self, budget_tokens: int, max_entries: int = 16, leader: bool = True,
+                 disk: Any = None):
         from mlx_lm.models.cache import LRUPromptCache
 
         self.budget_tokens, self.leader = budget_tokens, leader
+        self.disk = disk  # engine.runtime.disk_cache.DiskCache, or None
         self.lru = LRUPromptCache(max_size=max_entries if leader else 1 << 30)
         self.hits = self.lookups = 0
         self._snapshot: tuple[list[int], list[Any]] | None = None
@@ -59,6 +63,9 @@ class PrefixCache:
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         cache, rest = self.lru.fetch_nearest_cache(KEY, prompt)
+        if self.disk is not None and self._from_disk(prompt, len(prompt) - len(rest)
+                                                     if cache is not None else 0):
+            cache, rest = self.lru.fetch_nearest_cache(KEY, prompt)
         if cache is not None and not rest:  # an exact hit: its last token must run again
             if can_trim_prompt_cache(cache):
                 trim_prompt_cache(cache, 1)
@@ -95,7 +102,28 @@ class PrefixCache:
         snap, self._snapshot = self._snapshot, None
         for key, c in ([snap] if snap else []) + [(tokens, cache)]:
             self._store(key, c)
+            if self.disk is not None:
+                self.disk.put(list(key), c)
         self._evict()
+
+    def _from_disk(self, prompt: list[int], have: int) -> bool:
+        """Load the disk's best entry for `prompt` into memory where it holds more than
+        the `have` tokens memory does."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        trimmable = self.disk.trimmable
+        name, n = self.disk.best(prompt, trimmable)
+        if name is None or n <= have + 1 or n < 2:
+            return False
+        got = self.disk.load(name)
+        if got is None:
+            return False
+        cache, tokens = got
+        if n < len(tokens) and not can_trim_prompt_cache(cache):
+            return False
+        self._store(tokens, cache)
+        self._evict()
+        return True
 
     def _evict(self) -> None:
         if self.leader:
@@ -128,4 +156,5 @@ class PrefixCache:
 
     def stats(self) -> dict[str, int]:
         return {"entries": len(self), "tokens": self.tokens(), "bytes": self.nbytes,
-                "hits": self.hits, "lookups": self.lookups}
+                "hits": self.hits, "lookups": self.lookups,
+                **(self.disk.stats() if self.disk is not None else {})}

@@ -136,12 +136,13 @@ def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
 
 
 def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], streams: int,
-                          prefix_tokens: int, drafting: Any = None, kv_bits: int | None = None
-                          ) -> tuple[Callable[..., Iterator[Any]], int]:
+                          prefix_tokens: int, drafting: Any = None, kv_bits: int | None = None,
+                          disk: Any = None) -> tuple[Callable[..., Iterator[Any]], int]:
     """(the generator a one-process worker serves with, the requests it takes at once):
     mlx-lm's BatchGenerator for several, one at a time where the family can't batch; with
     `drafting` (engine.runtime.drafting.Drafting) requests decode with drafts; `kv_bits`
-    quantizes the KV (a ValueError where the model's heads can't be)."""
+    quantizes the KV (a ValueError where the model's heads can't be); `disk`
+    (engine.runtime.disk_cache.DiskCache) keeps finished prompts' KV on disk too."""
     from functools import partial
 
     from engine.placement.families import batching_refusal
@@ -152,7 +153,7 @@ def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], st
     drafting = drafting if drafting is not None else Drafting(enabled=False)
     kv = KV.for_model(model, kv_bits)
 
-    prefix, streams = PrefixCache(prefix_tokens), max(1, streams)
+    prefix, streams = PrefixCache(prefix_tokens, disk=disk), max(1, streams)
     why = batching_refusal(str(config.get("model_type")))
     if why and streams > 1:
         log.warning("%s", why)
@@ -162,6 +163,23 @@ def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], st
         return Batcher(model, tokenizer, prefix, streams, drafting=drafting,
                        kv_bits=kv_bits), streams
     return partial(drafted_generate, drafting, prefix=prefix, kv=kv), 1
+
+
+def disk_tier(args: argparse.Namespace, model: Any) -> Any:
+    """The prefix cache's disk tier its flags ask for (None: none, or its folder can't be
+    read, which the log says)."""
+    if args.prefix_disk is None or args.prefix_disk_bytes <= 0:
+        return None
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    from engine.runtime.disk_cache import DiskCache, fingerprint
+    try:
+        folder = args.prefix_disk / fingerprint(Path(args.model), args.kv_bits)
+    except OSError as e:
+        log.warning("no prefix cache on disk: can't read the model's files (%s)", e)
+        return None
+    return DiskCache(folder, args.prefix_disk_bytes,
+                     can_trim_prompt_cache(make_prompt_cache(model)))
 
 
 def load_drafting(args: argparse.Namespace, tokenizer: Any) -> Any:
@@ -210,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
                    "lookup")
     p.add_argument("--draft-tokens", type=int, default=6, choices=range(1, 17),
                    metavar="1..16", help="the most guesses per pass (default 6)")
+    p.add_argument("--prefix-disk", type=Path, default=None, metavar="DIR",
+                   help="keep finished prompts' KV on disk here too (a folder per model)")
+    p.add_argument("--prefix-disk-bytes", type=int, default=0,
+                   help="the disk prefix cache's size per model")
+    p.add_argument("--context-limit", type=int, default=None, metavar="TOKENS",
+                   help="serve less context than the model declares (the user's limit)")
     p.add_argument("--kv-bits", type=int, default=None, choices=(4, 8),
                    help="quantize the KV cache to 8 or 4 bits (default: the model's 16; "
                         "a group takes its ranks' from --dist)")
@@ -239,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("loading %s failed", args.model)
         emit(Fatal("load_failed", f"Couldn't load the model in {args.model}: {e}"))
         return 1
-    ctx = model_context(config)
+    ctx = min(model_context(config), args.context_limit or 1 << 62)
     from engine.runtime.prefix import default_budget
     budget = default_budget(ctx) if args.prefix_cache_tokens is None \
         else max(0, args.prefix_cache_tokens)
@@ -254,13 +278,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget,
-                                             drafting, args.kv_bits)
+                                             drafting, args.kv_bits,
+                                             disk_tier(args, model))
     except ValueError as e:  # quantized KV this model's heads can't take
         emit(Fatal("kv_bits_refused", f"Couldn't quantize the KV cache of "
                                       f"{args.model_id}: {e}"))
         return 1
     emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams))
     serve(model, tokenizer, ctx, emit, gen=gen, concurrent=streams > 1)
+    rest = getattr(gen, "rest", None)
+    if rest is not None:  # the last answer's KV is kept (on disk too) before we go
+        rest(4.0)  # within the node's grace (WorkerHandle.stop)
     return 0
 
 

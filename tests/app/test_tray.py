@@ -66,3 +66,13 @@ def test_menu_sums_up_the_cluster_and_the_model(qapp, qtbot):
         tray.stop_action.trigger()
     with qtbot.waitSignal(tray.settings_requested):
         tray.settings_action.trigger()
+
+
+def test_a_model_unloaded_for_want_of_use_is_named(qapp):
+    tray = Tray(available=False)
+    tray.set_status({"state": "idle", "model": None,
+                     "runner": {"type": "Idle", "unloaded": "tiny", "idle_s": 600.0}})
+    assert tray.model_action.text() == "tiny unloaded (unused); the next request loads it"
+    assert not tray.stop_action.isEnabled()
+    tray.set_status({"state": "idle", "runner": {"type": "Idle", "unloaded": None}})
+    assert tray.model_action.text() == "No model running"

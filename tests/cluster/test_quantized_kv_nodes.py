@@ -14,6 +14,7 @@ from nodes import NodeProcess, start_cluster
 from tiny import make_tiny_model
 
 HELLO = [{"role": "user", "content": "Hello from the cluster"}]
+SELF = {"node": "self", "layers": [0, 4]}  # the whole model on the node asked
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +50,11 @@ def same(a: list[tuple[bytes, float]], b: list[tuple[bytes, float]]) -> bool:
 
 def test_a_launch_chooses_its_kv_bits_and_a_pipeline_answers_as_one_node(pair):
     a, b = pair
-    r = launch(a, {"model": "tiny-wide", "nodes": [{"node": "self", "layers": [0, 4]}], "kv_bits": 8})
+    r = launch(a, {"model": "tiny-wide", "nodes": [SELF], "kv_bits": 8})
     assert r.status_code == 201, r.text
     assert r.json()["kv_bits"] == 8
     one = greedy(a)
-    r = launch(a, {"model": "tiny-wide", "nodes": [{"node": "self", "layers": [0, 4]}]})
+    r = launch(a, {"model": "tiny-wide", "nodes": [SELF]})
     assert r.status_code == 201 and r.json()["kv_bits"] == 16  # the node's default
     assert not same(greedy(a), one)  # 8-bit KV changes what this random model says
     b_id = b.client.status().cluster["id"]
@@ -88,7 +89,7 @@ def test_the_planner_counts_quantized_kv(pair):
 
 def test_a_model_whose_heads_cant_be_quantized_is_refused_with_the_reason(pair):
     a, _ = pair
-    r = launch(a, {"model": "tiny-llama", "nodes": [{"node": "self", "layers": [0, 4]}], "kv_bits": 4})
+    r = launch(a, {"model": "tiny-llama", "nodes": [SELF], "kv_bits": 4})
     assert r.status_code >= 400, r.text
     message = r.json()["error"]["message"]
     assert "heads are [16] wide" in message and "kv_bits" in message
