@@ -65,6 +65,10 @@ class NodeProgress(QWidget):
             self.bar.setValue(done)
 
 
+RISK = ("Launching anyway risks swapping, or on a Mac the machine freezing, while it "
+        "loads; once it runs, requests that don't fit are refused.")
+
+
 class LaunchPanel(QWidget):
     """state_text: "", "Launching…", "Ready", "Failed", "Stopped" (tests wait on it)."""
 
@@ -88,6 +92,11 @@ class LaunchPanel(QWidget):
         self.launch_button.setAccessibleName("Launch this placement")
         self.launch_button.setEnabled(False)
         self.launch_button.clicked.connect(self.start)
+        # where the memory check refused it: launch anyway, the risk said (tests click it)
+        self.force_button = QPushButton("Launch anyway")
+        self.force_button.setAccessibleName("Launch this placement although it may not fit")
+        self.force_button.hide()
+        self.force_button.clicked.connect(lambda: self.start(force=True))
         self.stop_button = QPushButton("Stop")
         self.stop_button.setAccessibleName("Stop the running model")
         self.stop_button.setEnabled(False)
@@ -101,6 +110,7 @@ class LaunchPanel(QWidget):
         self.grid = QGridLayout()
         buttons = QHBoxLayout()
         buttons.addWidget(self.launch_button)
+        buttons.addWidget(self.force_button)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.headline, 1)
         buttons.addWidget(self.log_button)
@@ -117,6 +127,16 @@ class LaunchPanel(QWidget):
         self.placement = (model, strategy, backend, ranks or []) if model else None
         self._buttons()
 
+    def offer_anyway(self, model: str, strategy: str, backend: str,
+                     ranks: list[tuple[str, tuple[int, int]]], reason: str) -> None:
+        """The memory check refuses this placement: it can still be launched, the risk
+        said first."""
+        self.placement = (model, strategy, backend, ranks)
+        self._buttons()
+        self.launch_button.setEnabled(False)
+        self.force_button.show()
+        self._set_headline("", f"{reason} {RISK}", error=True)
+
     def _buttons(self) -> None:
         self.launch_button.setEnabled(self.placement is not None and self.launching is None)
         self.stop_button.setEnabled(self.launching is None and self.instance is not None)
@@ -127,9 +147,10 @@ class LaunchPanel(QWidget):
         theme.set_role(self.headline, "error-strong" if error else "strong")
 
     # --- launching ------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, force: bool = False) -> None:
         if self.placement is None or self.launching is not None:
             return
+        self.force_button.hide()
         model, strategy, backend, ranks = self.placement
         me = self.state.self_id
         nodes = [{"node": "self" if nid == me else nid,
@@ -144,7 +165,7 @@ class LaunchPanel(QWidget):
         self.state.poller.interval = LAUNCH_POLL_S
         self.state.refresh()
         self._buttons()
-        self.tasks.run(self.client.launch, model, strategy, nodes, backend,
+        self.tasks.run(self.client.launch, model, strategy, nodes, backend, force=force,
                        on_done=self._launched, on_error=self._launch_failed, owner=self)
 
     def _make_rows(self, ids: list[str]) -> None:
@@ -181,7 +202,11 @@ class LaunchPanel(QWidget):
             elif row.text.text() != "Loaded":
                 row.show_state("Stopped", 0, 1)
         who = f" on {self.state.node_name(self.failed_node)}" if self.failed_node else ""
-        self._set_headline("Failed", f"Launch failed{who}: {reason}", error=True)
+        risk = ""
+        if getattr(error, "code", None) == "insufficient_memory":
+            risk = f" {RISK}"
+            self.force_button.show()
+        self._set_headline("Failed", f"Launch failed{who}: {reason}{risk}", error=True)
         self.log_button.setVisible(self.logs_dir is not None)
         self.state.refresh()
         self._buttons()

@@ -355,7 +355,8 @@ class PlacementView(QWidget):
             self._send(*again)
             return  # a newer question is on its way; this answer is already stale
         if error is not None or report is None:
-            self._infeasible(message_of(error) if error else "The node gave no plan.", body)
+            self._infeasible(message_of(error) if error else "The node gave no plan.", body,
+                             memory=getattr(error, "code", None) == "insufficient_memory")
             return
         self._grey_strategies(report.strategies)
         placements = report.placements
@@ -483,8 +484,9 @@ class PlacementView(QWidget):
             items.item(i).setEnabled(not why)
             items.item(i).setToolTip(why or "")
 
-    def _infeasible(self, reason: str, body: dict[str, Any]) -> None:
-        """The layout can't run: red strips, the planner's reason, nothing to launch."""
+    def _infeasible(self, reason: str, body: dict[str, Any], memory: bool = False) -> None:
+        """The layout can't run: red strips, the planner's reason, nothing to launch; or
+        where only memory is short, "Launch anyway" with the risk said."""
         self.prediction, self.reason = None, reason
         nodes = body.get("nodes") or []
         if nodes and all("layers" in n for n in nodes):
@@ -502,6 +504,10 @@ class PlacementView(QWidget):
         self._show_measured()
         self.state.set_planned({})
         self.launch.set_placement(None)
+        if memory and self.model and len(self.node_ids) == len(self.ranges):
+            self.launch.offer_anyway(self.model, self.strategy, self.backend,
+                                     list(zip(self.node_ids, self.ranges, strict=True)),
+                                     "The memory check refuses this placement.")
         self.prediction_changed.emit()
 
     def _show_reason(self, text: str) -> None:

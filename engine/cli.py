@@ -32,6 +32,9 @@ def _cmd_node(a: argparse.Namespace) -> int:
         print("shoal node: --max-streams must be 1 or more, --queue-wait, --stall-timeout and "
               "--max-body-mb above 0.", file=sys.stderr)
         return 2
+    if a.memory_limit is not None and a.memory_limit <= 0:
+        print("shoal node: --memory-limit must be above 0 GB.", file=sys.stderr)
+        return 2
     if a.prefix_disk_gb < 0:
         print("shoal node: --prefix-disk-gb must be 0 (off) or more.", file=sys.stderr)
         return 2
@@ -59,7 +62,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
         stall_s=a.stall_timeout, speculative=a.speculative == "on",
         draft_model=a.draft_model, draft_tokens=a.draft_tokens,
         kv_bits=int(a.kv_bits) if a.kv_bits in ("8", "4") else None,
-        keep_alive_s=unload_after, prefix_disk_gb=a.prefix_disk_gb)))
+        keep_alive_s=unload_after, prefix_disk_gb=a.prefix_disk_gb,
+        memory_limit_gb=a.memory_limit)))
     # Everything is closed and every worker reaped. Leave without C++ static destructors:
     # MLX (imported for this machine's facts) can still hold a thread then, and a joinable
     # std::thread destroyed at exit aborts the process (seen once: exit code -6 after a
@@ -188,6 +192,10 @@ def parser() -> argparse.ArgumentParser:
                    help="keep finished prompts' KV on disk too, up to this much per model, "
                         "so it survives restarts (in HOME/cache/prefix; default 0: off, or "
                         "SHOAL_PREFIX_DISK_GB)")
+    n.add_argument("--memory-limit", type=float, metavar="GB", default=None,
+                   help="admit requests only while the worker's memory stays under this "
+                        "(default: what Metal may wire on a Mac, what the OS has available "
+                        "elsewhere); a request that can't fit gets a 503 saying why")
     n.add_argument("--unload-after", metavar="DURATION",
                    default=os.environ.get("SHOAL_UNLOAD_AFTER", "never"),
                    help="unload a model nobody used for this long (e.g. 10m, 1h; the next "

@@ -177,12 +177,13 @@ class NodeClient:
         return ClusterInfo.from_json(self._call("GET", "/shoal/instances"))
 
     def launch(self, model: str, strategy: str, nodes: list[dict[str, Any]],
-               backend: str = "ring", timeout: float | None = 900.0) -> InstanceInfo:
+               backend: str = "ring", timeout: float | None = 900.0,
+               force: bool = False) -> InstanceInfo:
         """Start a model over several nodes; returns when every rank has loaded (or raises
-        a ShoalError naming the node that failed)."""
+        a ShoalError naming the node that failed). `force`: past the memory check."""
         return InstanceInfo.from_json(self._call("POST", "/shoal/instances", json={
-            "model": model, "strategy": strategy, "backend": backend, "nodes": nodes},
-            timeout=timeout))
+            "model": model, "strategy": strategy, "backend": backend, "nodes": nodes,
+            **({"force": True} if force else {})}, timeout=timeout))
 
     def stop_instance(self, instance_id: str) -> InstanceInfo:
         return InstanceInfo.from_json(

@@ -40,6 +40,9 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "on --nodes instead of planning")
     p.add_argument("--nodes", help="with --strategy: rank order, e.g. a,b or a:0-30,b:30-61")
     p.add_argument("--backend", choices=("ring", "jaccl"), default="ring")
+    p.add_argument("--rank", choices=("decode", "drafted"), default="decode",
+                   help="order placements by plain decode (chat) or decode with drafts "
+                        "(agents that echo code; the DRAFTED column)")
     p.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=16,
                    help="the KV cache's bits: 16, or quantized to 8 or 4 (default 16)")
     p.add_argument("--force", action="store_true", help="accept placements beyond the "
@@ -64,7 +67,8 @@ def cmd_plan(a: argparse.Namespace, cluster: ClusterFetch | None = None) -> int:
             infos, links, config = cluster(a.model)
             report = plan_from_cluster(infos, config, a.context, links, a.model,
                                        a.force, _layout(a),
-                                       kv_bits=None if a.kv_bits == 16 else a.kv_bits)
+                                       kv_bits=None if a.kv_bits == 16 else a.kv_bits,
+                                       rank=a.rank)
     except PlacementError as e:
         print(f"shoal: {e}", file=sys.stderr)
         return 1
@@ -89,7 +93,8 @@ def _simulate(a: argparse.Namespace) -> PlanReport:
     if a.kv_bits != 16:
         model = replace(model, kv_bytes=kv_value_bytes(a.kv_bits))
     return make_report(model, sim.nodes, sim.links,
-                       a.context or sim.context or model.context, a.force, _layout(a), [])
+                       a.context or sim.context or model.context, a.force, _layout(a), [],
+                       a.rank)
 
 
 def _find_model(name: str, models: Mapping[str, ModelSpec], quant: str | None) -> ModelSpec:

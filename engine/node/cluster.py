@@ -80,10 +80,11 @@ class Cluster:
     def info(self) -> NodeInfo:
         """This node as GET /shoal/node describes it (peers keep it as their `info`)."""
         mine = self.describe()
+        facts = _capped(self.facts.describe() if self.facts else {}, self.node.memory_limit)
         return NodeInfo(self.id, self.name, mine.instances, mine.followers, __version__,
                         mlx_version(), NodeState(self.node.status()["state"]),
                         [m.id for m in self.node.local_models()], self.links(),
-                        **(self.facts.describe() if self.facts else {}), draft=self.draft)
+                        **facts, draft=self.draft)
 
     def plan_infos(self) -> list[NodeInfo]:
         """What the planner may use: this node first, then trusted compatible peers."""
@@ -360,3 +361,16 @@ def _blame(rank: Rank, e: BaseException) -> ShoalError:
         err.status, err.type = (e.status if e.status < 500 else 502), e.type
         return err
     return PeerUnreachable(f"{where}: {e}", node=rank.node)
+
+
+def _capped(facts: dict[str, Any], limit: int | None) -> dict[str, Any]:
+    """The machine's facts with its usable memory cut to the user's --memory-limit, so
+    the planner and the window see the budget requests are admitted under."""
+    memory = (facts.get("machine") or {}).get("memory")
+    if not limit or not isinstance(memory, dict):
+        return facts
+    have = memory.get("available_bytes")
+    memory = {**memory, "available_bytes": min(have, limit) if have else limit,
+              "rule": f"--memory-limit {limit / 1e9:g} GB"
+              + (f" (the machine: {memory.get('rule')})" if memory.get("rule") else "")}
+    return {**facts, "machine": {**facts["machine"], "memory": memory}}

@@ -61,6 +61,7 @@ class NodeConfig:
     kv_bits: int | None = None  # quantized KV (8 or 4) for launches that don't choose
     keep_alive_s: float | None = None  # unload a model unused this long (None: never)
     prefix_disk_gb: float = 0.0  # the prefix cache's disk tier per model (0: off)
+    memory_limit_gb: float | None = None  # admission's budget (None: the machine's own)
 
 
 def draft_folder(cfg: NodeConfig, models: Path) -> Path | None:
@@ -135,6 +136,7 @@ async def run_node(cfg: NodeConfig) -> None:
                 queue_wait_s=cfg.queue_wait_s, token_timeout=cfg.stall_s, kv_bits=cfg.kv_bits,
                 keep_alive_s=cfg.keep_alive_s,
                 prefix_disk_bytes=int(cfg.prefix_disk_gb * 1e9),
+                memory_limit=int(cfg.memory_limit_gb * 1e9) if cfg.memory_limit_gb else None,
                 worker_args=draft_args)
     ident = load_identity(home)
     store = SecretStore(home)

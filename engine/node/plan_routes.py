@@ -46,13 +46,24 @@ async def plan(request: web.Request) -> web.Response:
     try:
         report = plan_from_cluster(**c.plan_inputs(body["model"]), context=body.get("context"),
                                    model_name=body["model"], force=bool(body.get("force")),
-                                   layout=layout, kv_bits=_kv_bits(body))
+                                   layout=layout, kv_bits=_kv_bits(body),
+                                   rank=_rank(body))
     except NotEnoughMemory as e:
         raise InsufficientMemory(str(e), param="nodes") from None
     except PlacementError as e:
         raise BadRequest(f"This placement can't run: {e}", param="nodes") from None
     best = best_placement(report.placements, c.id) if layout is None else None
     return web.json_response(plan_info(report, best).to_json())
+
+
+def _rank(body: dict) -> str:
+    from engine.placement.planner import RANKINGS
+
+    rank = body.get("rank", "decode")
+    if rank not in RANKINGS:
+        raise BadRequest(f"rank must be \"decode\" (for chat) or \"drafted\" (decode with "
+                         f"drafts, for agents), not {rank!r}.", param="rank")
+    return str(rank)
 
 
 def _kv_bits(body: dict) -> int | None:

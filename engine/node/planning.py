@@ -69,13 +69,13 @@ def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
 # --- planning ---------------------------------------------------------------------------
 def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
                 context: int, force: bool, layout: Layout | None,
-                notes: list[str]) -> PlanReport:
+                notes: list[str], rank: str = "decode") -> PlanReport:
     """Ranked placements, or with a layout (chosen by hand) its prediction or why not."""
     if layout is not None:
         strategy, backend, ranks = layout
         one = evaluate(model, nodes, links, context, strategy, ranks, backend, force)
         return PlanReport(model, context, [one], [], notes)
-    found = plan(model, nodes, links, context, force)
+    found = plan(model, nodes, links, context, force, rank=rank)
     if not found and model.kv_bytes == 2:  # would quantized KV make room?
         for bits in (8, 4):
             if plan(replace(model, kv_bytes=kv_value_bytes(bits)), nodes, links, context):
@@ -93,7 +93,7 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
                       model_name: str | None = None, force: bool = False,
                       layout: Layout | None = None, weight_bytes: int | None = None,
                       model_context: int | None = None,
-                      kv_bits: int | None = None) -> PlanReport:
+                      kv_bits: int | None = None, rank: str = "decode") -> PlanReport:
     """Plan from what nodes report, as plain dicts.
 
     node_infos: {"id", "name", "memory_usable_bytes" (the GPU working-set limit) or
@@ -103,7 +103,8 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
     "bandwidth_Bps", "rdma"} from the link probes; unmeasured pairs are assumed 10GbE.
     model_config: the model's config.json; weight_bytes what its weights take in memory,
     model_context its context window, where the checkpoint on disk tells them; kv_bits the
-    KV's quantization (8 or 4; None: 16 bits)."""
+    KV's quantization (8 or 4; None: 16 bits); rank "drafted" orders placements by
+    decode with drafts (engine.placement.planner.plan)."""
     notes: list[str] = []
     model = ModelSpec.from_config(model_config, name=model_name, weight_bytes=weight_bytes,
                                   context=model_context)
@@ -124,7 +125,8 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
                              "links", presets, ids)]
         notes.append(f"{len(missing)} node pair(s) have no link measurement yet; assumed "
                      f"{FALLBACK_LINK}")
-    return make_report(model, nodes, specs, context or model.context, force, layout, notes)
+    return make_report(model, nodes, specs, context or model.context, force, layout, notes,
+                       rank)
 
 
 def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,

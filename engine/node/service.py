@@ -40,7 +40,7 @@ class Node:
                  token_timeout: float = 300.0, port: int = 0, max_streams: int = 8,
                  queue_wait_s: float = 60.0, worker_args: tuple[str, ...] = (),
                  kv_bits: int | None = None, keep_alive_s: float | None = None,
-                 prefix_disk_bytes: int = 0):
+                 prefix_disk_bytes: int = 0, memory_limit: int | None = None):
         self.home = home
         # a model unused this long is unloaded (None: never); a request may set its own
         self.keep_alive_s = keep_alive_s
@@ -51,6 +51,7 @@ class Node:
         self.worker_args = worker_args  # extra flags for its workers (drafting)
         self.kv_bits = kv_bits  # quantized KV for launches that don't choose (8, 4)
         self.prefix_disk_bytes = prefix_disk_bytes  # per model, one-process workers only
+        self.memory_limit = memory_limit  # admission's budget in bytes (None: the machine's)
         self.max_streams, self.queue_wait_s = max_streams, queue_wait_s
         self.port = port
         self.models_dir = models_dir
@@ -172,13 +173,19 @@ class Node:
         async with self._load_lock:
             return await self._start(model_id, path, dist_config, kv_bits)
 
-    def _disk_flags(self, dist_config: Path | None) -> tuple[str, ...]:
-        """The prefix cache's disk tier, for a worker serving alone (a group's ranks must
-        find the same entries, which a disk of its own per node can't promise)."""
-        if dist_config is not None or self.prefix_disk_bytes <= 0:
-            return ()
-        return ("--prefix-disk", str(self.home / "cache" / "prefix"),
-                "--prefix-disk-bytes", str(self.prefix_disk_bytes))
+    def _solo_flags(self, model_id: str, kv_bits: int | None) -> tuple[str, ...]:
+        """A one-process worker's flags beyond the node's own: its KV bits and context
+        limit (a group's ranks read those from their config), and the admission budget
+        and the prefix cache's disk tier (one process only: a group's ranks must find the
+        same entries, which a disk per node can't promise)."""
+        limit = self.model_settings.context_limit(model_id)
+        out = [*(("--kv-bits", str(kv_bits)) if kv_bits else ()),
+               *(("--context-limit", str(limit)) if limit else ()),
+               *(("--memory-limit", str(self.memory_limit)) if self.memory_limit else ())]
+        if self.prefix_disk_bytes > 0:
+            out += ["--prefix-disk", str(self.home / "cache" / "prefix"),
+                    "--prefix-disk-bytes", str(self.prefix_disk_bytes)]
+        return tuple(out)
 
     async def _start(self, model_id: str, path: Path, dist_config: Path | None,
                      kv_bits: int | None = None) -> WorkerHandle:
@@ -196,9 +203,8 @@ class Node:
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
-                         worker_args=self.worker_args + (() if dist_config else _solo_flags(
-                             kv_bits, self.model_settings.context_limit(model_id)))
-                         + self._disk_flags(dist_config))
+                         worker_args=self.worker_args + (
+                             () if dist_config else self._solo_flags(model_id, kv_bits)))
         self.worker = w
         try:
             ready = await w.start()
@@ -312,9 +318,3 @@ class Node:
         if self.worker is not None:
             self.worker.dead_reason = self.worker.dead_reason or "stopped"
             await self.worker.stop()
-
-
-def _solo_flags(kv_bits: int | None, context_limit: int | None) -> tuple[str, ...]:
-    """A one-process worker's flags for what a group's ranks read from their config."""
-    return (*(("--kv-bits", str(kv_bits)) if kv_bits else ()),
-            *(("--context-limit", str(context_limit)) if context_limit else ()))

@@ -212,9 +212,13 @@ def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
         lanes, round_s = pipeline_lanes(model, stages, ring, a.streams, prompt, a)
     # a pass verifying k guesses costs as k + 1 sequences' step in a batch: weights read
     # once, the experts the tokens route to, the head and FLOPs per token, one trip round
-    # a group (its KV is counted per token too: read once in truth, a slight overestimate)
+    # a group (its KV is counted per token too: read once in truth, a slight overestimate);
+    # with a draft model on rank 0's node, each guess also costs one of its steps
+    lead = stages[0].node
+    draft_s = lead.draft_bytes / (lead.memory_bandwidth_Bps * a.bandwidth_efficiency) \
+        if lead.draft_bytes and lead.memory_bandwidth_Bps else 0.0
     drafted, k = drafted_tps(lambda tokens: batched_step_s(
-        model, stages, ring, strategy, tokens, prompt, a), a)
+        model, stages, ring, strategy, tokens, prompt, a) + (tokens - 1) * draft_s, a)
     return Prediction(decode_tps=one, decode_tps_full=1 / step(1, context),
                       prefill_tps=prompt / prefill, decode_tps_streams=a.streams / round_s,
                       streams=a.streams, lanes=lanes, decode_tps_drafted=drafted,

@@ -89,15 +89,19 @@ class Rejection:
     reason: str
 
 
+RANKINGS = ("decode", "drafted")
+
+
 def plan(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
          context: int | None = None, force: bool = False,
-         a: Assumptions = DEFAULT) -> list[Placement]:
-    """Every feasible placement, fastest predicted decode first; ties go to placements
-    whose nodes already hold the files, then to fewer nodes. force=True also lists those
-    that overflow memory, with a warning."""
+         a: Assumptions = DEFAULT, rank: str = "decode") -> list[Placement]:
+    """Every feasible placement, fastest predicted decode first (`rank` "drafted": decode
+    with drafts, as an agent echoing code gets it); ties go to placements whose nodes
+    already hold the files, then to fewer nodes. force=True also lists those that
+    overflow memory, with a warning."""
     found = [c for c in _candidates(model, nodes, links, context or model.context, force, a)
              if isinstance(c, Placement)]
-    return sorted(found, key=_rank_key)
+    return sorted(found, key=lambda p: _rank_key(p, rank))
 
 
 def explain(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
@@ -272,8 +276,10 @@ def _groups(nodes: Sequence[NodeSpec],
     return out
 
 
-def _rank_key(p: Placement) -> tuple[Any, ...]:
-    return (-float(f"{p.decode_tps:.3g}"), -p.files_on, len(p.ranks), -p.prefill_tps,
+def _rank_key(p: Placement, rank: str = "decode") -> tuple[Any, ...]:
+    tps = max(p.prediction.decode_tps_drafted, p.decode_tps) if rank == "drafted" \
+        else p.decode_tps
+    return (-float(f"{tps:.3g}"), -p.files_on, len(p.ranks), -p.prefill_tps,
             p.strategy, p.backend, [r.name for r in p.ranks])
 
 

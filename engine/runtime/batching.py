@@ -119,7 +119,7 @@ class Batcher(Streams):
 
     def __init__(self, model: Any, tokenizer: Any, prefix: Any, streams: int,
                  chunker: Chunker | None = None, drafting: Drafting | None = None,
-                 kv_bits: int | None = None):
+                 kv_bits: int | None = None, admission: Any = None):
         from mlx_lm.generate import BatchGenerator
 
         from engine.runtime.batch_drafts import DraftedBatch
@@ -128,6 +128,8 @@ class Batcher(Streams):
         super().__init__()
         self.model, self.prefix, self.streams = model, prefix, streams
         self.kv = KV.for_model(model, kv_bits)  # 8 or 4 bits (quant_kv.py), or 16
+        self.admission = admission  # engine.runtime.admission.Admission, or None
+        self._held: list[Job] = []  # admitted once those in flight leave room
         self.chunker = chunker or Chunker()
         eos = [[int(t)] for t in tokenizer.eos_token_ids]
         self._eos = {t for (t,) in eos}
@@ -184,6 +186,7 @@ class Batcher(Streams):
                 if self._batch is not None:
                     self._batch.rows.clear()
                 continue
+            finished = False
             for r in responses:
                 owner = self._jobs.get(r.uid)
                 if owner is None:
@@ -197,6 +200,9 @@ class Batcher(Streams):
                 if r.finish_reason is not None:
                     self._drop(r.uid)
                     self._keep(r.all_tokens, r.prompt_cache)
+                    finished = True
+            if self._held and finished:
+                self._admit_held()  # someone finished: room for those waiting?
 
     def _take(self, block: bool) -> None:
         """Apply the requests' adds and removes (waiting for one when idle)."""
@@ -209,11 +215,15 @@ class Batcher(Streams):
             if kind == "add":
                 try:
                     self._add(job)
-                except Exception as e:  # e.g. a grammar that can't be built
+                except Exception as e:  # e.g. a grammar that can't be built, no room
                     job.out.put(e)
+            elif job in self._held:
+                self._held.remove(job)
             elif job.uid in self._jobs:
                 self._drop(job.uid)
                 self._gen.remove([job.uid])
+                if self._held:
+                    self._admit_held()
 
     def _add(self, job: Job) -> None:
         from engine.runtime.batch_drafts import Row
@@ -221,6 +231,12 @@ class Batcher(Streams):
 
         job.sampler, job.processors = make_sampling(job.sampling, job.tokenizer)
         cache, job.cached = self.prefix.fetch(job.prompt)
+        adm = self.admission
+        if adm is not None and not adm.check(
+                adm.need(len(job.prompt), job.cached, job.sampling.max_tokens),
+                len(self._jobs), self.prefix.drop_oldest):
+            self._held.append(job)  # (its prefix hit is looked up again when it starts)
+            return
         if cache is None:
             cache = self.kv.make(self.model)
         (uid,) = self._gen.insert([job.prompt[job.cached:]],
@@ -235,6 +251,16 @@ class Batcher(Streams):
             self._batch.rows[uid] = Row(job, self.drafting.drafter(), s.draft_tokens,
                                         s.speculative is True, s.temperature == 0)
         job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
+
+    def _admit_held(self) -> None:
+        """Start the waiting requests that fit now, in order (a 503 for one that can't
+        fit even alone)."""
+        held, self._held = self._held, []
+        for job in held:
+            try:
+                self._add(job)
+            except Exception as e:
+                job.out.put(e)
 
     def _drop(self, uid: int) -> None:
         """A request leaves the batch (finished, cancelled or gone): its drafting line."""

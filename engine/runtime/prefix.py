@@ -134,6 +134,14 @@ class PrefixCache:
         if self.budget_tokens > 0 and tokens and len(tokens) <= self.budget_tokens:
             self.lru.insert_cache(KEY, list(tokens), cache)
 
+    def drop_oldest(self) -> bool:
+        """Give up the least recently used entry (for memory a request needs); False when
+        there is none."""
+        if not len(self.lru):
+            return False
+        self.lru.trim_to(n_sequences=len(self.lru) - 1)
+        return True
+
     def keep(self, n: int) -> None:
         """Followers: drop the LRU entries rank 0 dropped (the same ones: same order)."""
         self.lru.trim_to(n_sequences=n)

@@ -137,21 +137,26 @@ def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
 
 def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], streams: int,
                           prefix_tokens: int, drafting: Any = None, kv_bits: int | None = None,
-                          disk: Any = None) -> tuple[Callable[..., Iterator[Any]], int]:
+                          disk: Any = None, memory_limit: int | None = None
+                          ) -> tuple[Callable[..., Iterator[Any]], int]:
     """(the generator a one-process worker serves with, the requests it takes at once):
     mlx-lm's BatchGenerator for several, one at a time where the family can't batch; with
     `drafting` (engine.runtime.drafting.Drafting) requests decode with drafts; `kv_bits`
     quantizes the KV (a ValueError where the model's heads can't be); `disk`
-    (engine.runtime.disk_cache.DiskCache) keeps finished prompts' KV on disk too."""
+    (engine.runtime.disk_cache.DiskCache) keeps finished prompts' KV on disk too. Every
+    request is admitted where its KV fits (engine/runtime/admission.py; `memory_limit`
+    the user's cap in bytes)."""
     from functools import partial
 
     from engine.placement.families import batching_refusal
+    from engine.runtime.admission import Admission, kv_bytes_per_token
     from engine.runtime.drafting import Drafting, drafted_generate
     from engine.runtime.prefix import PrefixCache
     from engine.runtime.quant_kv import KV
 
     drafting = drafting if drafting is not None else Drafting(enabled=False)
     kv = KV.for_model(model, kv_bits)
+    admission = Admission(kv_bytes_per_token(config, kv_bits), memory_limit)
 
     prefix, streams = PrefixCache(prefix_tokens, disk=disk), max(1, streams)
     why = batching_refusal(str(config.get("model_type")))
@@ -161,8 +166,20 @@ def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], st
     if streams > 1:
         from engine.runtime.batching import Batcher
         return Batcher(model, tokenizer, prefix, streams, drafting=drafting,
-                       kv_bits=kv_bits), streams
-    return partial(drafted_generate, drafting, prefix=prefix, kv=kv), 1
+                       kv_bits=kv_bits, admission=admission), streams
+    return admitted(partial(drafted_generate, drafting, prefix=prefix, kv=kv), admission,
+                    prefix), 1
+
+
+def admitted(gen: Callable[..., Iterator[Any]], admission: Any,
+             prefix: Any) -> Callable[..., Iterator[Any]]:
+    """One request at a time: each must fit alone (a 503 where it can't)."""
+    def run(model: Any, tokenizer: Any, prompt: list[int], sampling: Any,
+            *args: Any, **kwargs: Any) -> Iterator[Any]:
+        admission.check(admission.need(len(prompt), 0, sampling.max_tokens), 0,
+                        prefix.drop_oldest)
+        yield from gen(model, tokenizer, prompt, sampling, *args, **kwargs)
+    return run
 
 
 def disk_tier(args: argparse.Namespace, model: Any) -> Any:
@@ -232,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep finished prompts' KV on disk here too (a folder per model)")
     p.add_argument("--prefix-disk-bytes", type=int, default=0,
                    help="the disk prefix cache's size per model")
+    p.add_argument("--memory-limit", type=int, default=None, metavar="BYTES",
+                   help="admit requests only while what MLX holds stays under this (default:"
+                        " what Metal may wire on a Mac, what the OS has available elsewhere)")
     p.add_argument("--context-limit", type=int, default=None, metavar="TOKENS",
                    help="serve less context than the model declares (the user's limit)")
     p.add_argument("--kv-bits", type=int, default=None, choices=(4, 8),
@@ -279,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget,
                                              drafting, args.kv_bits,
-                                             disk_tier(args, model))
+                                             disk_tier(args, model), args.memory_limit)
     except ValueError as e:  # quantized KV this model's heads can't take
         emit(Fatal("kv_bits_refused", f"Couldn't quantize the KV cache of "
                                       f"{args.model_id}: {e}"))

@@ -117,6 +117,32 @@ def test_drafts_are_predicted_on_one_node_where_they_pay_and_never_below_plain()
     assert two.decode_tps_drafted > 1.5 * two.decode_tps
 
 
+def test_a_draft_models_steps_cost_time_and_placements_rank_by_drafts_when_asked():
+    from dataclasses import replace
+
+    from placement_support import dense, mesh, node
+
+    from engine.placement.cost import Stage, predict
+    from engine.placement.planner import plan
+
+    model = dense()
+    mac = node("studio", 192)
+    lookup = predict(model, "pipeline", [Stage(mac, (0, 80), True)], [], 8192)
+    drafting = replace(mac, draft_bytes=int(4e9))  # a 4 GB draft model: each guess reads it
+    with_model = predict(model, "pipeline", [Stage(drafting, (0, 80), True)], [], 8192)
+    assert lookup.decode_tps < with_model.decode_tps_drafted < lookup.decode_tps_drafted
+    # ranked by decode with drafts when asked, by plain decode otherwise
+    nodes = [node("a", 96), node("b", 96), node("slow", 192, 300)]
+
+    def falls(xs):  # the planner compares three significant digits
+        xs = [float(f"{x:.3g}") for x in xs]
+        return all(x >= y for x, y in zip(xs, xs[1:]))
+    drafted = plan(model, nodes, mesh(nodes), 8192, rank="drafted")
+    assert len(drafted) > 2 and falls(
+        max(p.prediction.decode_tps_drafted, p.decode_tps) for p in drafted)
+    assert falls(p.decode_tps for p in plan(model, nodes, mesh(nodes), 8192))
+
+
 def test_a_draft_model_is_counted_where_it_is_loaded():
     from dataclasses import replace
 
