@@ -19,6 +19,15 @@ def node(tmp_path, tiny_model_dir):
     n.stop()
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, tiny_model_dir):
+    """One node for the refusals, which change nothing."""
+    n = NodeProcess(home_with(tmp_path_factory.mktemp("settings"), tiny_model_dir),
+                    "none").wait_healthy()
+    yield n
+    n.stop()
+
+
 def put(n: NodeProcess, body, model: str = "tiny-llama") -> httpx.Response:
     return httpx.put(f"{n.url}/shoal/models/{model}/settings", json=body, timeout=60)
 
@@ -60,10 +69,10 @@ def test_a_context_limit_is_listed_planned_and_enforced(node):
     ({"context_limit": 10}, "context_limit"), ({"context_limit": "600"}, "context_limit"),
     ({"context_limit": 10**9}, "context_limit"), ({"context_limit": True}, "context_limit"),
     ({"context": 600}, "context")])
-def test_bad_settings_are_a_400_naming_the_field(node, body, param):
-    r = put(node, body)
+def test_bad_settings_are_a_400_naming_the_field(shared, body, param):
+    r = put(shared, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
-def test_a_model_that_isnt_here_is_a_404(node):
-    assert put(node, {"context_limit": 600}, model="nowhere").status_code == 404
+def test_a_model_that_isnt_here_is_a_404(shared):
+    assert put(shared, {"context_limit": 600}, model="nowhere").status_code == 404

@@ -39,12 +39,6 @@ def test_a_long_prompt_is_found_again_after_a_restart(tmp_path, tiny_model_dir):
         node.stop()
 
 
-def test_without_the_flag_nothing_is_written(tmp_path, tiny_model_dir):
-    home = home_with(tmp_path, tiny_model_dir)
-    node = NodeProcess(home, "tiny-llama").wait_healthy()
-    try:
-        node.wait_ready()
-        ask(node)
-    finally:
-        node.stop()
-    assert not (home / "cache" / "prefix").exists()
+def test_without_the_flag_nothing_is_written(tiny_node):
+    ask(tiny_node)  # the session's node runs without --prefix-disk-gb
+    assert not (tiny_node.home / "cache" / "prefix").exists()
