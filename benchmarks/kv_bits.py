@@ -79,11 +79,8 @@ def decode_speed(model, tok, prompt: list[int], tokens: int, rounds: int) -> dic
 
 
 def room() -> list[tuple[str, str, dict]]:
-    from dataclasses import replace
-
     from engine import placement_profiles
     from engine.placement.memory import pipeline_rank_memory
-    from engine.placement.model import kv_value_bytes
     from engine.placement.profiles import node_from, profile_model
 
     out = []
@@ -93,7 +90,7 @@ def room() -> list[tuple[str, str, dict]]:
                          placement_profiles.machines())
         fits = {}
         for label, bits in KINDS.items():
-            m = replace(spec, kv_bytes=kv_value_bytes(bits))
+            m = spec.with_kv_bits(bits)
             lo, hi = 0, 1 << 21
             while lo < hi:  # the longest context whose memory fits
                 mid = (lo + hi + 1) // 2

@@ -9,14 +9,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engine import placement_profiles
 from engine.node.planning import Layout, PlanReport, make_report, plan_from_cluster, report_json
 from engine.placement.memory import context_label, gb
-from engine.placement.model import QUANTIZATIONS, ModelSpec, kv_value_bytes
+from engine.placement.model import QUANTIZATIONS, ModelSpec
 from engine.placement.profiles import SimulationError, parse_simulation, profile_model
 from engine.placement.validate import PlacementError
 
@@ -91,7 +90,7 @@ def _simulate(a: argparse.Namespace) -> PlanReport:
         raise SimulationError(f"{path}: {e}") from None
     model = _find_model(a.model, sim.models, a.quant)
     if a.kv_bits != 16:
-        model = replace(model, kv_bytes=kv_value_bytes(a.kv_bits))
+        model = model.with_kv_bits(a.kv_bits)
     return make_report(model, sim.nodes, sim.links,
                        a.context or sim.context or model.context, a.force, _layout(a), [],
                        a.rank)

@@ -13,8 +13,8 @@ from engine.node.planning import best_placement, plan_from_cluster, plan_info
 from engine.placement.validate import NotEnoughMemory, PlacementError
 
 routes = web.RouteTableDef()
-PLAN_USAGE = ("Send {\"model\": ID, \"context\"?: N, \"kv_bits\"?: 16|8|4, \"strategy\"?, "
-              "\"nodes\"?}.")
+PLAN_USAGE = ("Send {\"model\": ID, \"context\"?: N, \"kv_bits\"?: 16|8|4, "
+              "\"rank\"?: \"decode\"|\"drafted\", \"strategy\"?, \"nodes\"?}.")
 
 
 @routes.get("/shoal/plan/inputs")

@@ -6,7 +6,7 @@ all plan through this module; none of them reaches into another's."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine import placement_profiles
@@ -78,7 +78,7 @@ def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[Lin
     found = plan(model, nodes, links, context, force, rank=rank)
     if not found and model.kv_bytes == 2:  # would quantized KV make room?
         for bits in (8, 4):
-            if plan(replace(model, kv_bytes=kv_value_bytes(bits)), nodes, links, context):
+            if plan(model.with_kv_bits(bits), nodes, links, context):
                 notes.append(f"It fits with {bits}-bit KV cache (launch with \"kv_bits\": "
                              f"{bits}, or shoal node --kv-bits {bits}): "
                              f"{context_label(context)} context in "
@@ -109,7 +109,7 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
     model = ModelSpec.from_config(model_config, name=model_name, weight_bytes=weight_bytes,
                                   context=model_context)
     if kv_bits is not None:
-        model = replace(model, kv_bytes=kv_value_bytes(kv_bits))
+        model = model.with_kv_bits(kv_bits)
     nodes = [_node_from_info(i, info, model_name, notes) for i, info in enumerate(node_infos)]
     specs = [LinkSpec(str(k["a"]), str(k["b"]), float(k["latency_s"]),
                       float(k["bandwidth_Bps"]), bool(k.get("rdma", False)))

@@ -176,6 +176,10 @@ class ModelSpec:
     def with_quantization(self, bytes_per_param: float) -> ModelSpec:
         return replace(self, bytes_per_param=bytes_per_param)
 
+    def with_kv_bits(self, bits: int | None) -> ModelSpec:
+        """Its KV kept at `bits` (8 or 4; None: 16 bits)."""
+        return replace(self, kv_bytes=kv_value_bytes(bits))
+
     # --- from an mlx-lm / Hugging Face config.json ----------------------------------------
     @classmethod
     def from_config(cls, config: Mapping[str, Any], bytes_per_param: float | None = None,

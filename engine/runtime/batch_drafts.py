@@ -23,18 +23,19 @@ from typing import Any
 
 from mlx_lm.generate import GenerationBatch
 
-from engine.runtime.speculative import Drafter, Governor, draw
+from engine.runtime.speculative import Ask, Drafter, Governor, batch_guesses, draw
 
 
 @dataclass
 class Row:
-    """A sequence that drafts: its drafter and how its request asked for drafts. `job`
-    carries the request's counts of guesses made and kept."""
+    """A sequence that drafts: its request's Job (how it asked for drafts, and its counts
+    of guesses made and kept) and its drafter."""
     job: Any
     drafter: Drafter
-    cap: int | None
-    force: bool
-    greedy: bool
+
+    @property
+    def greedy(self) -> bool:
+        return bool(self.job.sampling.temperature == 0)
 
 
 def rewindable(cache: list[Any]) -> bool:
@@ -93,45 +94,31 @@ class DraftedBatch(GenerationBatch):
         if not self.uids:
             return []
         t0, size = time.perf_counter(), len(self.uids)
-        guesses = self._guesses()
-        if guesses is None or not any(guesses):
-            out = super().next()
-            if guesses is not None:  # a pass without guesses: the governor's base
-                self.governor(size).observed_rows([], 0, time.perf_counter() - t0)
+        asks = [self._ask(i) for i in range(size)]
+        if not any(asks) or not rewindable(self.prompt_cache):
+            return super().next()
+        current: list[int] = []  # the tokens this step feeds, read once a drafter asks
+
+        def propose(i: int, k: int) -> list[int]:
+            if not current:
+                current.extend(self._next_tokens.tolist())  # type: ignore[arg-type]
+            return self.rows[self.uids[i]].drafter.propose([*self.tokens[i], current[i]], k)
+        guesses = batch_guesses(self.governor(size), asks, propose)
+        if not any(guesses):
+            out = super().next()  # a pass without guesses: the governor's base
+            self.governor(size).observed_rows([], 0, time.perf_counter() - t0)
             return out
-        return self._verify(guesses, t0)
+        return self._verify(guesses, current, t0)
 
-    def _guesses(self) -> list[list[int]] | None:
-        """Each sequence's guesses for this step, or None where none drafts."""
-        import mlx.core as mx
+    def _ask(self, i: int) -> Ask | None:
+        row = self.rows.get(self.uids[i])
+        room = self.max_tokens[i] - self._num_tokens[i] - 1
+        return Ask.of(row.job.sampling, room) if row is not None else None
 
-        drafting = [i for i, u in enumerate(self.uids) if u in self.rows]
-        if not drafting or not rewindable(self.prompt_cache):
-            return None
-        rows = [self.rows[self.uids[i]] for i in drafting]
-        room = [self.max_tokens[i] - self._num_tokens[i] - 1 for i in drafting]
-        caps = [r.cap for r in rows if r.cap is not None]
-        gov = self.governor(len(self.uids))
-        want = gov.length(max(room), max(caps) if len(caps) == len(rows) else None,
-                          any(r.force for r in rows))
-        if want == 0:
-            return [[] for _ in self.uids]
-        mx.eval(self._next_tokens)
-        current: list[int] = self._next_tokens.tolist()  # type: ignore[assignment]
-        out: list[list[int]] = [[] for _ in self.uids]
-        for i, row, left in zip(drafting, rows, room, strict=True):
-            k = min(want, left, row.cap or want)
-            if k > 0:
-                context = [*self.tokens[i], current[i]]
-                out[i] = row.drafter.propose(context, k)[:k]
-        width = gov.width([len(g) for g in out])  # what pays, now the guesses are known
-        return [g[:width] for g in out]
-
-    def _verify(self, guesses: list[list[int]],
+    def _verify(self, guesses: list[list[int]], current: list[int],
                 t0: float) -> list[GenerationBatch.Response]:
         import mlx.core as mx
 
-        current: list[int] = self._next_tokens.tolist()  # type: ignore[assignment]
         width = max(len(g) for g in guesses)
         fed = [[c, *g, *[c] * (width - len(g))] for c, g in zip(current, guesses,
                                                                  strict=True)]

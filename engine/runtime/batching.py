@@ -247,9 +247,7 @@ class Batcher(Streams):
         self._jobs[uid] = job
         if self._batch is not None and self.drafting is not None \
                 and self.drafting.wanted(job.sampling):
-            s = job.sampling
-            self._batch.rows[uid] = Row(job, self.drafting.drafter(), s.draft_tokens,
-                                        s.speculative is True, s.temperature == 0)
+            self._batch.rows[uid] = Row(job, self.drafting.drafter())
         job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
 
     def _admit_held(self) -> None:

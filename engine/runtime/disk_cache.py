@@ -126,13 +126,13 @@ class DiskCache:
         tmp.write_text(json.dumps(self.index))
         os.replace(tmp, self.folder / "index.json")
 
-    def best(self, prompt: list[int], trimmable: bool) -> tuple[str | None, int]:
+    def best(self, prompt: list[int]) -> tuple[str | None, int]:
         """The entry sharing the longest prefix with `prompt` (one that is itself a prefix
-        of it where the cache can't be trimmed), and how long that prefix is."""
+        of it where the model's caches can't be trimmed), and how long that prefix is."""
         best, most = None, 0
         for name, e in self.index.items():
             n = _common(e["tokens"], prompt)
-            if n > most and (trimmable or n == len(e["tokens"])):
+            if n > most and (self.trimmable or n == len(e["tokens"])):
                 best, most = name, n
         return best, most
 

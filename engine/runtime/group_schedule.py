@@ -24,6 +24,7 @@ from engine.runtime.group_state import (
     apply_leavers,
     apply_trim,
 )
+from engine.runtime.speculative import Ask, batch_guesses
 
 
 class Scheduler:
@@ -79,31 +80,22 @@ class Scheduler:
         seqs = st.lanes[plan.lane].decoding
         if d is None or not seqs or st.pending or self.waiting:
             return
-        drafting = [i for i, s in enumerate(seqs) if s.job is not None
-                    and uid(s) not in self.gone and d.wanted(s.job.sampling)]
-        if not drafting:
+        asks = [Ask.of(s.job.sampling, s.job.sampling.max_tokens - s.generated - 1)
+                if s.job is not None and uid(s) not in self.gone
+                and d.wanted(s.job.sampling) else None for s in seqs]
+        if not any(asks):
             return
-        jobs = [seqs[i].job.sampling for i in drafting]  # type: ignore[union-attr]
-        room = [j.max_tokens - seqs[i].generated - 1 for i, j in zip(drafting, jobs)]
-        caps = [j.draft_tokens for j in jobs if j.draft_tokens is not None]
-        gov = d.governor_for(len(seqs))
-        want = gov.length(max(room), max(caps) if len(caps) == len(jobs) else None,
-                          any(j.speculative is True for j in jobs))
-        if want == 0:
-            return
-        for i, j, left in zip(drafting, jobs, room, strict=True):
+
+        def propose(i: int, k: int) -> list[int]:
             seq = seqs[i]
             seq.drafter = seq.drafter or d.drafter()
-            k = min(want, left, j.draft_tokens or want)
-            if k > 0:
-                seq.guesses = seq.drafter.propose([*seq.tokens, plan.feed[i]], k)[:k]
-        width = gov.width([len(s.guesses) for s in seqs])  # what pays, for these guesses
+            return list(seq.drafter.propose([*seq.tokens, plan.feed[i]], k))
+        guesses = batch_guesses(d.governor_for(len(seqs)), asks, propose)
+        width = max(len(g) for g in guesses)
         if width == 0:
-            for s in seqs:
-                s.guesses = []
             return
-        for s in seqs:
-            s.guesses = s.guesses[:width]
+        for s, g in zip(seqs, guesses, strict=True):
+            s.guesses = g
         plan.feed = [t for s, f in zip(seqs, plan.feed, strict=True)
                      for t in [f, *s.guesses, *[f] * (width - len(s.guesses))]]
         plan.guesses = width

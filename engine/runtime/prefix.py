@@ -111,8 +111,7 @@ class PrefixCache:
         the `have` tokens memory does."""
         from mlx_lm.models.cache import can_trim_prompt_cache
 
-        trimmable = self.disk.trimmable
-        name, n = self.disk.best(prompt, trimmable)
+        name, n = self.disk.best(prompt)
         if name is None or n <= have + 1 or n < 2:
             return False
         got = self.disk.load(name)

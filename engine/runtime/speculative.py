@@ -15,6 +15,7 @@ window's ring, no recurrent state): `usable()` says whether a model has them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -219,6 +220,44 @@ class Governor:
         if self.base is not None:
             per = max(seconds - self.base, 0.0) / width
             self.per = per if self.per is None else d * self.per + (1 - d) * per
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One sequence's say in a batched pass: the tokens it may still emit after the one it
+    feeds, and how its request asked for drafts (a cap on guesses, forced on)."""
+
+    room: int
+    cap: int | None
+    force: bool
+
+    @classmethod
+    def of(cls, sampling: Any, room: int) -> Ask:
+        return cls(room, sampling.draft_tokens, sampling.speculative is True)
+
+
+def batch_guesses(gov: Governor, asks: list[Ask | None],
+                  propose: Callable[[int, int], list[int]]) -> list[list[int]]:
+    """Each sequence's guesses for one pass over a batch (None in `asks`: it doesn't
+    draft, and rides): the governor says how many a sequence may ask for, `propose(i, k)`
+    asks sequence i's drafter for k, and the pass is then as wide as pays for the guesses
+    all of them got. All empty where drafting doesn't pay (a pass the governor times)."""
+    out: list[list[int]] = [[] for _ in asks]
+    drafting = [(i, a) for i, a in enumerate(asks) if a is not None]
+    if not drafting:
+        return out
+    caps = [a.cap for _, a in drafting if a.cap is not None]
+    want = gov.length(max(a.room for _, a in drafting),
+                      max(caps) if len(caps) == len(drafting) else None,
+                      any(a.force for _, a in drafting))
+    if want == 0:
+        return out
+    for i, a in drafting:
+        k = min(want, a.room, a.cap or want)
+        if k > 0:
+            out[i] = propose(i, k)[:k]
+    width = gov.width([len(g) for g in out])  # what pays, now the guesses are known
+    return [g[:width] for g in out]
 
 
 @dataclass

@@ -155,7 +155,6 @@ def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], st
     from engine.runtime.quant_kv import KV
 
     drafting = drafting if drafting is not None else Drafting(enabled=False)
-    kv = KV.for_model(model, kv_bits)
     admission = Admission(kv_bytes_per_token(config, kv_bits), memory_limit)
 
     prefix, streams = PrefixCache(prefix_tokens, disk=disk), max(1, streams)
@@ -167,6 +166,7 @@ def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], st
         from engine.runtime.batching import Batcher
         return Batcher(model, tokenizer, prefix, streams, drafting=drafting,
                        kv_bits=kv_bits, admission=admission), streams
+    kv = KV.for_model(model, kv_bits)  # (the Batcher makes its own)
     return admitted(partial(drafted_generate, drafting, prefix=prefix, kv=kv), admission,
                     prefix), 1
 
