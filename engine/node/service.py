@@ -50,7 +50,7 @@ class Node:
         self._used = time.monotonic()  # when the last request ended
         self.worker_args = worker_args  # extra flags for its workers (drafting)
         self.kv_bits = kv_bits  # quantized KV for launches that don't choose (8, 4)
-        self.prefix_disk_bytes = prefix_disk_bytes  # per model, one-process workers only
+        self.prefix_disk_bytes = prefix_disk_bytes  # per model (0: no disk tier)
         self.memory_limit = memory_limit  # admission's budget in bytes (None: the machine's)
         self.max_streams, self.queue_wait_s = max_streams, queue_wait_s
         self.port = port
@@ -173,18 +173,22 @@ class Node:
         async with self._load_lock:
             return await self._start(model_id, path, dist_config, kv_bits)
 
-    def _solo_flags(self, model_id: str, kv_bits: int | None) -> tuple[str, ...]:
-        """A one-process worker's flags beyond the node's own: its KV bits and context
-        limit (a group's ranks read those from their config), and the admission budget
-        and the prefix cache's disk tier (one process only: a group's ranks must find the
-        same entries, which a disk per node can't promise)."""
-        limit = self.model_settings.context_limit(model_id)
-        out = [*(("--kv-bits", str(kv_bits)) if kv_bits else ()),
-               *(("--context-limit", str(limit)) if limit else ()),
-               *(("--memory-limit", str(self.memory_limit)) if self.memory_limit else ())]
+    def _worker_flags(self, model_id: str, kv_bits: int | None, group: bool
+                      ) -> tuple[str, ...]:
+        """A worker's flags beyond the node's own: the prefix cache's disk tier (each rank
+        of a group its own share, engine/runtime/group_disk.py); for one that serves alone
+        also its KV bits, context limit and admission budget (a group's ranks read those
+        from their config)."""
+        out = []
         if self.prefix_disk_bytes > 0:
             out += ["--prefix-disk", str(self.home / "cache" / "prefix"),
                     "--prefix-disk-bytes", str(self.prefix_disk_bytes)]
+        if group:
+            return tuple(out)
+        limit = self.model_settings.context_limit(model_id)
+        out += [*(("--kv-bits", str(kv_bits)) if kv_bits else ()),
+                *(("--context-limit", str(limit)) if limit else ()),
+                *(("--memory-limit", str(self.memory_limit)) if self.memory_limit else ())]
         return tuple(out)
 
     async def _start(self, model_id: str, path: Path, dist_config: Path | None,
@@ -203,8 +207,8 @@ class Node:
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
-                         worker_args=self.worker_args + (
-                             () if dist_config else self._solo_flags(model_id, kv_bits)))
+                         worker_args=self.worker_args + self._worker_flags(
+                             model_id, kv_bits, group=dist_config is not None))
         self.worker = w
         try:
             ready = await w.start()

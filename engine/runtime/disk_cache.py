@@ -3,8 +3,9 @@ long agent prompt needn't be prefilled again after the worker or the node restar
 model is reloaded (engine/runtime/prefix.py looks here when memory has less).
 
 One folder per model, named by a fingerprint of its checkpoint (config.json, and each
-weight file's name, size, header and first and last 64 KiB) and of how the worker keeps
-its KV (the bits), so a changed model never reads another's entries. Each entry is one
+weight file's name, size, header and first and last 64 KiB), of how the worker keeps
+its KV (the bits) and, in a group, of the rank's share of the model, so a changed model
+or another split never reads another's entries. Each entry is one
 safetensors file written by mlx-lm's save_prompt_cache (to a temporary name, then
 renamed); `index.json` lists each entry's tokens, size and last use, and is rewritten the
 same way. Least recently used entries go beyond the folder's byte budget. A file that
@@ -28,8 +29,9 @@ MIN_TOKENS = 256  # shorter prompts prefill faster than a file loads
 EDGE = 64 * 1024
 
 
-def fingerprint(model: Path, kv_bits: int | None) -> str:
-    """What names a model's folder of entries (see the module's docstring)."""
+def fingerprint(model: Path, kv_bits: int | None, share: str = "") -> str:
+    """What names a model's folder of entries (see the module's docstring); `share` says
+    which part of the model a group's rank holds ("": all of it)."""
     h = hashlib.sha256()
     h.update((model / "config.json").read_bytes())
     for f in sorted(model.glob("*.safetensors")):
@@ -42,6 +44,8 @@ def fingerprint(model: Path, kv_bits: int | None) -> str:
             fh.seek(max(0, size - EDGE))
             h.update(fh.read(EDGE))
     h.update(f"kv_bits={kv_bits}".encode())
+    if share:
+        h.update(f"share={share}".encode())
     return h.hexdigest()[:32]
 
 
@@ -136,9 +140,23 @@ class DiskCache:
                 best, most = name, n
         return best, most
 
+    def recent(self, tokens: int, entries: int) -> list[str]:
+        """The most recently used entries, newest first, that fit `tokens` and `entries`
+        together."""
+        out: list[str] = []
+        total = 0
+        for name in sorted(self.index, key=lambda n: -self.index[n]["used"]):
+            n = len(self.index[name]["tokens"])
+            if len(out) == entries or total + n > tokens:
+                break
+            out.append(name)
+            total += n
+        return out
+
     def load(self, name: str) -> tuple[list[Any], list[int]] | None:
         """(the entry's cache, its tokens), or None where the file can't be read (it is
         dropped)."""
+        import mlx.core as mx
         from mlx_lm.models.cache import load_prompt_cache
 
         e = self.index.get(name)
@@ -146,6 +164,8 @@ class DiskCache:
             return None
         try:
             cache = _ours(load_prompt_cache(str(self.folder / f"{name}.safetensors")))
+            mx.eval([c.state for c in cache])  # read now: a bad file fails here, and the
+            # arrays belong to no thread's stream (a group reads them before it serves)
         except Exception as err:  # truncated, overwritten, not a cache: never serve it
             log.warning("prefix cache on disk: %s can't be read (%s); dropped", name, err)
             self._drop(name)

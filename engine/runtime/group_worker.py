@@ -46,9 +46,12 @@ def _follow_stdin(quit_group: Callable[[], None]) -> None:
 
 def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
              serve: Callable[..., None], streams: int = 1,
-             drafting: Callable[[Any], Any] | None = None) -> int:
+             drafting: Callable[[Any], Any] | None = None,
+             disk: tuple[Path | None, int] = (None, 0)) -> int:
     """One rank of a group. `drafting` makes rank 0's Drafting from the model's tokenizer
-    (loading the draft model, if the node has one): rank 0 drafts for the whole group."""
+    (loading the draft model, if the node has one): rank 0 drafts for the whole group.
+    `disk`: the folder and size of this node's prefix cache on disk (engine/runtime/
+    group_disk.py)."""
     import mlx.core as mx
 
     from engine.placement.families import batching_refusal
@@ -127,6 +130,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
             total, streams = int(summed[0]), int(summed[1])
         if total != cfg.world:
             raise RuntimeError(f"the group check summed to {total}, not {cfg.world}")
+        prefix = _prefix(cfg, Path(model_path), disk, group, watchdog)
     except ShoalError as e:
         fatal(e.code or "group_failed", e.message)
     except Exception as e:  # anything mlx-lm or MLX raises on a model or group it can't use
@@ -140,8 +144,6 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
                          list(info.files), info.bytes_read, peak_rss_bytes(),
                          cfg.lanes if streams > 1 else 1)))
     link = Link(cfg, group, bell, watchdog, on_broken=fatal.peer_lost)
-    from engine.runtime.prefix import PrefixCache
-    prefix = PrefixCache(cfg.prefix_cache_tokens, leader=cfg.rank == 0)
     if streams > 1:  # requests decode together (engine/runtime/group_batch.py)
         from engine.runtime.group_batch import GroupBatcher, serve_follower
         steps = _steps(cfg.strategy, model, link, kv)
@@ -169,6 +171,30 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     # the peers are gone is not worth waiting for.
     logging.shutdown()
     os._exit(0)
+
+
+def _prefix(cfg: Any, model: Path, disk: tuple[Path | None, int], group: Any,
+            watchdog: Any) -> Any:
+    """This rank's prefix cache, filled from its disk with what every rank holds there."""
+    import mlx.core as mx
+
+    from engine.runtime.group_disk import open_disk, restore
+    from engine.runtime.prefix import PrefixCache
+
+    tier = open_disk(disk[0], disk[1], model, cfg)
+    prefix = PrefixCache(cfg.prefix_cache_tokens, leader=cfg.rank == 0, disk=tier,
+                         disk_lookups=False)
+
+    def all_sum(x: Any) -> Any:
+        with watchdog.watch("reading the prefix cache from disk", cfg.successor):
+            out = mx.distributed.all_sum(x, group=group)
+            mx.eval(out)
+        return out
+
+    # Every rank takes part, with a disk or without (then it holds no entry, and so
+    # none is restored); each stops loading at half the watchdog's bound.
+    restore(prefix, tier, all_sum, cfg.rank, cfg.world, cfg.timeout_s / 2)
+    return prefix
 
 
 def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict, Any]:

@@ -9,8 +9,10 @@
 - Eviction is LRU within a token budget and an entry count, both identical on every rank
   of a group; followers don't evict by themselves but trim to the count rank 0 kept, so
   their tries hold the same keys and make the same decision for every prompt.
-- With a disk tier (engine/runtime/disk_cache.py, one process only) finished prompts are
-  also written to the SSD, and a lookup that finds more there than in memory loads it.
+- With a disk tier (engine/runtime/disk_cache.py) finished prompts are also written to
+  the SSD. In one process a lookup that finds more there than in memory loads it; a
+  group's ranks read their disks only as the group forms (engine/runtime/group_disk.py),
+  since disks on different nodes can't promise every rank the same hit.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ def default_budget(context_length: int) -> int:
 
 class PrefixCache:
     def __init__(self, budget_tokens: int, max_entries: int = 16, leader: bool = True,
-                 disk: Any = None):
+                 disk: Any = None, disk_lookups: bool = True):
         from mlx_lm.models.cache import LRUPromptCache
 
         self.budget_tokens, self.leader = budget_tokens, leader
         self.disk = disk  # engine.runtime.disk_cache.DiskCache, or None
+        self.disk_lookups = disk_lookups and disk is not None
         self.lru = LRUPromptCache(max_size=max_entries if leader else 1 << 30)
         self.hits = self.lookups = 0
         self._snapshot: tuple[list[int], list[Any]] | None = None
@@ -63,7 +66,7 @@ class PrefixCache:
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         cache, rest = self.lru.fetch_nearest_cache(KEY, prompt)
-        if self.disk is not None and self._from_disk(prompt, len(prompt) - len(rest)
+        if self.disk_lookups and self._from_disk(prompt, len(prompt) - len(rest)
                                                      if cache is not None else 0):
             cache, rest = self.lru.fetch_nearest_cache(KEY, prompt)
         if cache is not None and not rest:  # an exact hit: its last token must run again
@@ -120,9 +123,13 @@ class PrefixCache:
         cache, tokens = got
         if n < len(tokens) and not can_trim_prompt_cache(cache):
             return False
+        self.put(tokens, cache)
+        return True
+
+    def put(self, tokens: list[int], cache: list[Any]) -> None:
+        """Keep `cache`, holding exactly `tokens` (an entry read back from disk)."""
         self._store(tokens, cache)
         self._evict()
-        return True
 
     def _evict(self) -> None:
         if self.leader:

@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from engine.runtime.group_worker import run_rank
         return run_rank(args.model, args.model_id, args.dist, emit, serve,
-                        max(1, args.streams), partial(load_drafting, args))
+                        max(1, args.streams), partial(load_drafting, args),
+                        (args.prefix_disk, args.prefix_disk_bytes))
     from engine.runtime.checkpoint import model_context
     from engine.runtime.load import load_model
 

@@ -305,6 +305,51 @@ def test_prefix_cache_hits_give_the_same_output(models, tmp_path, strategy, worl
         group.kill()
 
 
+@pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+def test_a_group_finds_its_prompts_on_disk_after_a_restart(models, tmp_path, strategy):
+    """Each rank writes its share of a finished prompt's KV to its own disk folder; a
+    group started again reads them back and the resend is a hit with the same answer.
+    A damaged entry on one rank is not used by any rank (all must hold it), and the
+    answer is still right."""
+    disk = tmp_path / "disk"
+    flags = ("--prefix-disk", str(disk), "--prefix-disk-bytes", str(10**8))
+    ask = ([{"role": "user", "content": "abcdefghij" * 40}], {"max_tokens": 8})
+
+    def start(name: str) -> Group:
+        group = Group(tmp_path / name, models["qwen3"], 2, strategy,
+                      SPLITS[2] if strategy == "pipeline" else None, streams=4, args=flags)
+        group.ready()
+        return group
+
+    def run(name: str) -> list[dict]:
+        group = start(name)
+        try:
+            events = generate(group.leader, "q", *ask[:1], **ask[1])
+            assert group.shutdown() == [0, 0]
+            return events
+        finally:
+            group.kill()
+
+    first = run("first")
+    assert first[-1]["cached_tokens"] == 0
+    folders = sorted(disk.iterdir())
+    assert len(folders) == 2  # one per rank's share
+    assert all(len(list(f.glob("*.safetensors"))) == 1 for f in folders)
+    again = run("again")
+    assert texts(again) == texts(first)
+    assert again[-1]["cached_tokens"] == again[-1]["prompt_tokens"] - 1
+    if strategy == "tensor":
+        return
+    said = (tmp_path / "first" / "rank1.log").read_text()
+    entry = next(Path(said.split("prefix cache on disk: ")[1].split(",")[0]).glob("*.safe*"))
+    entry.write_bytes(entry.read_bytes()[:100])  # rank 1's copy, truncated
+    damaged = run("damaged")
+    assert texts(damaged) == texts(first) and damaged[-1]["cached_tokens"] == 0
+    logs = [(tmp_path / "damaged" / f"rank{r}.log").read_text() for r in (0, 1)]
+    assert "not as written" in logs[1]
+    assert "0 of 1 entries on disk are held by every rank" in logs[0]
+
+
 def test_prefix_cache_with_linear_attention_state(tmp_path):
     """qwen3_next keeps recurrent state that can't be rewound: it hits on entries that are
     a prefix of the prompt (each turn of a chat), and output stays exact."""
