@@ -175,11 +175,11 @@ class Node:
 
     def _worker_flags(self, model_id: str, kv_bits: int | None, group: bool
                       ) -> tuple[str, ...]:
-        """A worker's flags beyond the node's own: the prefix cache's disk tier (each rank
-        of a group its own share, engine/runtime/group_disk.py); for one that serves alone
-        also its KV bits, context limit and admission budget (a group's ranks read those
-        from their config)."""
-        out = []
+        """A worker's flags beyond the node's own: the admission budget and the prefix
+        cache's disk tier (each rank of a group its own share, engine/runtime/
+        group_disk.py); for one that serves alone also its KV bits and context limit (a
+        group's ranks read those from their config)."""
+        out = [*(("--memory-limit", str(self.memory_limit)) if self.memory_limit else ())]
         if self.prefix_disk_bytes > 0:
             out += ["--prefix-disk", str(self.home / "cache" / "prefix"),
                     "--prefix-disk-bytes", str(self.prefix_disk_bytes)]
@@ -187,8 +187,7 @@ class Node:
             return tuple(out)
         limit = self.model_settings.context_limit(model_id)
         out += [*(("--kv-bits", str(kv_bits)) if kv_bits else ()),
-                *(("--context-limit", str(limit)) if limit else ()),
-                *(("--memory-limit", str(self.memory_limit)) if self.memory_limit else ())]
+                *(("--context-limit", str(limit)) if limit else ())]
         return tuple(out)
 
     async def _start(self, model_id: str, path: Path, dist_config: Path | None,

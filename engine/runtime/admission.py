@@ -9,6 +9,11 @@ MLX holds now; elsewhere what the OS reports available now; or the limit the use
 (`--memory-limit`), less what MLX holds. Where it doesn't fit, the prefix cache gives up
 entries first; then the request waits for those in flight to finish, or, with none in
 flight, is refused with a 503 that gives both figures.
+
+A group's rank 0 can't see the other ranks' memory while it serves, so each rank says,
+as the group forms, how many tokens of KV its share of the model has room for beyond
+its prefix cache's budget (`tokens_of_room`); rank 0 then admits by tokens against the
+least of those (`GroupAdmission`), counting what the requests in flight took.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ def kv_bytes_per_token(config: dict[str, Any], kv_bits: int | None) -> float:
     except Exception as e:  # a family the planner doesn't know the shape of
         log.warning("admission off: can't size this model's KV (%s)", e)
         return 0.0
-    return float(spec.kv_per_token * kv_value_bytes(kv_bits))
+    # kv_per_token is per layer; every layer is counted in full, sliding windows too
+    # (a prompt shorter than its window fills it): more than some prompts take, never less
+    return float(spec.kv_per_token * kv_value_bytes(kv_bits) * spec.layers)
 
 
 def room_now(limit: int | None = None) -> int:
@@ -90,3 +97,43 @@ class Admission:
 
 def _size(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+INT32 = (1 << 31) - 1
+
+
+def tokens_of_room(per_token: float, share: float, prefix_left: int,
+                   limit: int | None) -> int:
+    """Tokens of KV a rank holding `share` of every token's KV can still take, less the
+    `prefix_left` tokens its prefix cache may still grow by."""
+    per = per_token * share
+    if per <= 0:
+        return INT32  # nothing to size the KV by: admit, as one process does
+    return max(0, min(INT32, int(room_now(limit) / per) - prefix_left))
+
+
+class GroupAdmission:
+    """Rank 0's admission for a group, by tokens (see the module's docstring). `rooms`:
+    each rank's tokens of room; `where` names a rank ("rank 1 (10.0.0.2:5001)")."""
+
+    def __init__(self, rooms: list[int], where: Callable[[int], str]):
+        self.tokens = min(rooms)
+        self.short = where(rooms.index(self.tokens))
+        log.info("admission: the group has room for %d tokens of KV (the least, on %s)",
+                 self.tokens, self.short)
+
+    @staticmethod
+    def need(prompt: int, cached: int, max_tokens: int) -> int:
+        return prompt - cached + min(max_tokens, RESERVE)
+
+    def check(self, need: int, taken: int, in_flight: int) -> bool:
+        """True: start it; False: wait for the `in_flight` requests, which took `taken`
+        tokens. NoRoom where it can't fit with nothing else running."""
+        if taken + need <= self.tokens:
+            return True
+        if in_flight:
+            return False
+        raise NoRoom(f"This request's KV cache needs {need} tokens' room and the group has "
+                     f"{self.tokens} (the least, on {self.short}) with nothing else "
+                     f"running: send a shorter prompt or a smaller max_tokens, or serve "
+                     f"the model on more memory (or with kv_bits 8).")

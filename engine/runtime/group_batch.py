@@ -294,7 +294,8 @@ class GroupBatcher(Streams):
 
     def __init__(self, steps: PipelineSteps | TensorSteps, tokenizer: Any,
                  prefix: PrefixCache, streams: int, on_fatal: Callable[[str], None],
-                 chunker: Chunker | None = None, drafting: Any = None):
+                 chunker: Chunker | None = None, drafting: Any = None,
+                 admission: Any = None):
         from engine.runtime.sampling import token_sampler
 
         super().__init__()
@@ -305,7 +306,8 @@ class GroupBatcher(Streams):
         self.scheduler = Scheduler(
             self.state, streams, self.chunker, steps.hidden, steps.dtype,
             lambda job: token_sampler(job.sampling, job.tokenizer, job.prompt),
-            drafting if drafting is not None and _trimmable(steps.make_cache()) else None)
+            drafting if drafting is not None and _trimmable(steps.make_cache()) else None,
+            admission)
         self._stamps: dict[int, float] = {}  # lane -> when its last drafting step was sampled
         self._jobs = self.scheduler.jobs  # Streams' count of requests in flight
         self._on_fatal = on_fatal

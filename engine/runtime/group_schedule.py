@@ -32,7 +32,8 @@ class Scheduler:
     that left (cancelled, finished, failed) and the number of streams it serves."""
 
     def __init__(self, state: State, streams: int, chunker: Chunker, hidden: int,
-                 dtype: str, sampler: Callable[[Job], Any], drafting: Any = None):
+                 dtype: str, sampler: Callable[[Job], Any], drafting: Any = None,
+                 admission: Any = None):
         self.state, self.streams, self.chunker = state, streams, chunker
         # engine.runtime.drafting.Drafting, where the model's caches can be trimmed: the
         # decoding sequences feed drafted guesses with their tokens
@@ -45,6 +46,9 @@ class Scheduler:
         self.gone: set[int] = set()  # uids whose sequences leave at their next plan
         self.jobs: dict[int, Job] = {}
         self._uid = 0
+        self.admission = admission  # engine.runtime.admission.GroupAdmission, or None
+        self._taken: dict[int, int] = {}  # uid -> the tokens of room it was admitted with
+        self._full = False  # the first waiting request didn't fit: wait for a leaver
 
     def step(self, lane: int) -> Plan:
         """Decide `lane`'s next step, applying rank 0's side of it as it goes."""
@@ -105,7 +109,8 @@ class Scheduler:
         st = self.state
         joining: list[tuple[Job, Any]] = []
         fetched: list[tuple[Any, int]] = []
-        while self.waiting and len(st.pending) + len(joining) + st.n_decoding < self.streams:
+        while self.waiting and not self._full \
+                and len(st.pending) + len(joining) + st.n_decoding < self.streams:
             job = self.waiting.pop(0)
             try:
                 sample = self.sampler(job)
@@ -113,14 +118,39 @@ class Scheduler:
                 job.out.put(e)
                 continue
             cache, job.cached = st.prefix.fetch(job.prompt)
+            need = self._room(job)
+            if need is None:
+                continue
+            if need < 0:
+                self.waiting.insert(0, job)
+                break
             job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
             job.uid, self._uid = self._uid, self._uid + 1
             self.jobs[job.uid] = job
+            self._taken[job.uid] = need
             joining.append((job, sample))
             fetched.append((cache, job.cached))
             plan.admit.append(job.prompt)
             plan.cached.append(job.cached)
         return joining, fetched
+
+    def _room(self, job: Job) -> int | None:
+        """The tokens of room `job` takes (0 without admission); -1: it waits for those in
+        flight; None: it can never fit (its request failed with the reason)."""
+        from engine.runtime.admission import NoRoom
+
+        adm = self.admission
+        if adm is None:
+            return 0
+        need = adm.need(len(job.prompt), job.cached, job.sampling.max_tokens)
+        try:
+            if adm.check(need, sum(self._taken.values()), len(self.jobs)):
+                return need
+        except NoRoom as e:
+            job.out.put(e)
+            return None
+        self._full = True
+        return -1
 
     def leave(self, job: Job) -> None:
         """A request's thread is done with it (cancelled, stopped on a stop string)."""
@@ -134,6 +164,8 @@ class Scheduler:
             u = uid(s)
             self.gone.discard(u)
             self.jobs.pop(u, None)
+            if self._taken.pop(u, None):
+                self._full = False  # room came back: the first waiting may fit now
 
 
 def uid(seq: Seq) -> int:

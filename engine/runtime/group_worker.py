@@ -47,11 +47,12 @@ def _follow_stdin(quit_group: Callable[[], None]) -> None:
 def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
              serve: Callable[..., None], streams: int = 1,
              drafting: Callable[[Any], Any] | None = None,
-             disk: tuple[Path | None, int] = (None, 0)) -> int:
+             disk: tuple[Path | None, int] = (None, 0),
+             memory_limit: int | None = None) -> int:
     """One rank of a group. `drafting` makes rank 0's Drafting from the model's tokenizer
     (loading the draft model, if the node has one): rank 0 drafts for the whole group.
     `disk`: the folder and size of this node's prefix cache on disk (engine/runtime/
-    group_disk.py)."""
+    group_disk.py); `memory_limit`: the node's cap for admission, in bytes."""
     import mlx.core as mx
 
     from engine.placement.families import batching_refusal
@@ -131,6 +132,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         if total != cfg.world:
             raise RuntimeError(f"the group check summed to {total}, not {cfg.world}")
         prefix = _prefix(cfg, Path(model_path), disk, group, watchdog)
+        admission = _admission(cfg, config, prefix, memory_limit, group, watchdog)
     except ShoalError as e:
         fatal(e.code or "group_failed", e.message)
     except Exception as e:  # anything mlx-lm or MLX raises on a model or group it can't use
@@ -151,11 +153,12 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
             serve_follower(steps, link, prefix)  # ends by quit or fatal
         gen: Callable[..., Iterator[Any]] = GroupBatcher(
             steps, tokenizer, prefix, streams,
-            on_fatal=lambda why: fatal("group_failed", why), drafting=drafts)
+            on_fatal=lambda why: fatal("group_failed", why), drafting=drafts,
+            admission=admission)
     else:
         if cfg.rank != 0:
             _follower(cfg.strategy, model, link, prefix, kv).serve()  # quit or fatal end it
-        gen = _lockstep(_leader(cfg.strategy, model, link, prefix, kv), fatal)
+        gen = _lockstep(_leader(cfg.strategy, model, link, prefix, kv), fatal, admission)
 
     def on_request(rid: str, active: bool) -> None:
         (fatal.inflight.add if active else fatal.inflight.discard)(rid)
@@ -197,6 +200,31 @@ def _prefix(cfg: Any, model: Path, disk: tuple[Path | None, int], group: Any,
     return prefix
 
 
+def _admission(cfg: Any, config: dict[str, Any], prefix: Any, limit: int | None,
+               group: Any, watchdog: Any) -> Any:
+    """Every rank says how many tokens of KV it has room for; rank 0 gets the group's
+    admission from them (engine/runtime/admission.py; None on the other ranks)."""
+    import mlx.core as mx
+
+    from engine.runtime.admission import GroupAdmission, kv_bytes_per_token, tokens_of_room
+
+    if cfg.strategy == "pipeline":
+        start, end = cfg.layers[cfg.rank]
+        share = (end - start) / cfg.layers[-1][1]
+    else:
+        share = 1 / cfg.world  # each rank holds its heads' share
+    mine = tokens_of_room(kv_bytes_per_token(config, cfg.kv_bits), share,
+                          max(0, prefix.budget_tokens - prefix.tokens()), limit)
+    slots = [0] * cfg.world
+    slots[cfg.rank] = mine
+    with watchdog.watch("sizing the group's memory", cfg.successor):
+        summed = mx.distributed.all_sum(mx.array(slots, mx.int32), group=group)
+        mx.eval(summed)
+    rooms: list[int] = summed.tolist()  # type: ignore[assignment]
+    return GroupAdmission(rooms, cfg.where) \
+        if cfg.rank == 0 else None
+
+
 def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict, Any]:
     """(model or stage, tokenizer on rank 0, config, ShardInfo)."""
     from engine.runtime.distributed import check_layer_ranges
@@ -224,11 +252,14 @@ def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict
     return model, tokenizer, config, info
 
 
-def _lockstep(runner: Any, fatal: Any) -> Callable[..., Iterator[Any]]:
-    """One request at a time through the group (engine/runtime/lockstep.py)."""
+def _lockstep(runner: Any, fatal: Any, admission: Any) -> Callable[..., Iterator[Any]]:
+    """One request at a time through the group (engine/runtime/lockstep.py); each must
+    fit alone (a 503 where it can't)."""
     def generate(_model: Any, tok: Any, prompt: list[int], sampling: Any,
                  cancel: threading.Event | None, progress: Any = None) -> Iterator[Any]:
         from engine.runtime.lockstep import generate as lockstep_generate
+        if admission is not None:
+            admission.check(admission.need(len(prompt), 0, sampling.max_tokens), 0, 0)
         try:  # a lockstep prefill runs whole once begun: progress at its start and end
             yield from lockstep_generate(runner, tok, prompt, sampling, cancel, progress)
         except Exception as e:  # the group's state is unknown now: take it down

@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.runtime.group_worker import run_rank
         return run_rank(args.model, args.model_id, args.dist, emit, serve,
                         max(1, args.streams), partial(load_drafting, args),
-                        (args.prefix_disk, args.prefix_disk_bytes))
+                        (args.prefix_disk, args.prefix_disk_bytes), args.memory_limit)
     from engine.runtime.checkpoint import model_context
     from engine.runtime.load import load_model
 

@@ -350,6 +350,44 @@ def test_a_group_finds_its_prompts_on_disk_after_a_restart(models, tmp_path, str
     assert "0 of 1 entries on disk are held by every rank" in logs[0]
 
 
+def test_a_group_admits_requests_by_the_room_of_its_fullest_rank(models, tmp_path):
+    """Every rank says, as the group forms, how many tokens of KV its memory has room
+    for (here under --memory-limit); rank 0 refuses a request that can't fit even alone
+    (insufficient_memory, naming the figures and the rank), and holds one that fits only
+    once the one in flight is done. The group keeps serving."""
+    import re
+
+    from engine.runtime.admission import kv_bytes_per_token
+    from engine.runtime.load import read_config
+
+    model = models["qwen3"]
+    per = kv_bytes_per_token(read_config(model), None) * 4 / 6  # rank 0's 4 of 6 layers
+    weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    limit = int((weights + 2500 * per) / 0.95)  # room for about 2,500 tokens on rank 0
+    group = Group(tmp_path / "g", model, 2, "pipeline", SPLITS[2], streams=4,
+                  prefix_cache_tokens=0, args=("--memory-limit", str(limit)))
+    try:
+        group.ready()
+        said = group.leader.log.read_text()
+        room = int(re.search(r"room for (\d+) tokens of KV \(the least, on rank (\d)",
+                             said).group(1))
+        assert 1000 < room < 3500, said
+        too_big = generate(group.leader, "big", [{"role": "user", "content": "a" * room}],
+                           max_tokens=4)
+        assert too_big[-1]["ev"] == "error", too_big
+        assert too_big[-1]["code"] == "insufficient_memory"
+        assert f"the group has {room}" in too_big[-1]["message"]
+        half = [{"role": "user", "content": "b" * int(room * 0.6)}]
+        send_all(group.leader, [(half, {"max_tokens": 4}), (half, {"max_tokens": 4})], "h")
+        got = collect_all(group.leader, ["h0", "h1"])
+        assert [g[-1]["ev"] for g in got.values()] == ["done", "done"]
+        first, second = sorted(got.values(), key=lambda g: g[-1]["t"])  # either may lead
+        assert next(e["t"] for e in second if e["ev"] == "progress") >= first[-1]["t"]
+        assert group.shutdown() == [0, 0]
+    finally:
+        group.kill()
+
+
 def test_prefix_cache_with_linear_attention_state(tmp_path):
     """qwen3_next keeps recurrent state that can't be rewound: it hits on entries that are
     a prefix of the prompt (each turn of a chat), and output stays exact."""
