@@ -80,6 +80,7 @@ class LaunchPanel(QWidget):
         self.client, self.tasks, self.state = client, tasks, state
         self.logs_dir = Path(logs_dir) if logs_dir else None
         self.placement: tuple[str, str, str, list[tuple[str, tuple[int, int]]]] | None = None
+        self.kv_bits: int | None = None  # the KV cache's bits (None: the node's setting)
         # the instance this node owns, as JSON: launched here or seen in the topology
         self.instance: dict[str, Any] | None = None
         self.launching: dict[str, Any] | None = None
@@ -122,16 +123,20 @@ class LaunchPanel(QWidget):
 
     def set_placement(self, model: str | None, strategy: str = "pipeline",
                       backend: str = "ring",
-                      ranks: list[tuple[str, tuple[int, int]]] | None = None) -> None:
+                      ranks: list[tuple[str, tuple[int, int]]] | None = None,
+                      kv_bits: int | None = None) -> None:
         """What Launch would start (None: the shown placement can't run)."""
         self.placement = (model, strategy, backend, ranks or []) if model else None
+        self.kv_bits = kv_bits
         self._buttons()
 
     def offer_anyway(self, model: str, strategy: str, backend: str,
-                     ranks: list[tuple[str, tuple[int, int]]], reason: str) -> None:
+                     ranks: list[tuple[str, tuple[int, int]]], reason: str,
+                     kv_bits: int | None = None) -> None:
         """The memory check refuses this placement: it can still be launched, the risk
         said first."""
         self.placement = (model, strategy, backend, ranks)
+        self.kv_bits = kv_bits
         self._buttons()
         self.launch_button.setEnabled(False)
         self.force_button.show()
@@ -166,6 +171,7 @@ class LaunchPanel(QWidget):
         self.state.refresh()
         self._buttons()
         self.tasks.run(self.client.launch, model, strategy, nodes, backend, force=force,
+                       kv_bits=self.kv_bits,
                        on_done=self._launched, on_error=self._launch_failed, owner=self)
 
     def _make_rows(self, ids: list[str]) -> None:

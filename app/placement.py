@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.cluster_state import ClusterState
 from app.common import buddy, fmt_bytes, fmt_tps, message_of
+from app.kv_choice import KVBox, KVOffer
 from app.launch import LaunchPanel
 from app.strips import LayerStrips
 from app.tasks import Tasks
@@ -100,6 +101,10 @@ class PlacementView(QWidget):
         self.context_spin.setValue(4096)
         self.context_spin.editingFinished.connect(self._context_edited)
         self._context_chosen = False  # else the planner's default for the model
+        self.kv_box = KVBox()
+        self.kv_box.currentIndexChanged.connect(lambda _i: self.request(True))
+        self.kv_offer = KVOffer(self.client, self.tasks)
+        self.kv_offer.chosen.connect(self.kv_box.choose)
         self.strategy_box = QComboBox()
         for key, text in STRATEGIES:
             self.strategy_box.addItem(text, key)
@@ -125,6 +130,8 @@ class PlacementView(QWidget):
         row.addWidget(self.model_box, 1)
         row.addWidget(buddy("Con&text:", self.context_spin))
         row.addWidget(self.context_spin)
+        row.addWidget(buddy("&KV cache:", self.kv_box))
+        row.addWidget(self.kv_box)
         form.addRow(buddy("&Model:", self.model_box), row)
         row = QHBoxLayout()
         row.addWidget(self.strategy_box, 1)
@@ -169,6 +176,7 @@ class PlacementView(QWidget):
         layout.addWidget(self.headline)
         layout.addWidget(self.measured_label)
         layout.addWidget(self.reason_label)
+        layout.addWidget(self.kv_offer)
         layout.addWidget(self.table)
         layout.addWidget(self.notes)
         layout.addWidget(self.launch)
@@ -344,6 +352,7 @@ class PlacementView(QWidget):
         self._is_best = best
         self.tasks.run(self.client.plan, body["model"], body.get("context"),
                        body.get("strategy"), body.get("nodes"), body.get("backend"),
+                       kv_bits=self.kv_box.bits,
                        on_done=lambda r: self._answered(seq, body, r, None, best),
                        on_error=lambda e: self._answered(seq, body, None, e, best), owner=self)
 
@@ -358,6 +367,8 @@ class PlacementView(QWidget):
             self._infeasible(message_of(error) if error else "The node gave no plan.", body,
                              memory=getattr(error, "code", None) == "insufficient_memory")
             return
+        self.kv_offer.clear()
+        self.kv_box.set_default(report.kv_bits)
         self._grey_strategies(report.strategies)
         placements = report.placements
         if best:  # the node's one rule for its best placement (engine.node.planning)
@@ -410,7 +421,8 @@ class PlacementView(QWidget):
         self.state.set_planned({} if self.running else
                                {r["node"]: int(r["memory"]["total"]) for r in ranks})
         self.launch.set_placement(self.model, self.strategy, self.backend,
-                                  [(r["node"], tuple(r["layers"])) for r in ranks])
+                                  [(r["node"], tuple(r["layers"])) for r in ranks],
+                                  self.kv_box.bits)
         self.prediction_changed.emit()
 
     def _is_running(self, ranks: list[dict[str, Any]]) -> bool:
@@ -507,7 +519,12 @@ class PlacementView(QWidget):
         if memory and self.model and len(self.node_ids) == len(self.ranges):
             self.launch.offer_anyway(self.model, self.strategy, self.backend,
                                      list(zip(self.node_ids, self.ranges, strict=True)),
-                                     "The memory check refuses this placement.")
+                                     "The memory check refuses this placement.",
+                                     self.kv_box.bits)
+        if memory and self.kv_box.bits in (None, 16) and body.get("strategy"):
+            self.kv_offer.probe(body, int(body.get("context") or self.context_spin.value()))
+        else:
+            self.kv_offer.clear()
         self.prediction_changed.emit()
 
     def _show_reason(self, text: str) -> None:

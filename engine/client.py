@@ -157,11 +157,14 @@ class NodeClient:
 
     def plan(self, model: str, context: int | None = None, strategy: str | None = None,
              nodes: list[dict[str, Any]] | None = None, backend: str | None = None,
-             force: bool = False) -> PlanInfo:
+             force: bool = False, kv_bits: int | None = None) -> PlanInfo:
         """Ranked placements for `model` on the live cluster; with `strategy` and `nodes`
         ([{"node": id, "layers"?: [start, end]}, ...], rank 0 first) the prediction for
-        that one placement, or a ShoalError saying why it can't run."""
+        that one placement, or a ShoalError saying why it can't run. `kv_bits` (16, 8,
+        4; None: the node's setting) sizes the KV cache."""
         body: dict[str, Any] = {"model": model}
+        if kv_bits:
+            body["kv_bits"] = kv_bits
         if context:
             body["context"] = context
         if strategy:
@@ -178,12 +181,14 @@ class NodeClient:
 
     def launch(self, model: str, strategy: str, nodes: list[dict[str, Any]],
                backend: str = "ring", timeout: float | None = 900.0,
-               force: bool = False) -> InstanceInfo:
+               force: bool = False, kv_bits: int | None = None) -> InstanceInfo:
         """Start a model over several nodes; returns when every rank has loaded (or raises
-        a ShoalError naming the node that failed). `force`: past the memory check."""
+        a ShoalError naming the node that failed). `force`: past the memory check;
+        `kv_bits`: the KV cache's (None: the node's setting)."""
         return InstanceInfo.from_json(self._call("POST", "/shoal/instances", json={
             "model": model, "strategy": strategy, "backend": backend, "nodes": nodes,
-            **({"force": True} if force else {})}, timeout=timeout))
+            **({"force": True} if force else {}),
+            **({"kv_bits": kv_bits} if kv_bits else {})}, timeout=timeout))
 
     def stop_instance(self, instance_id: str) -> InstanceInfo:
         return InstanceInfo.from_json(

@@ -481,3 +481,4 @@ class PlanInfo(Record):
     placements: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[RejectedInfo] = field(default_factory=list)
     best: int | None = None  # the index of the placement a launch without nodes takes
+    kv_bits: int = 16  # the KV cache's bits the figures assume

@@ -4,6 +4,8 @@ itself is engine.node.planning."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from aiohttp import web
 
 from engine.errors import BadRequest, InsufficientMemory
@@ -46,14 +48,14 @@ async def plan(request: web.Request) -> web.Response:
     try:
         report = plan_from_cluster(**c.plan_inputs(body["model"]), context=body.get("context"),
                                    model_name=body["model"], force=bool(body.get("force")),
-                                   layout=layout, kv_bits=_kv_bits(body),
+                                   layout=layout, kv_bits=(bits := _kv_bits(body, c)),
                                    rank=_rank(body))
     except NotEnoughMemory as e:
         raise InsufficientMemory(str(e), param="nodes") from None
     except PlacementError as e:
         raise BadRequest(f"This placement can't run: {e}", param="nodes") from None
     best = best_placement(report.placements, c.id) if layout is None else None
-    return web.json_response(plan_info(report, best).to_json())
+    return web.json_response(replace(plan_info(report, best), kv_bits=bits or 16).to_json())
 
 
 def _rank(body: dict) -> str:
@@ -66,10 +68,14 @@ def _rank(body: dict) -> str:
     return str(rank)
 
 
-def _kv_bits(body: dict) -> int | None:
+def _kv_bits(body: dict, c: Cluster) -> int | None:
+    """The plan's KV bits: the body's, else what a launch without them takes (the node's
+    --kv-bits); None for 16."""
     bits = body.get("kv_bits")
     if bits not in (None, 16, 8, 4) or isinstance(bits, bool):
         raise BadRequest(f"kv_bits must be 16, 8 or 4, not {bits!r}.", param="kv_bits")
+    if bits is None:
+        bits = c.node.kv_bits
     return None if bits in (None, 16) else bits
 
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import placement_profiles
-from engine.placement.families import strategy_refusal
+from engine.errors import BadRequest
+from engine.placement.families import kv_group, strategy_refusal
 from engine.placement.memory import context_label
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec, kv_value_bytes
 from engine.placement.planner import Placement, Rejection, evaluate, explain, plan
@@ -69,15 +70,18 @@ def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
 # --- planning ---------------------------------------------------------------------------
 def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
                 context: int, force: bool, layout: Layout | None,
-                notes: list[str], rank: str = "decode") -> PlanReport:
-    """Ranked placements, or with a layout (chosen by hand) its prediction or why not."""
+                notes: list[str], rank: str = "decode",
+                kv_options: Sequence[int] = (8, 4)) -> PlanReport:
+    """Ranked placements, or with a layout (chosen by hand) its prediction or why not.
+    `kv_options`: the KV bits the model's heads can be quantized to, tried in turn
+    where nothing fits at 16."""
     if layout is not None:
         strategy, backend, ranks = layout
         one = evaluate(model, nodes, links, context, strategy, ranks, backend, force)
         return PlanReport(model, context, [one], [], notes)
     found = plan(model, nodes, links, context, force, rank=rank)
     if not found and model.kv_bytes == 2:  # would quantized KV make room?
-        for bits in (8, 4):
+        for bits in kv_options:
             if plan(model.with_kv_bits(bits), nodes, links, context):
                 notes.append(f"It fits with {bits}-bit KV cache (launch with \"kv_bits\": "
                              f"{bits}, or shoal node --kv-bits {bits}): "
@@ -109,6 +113,11 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
     model = ModelSpec.from_config(model_config, name=model_name, weight_bytes=weight_bytes,
                                   context=model_context)
     if kv_bits is not None:
+        try:
+            kv_group(dict(model_config), kv_bits)
+        except ValueError as e:
+            raise BadRequest(f"Can't quantize this model's KV cache to {kv_bits} bits: {e}.",
+                             param="kv_bits", code="kv_bits_refused") from None
         model = model.with_kv_bits(kv_bits)
     nodes = [_node_from_info(i, info, model_name, notes) for i, info in enumerate(node_infos)]
     specs = [LinkSpec(str(k["a"]), str(k["b"]), float(k["latency_s"]),
@@ -126,7 +135,19 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
         notes.append(f"{len(missing)} node pair(s) have no link measurement yet; assumed "
                      f"{FALLBACK_LINK}")
     return make_report(model, nodes, specs, context or model.context, force, layout, notes,
-                       rank)
+                       rank, quantizable(model_config))
+
+
+def quantizable(config: Mapping[str, Any]) -> tuple[int, ...]:
+    """The KV bits (8, 4) this model's heads can be quantized to."""
+    out = []
+    for bits in (8, 4):
+        try:
+            kv_group(dict(config), bits)
+        except ValueError:
+            continue
+        out.append(bits)
+    return tuple(out)
 
 
 def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,

@@ -10,6 +10,8 @@ Pure: a config.json model_type in, a reason out. The tables are mlx-lm 0.32.2's 
 
 from __future__ import annotations
 
+from typing import Any
+
 # mlx-lm's MODEL_REMAPPING: checkpoint model_type → the module that runs it.
 REMAPPING = {
     "mistral": "llama", "llava": "mistral3", "phi-msft": "phixtral", "falcon_mamba": "mamba",
@@ -67,3 +69,32 @@ def strategy_refusal(model_type: str, strategy: str) -> str | None:
         return (f"{named} models can't run tensor parallel: mlx-lm has no tensor split "
                 "(shard()) for them; use pipeline")
     return None
+
+
+# --- quantized KV ---------------------------------------------------------------------
+BITS = (4, 8)
+GROUP = 64
+
+
+def kv_group(config: Any, bits: int) -> int:
+    """The quantization group size for a model's KV at `bits`, from its config (a dict,
+    or mlx-lm's model args): 64, or 32 where its heads are narrower; a ValueError naming
+    what doesn't fit otherwise."""
+    if bits not in BITS:
+        raise ValueError(f"kv_bits must be one of {', '.join(map(str, BITS))} (or left "
+                         f"out for 16-bit KV), not {bits}")
+    c = config if isinstance(config, dict) else vars(config)
+    c = c.get("text_config") or c  # a multimodal checkpoint's language model
+    dims = {c.get("head_dim") or c.get("hidden_size", 0) // (c.get("num_attention_heads")
+                                                             or 1)}
+    for name in ("v_head_dim", "kv_lora_rank"):  # MLA's values and latent
+        if c.get(name):
+            dims.add(int(c[name]))
+    if c.get("qk_nope_head_dim"):
+        dims.add(int(c["qk_nope_head_dim"]) + int(c.get("qk_rope_head_dim") or 0))
+    for group in (GROUP, 32):
+        if all(d and d % group == 0 for d in dims):
+            return group
+    raise ValueError(f"this model's attention heads are {sorted(dims)} wide, which "
+                     f"quantized KV can't split into groups of 32 or 64: leave kv_bits "
+                     f"out for it")

@@ -23,32 +23,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-BITS = (4, 8)
-GROUP = 64
-
-
-def kv_group(config: Any, bits: int) -> int:
-    """The quantization group size for a model's KV at `bits`, from its config (a dict,
-    or mlx-lm's model args): 64, or 32 where its heads are narrower; a ValueError naming
-    what doesn't fit otherwise."""
-    if bits not in BITS:
-        raise ValueError(f"kv_bits must be one of {', '.join(map(str, BITS))} (or left "
-                         f"out for 16-bit KV), not {bits}")
-    c = config if isinstance(config, dict) else vars(config)
-    c = c.get("text_config") or c  # a multimodal checkpoint's language model
-    dims = {c.get("head_dim") or c.get("hidden_size", 0) // (c.get("num_attention_heads")
-                                                             or 1)}
-    for name in ("v_head_dim", "kv_lora_rank"):  # MLA's values and latent
-        if c.get(name):
-            dims.add(int(c[name]))
-    if c.get("qk_nope_head_dim"):
-        dims.add(int(c["qk_nope_head_dim"]) + int(c.get("qk_rope_head_dim") or 0))
-    for group in (GROUP, 32):
-        if all(d and d % group == 0 for d in dims):
-            return group
-    raise ValueError(f"this model's attention heads are {sorted(dims)} wide, which "
-                     f"quantized KV can't split into groups of 32 or 64: leave kv_bits "
-                     f"out for it")
+from engine.placement.families import BITS, GROUP, kv_group  # noqa: F401 (the rule)
 
 
 @dataclass(frozen=True)

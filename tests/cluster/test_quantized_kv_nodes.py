@@ -93,3 +93,10 @@ def test_a_model_whose_heads_cant_be_quantized_is_refused_with_the_reason(pair):
     assert r.status_code >= 400, r.text
     message = r.json()["error"]["message"]
     assert "heads are [16] wide" in message and "kv_bits" in message
+    # the planner refuses it too, naming the field, so no view offers what can't launch
+    r = httpx.post(a.url + "/shoal/plan", json={"model": "tiny-llama", "kv_bits": 8},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "kv_bits", r.text
+    assert "heads are [16] wide" in r.json()["error"]["message"]
+    plain = httpx.post(a.url + "/shoal/plan", json={"model": "tiny-wide"}, timeout=60)
+    assert plain.json()["kv_bits"] == 16  # the bits the figures assume
