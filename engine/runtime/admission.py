@@ -8,7 +8,9 @@ Mac, what Metal may wire (its working set, or the wired limit the user set) less
 MLX holds now; elsewhere what the OS reports available now; or the limit the user gave
 (`--memory-limit`), less what MLX holds. Where it doesn't fit, the prefix cache gives up
 entries first; then the request waits for those in flight to finish, or, with none in
-flight, is refused with a 503 that gives both figures.
+flight, is refused with a 503 that gives both figures. Answers that grow past their
+reserve are watched too: where what is left can't hold the next steps, the longest
+answer ends there ("length").
 
 A group's rank 0 can't see the other ranks' memory while it serves, so each rank says,
 as the group forms, how many tokens of KV its share of the model has room for beyond
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 
 RESERVE = 1024  # answer tokens a request must have room for before it starts
 MARGIN = 0.05  # of the budget, kept free for activations and the allocator's slack
+GUARD_STEPS = 16  # decode steps between the one-process batcher's looks at its room
 
 
 class NoRoom(Busy):
@@ -93,6 +96,16 @@ class Admission:
                      f"{_size(max(room, 0))} left with nothing else running: send a "
                      f"shorter prompt or a smaller max_tokens, or serve the model on more "
                      f"memory (or with kv_bits 8).")
+
+
+    def running_short(self, rows: int, evict: Callable[[], bool]) -> bool:
+        """Whether what is left can't hold the next GUARD_STEPS tokens of `rows` answers
+        twice over, once prefix-cache entries are given up (then the longest ends)."""
+        need = self.per_token * rows * GUARD_STEPS * 2
+        while self._room(self.limit) < need:
+            if not evict():
+                return True
+        return False
 
 
 def _size(n: float) -> str:

@@ -53,6 +53,7 @@ class Job:
     drafted: int = 0  # speculative decoding: guesses made and kept
     accepted: int = 0
     started: float = 0.0  # when it began decoding (the drafting log line's figure)
+    cut: bool = False  # memory ran short: its next token is its last ("length")
 
 
 class Streams:
@@ -129,6 +130,7 @@ class Batcher(Streams):
         self.model, self.prefix, self.streams = model, prefix, streams
         self.kv = KV.for_model(model, kv_bits)  # 8 or 4 bits (quant_kv.py), or 16
         self.admission = admission  # engine.runtime.admission.Admission, or None
+        self._steps = 0  # decode steps, for the memory guard
         self._held: list[Job] = []  # admitted once those in flight leave room
         self.chunker = chunker or Chunker()
         eos = [[int(t)] for t in tokenizer.eos_token_ids]
@@ -196,13 +198,37 @@ class Batcher(Streams):
                 owner.emitted += 1
                 if owner.emitted == 1:
                     owner.started = time.perf_counter()
+                if owner.cut and r.finish_reason is None:  # memory ran short (_guard)
+                    owner.out.put((token, lp, "length"))
+                    self._drop(r.uid)
+                    self._gen.remove([r.uid])
+                    finished = True
+                    continue
                 owner.out.put((token, lp, r.finish_reason))
                 if r.finish_reason is not None:
                     self._drop(r.uid)
                     self._keep(r.all_tokens, r.prompt_cache)
                     finished = True
+            self._guard(responses)
             if self._held and finished:
                 self._admit_held()  # someone finished: room for those waiting?
+
+    def _guard(self, responses: list[Any]) -> None:
+        """Every GUARD_STEPS decode steps: where memory can't hold the answers' next
+        steps, the longest ends at its next token (engine/runtime/admission.py)."""
+        from engine.runtime.admission import GUARD_STEPS
+
+        if self.admission is None or not responses:
+            return
+        self._steps += 1
+        rows = [j for j in self._jobs.values() if j.emitted and not j.cut]
+        if self._steps % GUARD_STEPS or not rows or \
+                not self.admission.running_short(len(rows), self.prefix.drop_oldest):
+            return
+        longest = max(rows, key=lambda j: j.emitted)
+        longest.cut = True
+        log.warning("memory: too little left for the answers' next steps; the longest "
+                    "(%d tokens) ends here", longest.emitted)
 
     def _take(self, block: bool) -> None:
         """Apply the requests' adds and removes (waiting for one when idle)."""

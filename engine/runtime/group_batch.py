@@ -399,7 +399,7 @@ class GroupBatcher(Streams):
             return None
         seq.generated += 1
         finish = "stop" if token in self.eos else \
-            "length" if seq.generated >= job.sampling.max_tokens else None
+            "length" if seq.generated >= job.sampling.max_tokens or job.cut else None
         seq.next = token
         job.out.put((token, lp, finish))
         if finish is not None:

@@ -11,6 +11,7 @@ Plan has to travel, and no comment has to keep two copies of the rules alike.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,8 @@ from engine.runtime.group_state import (
     apply_trim,
 )
 from engine.runtime.speculative import Ask, batch_guesses
+
+log = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -62,6 +65,7 @@ class Scheduler:
         self._forget([seqs[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
         apply_leavers(plan, st)
         plan.keep = len(st.prefix)
+        self._guard()
         joining, fetched = self._admit(plan)
         for (job, sample), seq in zip(joining, apply_admissions(plan, st, fetched)):
             seq.job, seq.sample = job, sample
@@ -133,6 +137,25 @@ class Scheduler:
             plan.admit.append(job.prompt)
             plan.cached.append(job.cached)
         return joining, fetched
+
+    def _guard(self) -> None:
+        """Answers grow past the reserve they were admitted with: where together they
+        outgrow the group's room, the longest ends at its next token ("length")."""
+        from engine.runtime.admission import RESERVE
+
+        adm = self.admission
+        if adm is None:
+            return
+        seqs = [s for lane in self.state.lanes for s in lane.decoding
+                if s.job is not None and s.job.uid in self._taken and not s.job.cut]
+        grown = sum(max(0, s.generated - min(s.job.sampling.max_tokens, RESERVE))
+                    for s in seqs if s.job is not None)
+        if seqs and sum(self._taken.values()) + grown > adm.tokens:
+            longest = max(seqs, key=lambda s: s.generated)
+            assert longest.job is not None
+            longest.job.cut = True
+            log.warning("memory: the group's KV room (%d tokens) is full; the longest "
+                        "answer (%d tokens) ends here", adm.tokens, longest.generated)
 
     def _room(self, job: Job) -> int | None:
         """The tokens of room `job` takes (0 without admission); -1: it waits for those in

@@ -127,3 +127,37 @@ def test_the_prefix_cache_gives_up_entries_before_anyone_waits(tiny):
     assert len(tokens(gen, model, tok, second, s)) == 8
     assert gen.rest(10) and len(prefix) == 1  # the first's went to make room
     assert prefix.fetch([*second, 1])[1] > 0
+
+
+class Growing(Memory):
+    """As Memory, but each answer's KV counts as it grows (its tokens so far), not by
+    its reserve."""
+
+    def __call__(self, limit):
+        used = sum(len(j.prompt) + j.emitted for j in self.gen._jobs.values()) + \
+            self.gen.prefix.tokens()
+        left = (self.budget - used) * self.per
+        self.lowest = min(self.lowest, left)
+        return left
+
+
+def test_an_answer_that_outgrows_the_memory_ends_there(tiny):
+    """Admitted with its reserve, an answer that grows on is watched: where what is left
+    can't hold the next steps, it ends with "length" before memory runs out, and the
+    batcher goes on serving."""
+    from engine.runtime.admission import GUARD_STEPS, RESERVE, Admission
+    from engine.runtime.batching import Batcher
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.sampling import Sampling
+
+    model, tok, _ = tiny
+    prompt = prompt_of(tok, 20)
+    memory = Growing(len(prompt) + RESERVE + 200, 100.0)
+    gen = Batcher(model, tok, PrefixCache(0), 4, admission=Admission(100.0, room=memory))
+    memory.gen = gen
+    out = list(gen(model, tok, prompt, Sampling(max_tokens=3000)))
+    assert out[-1].finish_reason == "length"
+    n = out[-1].generation_tokens
+    assert RESERVE < n < RESERVE + 200 - 2 * GUARD_STEPS + GUARD_STEPS, n
+    assert memory.lowest > 0  # it ended before the budget ran out
+    assert len(tokens(gen, model, tok, prompt, Sampling(max_tokens=8))) == 8
