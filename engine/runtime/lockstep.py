@@ -203,7 +203,8 @@ class Runner(Protocol):
     """Rank 0's handle on the group: logits (1, vocab) for a prompt's last position, then
     for each token fed back."""
 
-    def start(self, prompt: list[int], sampling: Sampling) -> Any: ...
+    def start(self, prompt: list[int], sampling: Sampling,
+              done: Callable[[int], None] | None = None) -> Any: ...
     def next(self, token: int) -> Any: ...
     def end(self) -> None: ...
 
@@ -226,10 +227,12 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
     tic = time.perf_counter()
     started = False
     try:
-        logits = runner.start(prompt, sampling)
+        def done(at: int) -> None:  # each chunk is life to the node's stall watchdog
+            if progress is not None:
+                progress(getattr(runner, "cached", 0), at, len(prompt))
+        logits = runner.start(prompt, sampling, done)
         started = True
-        if progress is not None:
-            progress(getattr(runner, "cached", 0), len(prompt), len(prompt))
+        done(len(prompt))
         token, lp = sample(logits)
         # tokens run per second: a cached prefix isn't run (as mlx-lm counts it)
         prompt_tps = (len(prompt) - getattr(runner, "cached", 0)) / (time.perf_counter() - tic)

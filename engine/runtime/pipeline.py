@@ -7,6 +7,7 @@ own norm and head and samples, so every logits processor works as in one process
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from engine.runtime.doorbell import END, REQUEST, STEP, TOKEN
@@ -51,8 +52,10 @@ class PipelineLeader:
         link.compute(y)
         return y
 
-    def start(self, prompt: list[int], sampling: Sampling) -> Any:
-        """Logits for the prompt's last position (1, vocab)."""
+    def start(self, prompt: list[int], sampling: Sampling,
+              done: Callable[[int], None] | None = None) -> Any:
+        """Logits for the prompt's last position (1, vocab); `done(n)` after each chunk,
+        with the prompt tokens in so far."""
         import mlx.core as mx
 
         link = self.link
@@ -69,6 +72,8 @@ class PipelineLeader:
             self._hop(prompt[at:at + n], logits=False)
             at += n
             mx.clear_cache()
+            if done is not None:
+                done(at)
         self.prefix.mark(prompt, self.cache)
         return self._hop(prompt[at:])
 

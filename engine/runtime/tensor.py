@@ -9,6 +9,7 @@ whether the request goes on, so nobody spins through the head and the sampler.""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from engine.runtime.doorbell import END, REQUEST, TOKEN
@@ -19,8 +20,10 @@ from engine.runtime.sampling import Sampling
 log = logging.getLogger(__name__)
 
 
-def _prefill(model: Any, link: Link, prompt: Any, cache: list[Any]) -> Any:
-    """The prompt but its last token, in mlx-lm's chunks; returns that last token."""
+def _prefill(model: Any, link: Link, prompt: Any, cache: list[Any],
+             done: Callable[[int], None] | None = None) -> Any:
+    """The prompt but its last token, in mlx-lm's chunks (`done(n)` after each, with the
+    tokens in so far); returns that last token."""
     import mlx.core as mx
 
     at = 0
@@ -29,6 +32,8 @@ def _prefill(model: Any, link: Link, prompt: Any, cache: list[Any]) -> Any:
         link.compute([c.state for c in cache], collective=True)
         at += n
         mx.clear_cache()
+        if done is not None:
+            done(at)
     return prompt[at:]
 
 
@@ -53,8 +58,9 @@ class TensorLeader:
         self.link.stats.steps += 1
         return logits
 
-    def start(self, prompt: list[int], sampling: Sampling) -> Any:
-        """Logits for the prompt's last position (1, vocab)."""
+    def start(self, prompt: list[int], sampling: Sampling,
+              done: Callable[[int], None] | None = None) -> Any:
+        """Logits for the prompt's last position (1, vocab); `done(n)` after each chunk."""
         import mlx.core as mx
 
         link = self.link
@@ -66,7 +72,8 @@ class TensorLeader:
                             len(self.prefix), len(self.prev)).encode())
         ids = link.all_sum(mx.array(prompt + self.prev, dtype=mx.int32))
         self.prev, self.fed = [], list(prompt)
-        last = _prefill(self.model, link, ids[self.cached:len(prompt)], self.cache)
+        last = _prefill(self.model, link, ids[self.cached:len(prompt)], self.cache,
+                        None if done is None else lambda n: done(self.cached + n))
         self.prefix.mark(prompt, self.cache)
         return self._step(last)
 
