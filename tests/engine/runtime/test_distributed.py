@@ -395,6 +395,23 @@ def test_a_group_admits_requests_by_the_room_of_its_fullest_rank(models, tmp_pat
         group.kill()
 
 
+def test_pipelined_prefill_across_sliding_windows_is_exact(tmp_path):
+    """A family with sliding-window layers (window 8) in a 2-rank batching pipeline: the
+    prompt's chunks overlap across the stages (the first is 64 tokens, so a boundary
+    falls inside a window), and the answers are one process's token for token."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from families import FAMILIES
+
+    model = make_tiny_model(tmp_path / "windows", FAMILIES["ministral3"], seed=2)
+    asks = [([{"role": "user", "content": "abcdefghij" * 30}], {"max_tokens": 12}),
+            ([{"role": "user", "content": "The quick brown fox. " * 20}],
+             {"max_tokens": 10})]
+    want = single_outputs(model, tmp_path, asks)
+    group = Group(tmp_path / "g", model, 2, "pipeline", [[0, 2], [2, 4]], streams=4,
+                  prefix_cache_tokens=0)
+    assert run_group(group, asks) == want
+
+
 def test_prefix_cache_with_linear_attention_state(tmp_path):
     """qwen3_next keeps recurrent state that can't be rewound: it hits on entries that are
     a prefix of the prompt (each turn of a chat), and output stays exact."""
