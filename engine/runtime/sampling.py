@@ -62,8 +62,13 @@ def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[
     if sampling.seed is not None and sampling.temperature > 0:
         sampler = seeded_sampler(sampling)
     else:
-        sampler = make_sampler(temp=sampling.temperature, top_p=sampling.top_p,
-                               min_p=sampling.min_p, top_k=sampling.top_k)
+        def build(top_k: int) -> Any:
+            return make_sampler(temp=sampling.temperature, top_p=sampling.top_p,
+                                min_p=sampling.min_p, top_k=top_k)
+        sampler = build(sampling.top_k)
+        if sampling.top_k > 0:  # a top_k of the vocabulary or more keeps every token
+            k, narrowed, every = sampling.top_k, sampler, build(0)
+            sampler = lambda lp: narrowed(lp) if k < lp.shape[-1] else every(lp)  # noqa: E731
     bias = {int(k): float(v) for k, v in sampling.logit_bias} or None
     processors = make_logits_processors(logit_bias=bias,
                                         repetition_penalty=sampling.repetition_penalty,
@@ -123,7 +128,7 @@ def seeded_sampler(sampling: Sampling) -> Any:
             logprobs = apply_top_p(logprobs, top_p)
         if min_p != 0.0:
             logprobs = apply_min_p(logprobs, min_p)
-        if top_k > 0:
+        if 0 < top_k < logprobs.shape[-1]:  # of the vocabulary or more: every token
             logprobs = apply_top_k(logprobs, top_k)
         key, draw = mx.random.split(key)
         return mx.random.categorical(logprobs * (1.0 / temp), key=draw)

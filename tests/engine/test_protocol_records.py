@@ -84,7 +84,7 @@ def test_a_plan_and_a_topology_go_over_the_wire_and_back():
             "strategies": {"pipeline": None, "tensor": "mlx-lm has no shard()"},
             "placements": [{"strategy": "pipeline", "ranks": [{"node": "a"}]}],
             "rejected": [{"strategy": "tensor", "backend": "ring", "nodes": ["a", "b"],
-                          "reason": "no"}], "best": 0}
+                          "reason": "no"}], "best": 0, "kv_bits": 8}
     p = PlanInfo.from_json(plan)
     assert p.rejected == [RejectedInfo("tensor", "ring", ["a", "b"], "no")]
     assert p.placements[p.best]["ranks"][0]["node"] == "a" and p.to_json() == plan

@@ -80,6 +80,19 @@ def test_seed_makes_sampling_repeatable(oai):
     assert len({sample(s) for s in (1, 2, 3)}) > 1
 
 
+def test_a_top_k_beyond_the_vocabulary_keeps_every_token(oai):
+    """top_k of the vocabulary or more restricts nothing: the same seeded answer as no
+    top_k at all, seeded or not, never a 500 (mlx-lm's sampler refuses such a k)."""
+    def sample(**extra) -> str:
+        return oai.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=12, temperature=0.8, seed=3,
+            extra_body=extra).choices[0].message.content
+    assert sample(top_k=10**6) == sample()
+    r = oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4,
+                                    temperature=0.8, extra_body={"top_k": 26852})
+    assert r.usage.completion_tokens == 4
+
+
 def test_repetition_penalty_changes_the_answer(oai):
     plain = greedy(oai, n=40).choices[0].message.content
     penalised = greedy(oai, n=40, extra_body={"repetition_penalty": 1.8})
