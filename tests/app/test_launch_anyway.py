@@ -13,15 +13,29 @@ from app.tasks import Tasks
 from nodes import NodeProcess, home_with
 
 
-def test_a_refused_launch_can_be_forced_with_the_risk_said(qtbot, tmp_path, tiny_model_dir):
-    node = NodeProcess(home_with(tmp_path, tiny_model_dir), "none",
-                       "--memory-limit", "0.0001").wait_healthy()
+def follow(node):
+    """Tasks and a ClusterState following `node` (polled fast), as the app wires them."""
     tasks = Tasks(max_threads=8)
     state = ClusterState(tasks, node.client, interval=0.3)
     monitor = StatusMonitor(tasks, node.url, interval=0.3)
     monitor.changed.connect(state.set_status)
     state.start()
     monitor.start()
+    return tasks, state, monitor
+
+
+def unfollow(node, tasks, state, monitor):
+    state.stop()
+    monitor.stop()
+    tasks.cancel_streams()
+    tasks.wait(20000)
+    node.stop()
+
+
+def test_a_refused_launch_can_be_forced_with_the_risk_said(qtbot, tmp_path, tiny_model_dir):
+    node = NodeProcess(home_with(tmp_path, tiny_model_dir), "none",
+                       "--memory-limit", "0.0001").wait_healthy()
+    tasks, state, monitor = follow(node)
     try:
         qtbot.waitUntil(lambda: state.self_id is not None, timeout=10000)
         panel = LaunchPanel(node.client, tasks, state)
@@ -43,11 +57,7 @@ def test_a_refused_launch_can_be_forced_with_the_risk_said(qtbot, tmp_path, tiny
             "max_tokens": 4})
         assert r.status_code == 503 and "left" in r.json()["error"]["message"]
     finally:
-        state.stop()
-        monitor.stop()
-        tasks.cancel_streams()
-        tasks.wait(20000)
-        node.stop()
+        unfollow(node, tasks, state, monitor)
 
 
 def totals_at(model_dir, context: int) -> dict[int, int]:
@@ -83,12 +93,7 @@ def test_a_placement_that_fits_only_with_8_bit_kv_offers_it(qtbot, tmp_path):
     limit_gb = (t[8] + t[16]) / 2 / 1e9
     node = NodeProcess(home_with(tmp_path, wide), "none",
                        "--memory-limit", f"{limit_gb:.9f}").wait_healthy()
-    tasks = Tasks(max_threads=8)
-    state = ClusterState(tasks, node.client, interval=0.3)
-    monitor = StatusMonitor(tasks, node.url, interval=0.3)
-    monitor.changed.connect(state.set_status)
-    state.start()
-    monitor.start()
+    tasks, state, monitor = follow(node)
     try:
         view = PlacementView(node.client, tasks, state, node.home / "logs")
         qtbot.addWidget(view)
@@ -111,8 +116,4 @@ def test_a_placement_that_fits_only_with_8_bit_kv_offers_it(qtbot, tmp_path):
         assert view.launch.state_text == "Ready", view.launch.headline.text()
         assert view.launch.instance["kv_bits"] == 8
     finally:
-        state.stop()
-        monitor.stop()
-        tasks.cancel_streams()
-        tasks.wait(20000)
-        node.stop()
+        unfollow(node, tasks, state, monitor)
