@@ -169,7 +169,7 @@ class Batcher(Streams):
                 continue
             try:
                 # the chunk size is read at each step (BatchGenerator keeps it public)
-                self._gen.prefill_step_size = self.chunker.size()
+                self._gen.prefill_step_size = self.chunker.size(alone=len(self._jobs) == 1)
                 with self._gen.stats() as st:
                     prompts, responses = self._gen.next()
                 self.chunker.took(st.prompt_tokens, st.prompt_time)

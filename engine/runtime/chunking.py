@@ -6,28 +6,41 @@ that wait on any machine: on this CPU a 0.1 s chunk of SmolLM2 is ~16 tokens; on
 Apple GPU the same rule gives chunks of hundreds. Measured on SmolLM2 (2-core CPU),
 prefill throughput is within 30% from 16- to 256-token chunks, so small chunks cost little.
 Attention over a growing prompt makes later chunks slower; each chunk's size follows the
-last one's measured rate.
+last one's measured rate. A prompt that prefills alone (nothing decodes, nothing waits)
+takes chunks of about a second instead: on an Apple GPU a 0.1 s chunk of a large mixture
+of experts is a few dozen tokens that read most of its experts, a fraction of the rate
+of large chunks (the planner's time-to-first-token model counts this, engine/placement/
+cost.py).
 """
 
 from __future__ import annotations
 
 TARGET_S = 0.1   # one chunk's time: a short request waits about this long for a turn
+ALONE_S = 1.0    # ... while a prompt prefills alone: few, large chunks, and a request
+                 # that arrives waits at most about this long before chunks shrink
 SMALLEST = 16
 LARGEST = 2048    # mlx-lm's prefill_step_size
 FIRST = 64
 
 
 class Chunker:
-    def __init__(self, target_s: float = TARGET_S, first: int = FIRST):
-        self.target_s = target_s
-        self._next = first
+    def __init__(self, target_s: float = TARGET_S, first: int = FIRST,
+                 alone_s: float = ALONE_S):
+        self.target_s, self.alone_s = target_s, alone_s
+        self._first = first
+        self._rate = 0.0  # prompt tokens per second, as last measured
 
-    def size(self) -> int:
-        return self._next
+    def size(self, alone: bool = False) -> int:
+        """The next chunk: `alone` when nothing else decodes or waits, so no one waits
+        on a larger chunk (a small chunk reads every weight for few tokens: a mixture of
+        experts reads most of its experts for 16 tokens as for 2048)."""
+        if not self._rate:
+            return self._first
+        want = int(self._rate * (self.alone_s if alone else self.target_s))
+        return max(SMALLEST, min(LARGEST, want // SMALLEST * SMALLEST))
 
     def took(self, tokens: int, seconds: float) -> None:
         """A prefill of `tokens` took `seconds`: size the next chunk from that rate."""
         if tokens <= 0 or seconds <= 0:
             return
-        want = int(tokens / seconds * self.target_s) // SMALLEST * SMALLEST
-        self._next = max(SMALLEST, min(LARGEST, want))
+        self._rate = tokens / seconds

@@ -307,7 +307,7 @@ class GroupBatcher(Streams):
             self.state, streams, self.chunker, steps.hidden, steps.dtype,
             lambda job: token_sampler(job.sampling, job.tokenizer, job.prompt),
             drafting if drafting is not None and _trimmable(steps.make_cache()) else None,
-            admission)
+            admission, steps.link.cfg.world if isinstance(steps, PipelineSteps) else 1)
         self._stamps: dict[int, float] = {}  # lane -> when its last drafting step was sampled
         self._jobs = self.scheduler.jobs  # Streams' count of requests in flight
         self._on_fatal = on_fatal

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.runtime.batching import Job, Prefilled
-from engine.runtime.chunking import Chunker
+from engine.runtime.chunking import SMALLEST, Chunker
 from engine.runtime.group_state import (
     Plan,
     Seq,
@@ -36,8 +36,9 @@ class Scheduler:
 
     def __init__(self, state: State, streams: int, chunker: Chunker, hidden: int,
                  dtype: str, sampler: Callable[[Job], Any], drafting: Any = None,
-                 admission: Any = None):
+                 admission: Any = None, stages: int = 1):
         self.state, self.streams, self.chunker = state, streams, chunker
+        self.stages = stages  # pipeline stages a prompt's chunks flow through together
         # engine.runtime.drafting.Drafting, where the model's caches can be trimmed: the
         # decoding sequences feed drafted guesses with their tokens
         self.drafting = drafting
@@ -75,7 +76,11 @@ class Scheduler:
         # one chunk a round of the lanes, so each stream waits for one chunk at most
         if ready and st.first_busy_lane() in (lane, -1):
             left, plan.chunk = min(ready)
-            size = self.chunker.size()
+            alone = len(ready) == 1 and not self.waiting and not st.n_decoding
+            size = self.chunker.size(alone)
+            if alone and self.stages > 1:  # chunks enough to keep every stage busy
+                size = min(size, max(SMALLEST, -(-left // (8 * self.stages * SMALLEST))
+                                     * SMALLEST))
             # a prompt two chunks from its end runs whole: a short request starts at once
             plan.chunk_len = left if left <= 2 * size else size
         return plan

@@ -216,3 +216,23 @@ def test_a_plan_survives_its_codec(lane, drop, cancel, keep, admit, feed, chunk,
     plan = Plan(lane, drop, cancel, keep, admit, cached, feed, chunk, chunk_len, hidden,
                 dtype, guesses, trim)
     assert wire(plan) == plan
+
+
+def test_a_prompt_alone_takes_large_chunks_yet_enough_to_keep_a_pipeline_busy():
+    """Alone, a prompt's chunks are about a second long (1,000 tokens at 1,000 tokens/s);
+    on a 3-stage pipeline they are cut so at least 24 flow through it; once another
+    request waits, chunks go back to about 0.1 s."""
+    def first_chunks(stages: int) -> tuple[int, int]:
+        leader = State(PrefixCache(0, leader=True), make_cache, 1)
+        chunker = Chunker()
+        chunker.took(1000, 1.0)
+        sched = Scheduler(leader, streams=4, chunker=chunker, hidden=0, dtype=DTYPES[0],
+                          sampler=lambda job: None, stages=stages)
+        sched.waiting.append(Job(list(range(5, 3005)), Sampling(max_tokens=4), None))
+        alone = sched.step(0)
+        apply_step(alone, leader)
+        sched.waiting.append(Job(list(range(9, 3009)), Sampling(max_tokens=4), None))
+        return alone.chunk_len, sched.step(0).chunk_len
+
+    assert first_chunks(1) == (992, 96)
+    assert first_chunks(3) == (128, 96)  # 2,999 tokens / 24 chunks, in 16s
