@@ -117,6 +117,13 @@ class PlacementView(QWidget):
         self.best_button.setToolTip("Ask the planner for the fastest placement that "
                                     "includes this node")
         self.best_button.clicked.connect(self.best)
+        self.rank_box = QComboBox()
+        self.rank_box.addItem("for chat", "chat")
+        self.rank_box.addItem("for agents", "agents")
+        self.rank_box.setToolTip("For chat: the fastest decode. For agents: the shortest "
+                                 "wait for the first token of a long prompt.")
+        self.rank_box.setAccessibleName("Best placement for")
+        self.rank_box.currentIndexChanged.connect(lambda _i: self.best())
         self.node_list = QListWidget()
         self.node_list.setFixedHeight(28)
         self.node_list.itemChanged.connect(self._nodes_edited)
@@ -138,6 +145,7 @@ class PlacementView(QWidget):
         row.addWidget(buddy("&Backend:", self.backend_box))
         row.addWidget(self.backend_box, 1)
         row.addWidget(self.best_button)
+        row.addWidget(self.rank_box)
         form.addRow(buddy("St&rategy:", self.strategy_box), row)
         form.addRow("&Nodes:", self.node_list)
 
@@ -147,6 +155,9 @@ class PlacementView(QWidget):
         self.headline.setObjectName("prediction")
         self.headline.setWordWrap(True)
         theme.set_role(self.headline, "headline")
+        self.ttft_label = QLabel()
+        self.ttft_label.setObjectName("ttft")
+        self.ttft_label.setWordWrap(True)
         self.measured_label = QLabel()
         self.measured_label.setObjectName("measured")
         self.measured_label.setWordWrap(True)
@@ -174,6 +185,7 @@ class PlacementView(QWidget):
         layout.addWidget(QLabel("Drag the boundary between two nodes to move layers:"))
         layout.addWidget(self.strips)
         layout.addWidget(self.headline)
+        layout.addWidget(self.ttft_label)
         layout.addWidget(self.measured_label)
         layout.addWidget(self.reason_label)
         layout.addWidget(self.kv_offer)
@@ -352,7 +364,7 @@ class PlacementView(QWidget):
         self._is_best = best
         self.tasks.run(self.client.plan, body["model"], body.get("context"),
                        body.get("strategy"), body.get("nodes"), body.get("backend"),
-                       kv_bits=self.kv_box.bits,
+                       kv_bits=self.kv_box.bits, rank=self.rank_box.currentData(),
                        on_done=lambda r: self._answered(seq, body, r, None, best),
                        on_error=lambda e: self._answered(seq, body, None, e, best), owner=self)
 
@@ -410,6 +422,7 @@ class PlacementView(QWidget):
             + (f" · {fmt_tps(drafted)} tokens/s with drafts"
                if (drafted := placement.get("decode_tps_drafted") or 0)
                > 1.01 * placement["decode_tps"] else ""))
+        self.ttft_label.setText(ttft_text(placement.get("ttft") or []))
         self.reason_label.setVisible(bool(placement.get("warnings")))
         self.reason_label.setText("\n".join(placement.get("warnings") or []))
         self._fill_table(ranks)
@@ -530,3 +543,25 @@ class PlacementView(QWidget):
     def _show_reason(self, text: str) -> None:
         self.reason_label.setText(text)
         self.reason_label.show()
+
+
+def ttft_text(rows: list[dict[str, Any]]) -> str:
+    """The predicted wait for the first token, per prompt length, alone on the cluster."""
+    if not rows:
+        return ""
+    parts = [f"{fmt_wait(r['seconds'])} at {fmt_prompt(r['prompt_tokens'])}" for r in rows]
+    cached = rows[-1].get("cached_tokens", 0) / rows[-1]["prompt_tokens"]
+    return ("Predicted first token: " + " · ".join(parts) + " tokens"
+            + (f" ({cached:.0%} of each prompt cached)" if cached else ""))
+
+
+def fmt_prompt(n: int) -> str:
+    return f"{n // 1000}K" if n >= 1000 and n % 1000 == 0 else f"{n:,}"
+
+
+def fmt_wait(s: float) -> str:
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 120:
+        return f"{s:.0f} s"
+    return f"{s / 60:.0f} min"

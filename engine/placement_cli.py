@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from engine import placement_profiles
-from engine.node.planning import Layout, PlanReport, make_report, plan_from_cluster, report_json
+from engine.node.planning import (
+    Layout,
+    PlanReport,
+    make_report,
+    plan_from_cluster,
+    prompt_assumptions,
+    report_json,
+)
 from engine.placement.memory import context_label, gb
 from engine.placement.model import QUANTIZATIONS, ModelSpec
 from engine.placement.profiles import SimulationError, parse_simulation, profile_model
+from engine.placement.tables import Assumptions
 from engine.placement.validate import PlacementError
 
 # (node infos, links, model config) for a model, as the local node reports them
@@ -39,9 +47,18 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "on --nodes instead of planning")
     p.add_argument("--nodes", help="with --strategy: rank order, e.g. a,b or a:0-30,b:30-61")
     p.add_argument("--backend", choices=("ring", "jaccl"), default="ring")
-    p.add_argument("--rank", choices=("decode", "drafted"), default="decode",
-                   help="order placements by plain decode (chat) or decode with drafts "
-                        "(agents that echo code; the DRAFTED column)")
+    p.add_argument("--rank", choices=("chat", "agents", "drafted", "decode"),
+                   default="chat",
+                   help="order placements for chat (decode tokens/s), for agents (time "
+                        "to the first token of the longest --prompts that fits), or by "
+                        "decode with drafts (the DRAFTED column); decode is chat")
+    p.add_argument("--prompts", default="1000,10000,50000", metavar="N,N,...",
+                   help="prompt lengths in tokens to predict the time to first token for "
+                        "(default 1000,10000,50000; those longer than the context are "
+                        "left out)")
+    p.add_argument("--cached", type=float, default=0.0, metavar="SHARE",
+                   help="the share of each prompt the prefix cache already holds, 0 to 1 "
+                        "(an agent's next turn repeats most of its prompt; default 0)")
     p.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=16,
                    help="the KV cache's bits: 16, or quantized to 8 or 4 (default 16)")
     p.add_argument("--force", action="store_true", help="accept placements beyond the "
@@ -56,6 +73,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_plan(a: argparse.Namespace, cluster: ClusterFetch | None = None) -> int:
     """Run `shoal plan`; `cluster` asks the local node when there is no --simulate."""
     try:
+        a.assume = _assumptions(a)
         if a.simulate:
             report = _simulate(a)
         elif cluster is None:
@@ -67,7 +85,7 @@ def cmd_plan(a: argparse.Namespace, cluster: ClusterFetch | None = None) -> int:
             report = plan_from_cluster(infos, config, a.context, links, a.model,
                                        a.force, _layout(a),
                                        kv_bits=None if a.kv_bits == 16 else a.kv_bits,
-                                       rank=a.rank)
+                                       rank=a.rank, a=a.assume)
     except PlacementError as e:
         print(f"shoal: {e}", file=sys.stderr)
         return 1
@@ -93,7 +111,19 @@ def _simulate(a: argparse.Namespace) -> PlanReport:
         model = model.with_kv_bits(a.kv_bits)
     return make_report(model, sim.nodes, sim.links,
                        a.context or sim.context or model.context, a.force, _layout(a), [],
-                       a.rank)
+                       a.rank, a=a.assume)
+
+
+def _assumptions(a: argparse.Namespace) -> Assumptions:
+    try:
+        prompts = [int(x) for x in str(a.prompts).split(",") if x.strip()]
+    except ValueError:
+        raise PlacementError(f"--prompts: {a.prompts!r}: give token counts separated by "
+                             f"commas, e.g. 1000,10000,50000") from None
+    try:
+        return prompt_assumptions(prompts, a.cached)
+    except ValueError as e:
+        raise PlacementError(f"--prompts/--cached: {e}") from None
 
 
 def _find_model(name: str, models: Mapping[str, ModelSpec], quant: str | None) -> ModelSpec:
@@ -150,8 +180,13 @@ def render(r: PlanReport, top: int = 10) -> str:
                              f"{x.reason}")
         return "\n".join(lines)
     full = f"@{context_label(r.context)}"
+    prompts = sorted({n for p in r.placements for n, *_ in p.prediction.ttft})
+    cached = max((c / n for p in r.placements for n, c, *_ in p.prediction.ttft), default=0)
+    ttft = "FIRST TOKEN s @" + "/".join(_tokens(n) for n in prompts) + \
+        (f" ({cached:.0%} cached)" if cached else "")
     head = ["#", "STRATEGY", "BACKEND", "NODE", "LAYERS", "MEMORY GB (USABLE)",
-            "DECODE tok/s", full, "PREFILL tok/s", "STREAMS tok/s", "DRAFTED tok/s"]
+            "DECODE tok/s", full, "PREFILL tok/s", "STREAMS tok/s", "DRAFTED tok/s",
+            *([ttft] if prompts else [])]
     rows = []
     for k, p in enumerate(r.placements[:top], 1):
         for j, rk in enumerate(p.ranks):
@@ -162,7 +197,8 @@ def render(r: PlanReport, top: int = 10) -> str:
             first = [str(k), p.strategy, backend] if j == 0 else ["", "", ""]
             pred = [f"{p.decode_tps:.1f}", f"{p.prediction.decode_tps_full:.1f}",
                     f"{p.prefill_tps:.0f}", _streams(p.prediction),
-                    _drafted(p.prediction)] if j == 0 else [""] * 5
+                    _drafted(p.prediction), *([_ttft(p.prediction)] if prompts else [])
+                    ] if j == 0 else [""] * (6 if prompts else 5)
             rows.append([*first, rk.name, layers, mem + (" !" if not rk.memory.fits else ""),
                          *pred])
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
@@ -172,6 +208,19 @@ def render(r: PlanReport, top: int = 10) -> str:
         lines.append(f"... and {len(r.placements) - top} more (--top N)")
     lines += [f"warning: {w}" for p in r.placements[:top] for w in p.warnings]
     return "\n".join(lines)
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1000}K" if n % 1000 == 0 else str(n)
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f}" if s < 10 else f"{s:.0f}"
+
+
+def _ttft(p: Any) -> str:
+    """Seconds to the first token alone, per prompt length."""
+    return "/".join(_seconds(alone) for _, _, alone, _ in p.ttft)
 
 
 def _drafted(p: Any) -> str:

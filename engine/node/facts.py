@@ -58,7 +58,8 @@ class NodeFacts:
         power = self._sampler.latest().to_dict() if self._sampler else None
         cal = self.calibration or {}
         return {"machine": self.machine.to_dict() if self.machine else None,
-                "speed": {k: cal[k] for k in ("memory_bandwidth_Bps", "compute_flops")
+                "speed": {k: cal[k] for k in ("memory_bandwidth_Bps", "compute_flops",
+                                                 "attention_flops")
                           if k in cal},
                 "platform": self.platform.to_dict() if self.platform else None,
                 "power": power}

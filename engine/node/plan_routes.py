@@ -11,12 +11,19 @@ from aiohttp import web
 from engine.errors import BadRequest, InsufficientMemory
 from engine.node.cluster import Cluster
 from engine.node.incoming import json_object
-from engine.node.planning import best_placement, plan_from_cluster, plan_info
+from engine.node.planning import (
+    best_placement,
+    plan_from_cluster,
+    plan_info,
+    prompt_assumptions,
+)
+from engine.placement.tables import Assumptions
 from engine.placement.validate import NotEnoughMemory, PlacementError
 
 routes = web.RouteTableDef()
 PLAN_USAGE = ("Send {\"model\": ID, \"context\"?: N, \"kv_bits\"?: 16|8|4, "
-              "\"rank\"?: \"decode\"|\"drafted\", \"strategy\"?, \"nodes\"?}.")
+              "\"rank\"?: \"chat\"|\"agents\"|\"drafted\", \"prompt_tokens\"?: [N, ...], "
+              "\"cached\"?: 0-1, \"strategy\"?, \"nodes\"?}.")
 
 
 @routes.get("/shoal/plan/inputs")
@@ -49,7 +56,7 @@ async def plan(request: web.Request) -> web.Response:
         report = plan_from_cluster(**c.plan_inputs(body["model"]), context=body.get("context"),
                                    model_name=body["model"], force=bool(body.get("force")),
                                    layout=layout, kv_bits=(bits := _kv_bits(body, c)),
-                                   rank=_rank(body))
+                                   rank=_rank(body), a=_prompts(body))
     except NotEnoughMemory as e:
         raise InsufficientMemory(str(e), param="nodes") from None
     except PlacementError as e:
@@ -61,11 +68,25 @@ async def plan(request: web.Request) -> web.Response:
 def _rank(body: dict) -> str:
     from engine.placement.planner import RANKINGS
 
-    rank = body.get("rank", "decode")
-    if rank not in RANKINGS:
-        raise BadRequest(f"rank must be \"decode\" (for chat) or \"drafted\" (decode with "
-                         f"drafts, for agents), not {rank!r}.", param="rank")
-    return str(rank)
+    rank = body.get("rank", "chat")
+    if not isinstance(rank, str) or rank not in RANKINGS:
+        raise BadRequest(f"rank must be \"chat\" (decode tokens/s), \"agents\" (time to "
+                         f"the first token of the longest prompt_tokens), or \"drafted\" "
+                         f"(decode with drafts), not {rank!r}.", param="rank")
+    return rank
+
+
+def _prompts(body: dict) -> Assumptions:
+    """The prompt lengths and cached share the time to first token is predicted for."""
+    prompts, cached = body.get("prompt_tokens"), body.get("cached")
+    if prompts is not None and not isinstance(prompts, list):
+        raise BadRequest("prompt_tokens must be a list of prompt lengths in tokens, e.g. "
+                         "[1000, 10000, 50000].", param="prompt_tokens")
+    try:
+        return prompt_assumptions(prompts, cached)
+    except ValueError as e:
+        raise BadRequest(f"{str(e)[0].upper()}{str(e)[1:]}.",
+                         param="cached" if "cached" in str(e) else "prompt_tokens") from None
 
 
 def _kv_bits(body: dict, c: Cluster) -> int | None:

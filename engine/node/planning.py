@@ -6,7 +6,7 @@ all plan through this module; none of them reaches into another's."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import placement_profiles
@@ -16,7 +16,7 @@ from engine.placement.memory import context_label
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec, kv_value_bytes
 from engine.placement.planner import Placement, Rejection, evaluate, explain, plan
 from engine.placement.profiles import links_from
-from engine.placement.tables import DEFAULT
+from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import PlacementError
 from engine.protocol import NodeInfo, PlanInfo, RejectedInfo
 
@@ -47,6 +47,7 @@ def planner_node(info: NodeInfo) -> dict[str, Any]:
             # measured on the machine itself (engine/telemetry/calibrate.py), when known
             "measured_bandwidth_Bps": speed.get("memory_bandwidth_Bps"),
             "measured_flops": speed.get("compute_flops"),
+            "measured_attention_flops": speed.get("attention_flops"),
             # its draft model, which it loads beside a model it serves alone
             "draft_bytes": (info.draft or {}).get("bytes", 0),
             "draft_kv_per_token": (info.draft or {}).get("kv_per_token", 0.0)}
@@ -71,15 +72,16 @@ def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
 def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
                 context: int, force: bool, layout: Layout | None,
                 notes: list[str], rank: str = "decode",
-                kv_options: Sequence[int] = (8, 4)) -> PlanReport:
+                kv_options: Sequence[int] = (8, 4), a: Assumptions = DEFAULT) -> PlanReport:
     """Ranked placements, or with a layout (chosen by hand) its prediction or why not.
     `kv_options`: the KV bits the model's heads can be quantized to, tried in turn
-    where nothing fits at 16."""
+    where nothing fits at 16; `a` the prompt lengths and cached share the time to first
+    token is predicted for (prompt_assumptions)."""
     if layout is not None:
         strategy, backend, ranks = layout
-        one = evaluate(model, nodes, links, context, strategy, ranks, backend, force)
+        one = evaluate(model, nodes, links, context, strategy, ranks, backend, force, a)
         return PlanReport(model, context, [one], [], notes)
-    found = plan(model, nodes, links, context, force, rank=rank)
+    found = plan(model, nodes, links, context, force, a, rank=rank)
     if not found and model.kv_bytes == 2:  # would quantized KV make room?
         for bits in kv_options:
             if plan(model.with_kv_bits(bits), nodes, links, context):
@@ -97,7 +99,8 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
                       model_name: str | None = None, force: bool = False,
                       layout: Layout | None = None, weight_bytes: int | None = None,
                       model_context: int | None = None,
-                      kv_bits: int | None = None, rank: str = "decode") -> PlanReport:
+                      kv_bits: int | None = None, rank: str = "decode",
+                      a: Assumptions = DEFAULT) -> PlanReport:
     """Plan from what nodes report, as plain dicts.
 
     node_infos: {"id", "name", "memory_usable_bytes" (the GPU working-set limit) or
@@ -135,7 +138,29 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
         notes.append(f"{len(missing)} node pair(s) have no link measurement yet; assumed "
                      f"{FALLBACK_LINK}")
     return make_report(model, nodes, specs, context or model.context, force, layout, notes,
-                       rank, quantizable(model_config))
+                       rank, quantizable(model_config), a)
+
+
+def prompt_assumptions(prompts: Sequence[int] | None = None,
+                       cached: float | None = None) -> Assumptions:
+    """The planner's assumptions with the prompt lengths (tokens) whose time to first token
+    it predicts, and the share of each prompt the prefix cache already holds (0 to 1: an
+    agent's next turn repeats most of its prompt). Raises ValueError naming the bad one."""
+    a = DEFAULT
+    if prompts is not None:
+        if not prompts or len(prompts) > 8 or any(
+                isinstance(n, bool) or not isinstance(n, int) or not 1 < n <= 10_000_000
+                for n in prompts):
+            raise ValueError("prompt lengths must be 1 to 8 whole numbers of tokens, "
+                             "2 to 10,000,000 each")
+        a = replace(a, ttft_prompts=tuple(sorted(set(prompts))))
+    if cached is not None:
+        if isinstance(cached, bool) or not isinstance(cached, int | float) \
+                or not 0 <= cached < 1:
+            raise ValueError("the cached share must be a number from 0 up to (not "
+                             "including) 1")
+        a = replace(a, prompt_cached=float(cached))
+    return a
 
 
 def quantizable(config: Mapping[str, Any]) -> tuple[int, ...]:
@@ -172,7 +197,8 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
                                           model_name in (info.get("models") or []))
     return NodeSpec(nid, name, int(usable), float(bw), float(flops), has,
                     bool(info.get("rdma", False)), int(info.get("draft_bytes") or 0),
-                    float(info.get("draft_kv_per_token") or 0.0))
+                    float(info.get("draft_kv_per_token") or 0.0),
+                    float(info.get("measured_attention_flops") or 0.0))
 
 
 def _chip_profile(chip: str, gpu_cores: Any) -> dict[str, Any] | None:

@@ -38,6 +38,15 @@ class Prediction:
     lanes: int = 1  # micro-batches a pipeline keeps in flight for them (lanes_round_s)
     decode_tps_drafted: float = 0.0  # one sequence alone, with drafts (0: not predicted)
     draft_tokens: int = 0  # the guesses per pass that prediction assumes
+    # time to first token per prompt length that fits the context: (prompt tokens, tokens
+    # of it the prefix cache holds, seconds alone, seconds with streams - 1 others decoding)
+    ttft: tuple[tuple[int, int, float, float], ...] = ()
+
+    def ttft_at(self, prompt: int | None = None) -> float:
+        """Seconds to the first token alone at `prompt` (None: the longest predicted);
+        infinite where that prompt wasn't predicted (longer than the context)."""
+        rows = [r for r in self.ttft if prompt is None or r[0] == prompt]
+        return rows[-1][2] if rows else math.inf
 
 
 
@@ -54,6 +63,15 @@ def allreduce_s(nbytes: float, ring: Sequence[LinkSpec]) -> float:
     lat = max(link.latency_s for link in ring)
     bw = min(link.bandwidth_Bps for link in ring)
     return 2 * (n - 1) * (lat + nbytes / n / bw)
+
+
+def touched(model: ModelSpec, tokens: int) -> float:
+    """The share of the experts one token doesn't use that `tokens - 1` others route to
+    (each picks `active_experts` of `experts`, independently): 16 tokens of an 8-of-384
+    model touch 28% of them, 2048 touch all. 0 for a dense model."""
+    if not model.experts or tokens <= 1:
+        return 0.0
+    return 1 - (1 - model.active_experts / model.experts) ** (tokens - 1)
 
 
 class _Rates:
@@ -73,16 +91,23 @@ def _rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bool, toke
     cached = r.kv[e] - r.kv[s] if r.kv else 0
     kv = cached * model.kv_per_token * model.kv_bytes / (shards if model.kv_sharded else 1)
     head_params = model.head_params if head and tokens == 1 else 0
-    if tokens == 1:  # decode: the routed experts only, and the head for the one token
-        nbytes = (active + head_params) * model.bytes_per_param + kv
-    else:  # a prefill chunk touches nearly every expert; only its last token needs the head
-        nbytes = (t.weights[e] - t.weights[s]) / shards * model.bytes_per_param + kv
+    # decode reads the routed experts only, and the head for the one token; a prefill
+    # chunk also reads the experts its other tokens route to (only its last needs the head)
+    idle = ((t.weights[e] - t.weights[s]) - (t.active[e] - t.active[s])) / shards
+    nbytes = (active + head_params + touched(model, tokens) * idle) * model.bytes_per_param \
+        + kv
     flops = 2 * tokens * (active + head_params)
-    flops += 2 * tokens * model.heads / shards * model.score_per_head * cached
+    attention = 2 * tokens * model.heads / shards * model.score_per_head * cached
     moe = t.moe[e] - t.moe[s]
     fixed = moe * a.moe_layer_overhead_s + (e - s - moe) * a.layer_overhead_s
     return max(nbytes / (node.memory_bandwidth_Bps * a.bandwidth_efficiency),
-               flops / (node.compute_flops * a.compute_efficiency)) + fixed
+               compute_s(node, flops, attention, a)) + fixed
+
+
+def compute_s(node: NodeSpec, flops: float, attention: float, a: Assumptions) -> float:
+    """Matmul FLOPs at the node's matmul rate, attention's at its own."""
+    rate = node.compute_flops * a.compute_efficiency
+    return flops / rate + attention / (node.attention_flops or rate)
 
 
 def pipeline_step_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
@@ -122,14 +147,12 @@ def _batched_rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bo
     kv = cached * model.kv_per_token * model.kv_bytes / (shards if model.kv_sharded else 1)
     # the other sequences route to other experts, up to all of them
     idle = ((t.weights[e] - t.weights[s]) - (t.active[e] - t.active[s])) / shards
-    routed = min(1.0, (streams - 1) * model.active_experts / model.experts) \
-        if model.experts else 0.0
-    nbytes = (active + routed * idle) * model.bytes_per_param + streams * kv
-    flops = 2 * streams * (active + model.heads / shards * model.score_per_head * cached)
+    nbytes = (active + touched(model, streams) * idle) * model.bytes_per_param + streams * kv
+    attention = 2 * streams * model.heads / shards * model.score_per_head * cached
     moe = t.moe[e] - t.moe[s]
     fixed = moe * a.moe_layer_overhead_s + (e - s - moe) * a.layer_overhead_s
     return max(nbytes / (node.memory_bandwidth_Bps * a.bandwidth_efficiency),
-               flops / (node.compute_flops * a.compute_efficiency)) + fixed
+               compute_s(node, 2 * streams * active, attention, a)) + fixed
 
 
 def batched_step_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
@@ -192,6 +215,71 @@ def drafted_tps(step: Callable[[int], float], a: Assumptions = DEFAULT) -> tuple
     return best, k_best
 
 
+def chunk_tokens(step: Callable[[int], float], target_s: float,
+                 a: Assumptions = DEFAULT) -> int:
+    """The prefill chunk the serving node settles on (engine/runtime/chunking.py): as many
+    tokens as its last chunk's rate fills `target_s` with, 16 to 2048. A small chunk reads
+    every weight for few tokens, so the rate is found twice from the top."""
+    tokens = a.prefill_chunk
+    for _ in range(2):
+        want = int(tokens / step(tokens) * target_s) // 16 * 16
+        tokens = max(16, min(a.prefill_chunk, want))
+    return tokens
+
+
+def ttft_s(model: ModelSpec, strategy: str, stages: Sequence[Stage],
+           ring: Sequence[LinkSpec], prompt: int, cached: int = 0, busy: int = 0,
+           overlap: bool = True, a: Assumptions = DEFAULT) -> float:
+    """Seconds from a request to its first token: the `prompt - cached` tokens the prefix
+    cache doesn't hold, in chunks that each attend to everything before them, then the
+    last token's step through the head. `busy` other sequences decoding ride in every
+    chunk's step (their tokens join the chunk). With `overlap` a pipeline's chunks flow
+    through its stages as in a flow shop (rank 1 on chunk i while rank 0 runs chunk i+1):
+    the busiest stage paces the chunks and the others add their share of the last one;
+    without it (lockstep, tensor, one node) every chunk crosses every rank in turn."""
+    cached = max(0, min(cached, prompt - 1))
+    new = prompt - 1 - cached
+    multi = strategy != "tensor" and len(stages) > 1
+    nodes = [s.node for s in stages]
+
+    def stage_times(tokens: int, position: int) -> list[float]:
+        r = _Rates(model, position)
+        if strategy == "tensor":
+            comms = 2 * model.layers * allreduce_s(tokens * model.hidden * a.act_bytes, ring)
+            return [max(_rank_s(r, nd, (0, model.layers), True, tokens, len(nodes), a)
+                        for nd in nodes) + comms]
+        act = tokens * model.hidden * a.act_bytes
+        return [_rank_s(r, st.node, st.layers, False, tokens, 1, a)
+                + (hop_s(ring[i], act) if multi and i < len(stages) - 1 else 0.0)
+                for i, st in enumerate(stages)]
+
+    if new <= 0:
+        total = 0.0
+    else:
+        pace = (lambda ts: max(ts)) if overlap and multi else sum
+        target = a.chunk_busy_s if busy else a.chunk_alone_s
+        chunk = chunk_tokens(lambda t: pace(stage_times(t + busy, cached)), target, a)
+        if overlap and multi and not busy:  # chunks enough to keep every stage busy
+            chunk = min(chunk, max(16, -(-new // (8 * len(stages) * 16)) * 16))
+        chunks = math.ceil(new / chunk)
+        # weigh the chunks at 4 points along the prompt, not one by one: a chunk's time
+        # grows linearly with its position (KV read, attention), so midpoints are exact
+        # but where memory and compute trade places
+        points = min(chunks, 4)
+        total, last = 0.0, [0.0]
+        for k in range(points):
+            first, upto = chunks * k // points, chunks * (k + 1) // points
+            mid = cached + (first + upto) * chunk // 2
+            times = stage_times(chunk + busy, min(mid, prompt))
+            total += (upto - first) * pace(times)
+            last = times
+        if overlap and multi:  # the drain: the stages after the busiest one, last chunk
+            total += sum(last[last.index(max(last)) + 1:])
+    lead = pipeline_step_s(model, stages, ring, 1, prompt, a) if strategy != "tensor" \
+        else tensor_step_s(model, nodes, ring, 1, prompt, a)
+    return total + lead
+
+
 def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
             ring: Sequence[LinkSpec], context: int, a: Assumptions = DEFAULT) -> Prediction:
     """Decode and prefill tokens/s for a pipeline (or single node) or tensor placement."""
@@ -219,7 +307,14 @@ def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
         if lead.draft_bytes and lead.memory_bandwidth_Bps else 0.0
     drafted, k = drafted_tps(lambda tokens: batched_step_s(
         model, stages, ring, strategy, tokens, prompt, a) + (tokens - 1) * draft_s, a)
+    overlap = strategy == "pipeline" and a.streams > 1  # the batching group's prefill
+    ttft = tuple((n, int(n * a.prompt_cached),
+                  ttft_s(model, strategy, stages, ring, n, int(n * a.prompt_cached), 0,
+                         overlap, a),
+                  ttft_s(model, strategy, stages, ring, n, int(n * a.prompt_cached),
+                         a.streams - 1, overlap, a))
+                 for n in sorted(set(a.ttft_prompts)) if n <= context)
     return Prediction(decode_tps=one, decode_tps_full=1 / step(1, context),
                       prefill_tps=prompt / prefill, decode_tps_streams=a.streams / round_s,
                       streams=a.streams, lanes=lanes, decode_tps_drafted=drafted,
-                      draft_tokens=k)
+                      draft_tokens=k, ttft=ttft)

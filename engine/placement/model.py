@@ -49,6 +49,9 @@ class NodeSpec:
     # weights, and KV bytes per token of context
     draft_bytes: int = 0
     draft_kv_per_token: float = 0.0
+    # FLOP/s its attention gets, as measured (engine/telemetry/calibrate.py); 0: the share
+    # of compute_flops a matmul gets, as fused attention kernels on a GPU do
+    attention_flops: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,10 @@ class Placement:
                 "decode_tps_full_context": p.decode_tps_full, "prefill_tps": p.prefill_tps,
                 "decode_tps_streams": p.decode_tps_streams, "streams": p.streams,
                 "lanes": p.lanes, "decode_tps_drafted": p.decode_tps_drafted,
-                "draft_tokens": p.draft_tokens, "warnings": list(self.warnings),
+                "draft_tokens": p.draft_tokens,
+                "ttft": [{"prompt_tokens": n, "cached_tokens": c, "seconds": alone,
+                          "seconds_busy": busy} for n, c, alone, busy in p.ttft],
+                "warnings": list(self.warnings),
                 "ranks": [{"node": r.node, "name": r.name, "layers": list(r.layers),
                            "memory": r.memory.as_dict()} for r in self.ranks]}
 
@@ -89,16 +92,17 @@ class Rejection:
     reason: str
 
 
-RANKINGS = ("decode", "drafted")
+# "chat" (or "decode"): decode tokens/s; "drafted": decode with drafts, as an agent echoing
+# code gets it; "agents": the time to first token of the longest prompt predicted
+RANKINGS = ("chat", "decode", "drafted", "agents")
 
 
 def plan(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
          context: int | None = None, force: bool = False,
          a: Assumptions = DEFAULT, rank: str = "decode") -> list[Placement]:
-    """Every feasible placement, fastest predicted decode first (`rank` "drafted": decode
-    with drafts, as an agent echoing code gets it); ties go to placements whose nodes
-    already hold the files, then to fewer nodes. force=True also lists those that
-    overflow memory, with a warning."""
+    """Every feasible placement, best first by `rank` (RANKINGS); ties go to placements
+    whose nodes already hold the files, then to fewer nodes. force=True also lists those
+    that overflow memory, with a warning."""
     found = [c for c in _candidates(model, nodes, links, context or model.context, force, a)
              if isinstance(c, Placement)]
     return sorted(found, key=lambda p: _rank_key(p, rank))
@@ -279,7 +283,9 @@ def _groups(nodes: Sequence[NodeSpec],
 def _rank_key(p: Placement, rank: str = "decode") -> tuple[Any, ...]:
     tps = max(p.prediction.decode_tps_drafted, p.decode_tps) if rank == "drafted" \
         else p.decode_tps
-    return (-float(f"{tps:.3g}"), -p.files_on, len(p.ranks), -p.prefill_tps,
+    # to 3 significant figures, so a near tie goes to files on disk and fewer nodes
+    first = float(f"{p.prediction.ttft_at():.3g}") if rank == "agents" else 0.0
+    return (first, -float(f"{tps:.3g}"), -p.files_on, len(p.ranks), -p.prefill_tps,
             p.strategy, p.backend, [r.name for r in p.ranks])
 
 

@@ -33,6 +33,13 @@ class Assumptions:
     # there the node stops drafting, so a drafted prediction is never below the plain one)
     draft_tokens: int = 6
     draft_acceptance: float = 0.6
+    # time to first token: the prompt lengths predicted, the share of each prompt the
+    # prefix cache already holds (an agent's next turn: most of it), and the time a
+    # prefill chunk is sized to while others decode and alone (engine/runtime/chunking.py)
+    ttft_prompts: tuple[int, ...] = (1000, 10000, 50000)
+    prompt_cached: float = 0.0
+    chunk_busy_s: float = 0.1
+    chunk_alone_s: float = 1.0
 
 
 DEFAULT = Assumptions()

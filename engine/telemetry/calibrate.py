@@ -1,6 +1,8 @@
 """A short measurement of this machine as MLX sees it: memory bandwidth (streaming a large
-float32 matrix through a matrix-vector product, which is what decoding does) and compute
-(a large matmul). Run once in a worker-like subprocess (same BLAS preload) and cached."""
+float32 matrix through a matrix-vector product, which is what decoding does), compute
+(a large matmul) and attention (64 new tokens over 2,048 cached, as a prefill chunk
+attends: on a CPU MLX's attention runs at a small fraction of its matmul rate).
+Run once in a worker-like subprocess (same BLAS preload) and cached."""
 
 from __future__ import annotations
 
@@ -26,8 +28,11 @@ w = mx.random.normal((8192, 4096)); x = mx.random.normal((1, 4096)); mx.eval(w, 
 gemv = best(lambda: mx.eval(x @ w.T))
 a = mx.random.normal((1024, 1024)); b = mx.random.normal((1024, 1024)); mx.eval(a, b)
 gemm = best(lambda: mx.eval(a @ b))
+q = mx.random.normal((1, 8, 64, 64)); k = mx.random.normal((1, 8, 2048, 64)); mx.eval(q, k)
+sdpa = best(lambda: mx.eval(mx.fast.scaled_dot_product_attention(q, k, k, scale=0.125)))
 print(json.dumps({"memory_bandwidth_Bps": w.nbytes / gemv,
                   "compute_flops": 2 * 1024 ** 3 / gemm,
+                  "attention_flops": 4 * 8 * 64 * 2048 * 64 / sdpa,
                   "device": str(mx.default_device())}))
 """
 

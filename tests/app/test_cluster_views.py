@@ -148,6 +148,23 @@ def test_dragging_a_boundary_changes_the_plan_and_the_prediction(qtbot, placemen
     assert view.strips.feasible and view.launch.launch_button.isEnabled()
 
 
+def test_the_first_token_is_predicted_and_the_best_can_be_for_agents(qtbot, placement):
+    view = placement
+    # the tiny model's 4K context holds the 1K-token prompt, not the 10K or the 50K one
+    assert re.fullmatch(r"Predicted first token: [\d.]+ (s|min) at 1K tokens",
+                        view.ttft_label.text()), view.ttft_label.text()
+    asked = []
+    real = view.client.plan
+    view.client.plan = lambda *a, **k: asked.append(k.get("rank")) or real(*a, **k)
+    try:
+        view.rank_box.setCurrentIndex(view.rank_box.findData("agents"))
+        qtbot.waitUntil(lambda: bool(asked) and not view._busy, timeout=10000)
+    finally:
+        del view.client.plan
+    assert asked[0] == "agents" and view.prediction is not None
+    assert view.ttft_label.text().startswith("Predicted first token: ")
+
+
 def test_launch_then_chat_streams_then_stop(qtbot, placement, views, home):
     a, b = views.nodes
     launch = placement.launch

@@ -31,7 +31,8 @@ class Planner:
     def __init__(self):
         self.state, self.asked = None, []
 
-    def plan(self, model, context=None, strategy=None, nodes=None, backend=None, kv_bits=None):
+    def plan(self, model, context=None, strategy=None, nodes=None, backend=None, kv_bits=None,
+             rank=None):
         self.asked.append((strategy, nodes))
         me = next(n for n in self.state.topology["nodes"] if n.get("self"))
         calibrated = bool(me.get("speed"))

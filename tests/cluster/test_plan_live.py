@@ -28,6 +28,21 @@ def test_plan_api_and_cli_on_a_live_cluster(tmp_path, tiny_model_dir, monkeypatc
         assert rep["placements"], rep
         best = rep["placements"][0]
         assert best["decode_tps"] > 0 if "decode_tps" in best else best
+        # Ranked for agents, with the prompt lengths and cached share the user gives.
+        r = httpx.post(a.url + "/shoal/plan", timeout=30, json={
+            "model": "tiny-llama", "context": 4096, "rank": "agents",
+            "prompt_tokens": [500, 3000], "cached": 0.5})
+        assert r.status_code == 200, r.text
+        ttft = r.json()["placements"][0]["ttft"]
+        assert [(x["prompt_tokens"], x["cached_tokens"]) for x in ttft] == [(500, 250),
+                                                                          (3000, 1500)]
+        assert 0 < ttft[0]["seconds"] < ttft[1]["seconds"]
+        for body, param in (({"rank": "fast"}, "rank"), ({"prompt_tokens": 5}, "prompt_tokens"),
+                            ({"prompt_tokens": [True]}, "prompt_tokens"),
+                            ({"cached": 1}, "cached")):
+            r = httpx.post(a.url + "/shoal/plan", json={"model": "tiny-llama", **body},
+                           timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         # A hand-made pipeline split over both nodes: a prediction for it.
         ids = [a.client.status().cluster["id"], b.client.status().cluster["id"]]
         one = httpx.post(a.url + "/shoal/plan", timeout=30, json={

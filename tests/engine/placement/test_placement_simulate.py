@@ -112,6 +112,31 @@ def test_plan_json_and_profiles_without_a_file_entry(tmp_path, capsys):
                                                 "overhead", "total", "usable"}
 
 
+def test_plan_predicts_the_first_token_and_ranks_for_agents(tmp_path, capsys):
+    assert _run(tmp_path, STUDIOS, "ds8", "--context", "65536", "--rank", "agents",
+                "--prompts", "2000,70000", "--cached", "0.5", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = [p["ttft"] for p in doc["placements"]]
+    # 70K is longer than the context; half of each prompt is in the prefix cache
+    assert all([r["prompt_tokens"] for r in row] == [2000] for row in rows)
+    assert all(row[0]["cached_tokens"] == 1000 for row in rows)
+    waits = [float(f"{row[0]['seconds']:.3g}") for row in rows]
+    assert waits == sorted(waits) and waits[0] > 0
+    assert _run(tmp_path, STUDIOS, "ds8", "--context", "65536") == 0
+    head = capsys.readouterr().out.splitlines()[1]
+    assert head.endswith("FIRST TOKEN s @1K/10K/50K")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompts", "10k"], "--prompts: '10k'"),
+    (["--prompts", "0"], "2 to 10,000,000"),
+    (["--cached", "1.5"], "cached share"),
+])
+def test_plan_refuses_bad_prompt_lengths_by_name(tmp_path, capsys, args, message):
+    assert _run(tmp_path, STUDIOS, "ds8", *args) == 1
+    assert message in capsys.readouterr().err
+
+
 def test_plan_lists_why_nothing_fits(tmp_path, capsys):
     assert _run(tmp_path, STUDIOS, "Kimi-K2", "--quant", "bf16") == 1
     out = capsys.readouterr().out

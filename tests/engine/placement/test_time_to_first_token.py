@@ -1,0 +1,85 @@
+"""The time to first token the planner predicts: per prompt length, with the prefix cache's
+share, a pipeline's overlapping chunks against stage after stage, the chunk sizes the node
+really uses, and placements ranked for agents by it."""
+
+from __future__ import annotations
+
+import pytest
+from placement_support import dense, mesh, node
+
+from engine.placement.cost import Stage, predict, touched, ttft_s
+from engine.placement.model import ModelSpec
+from engine.placement.planner import plan
+from engine.placement.tables import Assumptions
+
+MODEL = dense()  # Llama-3.3-70B's shape at 4-bit
+
+
+def stages(n: int) -> list[Stage]:
+    cut = [MODEL.layers * i // n for i in range(n + 1)]
+    return [Stage(node(f"n{i}", 96), (cut[i], cut[i + 1]), i == 0) for i in range(n)]
+
+
+def test_every_prompt_length_that_fits_the_context_is_predicted_and_longer_ones_wait_longer():
+    p = predict(MODEL, "pipeline", stages(1), [], 32768)
+    assert [n for n, *_ in p.ttft] == [1000, 10000]  # 50K is longer than the context
+    (_, c1, alone1, busy1), (_, _, alone10, busy10) = p.ttft
+    assert c1 == 0 and 0 < alone1 < alone10 and alone1 <= busy1 and alone10 <= busy10
+    # attention over a longer prompt: 10x the tokens take more than 10x the time
+    assert alone10 > 10 * (alone1 - 1 / p.decode_tps)
+    assert p.ttft_at() == alone10 and p.ttft_at(1000) == alone1
+    assert p.ttft_at(50000) == float("inf")
+
+
+def test_what_the_prefix_cache_holds_is_not_prefilled_again():
+    cold = predict(MODEL, "pipeline", stages(1), [], 32768)
+    warm = predict(MODEL, "pipeline", stages(1), [], 32768, Assumptions(prompt_cached=0.9))
+    assert [c for _, c, *_ in warm.ttft] == [900, 9000]
+    for (_, _, a, _), (_, _, b, _) in zip(cold.ttft, warm.ttft):
+        # a tenth of the tokens to prefill, each attending to the whole prompt
+        assert 0.1 * a < b < 0.3 * a
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_a_pipelines_chunks_overlap_where_they_flow_and_not_in_lockstep(ranks):
+    one = ttft_s(MODEL, "pipeline", stages(1), [], 10000)
+    ring = mesh([s.node for s in stages(ranks)]) * 2
+    flowing = ttft_s(MODEL, "pipeline", stages(ranks), ring, 10000, overlap=True)
+    lockstep = ttft_s(MODEL, "pipeline", stages(ranks), ring, 10000, overlap=False)
+    # stage after stage is one node's time plus the hops; overlapped, nearly 1/ranks of it
+    assert one < lockstep < 1.1 * one
+    assert one / ranks < flowing < 1.25 * one / ranks
+    # and what a group serving several streams predicts is the overlapped one
+    got = predict(MODEL, "pipeline", stages(ranks), ring, 32768).ttft_at(10000)
+    assert got == pytest.approx(flowing)
+    serial = predict(MODEL, "pipeline", stages(ranks), ring, 32768, Assumptions(streams=1))
+    assert serial.ttft_at(10000) == pytest.approx(lockstep)
+
+
+def test_a_small_chunk_reads_most_experts_so_prefill_alone_takes_large_ones():
+    kimi = ModelSpec(name="kimi", layers=61, hidden=7168, heads=64, kv_heads=64,
+                     head_dim=128, intermediate=18432, vocab=163840, bytes_per_param=0.56,
+                     experts=384, active_experts=8, moe_intermediate=2048, dense_layers=1)
+    assert touched(kimi, 1) == 0 and touched(dense(), 512) == 0
+    assert touched(kimi, 16) == pytest.approx(0.27, abs=0.01)
+    assert touched(kimi, 2048) > 0.99
+    mac = [Stage(node("studio", 600), (0, 61), True)]
+    alone = ttft_s(kimi, "pipeline", mac, [], 10000)  # ~1 s chunks
+    small = ttft_s(kimi, "pipeline", mac, [], 10000,
+                   a=Assumptions(chunk_alone_s=0.1))  # chunks of a few dozen tokens
+    assert small > 1.5 * alone
+
+
+def test_placements_rank_for_agents_by_the_longest_prompts_first_token():
+    nodes = [node("a", 96), node("b", 96), node("c", 96), node("fast", 192, 1600)]
+    links = mesh(nodes)
+    chat = plan(MODEL, nodes, links, 65536, rank="chat")
+    agents = plan(MODEL, nodes, links, 65536, rank="agents")
+    waits = [float(f"{p.prediction.ttft_at(50000):.3g}") for p in agents]
+    assert waits == sorted(waits)
+    assert chat[0].decode_tps == max(p.decode_tps for p in chat)
+    # the fastest single node decodes best; a pipeline over the others answers sooner
+    assert [r.name for r in chat[0].ranks] == ["fast"]
+    assert len(agents[0].ranks) > 1
+    assert agents[0].prediction.ttft_at(50000) < chat[0].prediction.ttft_at(50000)
+    assert plan(MODEL, nodes, links, 65536, rank="decode")[0] == chat[0]
