@@ -63,7 +63,7 @@ def _cmd_node(a: argparse.Namespace) -> int:
         draft_model=a.draft_model, draft_tokens=a.draft_tokens,
         kv_bits=int(a.kv_bits) if a.kv_bits in ("8", "4") else None,
         keep_alive_s=unload_after, prefix_disk_gb=a.prefix_disk_gb,
-        memory_limit_gb=a.memory_limit)))
+        memory_limit_gb=a.memory_limit, heal=a.heal)))
     # Everything is closed and every worker reaped. Leave without C++ static destructors:
     # MLX (imported for this machine's facts) can still hold a thread then, and a joinable
     # std::thread destroyed at exit aborts the process (seen once: exit code -6 after a
@@ -192,6 +192,11 @@ def parser() -> argparse.ArgumentParser:
                    help="keep finished prompts' KV on disk too, up to this much per model, "
                         "so it survives restarts (in HOME/cache/prefix; default 0: off, or "
                         "SHOAL_PREFIX_DISK_GB)")
+    n.add_argument("--heal", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("SHOAL_HEAL", "on") != "off",
+                   help="when a node of a model this node runs over several dies, place "
+                        "the model again on the nodes left if it fits (default on; "
+                        "--no-heal or SHOAL_HEAL=off to leave it down)")
     n.add_argument("--memory-limit", type=float, metavar="GB", default=None,
                    help="admit requests only while the worker's memory stays under this "
                         "(default: what Metal may wire on a Mac, what the OS has available "

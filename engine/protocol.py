@@ -377,13 +377,32 @@ class FollowerInfo(Record):
 
 
 @dataclass(frozen=True)
+class HealInfo(Record):
+    """What the owner did after a node of its instance was lost (engine/node/healing.py):
+    state "placing" (re-planning and launching on the nodes left), "serving" (running
+    there), "doesnt_fit" (nothing fits on them: `message` says what is missing), "failed"
+    (the new launch failed) or "off" (healing turned off); `back` once every lost node is
+    reachable again, when `original` (the launch body it ran with) can be launched again."""
+    model: str
+    state: str
+    message: str
+    lost: list[str] = field(default_factory=list)  # node ids
+    original: dict[str, Any] = field(default_factory=dict)
+    back: bool = False
+    seconds: float | None = None  # from the loss to serving again
+
+
+@dataclass(frozen=True)
 class ClusterInfo(Record):
     """This node's part in distributed instances (GET /shoal/instances)."""
     nested = {"instances": InstanceInfo, "followers": FollowerInfo}
+    singles = {"healing": HealInfo}
+    optional = ("healing",)
     id: str
     name: str
     instances: list[InstanceInfo] = field(default_factory=list)
     followers: list[FollowerInfo] = field(default_factory=list)
+    healing: HealInfo | None = None
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ from engine.telemetry.versions import mlx_version
 log = logging.getLogger(__name__)
 WATCH_S = 2.0
 GONE_S = 6.0  # a rank's node silent this long is gone (liveness within 10 s)
+REPLACED = "replaced by a new launch"
+SHUTDOWN = "the owner node is shutting down"
 
 
 class Cluster:
@@ -70,6 +72,8 @@ class Cluster:
         self.followers = Followers(node, peers, node_name, host)
         self.facts: Any = None  # engine.node.facts.NodeFacts, set by the node's main
         self.draft: dict[str, Any] | None = None  # its draft model's size, set by main
+        from engine.node.healing import Healer
+        self.healer = Healer(self)  # main turns it off for --no-heal
 
     # --- what other nodes and the GUI see ----------------------------------------------
     def links(self) -> list[dict[str, Any]]:
@@ -103,9 +107,15 @@ class Cluster:
         return {"model_config": config, "weight_bytes": memory_bytes(path, config),
                 "model_context": self.node.model_settings.capped(model, model_context(config))}
 
-    def plan_inputs(self, model: str) -> dict[str, Any]:
-        """plan_from_cluster's node_infos, links and model facts for `model` here."""
-        view = cluster_view(self.plan_infos())
+    def plan_inputs(self, model: str, exclude: set[str] | frozenset[str] = frozenset()
+                    ) -> dict[str, Any]:
+        """plan_from_cluster's node_infos, links and model facts for `model` here, without
+        the nodes in `exclude` (and, where any are excluded, unreachable peers)."""
+        infos = self.plan_infos()
+        if exclude:
+            gone = exclude | {p.id for p in self.peers.all() if p.id and not p.reachable}
+            infos = [i for i in infos if i.id not in gone]
+        view = cluster_view(infos)
         return {"node_infos": view["nodes"], "links": view["links"],
                 **self.model_facts(model)}
 
@@ -118,7 +128,7 @@ class Cluster:
                                                              run.layers_total])
             instances[0] = replace(instances[0], ranks=[first, *instances[0].ranks[1:]])
         return ClusterInfo(self.id, self.name, instances,
-                           [f.info() for f in self.followers.all()])
+                           [f.info() for f in self.followers.all()], self.healer.info)
 
     def remote_instances(self) -> list[tuple[str, InstanceInfo]]:
         """(owner URL, instance) for every ready instance a trusted peer owns."""
@@ -131,15 +141,19 @@ class Cluster:
                     None)
 
     # --- launching (owner side) ----------------------------------------------------------
-    async def launch(self, raw: Any) -> dict[str, Any]:
+    async def launch(self, raw: Any, exclude: set[str] | frozenset[str] = frozenset(),
+                     healing: bool = False) -> dict[str, Any]:
         """Check a launch, hand it to the node that holds rank 0 if that is another, else
-        start every rank and watch them (the walk in docs/design-notes.md)."""
+        start every rank and watch them (the walk in docs/design-notes.md). `exclude`:
+        nodes a launch without nodes leaves out (healing: the lost ones)."""
         req = parse(LaunchRequest, raw)
+        if not healing:  # the user's own launch: what healing did no longer applies
+            self.healer.forget()
         if req.kv_bits is None:  # this node's setting, for every rank (and a hand-over)
             req = req.model_copy(update={"kv_bits": self.node.kv_bits or 16})
         chosen, inputs = None, None
         if not req.nodes:  # the planner's first choice
-            inputs = self.plan_inputs(req.model)
+            inputs = self.plan_inputs(req.model, exclude)
             chosen = first_choice(inputs, req, self.id)
             strategy = "tensor" if chosen.strategy == "tensor" else "pipeline"
             req = req.model_copy(update={"strategy": strategy, "backend": "ring",
@@ -157,7 +171,7 @@ class Cluster:
         if len(ranks) == 1:  # one node: a plain single-process model here
             memory_check(inputs, req, "pipeline", ranks, chosen)
             choose_lanes(req.lanes, "pipeline", [self.host], 1, 1)  # one process: one batch
-            await self.stop_instance("replaced by a new launch")
+            await self.stop_instance(REPLACED)
             await self.node.start_worker(req.model, path, kv_bits=req.kv(None))
             return InstanceInfo(None, req.model, "single", InstanceState.READY, None,
                                 [RankInfo(0, self.id)],
@@ -171,7 +185,7 @@ class Cluster:
         if lanes != predicted:
             log.info("%s runs %d lane(s), the planner predicted %d best", req.model, lanes,
                      predicted)
-        await self.stop_instance("replaced by a new launch")
+        await self.stop_instance(REPLACED)
         inst = Instance(uuid.uuid4().hex[:12], req.model, req.strategy, ranks,
                         backend=req.backend, devices=rdma, lanes=lanes,
                         kv_bits=req.kv(None))
@@ -183,6 +197,7 @@ class Cluster:
             await self._teardown(inst, reason)
             raise
         inst.state = InstanceState.READY
+        inst.ready_once = True
         inst.watch = asyncio.create_task(self._watch(inst))
         return {**inst.public(), **({"warning": warning} if warning else {})}
 
@@ -336,6 +351,8 @@ class Cluster:
         inst.state = InstanceState.STOPPED if reason == "stopped" else InstanceState.FAILED
         inst.reason = reason
         log.warning("instance %s of %s ends: %s", inst.id, inst.model, reason)
+        heal = inst.state == InstanceState.FAILED and inst.ready_once \
+            and reason not in (REPLACED, SHUTDOWN)
         if inst.watch and inst.watch is not asyncio.current_task():
             inst.watch.cancel()
         await asyncio.gather(*(self.peers.call(r.url, "POST", "/shoal/peer/stop",
@@ -344,13 +361,18 @@ class Cluster:
                                for r in inst.ranks if r.url is not None),
                              return_exceptions=True)
         await self.node.stop_worker(reason if inst.state == InstanceState.FAILED else None)
+        if heal:
+            self.healer.start(inst, reason)
 
     async def stop_instance(self, reason: str = "stopped") -> None:
+        if reason == "stopped":
+            self.healer.forget()
         if self.instance is not None:
             await self._teardown(self.instance, reason)
 
     async def close(self) -> None:
-        await self.stop_instance("the owner node is shutting down")
+        await self.healer.close()
+        await self.stop_instance(SHUTDOWN)
         await self.followers.close()
 
 

@@ -96,6 +96,7 @@ class Instance:
     lanes: int = 1  # micro-batches a pipeline keeps in flight
     kv_bits: int | None = None  # quantized KV on every rank (8, 4; None: 16 bits)
     watch: asyncio.Task | None = field(default=None, repr=False)
+    ready_once: bool = False  # it served: a failure after that is healed, not a launch's
 
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.id, self.model, self.strategy, self.state, self.reason,

@@ -62,6 +62,7 @@ class NodeConfig:
     keep_alive_s: float | None = None  # unload a model unused this long (None: never)
     prefix_disk_gb: float = 0.0  # the prefix cache's disk tier per model (0: off)
     memory_limit_gb: float | None = None  # admission's budget (None: the machine's own)
+    heal: bool = True  # place a failed instance again on the nodes left (engine/node/healing.py)
 
 
 def draft_folder(cfg: NodeConfig, models: Path) -> Path | None:
@@ -146,6 +147,8 @@ async def run_node(cfg: NodeConfig) -> None:
     peers = Peers(home, cfg.peers, secret, ident.id)
     peers.self_url = f"http://{me}:{cport}"
     cluster = Cluster(node, ident.id, ident.name, peers, me)
+    cluster.healer.enabled = cfg.heal
+    node.heal_hint, node.heal_note = cluster.healer.hint, cluster.healer.note
     if cfg.speculative:  # the draft is loaded beside the model (rank 0's): plans count it
         cluster.draft = await asyncio.to_thread(draft_size, draft)
     discovery: Discovery | None = None

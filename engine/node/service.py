@@ -50,6 +50,10 @@ class Node:
         self._used = time.monotonic()  # when the last request ended
         self.worker_args = worker_args  # extra flags for its workers (drafting)
         self.kv_bits = kv_bits  # quantized KV for launches that don't choose (8, 4)
+        # what happens next when a distributed instance fails (engine/node/healing.py):
+        # told to the requests that fail with it, and to those that come after
+        self.heal_hint: Callable[[str], str | None] = lambda model: None
+        self.heal_note: Callable[[str], str | None] = lambda model: None
         self.prefix_disk_bytes = prefix_disk_bytes  # per model (0: no disk tier)
         self.memory_limit = memory_limit  # admission's budget in bytes (None: the machine's)
         self.max_streams, self.queue_wait_s = max_streams, queue_wait_s
@@ -161,7 +165,8 @@ class Node:
             if w is not None and w.dist_config is not None and w.model_id == model_id \
                     and w.dead_reason != "stopped":
                 raise WorkerFailed(f"The distributed instance of {model_id} is not running "
-                                   f"({w.dead_reason}). Launch it again.")
+                                   f"({w.dead_reason}). "
+                                   + (self.heal_note(model_id) or "Launch it again."))
             return await self._start(model_id, self.resolve(model_id), None, self.kv_bits)
 
     async def start_worker(self, model_id: str, path: Path,
@@ -208,6 +213,8 @@ class Node:
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
                          worker_args=self.worker_args + self._worker_flags(
                              model_id, kv_bits, group=dist_config is not None))
+        if dist_config is not None:
+            w.fail_hint = lambda: self.heal_hint(model_id)
         self.worker = w
         try:
             ready = await w.start()

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,8 @@ class WorkerHandle:
         self.waiting = 0
         self._ready: asyncio.Future | None = None
         self.dead_reason: str | None = None
+        # a group's: what a request that fails with the group is told happens next
+        self.fail_hint: Callable[[], str | None] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -182,6 +186,11 @@ class WorkerHandle:
                     return
                 if isinstance(ev, TERMINAL):
                     finished = True
+                if isinstance(ev, Error) and ev.code in GROUP_LOST and self.fail_hint \
+                        and (hint := self.fail_hint()):
+                    ev = replace(ev, message=re.sub(
+                        r"[;.] [Tt]he instance must be restarted\.$", ".", ev.message)
+                        + " " + hint)
                 yield ev
                 if finished:
                     return
@@ -253,6 +262,7 @@ class WorkerHandle:
 
 
 CANCEL_GRACE_S = 15.0
+GROUP_LOST = ("peer_lost", "group_failed")  # a request failed because its group broke
 
 
 def _load_error(ev: Fatal) -> ShoalError:

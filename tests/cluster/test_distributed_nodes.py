@@ -138,7 +138,8 @@ def test_pipeline_over_three_nodes_serves_through_any_node(trio, tiny_node):
 
 
 def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny_model_dir):
-    a, b = start_cluster(tmp_path, tiny_model_dir, 2)
+    # healing off: what a user who turned it off sees (test_healing.py has it on)
+    a, b = start_cluster(tmp_path, tiny_model_dir, 2, extra=("--no-heal",))
     try:
         body = {"model": "tiny-llama", "strategy": "pipeline",
                 "nodes": [{"node": "self", "layers": [0, 2]},
@@ -174,7 +175,7 @@ def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny
 
 
 def test_a_vanished_node_is_noticed_within_ten_seconds(tmp_path, tiny_model_dir):
-    a, b = start_cluster(tmp_path, tiny_model_dir, 2)
+    a, b = start_cluster(tmp_path, tiny_model_dir, 2, extra=("--no-heal",))
     try:
         assert launch(a, {"model": "tiny-llama", "strategy": "pipeline",
                           "nodes": [{"node": "self", "layers": [0, 2]},

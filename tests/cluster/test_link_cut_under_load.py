@@ -63,8 +63,9 @@ def start(lan: NetnsLan, tmp: Path, model: Path) -> list[NodeProcess]:
     for i, ns in enumerate(lan.names):
         peers = [a for j in range(3) if j != i
                  for a in ("--peer", f"{lan.ip(j)}:{CLUSTER_PORT}")]
+        # healing off: the test relaunches by hand after each fault (test_healing.py)
         nodes.append(NodeProcess(home_with(tmp / f"node{i}", model), "none", *peers,
-                                 "--secret", "lan-secret", port=PORT,
+                                 "--secret", "lan-secret", "--no-heal", port=PORT,
                                  cluster_port=CLUSTER_PORT, netns=ns, ip=lan.ip(i),
                                  api_key=KEY))
     return nodes
