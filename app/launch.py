@@ -105,6 +105,17 @@ class LaunchPanel(QWidget):
         self.headline = QLabel()
         self.headline.setObjectName("launchState")
         self.headline.setWordWrap(True)
+        # after a node was lost: what the owner did about it, and, once the node is back,
+        # the original placement to run again (engine/node/healing.py)
+        self.heal_label = QLabel()
+        self.heal_label.setObjectName("healing")
+        self.heal_label.setWordWrap(True)
+        self.heal_label.hide()
+        self.restore_button = QPushButton("Run as before")
+        self.restore_button.setAccessibleName("Launch the placement that ran before the node "
+                                              "was lost")
+        self.restore_button.hide()
+        self.restore_button.clicked.connect(self.restore)
         self.log_button = QPushButton("Show log")
         self.log_button.hide()
         self.log_button.clicked.connect(self.show_log)
@@ -118,6 +129,10 @@ class LaunchPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(buttons)
+        heal = QHBoxLayout()
+        heal.addWidget(self.heal_label, 1)
+        heal.addWidget(self.restore_button)
+        layout.addLayout(heal)
         layout.addLayout(self.grid)
         state.changed.connect(self._follow)
 
@@ -218,8 +233,48 @@ class LaunchPanel(QWidget):
         self._buttons()
 
     # --- following progress and the running instance ----------------------------------------
+    def healing(self) -> dict[str, Any] | None:
+        """The owner's record of a lost node and what it did (HealInfo), if any."""
+        return (self.state.status.get("cluster") or {}).get("healing") or None
+
+    def _show_healing(self) -> None:
+        heal = self.healing()
+        self.heal_label.setVisible(heal is not None)
+        if heal is not None:
+            self.heal_label.setText(heal.get("message") or "")
+            theme.set_role(self.heal_label, "error-strong" if heal.get("state") in (
+                "doesnt_fit", "failed", "off") else "muted")
+        self.restore_button.setVisible(bool(heal and heal.get("back") and heal.get("original"))
+                                       and self.launching is None)
+
+    def restore(self) -> None:
+        """Launch the placement that ran before the node was lost."""
+        heal = self.healing()
+        original = (heal or {}).get("original")
+        if not original or self.launching is not None:
+            return
+        ranks = [(n["node"], tuple(n.get("layers") or (0, 0))) for n in original["nodes"]]
+        self.set_placement(original["model"], original.get("strategy", "pipeline"),
+                           original.get("backend", "ring"), ranks,  # type: ignore[arg-type]
+                           original.get("kv_bits"))
+        self.restore_button.hide()
+        self.start()
+
     def _follow(self) -> None:
+        self._show_healing()
         own = self.state.own_instance()
+        heal, me = self.healing(), self.state.self_id
+        if self.launching is None and heal and heal.get("state") == "serving" and me \
+                and (own is None or own.get("state") != "ready"):
+            # placed again on this node alone: it serves, with no instance to stop
+            if self.state_text != "Ready" or list(self.rows) != [me]:
+                self.instance = None
+                self._make_rows([me])
+                self.rows[me].show_state("Loaded", 1, 1)
+                self._set_headline("Ready", f"Running: {heal.get('model')} on this node, "
+                                   "without the node that was lost.")
+                self._buttons()
+            return
         if self.launching is None:
             if own is not None and own.get("state") == "ready":
                 if self.instance is None or self.instance.get("id") != own.get("id"):
