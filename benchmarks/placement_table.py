@@ -3,7 +3,7 @@ two with 512 GB, the others with 256 GB): one Mac alone, pipeline over Thunderbo
 (ring backend) and tensor parallel over Thunderbolt 5 RDMA (jaccl).
 
 Pure arithmetic from the shipped profiles (resources/profiles/), no hardware needed.
-Run: .venv/bin/python benchmarks/placement_table.py [--context 32768] [--wired-fraction 0.75]
+Run: .venv/bin/python benchmarks/placement_table.py [--context 32768] [--wired-fraction F]
 Prints a markdown table; docs/placement.md keeps the table of the last run.
 """
 
@@ -30,10 +30,11 @@ SETUPS = [(1, "single", "ring", "1 Mac"),
           (4, "pipeline", "ring", "pipeline, TB5 TCP"), (4, "tensor", "jaccl", "tensor, TB5 RDMA")]
 
 
-def cluster(wired_fraction: float):
+def cluster(wired_fraction: float | None):
     machines = placement_profiles.machines()
+    frac = {"wired_fraction": wired_fraction} if wired_fraction else {}
     nodes = [node_from({"name": f"studio-{i + 1}", "profile": "mac-studio-m3-ultra",
-                        "memory_gb": gb, "rdma": True, "wired_fraction": wired_fraction},
+                        "memory_gb": gb, "rdma": True, **frac},
                        f"nodes[{i}]", machines) for i, gb in enumerate(MEMORY_GB)]
     links = links_from({"mesh": "thunderbolt5-rdma"}, "links[0]", machines,
                        [nd.id for nd in nodes])
@@ -56,12 +57,15 @@ def row(p: Placement | str, model: str, macs: int, how: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=32768)
-    ap.add_argument("--wired-fraction", type=float, default=0.75)
+    ap.add_argument("--wired-fraction", type=float, default=None,
+                    help="of RAM the GPU may use (default: Metal's default working set, as "
+                         "the node's probe counts it)")
     a = ap.parse_args()
     nodes, links = cluster(a.wired_fraction)
     profiles = placement_profiles.models()["models"]
     ctx = context_label(a.context)
-    print(f"Context {ctx}; GPU may use {a.wired_fraction:.0%} of each Mac's memory "
+    share = nodes[0].memory_bytes / (512 * 2**30)
+    print(f"Context {ctx}; GPU may use {share:.0%} of each Mac's memory "
           f"({nodes[0].memory_bytes / 1e9:.0f} GB of 512 GB, {nodes[2].memory_bytes / 1e9:.0f}"
           f" GB of 256 GB).\n")
     print(f"| model | Macs | how | memory per Mac, GB | decode tok/s (4k) | decode tok/s "

@@ -13,7 +13,7 @@ PROFILES = Path(__file__).resolve().parent.parent / "resources" / "profiles"
 
 @cache
 def machines() -> dict[str, Any]:
-    """{"machines": {name: profile}, "links": {preset: link}, "wired_fraction": ...}."""
+    """{"machines": {name: profile}, "links": {preset: link}}."""
     return json.loads((PROFILES / "machines.json").read_text())
 
 

@@ -19,6 +19,7 @@ from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import PlacementError
 from engine.protocol import NodeInfo, PlanInfo, RejectedInfo
+from engine.telemetry.memory import mac_gpu_budget
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet
@@ -104,9 +105,9 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
     """Plan from what nodes report, as plain dicts.
 
     node_infos: {"id", "name", "memory_usable_bytes" (the GPU working-set limit) or
-    "memory_bytes" (RAM; 75% is assumed usable), optional "memory_bandwidth_Bps",
-    "compute_flops", "chip" (e.g. "Apple M3 Ultra", to look up missing figures),
-    "has_model" or "models" (ids on disk), "rdma"}. links: {"a", "b", "latency_s",
+    "memory_bytes" (RAM; Metal's default working set is assumed usable), optional
+    "memory_bandwidth_Bps", "compute_flops", "chip" (e.g. "Apple M3 Ultra", to look up
+    missing figures), "has_model" or "models" (ids on disk), "rdma"}. links: {"a", "b", "latency_s",
     "bandwidth_Bps", "rdma"} from the link probes; unmeasured pairs are assumed 10GbE.
     model_config: the model's config.json; weight_bytes what its weights take in memory,
     model_context its context window, where the checkpoint on disk tells them; kv_bits the
@@ -180,7 +181,9 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
     nid = str(info.get("id") or info.get("name") or f"node-{i}")
     name = str(info.get("name") or nid)
     prof = _chip_profile(str(info.get("chip") or ""), info.get("gpu_cores"))
-    usable = info.get("memory_usable_bytes") or 0.75 * float(info.get("memory_bytes") or 0)
+    usable = info.get("memory_usable_bytes") or (  # unreported: the probes' rule on a Mac
+        mac_gpu_budget(int(info["memory_bytes"]), None, None)[0]
+        if info.get("memory_bytes") else 0)
     if not usable:
         raise PlacementError(f"node {name} reports no memory size")
     bw = info.get("memory_bandwidth_Bps") or (prof or {}).get("memory_bandwidth_gbs", 0) * 1e9
@@ -198,7 +201,8 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
     return NodeSpec(nid, name, int(usable), float(bw), float(flops), has,
                     bool(info.get("rdma", False)), int(info.get("draft_bytes") or 0),
                     float(info.get("draft_kv_per_token") or 0.0),
-                    float(info.get("measured_attention_flops") or 0.0))
+                    float(info.get("measured_attention_flops") or 0.0),
+                    float(info.get("watts") or (prof or {}).get("max_power_w") or 0.0))
 
 
 def _chip_profile(chip: str, gpu_cores: Any) -> dict[str, Any] | None:

@@ -16,9 +16,9 @@ from typing import Any
 
 from engine.placement.model import QUANTIZATIONS, LinkSpec, ModelSpec, NodeSpec
 from engine.placement.validate import PlacementError
+from engine.telemetry.memory import mac_gpu_budget
 
 GIB = 2 ** 30
-DEFAULT_WIRED_FRACTION = 0.75  # macOS lets the GPU wire about 75% of RAM by default
 
 
 class SimulationError(PlacementError):
@@ -85,18 +85,21 @@ def node_from(entry: Any, where: str, machines: Mapping[str, Any]) -> NodeSpec:
               **entry}
     if "usable_gb" in merged:
         usable = _num(merged, "usable_gb", where) * 1e9
-    else:
-        default = (machines.get("wired_fraction") or {}).get("value", DEFAULT_WIRED_FRACTION)
-        fraction = _num(merged, "wired_fraction", where, default)
+    elif "wired_fraction" in merged:
+        fraction = _num(merged, "wired_fraction", where)
         if fraction > 1:
             raise SimulationError(f"{where}.wired_fraction: expected at most 1, got "
                                   f"{fraction}")
         usable = _num(merged, "memory_gb", where) * GIB * fraction
+    else:  # what the node's own probe reports on a Mac without a raised wired limit
+        usable = mac_gpu_budget(int(_num(merged, "memory_gb", where) * GIB), None, None)[0]
     return NodeSpec(id=str(entry.get("id") or name), name=name, memory_bytes=int(usable),
                     memory_bandwidth_Bps=_num(merged, "bandwidth_gbs", where) * 1e9,
                     compute_flops=_num(merged, "tflops", where) * 1e12,
                     has_model_files=_flag(merged, "has_model_files", where, False),
-                    rdma=_flag(merged, "rdma", where, False))
+                    rdma=_flag(merged, "rdma", where, False),
+                    watts=_num(merged, "watts", where) if "watts" in merged
+                    else float(prof.get("max_power_w") or 0.0))
 
 
 def links_from(entry: Any, where: str, presets: Mapping[str, Any],
