@@ -10,7 +10,7 @@ there isn't; colours follow the palette."""
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
@@ -68,7 +68,14 @@ class ChartsView(QWidget):
         self.live_curve = self.tps.plot([], [], pen=None, symbol="t", symbolSize=10,
                                         name="streaming now")
         self.ttft_curve = self.ttft.plot([], [], symbol="o", symbolSize=7)
-        self.energy_curve = self.energy.plot([], [], symbol="o", symbolSize=7)
+        self.energy_curve = self.energy.plot([], [], symbol="o", symbolSize=7,
+                                             name="measured")
+        # the placement view's prediction for what it shows, beside what was measured
+        self.energy_predicted = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(
+            style=Qt.PenStyle.DashLine), label="predicted {value:.2f} J/token",
+            labelOpts={"position": 0.1})
+        self.energy_predicted.hide()
+        self.energy.addItem(self.energy_predicted)
         self.in_flight_curve = self.streams.plot([], [], name="in flight")
         self.waiting_curve = self.streams.plot([], [], name="waiting")
         self.cached_curve = self.cached.plot([], [], pen=None, symbol="o", symbolSize=7,
@@ -189,6 +196,13 @@ class ChartsView(QWidget):
             self.redraw()
         now = self.metrics.clock()
         self.tps.setXRange(now - self.metrics.window_s, now, padding=0)
+
+    def set_predicted_energy(self, joules_per_token: float | None) -> None:
+        """The planner's joules per token for the placement shown (None: not predicted,
+        where a node's watts are unknown)."""
+        self.energy_predicted.setVisible(bool(joules_per_token))
+        if joules_per_token:
+            self.energy_predicted.setValue(joules_per_token)
 
     def redraw(self) -> None:
         m = self.metrics

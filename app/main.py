@@ -167,6 +167,8 @@ class ShoalApp(QObject):
         self.models_view.chat_requested.connect(self.chat_with)
         self.models_view.plan_requested.connect(self.plan_for)
         self.placement.launch.launched.connect(lambda _i: self.chat.refresh_models())
+        self.placement.prediction_changed.connect(lambda: self.charts.set_predicted_energy(
+            (self.placement.prediction or {}).get("decode_j_per_token")))
 
     def chat_with(self, model: str) -> None:
         """Models view → Chat: load the model here unless it already runs."""

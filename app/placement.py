@@ -421,7 +421,9 @@ class PlacementView(QWidget):
                if (many := placement.get("decode_tps_streams")) else "")
             + (f" · {fmt_tps(drafted)} tokens/s with drafts"
                if (drafted := placement.get("decode_tps_drafted") or 0)
-               > 1.01 * placement["decode_tps"] else ""))
+               > 1.01 * placement["decode_tps"] else "")
+            + (f" · at most {joules:.2g} J/token" if (joules := placement.get(
+                "decode_j_per_token")) else ""))
         self.ttft_label.setText(ttft_text(placement.get("ttft") or []))
         self.reason_label.setVisible(bool(placement.get("warnings")))
         self.reason_label.setText("\n".join(placement.get("warnings") or []))

@@ -186,7 +186,7 @@ def render(r: PlanReport, top: int = 10) -> str:
         (f" ({cached:.0%} cached)" if cached else "")
     head = ["#", "STRATEGY", "BACKEND", "NODE", "LAYERS", "MEMORY GB (USABLE)",
             "DECODE tok/s", full, "PREFILL tok/s", "STREAMS tok/s", "DRAFTED tok/s",
-            *([ttft] if prompts else [])]
+            "J/TOKEN", *([ttft] if prompts else [])]
     rows = []
     for k, p in enumerate(r.placements[:top], 1):
         for j, rk in enumerate(p.ranks):
@@ -197,8 +197,9 @@ def render(r: PlanReport, top: int = 10) -> str:
             first = [str(k), p.strategy, backend] if j == 0 else ["", "", ""]
             pred = [f"{p.decode_tps:.1f}", f"{p.prediction.decode_tps_full:.1f}",
                     f"{p.prefill_tps:.0f}", _streams(p.prediction),
-                    _drafted(p.prediction), *([_ttft(p.prediction)] if prompts else [])
-                    ] if j == 0 else [""] * (6 if prompts else 5)
+                    _drafted(p.prediction), _joules(p.prediction),
+                    *([_ttft(p.prediction)] if prompts else [])
+                    ] if j == 0 else [""] * (7 if prompts else 6)
             rows.append([*first, rk.name, layers, mem + (" !" if not rk.memory.fits else ""),
                          *pred])
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
@@ -208,6 +209,11 @@ def render(r: PlanReport, top: int = 10) -> str:
         lines.append(f"... and {len(r.placements) - top} more (--top N)")
     lines += [f"warning: {w}" for p in r.placements[:top] for w in p.warnings]
     return "\n".join(lines)
+
+
+def _joules(p: Any) -> str:
+    """Joules per decoded token, where every node's watts are known."""
+    return f"{p.decode_j_per_token:.2g}" if p.decode_j_per_token else "-"
 
 
 def _tokens(n: int) -> str:

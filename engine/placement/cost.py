@@ -41,6 +41,12 @@ class Prediction:
     # time to first token per prompt length that fits the context: (prompt tokens, tokens
     # of it the prefix cache holds, seconds alone, seconds with streams - 1 others decoding)
     ttft: tuple[tuple[int, int, float, float], ...] = ()
+    watts: float = 0.0  # every node of it together, where each one's is known (0: not)
+
+    @property
+    def decode_j_per_token(self) -> float:
+        """Joules per token, one sequence decoding (0: a node's watts are unknown)."""
+        return self.watts / self.decode_tps if self.watts and self.decode_tps else 0.0
 
     def ttft_at(self, prompt: int | None = None) -> float:
         """Seconds to the first token alone at `prompt` (None: the longest predicted);
@@ -241,13 +247,16 @@ def ttft_s(model: ModelSpec, strategy: str, stages: Sequence[Stage],
     new = prompt - 1 - cached
     multi = strategy != "tensor" and len(stages) > 1
     nodes = [s.node for s in stages]
+    # tensor ranks run alike: each distinct machine once is enough to find the slowest
+    kinds = list({(nd.memory_bandwidth_Bps, nd.compute_flops, nd.attention_flops): nd
+                  for nd in nodes}.values())
 
     def stage_times(tokens: int, position: int) -> list[float]:
         r = _Rates(model, position)
         if strategy == "tensor":
             comms = 2 * model.layers * allreduce_s(tokens * model.hidden * a.act_bytes, ring)
             return [max(_rank_s(r, nd, (0, model.layers), True, tokens, len(nodes), a)
-                        for nd in nodes) + comms]
+                        for nd in kinds) + comms]
         act = tokens * model.hidden * a.act_bytes
         return [_rank_s(r, st.node, st.layers, False, tokens, 1, a)
                 + (hop_s(ring[i], act) if multi and i < len(stages) - 1 else 0.0)
@@ -317,4 +326,6 @@ def predict(model: ModelSpec, strategy: str, stages: Sequence[Stage],
     return Prediction(decode_tps=one, decode_tps_full=1 / step(1, context),
                       prefill_tps=prompt / prefill, decode_tps_streams=a.streams / round_s,
                       streams=a.streams, lanes=lanes, decode_tps_drafted=drafted,
-                      draft_tokens=k, ttft=ttft)
+                      draft_tokens=k, ttft=ttft,
+                      watts=sum(s.node.watts for s in stages)
+                      if all(s.node.watts for s in stages) else 0.0)

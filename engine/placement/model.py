@@ -36,8 +36,8 @@ _DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "float8_e4m3fn"
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One machine. memory_bytes is what the GPU may use (on macOS the wired limit, about
-    75% of RAM by default), not the RAM size."""
+    """One machine. memory_bytes is what the GPU may use (on macOS Metal's working set, as
+    engine/telemetry/memory.py finds it), not the RAM size."""
     id: str
     name: str
     memory_bytes: int
@@ -52,6 +52,9 @@ class NodeSpec:
     # FLOP/s its attention gets, as measured (engine/telemetry/calibrate.py); 0: the share
     # of compute_flops a matmul gets, as fused attention kernels on a GPU do
     attention_flops: float = 0.0
+    # watts it draws running a model: measured while it served, else the catalogued
+    # maximum (an upper bound); 0: unknown
+    watts: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,9 @@ class Placement:
                 "lanes": p.lanes, "decode_tps_drafted": p.decode_tps_drafted,
                 "draft_tokens": p.draft_tokens,
                 "ttft": [{"prompt_tokens": n, "cached_tokens": c, "seconds": alone,
-                          "seconds_busy": busy} for n, c, alone, busy in p.ttft],
+                          "seconds_busy": busy, "joules": p.watts * alone or None}
+                         for n, c, alone, busy in p.ttft],
+                "watts": p.watts or None, "decode_j_per_token": p.decode_j_per_token or None,
                 "warnings": list(self.warnings),
                 "ranks": [{"node": r.node, "name": r.name, "layers": list(r.layers),
                            "memory": r.memory.as_dict()} for r in self.ranks]}

@@ -56,6 +56,12 @@ def test_charts_follow_requests_and_nodes(qtbot):
     # The first request ran before any node reported watts; the second used 42 W.
     assert list(view.energy_curve.getData()[1]) == [42.0 / 50.0]
     assert view.power_note.text() == ""
+    # the placement's predicted joules per token sit beside what was measured
+    assert not view.energy_predicted.isVisible()
+    view.set_predicted_energy(1.2)
+    assert view.energy_predicted.isVisible() and view.energy_predicted.value() == 1.2
+    view.set_predicted_energy(None)  # a node's watts unknown: nothing predicted
+    assert not view.energy_predicted.isVisible()
 
     metrics.add_cards(node_cards(topology(None)))
     view.tick()

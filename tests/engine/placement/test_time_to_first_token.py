@@ -83,3 +83,40 @@ def test_placements_rank_for_agents_by_the_longest_prompts_first_token():
     assert len(agents[0].ranks) > 1
     assert agents[0].prediction.ttft_at(50000) < chat[0].prediction.ttft_at(50000)
     assert plan(MODEL, nodes, links, 65536, rank="decode")[0] == chat[0]
+
+
+def test_energy_is_predicted_from_each_nodes_watts_and_only_where_all_are_known():
+    from dataclasses import replace
+
+    one = [replace(s, node=replace(s.node, watts=295.0)) for s in stages(1)]
+    p = predict(MODEL, "pipeline", one, [], 32768)
+    assert p.watts == 295.0 and p.decode_j_per_token == pytest.approx(295.0 / p.decode_tps)
+    two = [replace(s, node=replace(s.node, watts=295.0)) for s in stages(2)]
+    ring = mesh([s.node for s in two]) * 2
+    q = predict(MODEL, "pipeline", two, ring, 32768)
+    # both Macs draw power for each token, and a pipeline decodes no faster than one
+    assert q.watts == 590.0 and q.decode_j_per_token > 1.9 * p.decode_j_per_token
+    unknown = [two[0], replace(two[1], node=replace(two[1].node, watts=0.0))]
+    assert predict(MODEL, "pipeline", unknown, ring, 32768).decode_j_per_token == 0.0
+
+
+def test_the_plan_names_joules_for_macs_apple_publishes_the_power_of(tmp_path, capsys):
+    import json
+
+    from engine.cli import main
+
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps({
+        "nodes": [{"name": "u1", "profile": "mac-studio-m2-ultra", "memory_gb": 192},
+                  {"name": "m4", "profile": "mac-studio-m4-max", "memory_gb": 128}],
+        "links": [{"mesh": "thunderbolt5", "nodes": ["u1", "m4"]}]}))
+    assert main(["plan", "Llama-3.3-70B", "--quant", "4bit", "--simulate", str(sim),
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by_nodes = {tuple(r["name"] for r in p["ranks"]): p for p in doc["placements"]}
+    ultra = by_nodes[("u1",)]
+    assert ultra["watts"] == 295  # Apple's maximum for the M2 Ultra Mac Studio
+    assert ultra["decode_j_per_token"] == pytest.approx(295 / ultra["decode_tps"])
+    assert ultra["ttft"][0]["joules"] == pytest.approx(295 * ultra["ttft"][0]["seconds"])
+    # Apple publishes no power figure for the M4 Max Mac Studio: no joules, not a guess
+    assert by_nodes[("m4",)]["decode_j_per_token"] is None
