@@ -28,7 +28,8 @@ class NodeProcess:
 
     def __init__(self, home: Path, model: str = "none", *extra: str, port: int | None = None,
                  cluster_port: int | None = None, netns: str | None = None,
-                 ip: str = "127.0.0.1", api_key: str | None = None):
+                 ip: str = "127.0.0.1", api_key: str | None = None,
+                 env: dict[str, str] | None = None):
         self.home, self.extra = home, extra  # enough to start it again the same way
         self.netns, self.ip, self.api_key = netns, ip, api_key
         self.port = port or free_port()
@@ -39,7 +40,7 @@ class NodeProcess:
         home.mkdir(parents=True, exist_ok=True)
         self._logf = self.log.open("ab")
         # Never the user's keyring: the secret lives in the test's home.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHOAL_KEYRING": "0"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHOAL_KEYRING": "0", **(env or {})}
         # In a network namespace `ip netns exec` execs the node: the pid is still the node's.
         prefix = ["ip", "netns", "exec", netns] if netns else []
         key = ["--api-key", api_key] if api_key else []  # off loopback the API needs one

@@ -148,6 +148,28 @@ def _probe_macos(run: Runner) -> PlatformReport:
     return PlatformReport("macos", tb, rdma, kinds, (warning,) if warning else ())
 
 
+RECORDED = {"system_profiler": "system_profiler_SPThunderboltDataType.json",
+            "networksetup -listallhardwareports": "networksetup_listallhardwareports.txt",
+            "ifconfig": "ifconfig_bridge0.txt",
+            "networksetup -getnetworkserviceenabled": "networksetup_getnetworkserviceenabled.txt",
+            "rdma_ctl": "rdma_ctl_status.txt", "ibv_devices": "ibv_devices.txt"}
+
+
+def recorded_runner(folder: Path) -> Runner:
+    """A Runner that answers the macOS probes' commands from the output a Mac printed,
+    saved in `folder` (SHOAL_PLATFORM_RECORDING: a Linux test node that reports a Mac's
+    Thunderbolt cabling and RDMA, as tests/fixtures/macos/ holds them)."""
+    def run(argv: Sequence[str], timeout: float) -> CommandResult:
+        for prefix, name in RECORDED.items():
+            if " ".join(argv).startswith(prefix):
+                try:
+                    return CommandResult((folder / name).read_text())
+                except OSError as e:
+                    return CommandResult(None, f"not recorded: {e}")
+        return CommandResult(None, f"not recorded: {' '.join(argv)}")
+    return run
+
+
 def linux_interface_kinds(root: Path = Path("/sys/class/net")) -> dict[str, str]:
     """Interface → kind from sysfs: loopback, wifi, thunderbolt, bridge, ethernet, other."""
     kinds: dict[str, str] = {}

@@ -195,7 +195,25 @@ class Cluster:
         except BaseException as e:
             reason = e.message if isinstance(e, ShoalError) else f"launch failed: {e}"
             await self._teardown(inst, reason)
-            raise
+            if inst.backend == "ring" or not isinstance(e, ShoalError):
+                raise
+            # the RDMA group didn't form: the same nodes over TCP, saying so
+            log.warning("%s: the %s group didn't form (%s); trying the ring", req.model,
+                        inst.backend, reason)
+            inst = replace(inst, id=uuid.uuid4().hex[:12], backend="ring", devices=None,
+                           state=InstanceState.STARTING, reason=None, watch=None)
+            inst.ranks = [replace(r, progress=None, loaded=None) for r in inst.ranks]
+            self.instance = inst
+            fell_back = (f"The {req.backend} (RDMA) group didn't form ({reason}); it runs "
+                         f"over the ring (TCP) on the same nodes instead.")
+            warning = f"{warning} {fell_back}" if warning else fell_back
+            inst.warning = fell_back
+            try:
+                await self._start(inst, path, inputs["model_context"])
+            except BaseException as e2:
+                await self._teardown(inst, e2.message if isinstance(e2, ShoalError)
+                                     else f"launch failed: {e2}")
+                raise
         inst.state = InstanceState.READY
         inst.ready_once = True
         inst.watch = asyncio.create_task(self._watch(inst))

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,6 @@ class NodeFacts:
         self._task = asyncio.create_task(self._refresh())
 
     async def _refresh(self) -> None:
-        from engine.cluster.probes import probe_platform
         from engine.telemetry.memory import machine_info, memory_info
         since_platform = PLATFORM_EVERY_S
         while True:
@@ -47,7 +47,7 @@ class NodeFacts:
                     mem = await asyncio.to_thread(memory_info)
                     self.machine = replace(self.machine, memory=mem)
                 if since_platform >= PLATFORM_EVERY_S:
-                    self.platform = await asyncio.to_thread(probe_platform)
+                    self.platform = await asyncio.to_thread(_platform)
                     since_platform = 0.0
             except Exception:  # a probe must never take the node down
                 log.exception("refreshing this node's facts failed")
@@ -71,3 +71,13 @@ class NodeFacts:
                 await self._task
         if self._sampler:
             await asyncio.to_thread(self._sampler.stop)
+
+
+def _platform() -> Any:
+    """This machine's platform report, or, with SHOAL_PLATFORM_RECORDING set (tests on
+    Linux), a Mac's as its commands printed it."""
+    from engine.cluster.probes import probe_platform, recorded_runner
+    recording = os.environ.get("SHOAL_PLATFORM_RECORDING")
+    if recording:
+        return probe_platform(system="darwin", runner=recorded_runner(Path(recording)))
+    return probe_platform()

@@ -85,8 +85,11 @@ class Healer:
         lost = [r.node for r in inst.ranks if r.node not in alive]
         names = self._names(lost) or "a node"
         self.info = replace(self.info or HealInfo(inst.model, "placing", ""), lost=lost)
+        # an RDMA group that broke with every node still there: the same nodes over TCP
+        tcp = not lost and inst.backend != "ring"
         try:
-            await self.cluster.launch({"model": inst.model, "kv_bits": inst.kv_bits or 16},
+            await self.cluster.launch({**original, "backend": "ring"} if tcp else
+                                      {"model": inst.model, "kv_bits": inst.kv_bits or 16},
                                       exclude=set(lost), healing=True)
         except ShoalError as e:
             state = "doesnt_fit" if e.code == "insufficient_memory" else "failed"
@@ -103,9 +106,13 @@ class Healer:
         else:
             took = time.monotonic() - t0
             log.warning("healed %s without %s in %.1f s", inst.model, names, took)
+            again = (f"{inst.model} runs again over the ring (TCP) on the same nodes; the "
+                     f"{inst.backend} (RDMA) group broke" if tcp else
+                     f"{inst.model} runs again without {names}" if lost else
+                     f"{inst.model} runs again, placed afresh on the nodes that answer")
             self.info = replace(self.info, state="serving", seconds=round(took, 2),
-                                message=f"{reason}. {inst.model} runs again without "
-                                        f"{names} ({took:.0f} s after it was lost).")
+                                message=f"{reason}. {again} ({took:.0f} s after it was "
+                                        f"lost).")
         await self._watch_for(lost)
 
     async def _watch_for(self, lost: list[str]) -> None:

@@ -97,12 +97,14 @@ class Instance:
     kv_bits: int | None = None  # quantized KV on every rank (8, 4; None: 16 bits)
     watch: asyncio.Task | None = field(default=None, repr=False)
     ready_once: bool = False  # it served: a failure after that is healed, not a launch's
+    warning: str | None = None  # what the user should know about how it runs
 
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.id, self.model, self.strategy, self.state, self.reason,
                             [RankInfo(i, r.node, list(r.layers) if r.layers else None,
                                       r.progress, r.loaded) for i, r in enumerate(self.ranks)],
-                            lanes=self.lanes, kv_bits=self.kv_bits or 16)
+                            lanes=self.lanes, kv_bits=self.kv_bits or 16,
+                            warning=self.warning)
 
     def public(self) -> dict[str, Any]:
         return self.info().to_json()
