@@ -12,6 +12,7 @@ from typing import Any
 from engine import placement_profiles
 from engine.errors import BadRequest
 from engine.placement.families import kv_group, strategy_refusal
+from engine.placement.gpu_memory import mac_gpu_budget
 from engine.placement.memory import context_label
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec, kv_value_bytes
 from engine.placement.planner import Placement, Rejection, evaluate, explain, plan
@@ -19,7 +20,6 @@ from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import PlacementError
 from engine.protocol import NodeInfo, PlanInfo, RejectedInfo
-from engine.telemetry.memory import mac_gpu_budget
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet

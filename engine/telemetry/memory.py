@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cluster.probes import CommandResult, run_command
+from engine.placement.gpu_memory import mac_gpu_budget
 
 log = logging.getLogger(__name__)
 GB = 1024 ** 3
@@ -60,27 +61,6 @@ def parse_meminfo(text: str) -> MemoryInfo:
     # Kernels before 3.14 lack MemAvailable; free + page cache is the usual estimate.
     est = sum(fields.get(k, 0) for k in ("MemFree", "Buffers", "Cached"))
     return MemoryInfo(total, est, "MemFree + Buffers + Cached (no MemAvailable)")
-
-
-# Metal's max_recommended_working_set_size as real Macs report it (captured: 16 GB → 10.67 GiB,
-# 128 GB → 107.5 GiB). Where the rule switches between the two is documented, not captured.
-SMALL_MAC = 36 * GB
-SMALL_FRACTION = 2 / 3
-LARGE_FRACTION = 0.84
-
-
-def mac_gpu_budget(total: int, working_set: int | None, wired_limit_mb: int | None
-                   ) -> tuple[int, str]:
-    """What Metal may wire on a Mac with `total` bytes, and the rule used. Without Metal's
-    own figure, its default rule: below "RAM minus 8 GB" on most Macs, so a plan made from
-    it doesn't promise memory the GPU can't wire."""
-    if working_set:
-        return working_set, "Metal max_recommended_working_set_size"
-    if wired_limit_mb:  # 0 means "macOS default"
-        return wired_limit_mb * 1024 * 1024, "iogpu.wired_limit_mb sysctl"
-    if total <= SMALL_MAC:
-        return int(total * SMALL_FRACTION), "Metal's default: 2/3 of RAM (36 GB or less)"
-    return int(total * LARGE_FRACTION), "Metal's default: 84% of RAM (above 36 GB)"
 
 
 def _sysctl(name: str) -> str | None:
