@@ -191,13 +191,12 @@ class Cluster:
                         kv_bits=req.kv(None))
         self.instance = inst
         try:
-            await self._start(inst, path, inputs["model_context"])
-        except BaseException as e:
-            reason = e.message if isinstance(e, ShoalError) else f"launch failed: {e}"
-            await self._teardown(inst, reason)
-            if inst.backend == "ring" or not isinstance(e, ShoalError):
+            await self._start_or_end(inst, path, inputs["model_context"])
+        except ShoalError as e:
+            if inst.backend == "ring":
                 raise
             # the RDMA group didn't form: the same nodes over TCP, saying so
+            reason = e.message
             log.warning("%s: the %s group didn't form (%s); trying the ring", req.model,
                         inst.backend, reason)
             inst = replace(inst, id=uuid.uuid4().hex[:12], backend="ring", devices=None,
@@ -208,12 +207,7 @@ class Cluster:
                          f"over the ring (TCP) on the same nodes instead.")
             warning = f"{warning} {fell_back}" if warning else fell_back
             inst.warning = fell_back
-            try:
-                await self._start(inst, path, inputs["model_context"])
-            except BaseException as e2:
-                await self._teardown(inst, e2.message if isinstance(e2, ShoalError)
-                                     else f"launch failed: {e2}")
-                raise
+            await self._start_or_end(inst, path, inputs["model_context"])
         inst.state = InstanceState.READY
         inst.ready_once = True
         inst.watch = asyncio.create_task(self._watch(inst))
@@ -255,6 +249,15 @@ class Cluster:
                                  param=f"nodes[{i}].layers")
             ranks.append(Rank(nid, url, n.layers))
         return ranks
+
+    async def _start_or_end(self, inst: Instance, path: Path, context: int) -> None:
+        """Start every rank, or tear the instance down with the reason and raise."""
+        try:
+            await self._start(inst, path, context)
+        except BaseException as e:
+            await self._teardown(inst, e.message if isinstance(e, ShoalError)
+                                 else f"launch failed: {e}")
+            raise
 
     async def _start(self, inst: Instance, path: Path, context: int) -> None:
         # 1. every node checks the model and hands out two fresh ports

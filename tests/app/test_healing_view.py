@@ -7,23 +7,16 @@ import os
 import signal
 
 from PySide6.QtCore import Qt
+from test_launch_anyway import follow
 
-from app.cluster_state import ClusterState
 from app.launch import LaunchPanel
-from app.status import StatusMonitor
-from app.tasks import Tasks
 from nodes import NodeProcess, start_cluster
 
 
 def test_the_panel_shows_healing_and_offers_the_original_placement_back(
         qtbot, tmp_path, tiny_model_dir):
     a, b = nodes = start_cluster(tmp_path, tiny_model_dir, 2)
-    tasks = Tasks(max_threads=12)
-    state = ClusterState(tasks, a.client, interval=0.3)
-    monitor = StatusMonitor(tasks, a.url, interval=0.3)
-    monitor.changed.connect(state.set_status)
-    state.start()
-    monitor.start()
+    tasks, state, monitor = follow(a)
     try:
         ida, idb = (n.client.status().cluster["id"] for n in nodes)
         panel = LaunchPanel(a.client, tasks, state)
