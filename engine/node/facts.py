@@ -18,8 +18,9 @@ PLATFORM_EVERY_S = 60.0  # cables get plugged and pulled
 
 
 class NodeFacts:
-    def __init__(self, home: Any = None) -> None:
+    def __init__(self, home: Any = None, busy: Any = None) -> None:
         self.home = home
+        self.busy = busy  # () -> bool: is this node generating now (its power then counts)
         self.calibration: dict[str, Any] | None = None
         self.machine: Any = None
         self.platform: Any = None
@@ -28,7 +29,7 @@ class NodeFacts:
 
     async def start(self) -> None:
         from engine.telemetry.power import PowerSampler
-        self._sampler = PowerSampler().start()
+        self._sampler = PowerSampler(busy=self.busy).start()
         self._task = asyncio.create_task(self._refresh())
 
     async def _refresh(self) -> None:
@@ -56,6 +57,9 @@ class NodeFacts:
 
     def describe(self) -> dict[str, Any]:
         power = self._sampler.latest().to_dict() if self._sampler else None
+        serving = self._sampler.serving_watts() if self._sampler else None
+        if power is not None and serving:  # measured while generating: the planner's watts
+            power["serving_watts"] = round(serving, 2)
         cal = self.calibration or {}
         return {"machine": self.machine.to_dict() if self.machine else None,
                 "speed": {k: cal[k] for k in ("memory_bandwidth_Bps", "compute_flops",

@@ -180,7 +180,7 @@ async def run_node(cfg: NodeConfig) -> None:
                     allowed_hosts=cfg.allowed_hosts, max_body_mb=cfg.max_body_mb)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    facts = NodeFacts(home)
+    facts = NodeFacts(home, busy=node.generating)
     try:
         await _listen(runner, cfg.host, cfg.port, "API")
         await _listen(runner, cfg.cluster_host, cport, "cluster port")

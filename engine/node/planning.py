@@ -51,7 +51,9 @@ def planner_node(info: NodeInfo) -> dict[str, Any]:
             "measured_attention_flops": speed.get("attention_flops"),
             # its draft model, which it loads beside a model it serves alone
             "draft_bytes": (info.draft or {}).get("bytes", 0),
-            "draft_kv_per_token": (info.draft or {}).get("kv_per_token", 0.0)}
+            "draft_kv_per_token": (info.draft or {}).get("kv_per_token", 0.0),
+            # its power while it generated (RAPL, NVML, IOReport), when it has measured it
+            "measured_watts": (info.power or {}).get("serving_watts")}
 
 
 def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
@@ -202,7 +204,8 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
                     bool(info.get("rdma", False)), int(info.get("draft_bytes") or 0),
                     float(info.get("draft_kv_per_token") or 0.0),
                     float(info.get("measured_attention_flops") or 0.0),
-                    float(info.get("watts") or (prof or {}).get("max_power_w") or 0.0))
+                    float(info.get("watts") or info.get("measured_watts")
+                          or (prof or {}).get("max_power_w") or 0.0))
 
 
 def _chip_profile(chip: str, gpu_cores: Any) -> dict[str, Any] | None:

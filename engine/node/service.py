@@ -78,6 +78,11 @@ class Node:
             models_dir=str(self.models_dir), default_model=self.default_model,
             streams=self._streams(), cluster=cluster).to_json()
 
+    def generating(self) -> bool:
+        """Whether this node's worker has requests in flight (safe from any thread)."""
+        w = self.worker
+        return bool(w is not None and w.alive and w.in_flight)
+
     def _streams(self) -> StreamsInfo:
         """Requests in flight and waiting, for the charts."""
         w = self.worker

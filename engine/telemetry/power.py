@@ -13,6 +13,7 @@ import logging
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from engine.telemetry.reading import PowerReading, missing  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
+SERVING_READINGS = 120  # about two minutes of generating, at one reading a second
 RAPL_UNREADABLE = ("unavailable: RAPL counters are not readable without root "
                    "(see /sys/class/powercap)")
 
@@ -199,13 +201,18 @@ def default_source(system: str | None = None) -> PowerSource:
 
 
 class PowerSampler:
-    """Reads a source every `interval` seconds in a daemon thread; latest() never blocks."""
+    """Reads a source every `interval` seconds in a daemon thread; latest() never blocks.
+    With `busy` (is the node generating now?), it also keeps the readings taken while
+    busy: serving_watts() is what the planner's energy figures use where it is known."""
 
     def __init__(self, make_source: Callable[[], PowerSource] = default_source,
-                 interval: float = 1.0, stale_after: float | None = None):
+                 interval: float = 1.0, stale_after: float | None = None,
+                 busy: Callable[[], bool] | None = None, keep: int = SERVING_READINGS):
         self.interval = interval
         self.stale_after = stale_after if stale_after is not None else max(5.0, 3 * interval)
         self._make = make_source
+        self.busy = busy
+        self._serving: deque[float] = deque(maxlen=keep)
         self._last = missing(f"measuring: the first reading comes after {interval:g} s")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -224,6 +231,20 @@ class PowerSampler:
                            last.source)
         return last
 
+    def serving_watts(self) -> float | None:
+        """The mean of the last readings taken while the node generated (None: none yet)."""
+        kept = list(self._serving)
+        return sum(kept) / len(kept) if kept else None
+
+    def _keep(self, reading: PowerReading) -> None:
+        try:
+            busy = self.busy is not None and self.busy()
+        except Exception:  # a status read must never stop the readings
+            log.exception("couldn't tell whether the node is busy")
+            busy = False
+        if busy and reading.watts:
+            self._serving.append(reading.watts)
+
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -238,6 +259,7 @@ class PowerSampler:
             while not self._stop.wait(self.interval):
                 try:
                     self._last = source.read()
+                    self._keep(self._last)
                 except Exception as e:
                     log.warning("power reading failed: %s", e)
                     self._last = missing(f"unavailable: power reading failed ({e})")

@@ -120,3 +120,27 @@ def test_the_plan_names_joules_for_macs_apple_publishes_the_power_of(tmp_path, c
     assert ultra["ttft"][0]["joules"] == pytest.approx(295 * ultra["ttft"][0]["seconds"])
     # Apple publishes no power figure for the M4 Max Mac Studio: no joules, not a guess
     assert by_nodes[("m4",)]["decode_j_per_token"] is None
+
+
+def test_a_nodes_watts_measured_while_it_generated_replace_the_catalogues():
+    from placement_support import LLAMA_CONFIG
+
+    from engine.node.planning import plan_from_cluster, planner_node
+    from engine.protocol import NodeInfo
+
+    def studio(nid: str, chip: str, serving: float | None) -> NodeInfo:
+        power = {"watts": 9.0, "source": "ioreport"}  # idle now: not what the plan uses
+        if serving is not None:
+            power["serving_watts"] = serving
+        return NodeInfo(nid, nid, machine={"chip": chip, "memory": {
+            "available_bytes": 180e9, "total_bytes": 192e9}}, power=power, models=["llama"])
+
+    def watts(info: NodeInfo) -> float:
+        report = plan_from_cluster([planner_node(info)], LLAMA_CONFIG, 8192, [],
+                                   model_name="llama")
+        return report.placements[0].prediction.watts
+
+    assert watts(studio("u", "Apple M2 Ultra", None)) == 295.0  # Apple's maximum
+    assert watts(studio("u", "Apple M2 Ultra", 121.5)) == 121.5  # what it drew serving
+    assert watts(studio("m", "Apple M4 Max", None)) == 0.0  # unknown: no guess
+    assert watts(studio("m", "Apple M4 Max", 64.0)) == 64.0

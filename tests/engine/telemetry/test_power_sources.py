@@ -353,3 +353,22 @@ def test_sampler_reports_a_source_that_fails():
         s.stop()
     assert missing("x").to_dict()["unavailable"] == "x"
     assert PowerReading(1.23456, source="rapl").to_dict()["watts"] == 1.23
+
+
+def test_the_sampler_keeps_what_the_node_drew_while_it_generated():
+    # a scripted source: this machine has no RAPL, NVML or IOReport to read
+    busy = threading.Event()
+    src = Counting()  # 1 W, 2 W, 3 W, ... one more at each reading
+    s = PowerSampler(lambda: src, interval=0.01, busy=busy.is_set, keep=3).start()
+    try:
+        wait_until(lambda: src.n >= 3, timeout=10)
+        assert s.serving_watts() is None  # idle readings don't count
+        busy.set()
+        wait_until(lambda: s.serving_watts() is not None, timeout=10)
+        busy.clear()
+        n = src.n
+        wait_until(lambda: src.n >= n + 3, timeout=10)
+        kept = s.serving_watts()
+        assert kept is not None and 3 < kept < n + 1  # busy readings only, the last 3
+    finally:
+        s.stop()
