@@ -78,8 +78,12 @@ class Scheduler:
             left, plan.chunk = min(ready)
             alone = len(ready) == 1 and not self.waiting and not st.n_decoding
             size = self.chunker.size(alone)
-            if alone and self.stages > 1:  # chunks enough to keep every stage busy
-                size = min(size, max(SMALLEST, -(-left // (8 * self.stages * SMALLEST))
+            if alone and self.stages > 1:  # chunks enough to keep every stage busy: 8
+                # a stage of the whole prompt (of what is left, the tail would shrink to
+                # 16-token chunks that pay a step's fixed costs each)
+                seq = st.pending[plan.chunk]
+                whole = len(seq.prompt) - 1 - (seq.job.cached if seq.job else 0)
+                size = min(size, max(SMALLEST, -(-whole // (8 * self.stages * SMALLEST))
                                      * SMALLEST))
             # a prompt two chunks from its end runs whole: a short request starts at once
             plan.chunk_len = left if left <= 2 * size else size

@@ -236,3 +236,24 @@ def test_a_prompt_alone_takes_large_chunks_yet_enough_to_keep_a_pipeline_busy():
 
     assert first_chunks(1) == (992, 96)
     assert first_chunks(3) == (128, 96)  # 2,999 tokens / 24 chunks, in 16s
+
+
+def test_a_prompt_alone_on_a_pipeline_keeps_its_chunk_size_to_the_end():
+    """The chunks of a lone prompt are an eighth of a stage's share of the whole prompt,
+    to its last: cut from what is left, its tail shrank to 16-token chunks, each paying
+    a step's fixed costs (a 900-token prompt took 35 steps on 2 stages, not 15)."""
+    leader = State(PrefixCache(0, leader=True), make_cache, 1)
+    chunker = Chunker()
+    chunker.took(1000, 1.0)
+    sched = Scheduler(leader, streams=4, chunker=chunker, hidden=0, dtype=DTYPES[0],
+                      sampler=lambda job: None, stages=2)
+    sched.waiting.append(Job(list(range(5, 906)), Sampling(max_tokens=4), None))
+    sizes = []
+    for _ in range(40):
+        plan = sched.step(0)
+        if plan.chunk < 0:
+            break
+        sizes.append(plan.chunk_len)
+        apply_step(plan, leader)
+    assert sum(sizes) == 900  # the last prompt token runs in the decode batch
+    assert set(sizes[:-1]) == {64} and 64 <= sizes[-1] <= 128  # 900 / 16 chunks, in 16s
