@@ -57,7 +57,9 @@ def predicted(folder: Path, world: int, cal: dict[str, float], hop: tuple[float,
     nodes = [NodeSpec(f"rank{i}", f"rank{i}", 20 << 30,
                       cal["memory_bandwidth_Bps"] / DEFAULT.bandwidth_efficiency,
                       cal["compute_flops"] / DEFAULT.compute_efficiency,
-                      attention_flops=cal["attention_flops"])
+                      attention_flops=cal["attention_flops"],
+                      prefill_flops=tuple(sorted((int(w), r) for w, r in
+                                                 cal["prefill_flops"].items())))
              for i in range(world)]
     cut = [spec.layers * i // world for i in range(world + 1)]
     stages = [Stage(nd, (cut[i], cut[i + 1]), i == 0) for i, nd in enumerate(nodes)]
@@ -83,7 +85,9 @@ def main() -> None:
         for k, what in ((1, "all cores"), (2, "one core")):
             print(f"calibration, {what}: {cal[k]['compute_flops'] / 1e9:.0f} GFLOP/s "
                   f"matmul, {cal[k]['attention_flops'] / 1e9:.1f} attention, "
-                  f"{cal[k]['memory_bandwidth_Bps'] / 1e9:.1f} GB/s")
+                  f"{cal[k]['memory_bandwidth_Bps'] / 1e9:.1f} GB/s; a decoder layer's "
+                  "matmuls " + ", ".join(f"{r / 1e9:.0f} at width {w}"
+                                         for w, r in cal[k]["prefill_flops"].items()))
         print(f"loopback hop {hop[0] * 1e6:.0f} µs\n")
         single = Worker(["--model", str(model), "--model-id", "m", "--streams", "8",
                          "--prefix-cache-tokens", "0"], tmp / "single.log")

@@ -40,8 +40,9 @@ class NodeFacts:
                 if self.machine is None:
                     self.machine = await asyncio.to_thread(machine_info)
                     if self.home is not None and os.environ.get("SHOAL_CALIBRATE") != "0":
-                        from engine.telemetry.calibrate import calibration
-                        key = f"{self.machine.chip}|{self.machine.mlx_version}"
+                        from engine.telemetry.calibrate import VERSION, calibration
+                        key = (f"{self.machine.chip}|{self.machine.mlx_version}|"
+                               f"{VERSION}")
                         self.calibration = await asyncio.to_thread(calibration, self.home,
                                                                    key)
                 else:
@@ -63,7 +64,7 @@ class NodeFacts:
         cal = self.calibration or {}
         return {"machine": self.machine.to_dict() if self.machine else None,
                 "speed": {k: cal[k] for k in ("memory_bandwidth_Bps", "compute_flops",
-                                                 "attention_flops")
+                                                 "attention_flops", "prefill_flops")
                           if k in cal},
                 "platform": self.platform.to_dict() if self.platform else None,
                 "power": power}

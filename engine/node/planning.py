@@ -49,6 +49,7 @@ def planner_node(info: NodeInfo) -> dict[str, Any]:
             "measured_bandwidth_Bps": speed.get("memory_bandwidth_Bps"),
             "measured_flops": speed.get("compute_flops"),
             "measured_attention_flops": speed.get("attention_flops"),
+            "measured_prefill_flops": speed.get("prefill_flops"),
             # its draft model, which it loads beside a model it serves alone
             "draft_bytes": (info.draft or {}).get("bytes", 0),
             "draft_kv_per_token": (info.draft or {}).get("kv_per_token", 0.0),
@@ -204,8 +205,19 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
                     bool(info.get("rdma", False)), int(info.get("draft_bytes") or 0),
                     float(info.get("draft_kv_per_token") or 0.0),
                     float(info.get("measured_attention_flops") or 0.0),
-                    float(info.get("watts") or info.get("measured_watts")
-                          or (prof or {}).get("max_power_w") or 0.0))
+                    prefill_flops=_widths(info.get("measured_prefill_flops")),
+                    watts=float(info.get("watts") or info.get("measured_watts")
+                                or (prof or {}).get("max_power_w") or 0.0))
+
+
+def _widths(rates: Any) -> tuple[tuple[int, float], ...]:
+    """A calibration's prefill rates ({"512": FLOP/s, ...}) as (width, FLOP/s), narrowest
+    first; () where there are none or they aren't numbers."""
+    try:
+        pts = sorted((int(w), float(r)) for w, r in (rates or {}).items())
+    except (AttributeError, TypeError, ValueError):
+        return ()
+    return tuple(p for p in pts if p[0] > 0 and p[1] > 0)
 
 
 def _chip_profile(chip: str, gpu_cores: Any) -> dict[str, Any] | None:

@@ -103,17 +103,38 @@ def _rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bool, toke
     nbytes = (active + head_params + touched(model, tokens) * idle) * model.bytes_per_param \
         + kv
     flops = 2 * tokens * (active + head_params)
-    attention = 2 * tokens * model.heads / shards * model.score_per_head * cached
+    # a chunk's tokens attend to what is cached and, causally, to half the chunk
+    scores = cached + ((e - s) * (tokens + 1) / 2 if tokens > 1 else 0)
+    attention = 2 * tokens * model.heads / shards * model.score_per_head * scores
     moe = t.moe[e] - t.moe[s]
     fixed = moe * a.moe_layer_overhead_s + (e - s - moe) * a.layer_overhead_s
+    rate = prefill_rate(node, model.hidden) if tokens > 1 else 0.0
     return max(nbytes / (node.memory_bandwidth_Bps * a.bandwidth_efficiency),
-               compute_s(node, flops, attention, a)) + fixed
+               compute_s(node, flops, attention, a, rate)) + fixed
 
 
-def compute_s(node: NodeSpec, flops: float, attention: float, a: Assumptions) -> float:
-    """Matmul FLOPs at the node's matmul rate, attention's at its own."""
-    rate = node.compute_flops * a.compute_efficiency
-    return flops / rate + attention / (node.attention_flops or rate)
+def prefill_rate(node: NodeSpec, hidden: int) -> float:
+    """The FLOP/s a prefill chunk's matmuls get on `node` for a model `hidden` wide: its
+    measured decoder layers' rates, interpolated in log(width) and held at the ends; 0
+    where it measured none."""
+    pts = node.prefill_flops
+    if not pts:
+        return 0.0
+    if hidden <= pts[0][0] or len(pts) == 1:
+        return pts[0][1]
+    for (w0, r0), (w1, r1) in zip(pts, pts[1:]):
+        if hidden <= w1:
+            f = math.log(hidden / w0) / math.log(w1 / w0)
+            return r0 + f * (r1 - r0)
+    return pts[-1][1]
+
+
+def compute_s(node: NodeSpec, flops: float, attention: float, a: Assumptions,
+              rate: float = 0.0) -> float:
+    """Matmul FLOPs at `rate` (0: the node's matmul rate), attention's at its own."""
+    rate = rate or node.compute_flops * a.compute_efficiency
+    return flops / rate + attention / (node.attention_flops or
+                                       node.compute_flops * a.compute_efficiency)
 
 
 def pipeline_step_s(model: ModelSpec, stages: Sequence[Stage], ring: Sequence[LinkSpec],
@@ -248,7 +269,8 @@ def ttft_s(model: ModelSpec, strategy: str, stages: Sequence[Stage],
     multi = strategy != "tensor" and len(stages) > 1
     nodes = [s.node for s in stages]
     # tensor ranks run alike: each distinct machine once is enough to find the slowest
-    kinds = list({(nd.memory_bandwidth_Bps, nd.compute_flops, nd.attention_flops): nd
+    kinds = list({(nd.memory_bandwidth_Bps, nd.compute_flops, nd.attention_flops,
+                   nd.prefill_flops): nd
                   for nd in nodes}.values())
 
     def stage_times(tokens: int, position: int) -> list[float]:

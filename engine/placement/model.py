@@ -52,6 +52,9 @@ class NodeSpec:
     # FLOP/s its attention gets, as measured (engine/telemetry/calibrate.py); 0: the share
     # of compute_flops a matmul gets, as fused attention kernels on a GPU do
     attention_flops: float = 0.0
+    # FLOP/s a prefill chunk's matmuls really get, as measured on a decoder layer of each
+    # width: (hidden size, FLOP/s), narrowest first; (): compute_flops' share
+    prefill_flops: tuple[tuple[int, float], ...] = ()
     # watts it draws running a model: measured while it served, else the catalogued
     # maximum (an upper bound); 0: unknown
     watts: float = 0.0

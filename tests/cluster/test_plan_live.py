@@ -21,6 +21,10 @@ def test_plan_api_and_cli_on_a_live_cluster(tmp_path, tiny_model_dir, monkeypatc
         wait_until(lambda: len(topo()["links"]) >= 2 and
                    all(n.get("speed") for n in topo()["nodes"]), 30)
         assert all(n["speed"]["memory_bandwidth_Bps"] > 1e8 for n in topo()["nodes"])
+        # the rate a decoder layer's matmuls get, at two widths, for prefill predictions
+        assert all(set(n["speed"]["prefill_flops"]) == {"512", "2048"} and
+                   all(r > 1e8 for r in n["speed"]["prefill_flops"].values())
+                   for n in topo()["nodes"])
         r = httpx.post(a.url + "/shoal/plan", json={"model": "tiny-llama", "context": 1024},
                        timeout=30)
         assert r.status_code == 200, r.text

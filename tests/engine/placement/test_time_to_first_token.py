@@ -144,3 +144,49 @@ def test_a_nodes_watts_measured_while_it_generated_replace_the_catalogues():
     assert watts(studio("u", "Apple M2 Ultra", 121.5)) == 121.5  # what it drew serving
     assert watts(studio("m", "Apple M4 Max", None)) == 0.0  # unknown: no guess
     assert watts(studio("m", "Apple M4 Max", 64.0)) == 64.0
+
+
+def test_a_nodes_measured_decoder_layer_rate_paces_its_prefill_by_the_models_width():
+    from dataclasses import replace
+
+    from engine.node.planning import _widths
+    from engine.placement.cost import prefill_rate
+
+    # this 2-core CPU, one core: a 512-wide layer's matmuls at 60 GFLOP/s, 2048-wide at 97,
+    # where a 1024-cubed matmul gets 148
+    cpu = replace(node("cpu", 16), compute_flops=148e9 / 0.5, attention_flops=15e9,
+                  prefill_flops=_widths({"2048": 97e9, "512": 60e9}))
+    assert cpu.prefill_flops == ((512, 60e9), (2048, 97e9))
+    assert prefill_rate(cpu, 256) == 60e9 and prefill_rate(cpu, 8192) == 97e9  # held
+    assert prefill_rate(cpu, 1024) == pytest.approx((60e9 + 97e9) / 2)  # log-midway
+    assert prefill_rate(replace(cpu, prefill_flops=()), 1024) == 0.0  # unmeasured
+    for bad in (None, [], {"wide": 1.0}, {"512": "fast"}, {"512": -1.0}):
+        assert _widths(bad) == ()
+    wide = dense()
+    one = [Stage(cpu, (0, wide.layers), True)]
+    unmeasured = [Stage(replace(cpu, prefill_flops=()), (0, wide.layers), True)]
+    # a chunk's matmuls at the layer's measured rate, not the big matmul's
+    assert ttft_s(wide, "single", one, [], 2000) > 1.4 * ttft_s(wide, "single", unmeasured,
+                                                                [], 2000)
+    # decode is memory-bound: the same either way
+    assert predict(wide, "single", one, [], 8192).decode_tps == pytest.approx(
+        predict(wide, "single", unmeasured, [], 8192).decode_tps)
+
+
+def test_a_chunk_attends_to_itself_so_a_prompt_from_nothing_pays_for_its_own_attention():
+    from dataclasses import replace
+
+    from engine.placement.cost import pipeline_step_s
+
+    slow = replace(node("cpu", 96), attention_flops=1e9)  # attention far behind matmuls
+    fast = replace(slow, attention_flops=1e15)
+    st = [Stage(slow, (0, MODEL.layers), True)]
+    quick = [Stage(fast, (0, MODEL.layers), True)]
+    # nothing cached: all that attention costs is the chunk's own, causal, half of it
+    own = pipeline_step_s(MODEL, st, [], 2048, 0) - pipeline_step_s(MODEL, quick, [], 2048, 0)
+    scores = MODEL.layers * 2049 / 2
+    want = 2 * 2048 * MODEL.heads * MODEL.score_per_head * scores / 1e9
+    assert own == pytest.approx(want, rel=0.01)
+    # one token decoding attends to what is cached only
+    assert pipeline_step_s(MODEL, st, [], 1, 0) == pytest.approx(
+        pipeline_step_s(MODEL, quick, [], 1, 0))
