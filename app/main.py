@@ -69,6 +69,7 @@ class ShoalApp(QObject):
         self.settings_dialog: SettingsDialog | None = None
         self._shut_down = False
         self._starting = True  # the start page shows until the model is ready
+        self._models_key: tuple = ()  # what the model lists were last read for
 
         self.monitor.changed.connect(self.tray.set_status)
         self.monitor.changed.connect(self.state.set_status)
@@ -119,6 +120,20 @@ class ShoalApp(QObject):
         self.monitor.start()
         self.state.start()
 
+    def _follow_models(self, status: dict) -> None:
+        """The chat's and placement's model lists follow what the node has: a first run's
+        import, a model loaded or unloaded (a list read while the import ran is empty)."""
+        key = (status.get("default_model"), status.get("model"),
+               (status.get("runner") or {}).get("type"))
+        if key != self._models_key:
+            self._models_key = key
+            self._refresh_models()
+
+    def _refresh_models(self) -> None:
+        if self.chat is not None:
+            self.chat.refresh_models()
+            self.placement.refresh_models()
+
     def _follow_start(self, status: dict) -> None:
         """The start page follows the node until its model is ready (or none loads)."""
         if self._starting and self.chat is not None and \
@@ -153,6 +168,9 @@ class ShoalApp(QObject):
         self.monitor.changed.connect(self.metrics.add_status)
         self.monitor.changed.connect(self.developer.set_node_status)
         self.monitor.changed.connect(self.models_view.follow_status)
+        self.monitor.changed.connect(self._follow_models)
+        self.models_view.downloading_changed.connect(
+            lambda on: None if on else self._refresh_models())
         self.chat.set_node_status(self.monitor.status)
         self.chat.reply_finished.connect(self.metrics.add_request)
         self.chat.reply_finished.connect(self.tray.set_speed)

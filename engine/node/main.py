@@ -182,6 +182,9 @@ async def run_node(cfg: NodeConfig) -> None:
     await runner.setup()
     facts = NodeFacts(home, busy=node.generating)
     try:
+        if importing:  # before the API answers: a model list read at once waits for it
+            node.prepare_in_background(DEFAULT_MODEL_ID, "importing the default model",
+                                       lambda: _default_model(mdir))
         await _listen(runner, cfg.host, cfg.port, "API")
         await _listen(runner, cfg.cluster_host, cport, "cluster port")
         await peers.start()
@@ -195,10 +198,7 @@ async def run_node(cfg: NodeConfig) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        if importing:  # the first run: the window shows this step while it lasts
-            node.prepare_in_background(DEFAULT_MODEL_ID, "importing the default model",
-                                       lambda: _default_model(mdir))
-        elif default:
+        if default and not importing:
             node.load_in_background(default)
         node.keep(asyncio.create_task(node.unload_when_idle()))
         await stop.wait()

@@ -216,3 +216,22 @@ def test_main_runs_until_the_window_closes(qtbot, home, port, node_command, monk
     with NodeClient(f"http://127.0.0.1:{port}", timeout=1) as client, \
             pytest.raises(ShoalError):
         client.health()  # the node it started is gone
+
+
+
+def test_a_model_the_node_gains_while_the_app_runs_reaches_chat_and_placement(
+        qtbot, make_app, home, port, node_command, tiny_model_dir):
+    """The model lists follow the node: here a second model appears on its disk and an
+    API client loads it (a first run's import is the same: the list read while the
+    import ran was empty)."""
+    import shutil
+    shoal = make_app(port, node_command(port, "tiny-llama"))
+    shoal.start()
+    chatting(qtbot, shoal)
+    qtbot.waitUntil(lambda: shoal.placement.model_box.findText("tiny-llama") >= 0,
+                    timeout=30000)
+    assert shoal.placement.model_box.findText("second") < 0
+    shutil.copytree(tiny_model_dir, home / "models" / "second")
+    NodeClient(shoal.node.url).load("second")
+    qtbot.waitUntil(lambda: shoal.placement.model_box.findText("second") >= 0
+                    and shoal.chat.model_picker.findText("second") >= 0, timeout=30000)
