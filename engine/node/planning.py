@@ -45,6 +45,7 @@ def planner_node(info: NodeInfo) -> dict[str, Any]:
             "memory_usable_bytes": memory.get("available_bytes"),
             "memory_bytes": memory.get("total_bytes"), "chip": machine.get("chip"),
             "models": info.models, "rdma": bool(rdma),
+            "mlx_backend": machine.get("mlx_backend"),
             # measured on the machine itself (engine/telemetry/calibrate.py), when known
             "measured_bandwidth_Bps": speed.get("memory_bandwidth_Bps"),
             "measured_flops": speed.get("compute_flops"),
@@ -206,6 +207,7 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
                     float(info.get("draft_kv_per_token") or 0.0),
                     float(info.get("measured_attention_flops") or 0.0),
                     prefill_flops=_widths(info.get("measured_prefill_flops")),
+                    unpacks=info.get("mlx_backend") == "cpu",
                     watts=float(info.get("watts") or info.get("measured_watts")
                                 or (prof or {}).get("max_power_w") or 0.0))
 

@@ -88,6 +88,18 @@ class _Rates:
         self.kv = kv_tokens(model, position) if position else None
 
 
+def _bpp(r: _Rates, node: NodeSpec, layers: tuple[int, int], shards: int) -> float:
+    """Bytes a weight takes as the rank runs it: a CPU node unpacks quantized weights to
+    float32 where that copy fits in half its memory (engine/runtime/cpu.py), else the
+    checkpoint's."""
+    bpp = r.model.bytes_per_param
+    if node.unpacks and bpp < 4:
+        s, e = layers
+        if (r.t.weights[e] - r.t.weights[s]) / shards * 4 <= node.memory_bytes / 2:
+            return 4.0
+    return bpp
+
+
 def _rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bool, tokens: int,
             shards: int, a: Assumptions) -> float:
     """One rank's time for `tokens` new tokens over the cached ones."""
@@ -100,7 +112,8 @@ def _rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bool, toke
     # decode reads the routed experts only, and the head for the one token; a prefill
     # chunk also reads the experts its other tokens route to (only its last needs the head)
     idle = ((t.weights[e] - t.weights[s]) - (t.active[e] - t.active[s])) / shards
-    nbytes = (active + head_params + touched(model, tokens) * idle) * model.bytes_per_param \
+    nbytes = (active + head_params + touched(model, tokens) * idle) * _bpp(r, node, layers,
+                                                                          shards) \
         + kv
     flops = 2 * tokens * (active + head_params)
     # a chunk's tokens attend to what is cached and, causally, to half the chunk
@@ -174,7 +187,8 @@ def _batched_rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bo
     kv = cached * model.kv_per_token * model.kv_bytes / (shards if model.kv_sharded else 1)
     # the other sequences route to other experts, up to all of them
     idle = ((t.weights[e] - t.weights[s]) - (t.active[e] - t.active[s])) / shards
-    nbytes = (active + touched(model, streams) * idle) * model.bytes_per_param + streams * kv
+    nbytes = (active + touched(model, streams) * idle) * _bpp(r, node, layers, shards) \
+        + streams * kv
     attention = 2 * streams * model.heads / shards * model.score_per_head * cached
     moe = t.moe[e] - t.moe[s]
     fixed = moe * a.moe_layer_overhead_s + (e - s - moe) * a.layer_overhead_s
@@ -270,7 +284,7 @@ def ttft_s(model: ModelSpec, strategy: str, stages: Sequence[Stage],
     nodes = [s.node for s in stages]
     # tensor ranks run alike: each distinct machine once is enough to find the slowest
     kinds = list({(nd.memory_bandwidth_Bps, nd.compute_flops, nd.attention_flops,
-                   nd.prefill_flops): nd
+                   nd.prefill_flops, nd.unpacks, nd.memory_bytes): nd
                   for nd in nodes}.values())
 
     def stage_times(tokens: int, position: int) -> list[float]:

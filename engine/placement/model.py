@@ -55,6 +55,8 @@ class NodeSpec:
     # FLOP/s a prefill chunk's matmuls really get, as measured on a decoder layer of each
     # width: (hidden size, FLOP/s), narrowest first; (): compute_flops' share
     prefill_flops: tuple[tuple[int, float], ...] = ()
+    # MLX runs on its CPU: quantized weights are unpacked to float32 where they fit
+    unpacks: bool = False
     # watts it draws running a model: measured while it served, else the catalogued
     # maximum (an upper bound); 0: unknown
     watts: float = 0.0

@@ -190,3 +190,20 @@ def test_a_chunk_attends_to_itself_so_a_prompt_from_nothing_pays_for_its_own_att
     # one token decoding attends to what is cached only
     assert pipeline_step_s(MODEL, st, [], 1, 0) == pytest.approx(
         pipeline_step_s(MODEL, quick, [], 1, 0))
+
+
+def test_a_cpu_node_reads_the_float32_weights_it_unpacks_where_they_fit():
+    from dataclasses import replace
+
+    four_bit = replace(dense(), bytes_per_param=0.5625)  # 70B: 280 GB in float32
+    mac = node("mac", 192)
+    cpu = replace(mac, unpacks=True)
+    roomy = replace(cpu, memory_bytes=1024 * 10**9)  # float32 fits in half its memory
+
+    def decode(nd):
+        return predict(four_bit, "single", [Stage(nd, (0, four_bit.layers), True)], [],
+                       8192).decode_tps
+    # a Mac runs the 4-bit weights; a CPU node too where float32 doesn't fit in half its
+    # memory (engine/runtime/cpu.py keeps them packed); where it fits, it reads 4 bytes
+    assert decode(cpu) == pytest.approx(decode(mac))
+    assert decode(roomy) < 0.2 * decode(replace(roomy, unpacks=False))
