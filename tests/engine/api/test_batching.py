@@ -25,19 +25,21 @@ def ask(url: str, i: int, n: int = 24) -> str:
 
 
 def test_concurrent_streams_answer_as_alone(fresh_node):
-    alone = [ask(fresh_node.url, i) for i in range(4)]
+    # answers long enough to overlap for a while: 24 tokens of the tiny model took two
+    # status polls, and the overlap was sometimes missed
+    alone = [ask(fresh_node.url, i, 96) for i in range(4)]
     got: dict[int, str] = {}
     seen: list[int] = []
 
     def one(i: int) -> None:
-        got[i] = ask(fresh_node.url, i, 24)
+        got[i] = ask(fresh_node.url, i, 96)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
         seen.append(fresh_node.client.status().streams.in_flight)
-        time.sleep(0.05)
+        time.sleep(0.01)
     for t in threads:
         t.join()
     assert [got[i] for i in range(4)] == alone
