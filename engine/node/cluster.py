@@ -17,12 +17,14 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from engine import __version__
 from engine.api.common import parse
-from engine.errors import BadRequest, PeerUnreachable, ShoalError, WorkerFailed
+from engine.errors import ShoalError
+from engine.node.facts import capped
 from engine.node.followers import Followers
+from engine.node.group_start import WATCH_S, follower_state, start_ranks
 from engine.node.launch import (
     Instance,
     LaunchRequest,
@@ -31,11 +33,10 @@ from engine.node.launch import (
     check_placement,
     choose_lanes,
     first_choice,
-    fresh_ports,
     host_of,
     memory_check,
     rdma_matrix,
-    write_config,
+    resolve_ranks,
 )
 from engine.node.peers import Peers
 from engine.node.planning import cluster_view
@@ -50,12 +51,9 @@ from engine.protocol import (
     NodeState,
     RankInfo,
 )
-from engine.runtime.distributed import DistConfig
-from engine.runtime.prefix import default_budget
 from engine.telemetry.versions import mlx_version
 
 log = logging.getLogger(__name__)
-WATCH_S = 2.0
 GONE_S = 6.0  # a rank's node silent this long is gone (liveness within 10 s)
 REPLACED = "replaced by a new launch"
 SHUTDOWN = "the owner node is shutting down"
@@ -84,7 +82,7 @@ class Cluster:
     def info(self) -> NodeInfo:
         """This node as GET /shoal/node describes it (peers keep it as their `info`)."""
         mine = self.describe()
-        facts = _capped(self.facts.describe() if self.facts else {}, self.node.memory_limit)
+        facts = capped(self.facts.describe() if self.facts else {}, self.node.memory_limit)
         return NodeInfo(self.id, self.name, mine.instances, mine.followers, __version__,
                         mlx_version(), NodeState(self.node.status()["state"]),
                         [m.id for m in self.node.local_models()], self.links(),
@@ -159,7 +157,7 @@ class Cluster:
             req = req.model_copy(update={"strategy": strategy, "backend": "ring",
                                          "nodes": [NodeRef(node=r.node, layers=r.layers)
                                                    for r in chosen.ranks]})
-        ranks = self._ranks(req)
+        ranks = resolve_ranks(req, (self.id, self.name), self.peers)
         if ranks[0].url is not None:  # rank 0 lives on its owner: hand the job over
             nodes = [NodeRef(node="self")] if len(ranks) == 1 else [
                 n.model_copy(update={"node": r.node}) for n, r in zip(req.nodes, ranks)]
@@ -223,116 +221,14 @@ class Cluster:
                 out[r.node] = self.facts.platform.to_dict()
         return out
 
-    def _ranks(self, req: LaunchRequest) -> list[Rank]:
-        """The nodes a launch names, each found among this node and its trusted peers."""
-        ranks: list[Rank] = []
-        for i, n in enumerate(req.nodes):
-            ref, where = n.node, f"nodes[{i}].node"
-            if ref in ("self", self.id, self.name):
-                nid, url = self.id, None
-            else:
-                peer = self.peers.find(ref)
-                if peer is not None and peer.reachable and not peer.trusted:
-                    raise BadRequest(f"nodes[{i}]: '{ref}' is not in this cluster (it holds "
-                                     "another cluster secret).", param=where)
-                if peer is not None and peer.trusted and peer.warning:
-                    raise BadRequest(f"nodes[{i}]: '{ref}' {peer.warning}.", param=where)
-                if peer is None or not peer.reachable or not peer.id:
-                    known = ", ".join(p.name or p.url for p in self.peers.all()) or "none"
-                    raise BadRequest(f"nodes[{i}]: no reachable node '{ref}' (known peers: "
-                                     f"{known}).", param=where)
-                nid, url = peer.id, peer.url
-            if any(r.node == nid for r in ranks):
-                raise BadRequest(f"nodes[{i}]: node '{ref}' is listed twice.", param=where)
-            if req.strategy == "pipeline" and n.layers is None:
-                raise BadRequest(f"nodes[{i}] needs 'layers': [start, end] for pipeline.",
-                                 param=f"nodes[{i}].layers")
-            ranks.append(Rank(nid, url, n.layers))
-        return ranks
-
     async def _start_or_end(self, inst: Instance, path: Path, context: int) -> None:
         """Start every rank, or tear the instance down with the reason and raise."""
         try:
-            await self._start(inst, path, context)
+            await start_ranks(self, inst, path, context)
         except BaseException as e:
             await self._teardown(inst, e.message if isinstance(e, ShoalError)
                                  else f"launch failed: {e}")
             raise
-
-    async def _start(self, inst: Instance, path: Path, context: int) -> None:
-        # 1. every node checks the model and hands out two fresh ports
-        preps = await asyncio.gather(*(
-            self._prepare_local(inst) if r.url is None else
-            self.peers.call(r.url, "POST", "/shoal/peer/prepare",
-                            {"instance": inst.id, "model": inst.model,
-                             "host": host_of(r.url)}, timeout=30)
-            for r in inst.ranks), return_exceptions=True)
-        for r, p in zip(inst.ranks, preps):
-            if isinstance(p, BaseException):
-                raise _blame(r, p)
-        got = cast(list[dict[str, Any]], preps)  # no exceptions past this point
-        base = DistConfig(
-            rank=0, world=len(inst.ranks), backend=inst.backend,
-            hosts=tuple(f"{p['host']}:{p['ports'][0]}" for p in got),
-            bells=tuple(f"{p['host']}:{p['ports'][1]}" for p in got),
-            strategy=inst.strategy,
-            layers=tuple(r.layers for r in inst.ranks if r.layers)
-            if inst.strategy == "pipeline" else (),
-            timeout_s=120,  # one token or one 2048-token prefill chunk round the whole group
-            devices=tuple(tuple(row) for row in inst.devices) if inst.devices else None,
-            coordinator=f"{got[0]['host']}:{got[0]['ports'][0]}" if inst.devices else None,
-            # the prefix cache budget every rank shares (the planner counts it)
-            prefix_cache_tokens=default_budget(context), lanes=inst.lanes,
-            kv_bits=inst.kv_bits,
-            context_limit=self.node.model_settings.context_limit(inst.model))
-        # 2. start every rank at once (MLX's init needs them all)
-        starts = [self.peers.call(r.url, "POST", "/shoal/peer/start",
-                                  {"instance": inst.id, "model": inst.model,
-                                   "owner": self._my_url(),
-                                   "config": replace(base, rank=i).to_dict()}, timeout=30)
-                  for i, r in enumerate(inst.ranks) if r.url is not None]
-        results = await asyncio.gather(self._start_rank0(inst, path, base), *starts,
-                                       return_exceptions=True)
-        for r, res in zip(inst.ranks, results):
-            if isinstance(res, BaseException):
-                raise _blame(r, res)
-        # 3. wait until every follower has loaded its shard
-        await asyncio.gather(*(self._await_follower(inst, i, r)
-                               for i, r in enumerate(inst.ranks) if r.url is not None))
-
-    async def _prepare_local(self, inst: Instance) -> dict[str, Any]:
-        self.node.resolve(inst.model)
-        return fresh_ports(self.host)
-
-    async def _start_rank0(self, inst: Instance, path: Path, cfg: DistConfig) -> None:
-        w = await self.node.start_worker(inst.model, path,
-                                         dist_config=write_config(self.node.home, inst.id, cfg))
-        if w.ready is not None and w.ready.rank is not None:
-            inst.ranks[0].loaded = w.ready.rank.report()
-
-    async def _await_follower(self, inst: Instance, i: int, r: Rank,
-                              timeout: float = 900) -> None:
-        assert r.url is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            st = await self._follower_state(r.url, inst.id)
-            r.progress = st.get("progress")  # shown per rank while the instance starts
-            if st["state"] == InstanceState.READY:
-                r.loaded = st.get("loaded")
-                return
-            if st["state"] in ENDED:
-                raise WorkerFailed(f"rank {i} on node {r.node} failed: {st.get('reason')}",
-                                   node=r.node)
-            await asyncio.sleep(0.2)
-        raise WorkerFailed(f"rank {i} on node {r.node} did not load within {timeout:.0f} s",
-                           node=r.node)
-
-    async def _follower_state(self, url: str, inst_id: str) -> dict[str, Any]:
-        return await self.peers.call(url, "GET", f"/shoal/peer/instances/{inst_id}",
-                                     timeout=WATCH_S * 2)
-
-    def _my_url(self) -> str:
-        return f"http://{self.host}:{self.node.port}"
 
     # --- watching and tearing down -------------------------------------------------------
     async def _watch(self, inst: Instance) -> None:
@@ -348,7 +244,7 @@ class Cluster:
                 if r.url is None:
                     continue
                 try:
-                    st = await self._follower_state(r.url, inst.id)
+                    st = await follower_state(self.peers, r.url, inst.id)
                     heard[r.url] = time.monotonic()
                 except ShoalError:
                     # silent since its last answer, not since the first failed poll
@@ -396,24 +292,3 @@ class Cluster:
         await self.stop_instance(SHUTDOWN)
         await self.followers.close()
 
-
-def _blame(rank: Rank, e: BaseException) -> ShoalError:
-    where = f"node {rank.node}"
-    if isinstance(e, ShoalError):
-        err = ShoalError(f"{where}: {e.message}", param=e.param, code=e.code, node=rank.node)
-        err.status, err.type = (e.status if e.status < 500 else 502), e.type
-        return err
-    return PeerUnreachable(f"{where}: {e}", node=rank.node)
-
-
-def _capped(facts: dict[str, Any], limit: int | None) -> dict[str, Any]:
-    """The machine's facts with its usable memory cut to the user's --memory-limit, so
-    the planner and the window see the budget requests are admitted under."""
-    memory = (facts.get("machine") or {}).get("memory")
-    if not limit or not isinstance(memory, dict):
-        return facts
-    have = memory.get("available_bytes")
-    memory = {**memory, "available_bytes": min(have, limit) if have else limit,
-              "rule": f"--memory-limit {limit / 1e9:g} GB"
-              + (f" (the machine: {memory.get('rule')})" if memory.get("rule") else "")}
-    return {**facts, "machine": {**facts["machine"], "memory": memory}}

@@ -78,6 +78,19 @@ class NodeFacts:
             await asyncio.to_thread(self._sampler.stop)
 
 
+def capped(facts: dict[str, Any], limit: int | None) -> dict[str, Any]:
+    """The machine's facts with its usable memory cut to the user's --memory-limit, so
+    the planner and the window see the budget requests are admitted under."""
+    memory = (facts.get("machine") or {}).get("memory")
+    if not limit or not isinstance(memory, dict):
+        return facts
+    have = memory.get("available_bytes")
+    memory = {**memory, "available_bytes": min(have, limit) if have else limit,
+              "rule": f"--memory-limit {limit / 1e9:g} GB"
+              + (f" (the machine: {memory.get('rule')})" if memory.get("rule") else "")}
+    return {**facts, "machine": {**facts["machine"], "memory": memory}}
+
+
 def _platform() -> Any:
     """This machine's platform report, or, with SHOAL_PLATFORM_RECORDING set (tests on
     Linux), a Mac's as its commands printed it."""

@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError
 
 from engine.api.openai_schemas import Strict
 from engine.errors import BadRequest, InsufficientMemory
+from engine.node.peers import Peers
 from engine.node.planning import best_placement, plan_from_cluster
 from engine.placement.families import strategy_refusal
 from engine.placement.planner import Placement
@@ -171,6 +172,35 @@ def first_choice(inputs: dict[str, Any], req: LaunchRequest, me: str) -> Placeme
         raise InsufficientMemory(f"{req.model} fits no placement on this cluster: {why}",
                                  param="model")
     return report.placements[best]
+
+
+def resolve_ranks(req: LaunchRequest, me: tuple[str, str], peers: Peers) -> list[Rank]:
+    """The nodes a launch names, each found as this node (`me`: its id and name) or among
+    its trusted peers; a 400 names the entry that can't be used and why."""
+    ranks: list[Rank] = []
+    for i, n in enumerate(req.nodes):
+        ref, where = n.node, f"nodes[{i}].node"
+        if ref in ("self", *me):
+            nid, url = me[0], None
+        else:
+            peer = peers.find(ref)
+            if peer is not None and peer.reachable and not peer.trusted:
+                raise BadRequest(f"nodes[{i}]: '{ref}' is not in this cluster (it holds "
+                                 "another cluster secret).", param=where)
+            if peer is not None and peer.trusted and peer.warning:
+                raise BadRequest(f"nodes[{i}]: '{ref}' {peer.warning}.", param=where)
+            if peer is None or not peer.reachable or not peer.id:
+                known = ", ".join(p.name or p.url for p in peers.all()) or "none"
+                raise BadRequest(f"nodes[{i}]: no reachable node '{ref}' (known peers: "
+                                 f"{known}).", param=where)
+            nid, url = peer.id, peer.url
+        if any(r.node == nid for r in ranks):
+            raise BadRequest(f"nodes[{i}]: node '{ref}' is listed twice.", param=where)
+        if req.strategy == "pipeline" and n.layers is None:
+            raise BadRequest(f"nodes[{i}] needs 'layers': [start, end] for pipeline.",
+                             param=f"nodes[{i}].layers")
+        ranks.append(Rank(nid, url, n.layers))
+    return ranks
 
 
 def memory_check(inputs: dict[str, Any], req: LaunchRequest, strategy: str, ranks: list[Rank],

@@ -56,10 +56,10 @@ def test_a_failure_on_a_node_names_it_for_the_app():
     """The launch panel marks the node a failure is on from the error's "node", not by
     reading its message; the field survives the trip through engine.client."""
     from engine.errors import ShoalError, WorkerFailed
-    from engine.node.cluster import _blame
+    from engine.node.group_start import blame
     from engine.node.launch import Rank
 
-    err = _blame(Rank("3f9a2c81d4e0", "http://10.0.0.2:8421"), WorkerFailed("out of memory"))
+    err = blame(Rank("3f9a2c81d4e0", "http://10.0.0.2:8421"), WorkerFailed("out of memory"))
     body = err.to_openai()
     assert body["error"]["node"] == "3f9a2c81d4e0"
     assert body["error"]["message"] == "node 3f9a2c81d4e0: out of memory"

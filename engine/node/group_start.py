@@ -1,0 +1,114 @@
+"""Starting a distributed instance's ranks (the owner's side of a launch).
+
+Three steps, each on every rank at once: every node checks the model and hands out two
+fresh ports (MLX's ring or jaccl, and the doorbell); every rank starts from one DistConfig
+(MLX's init needs them all); the owner waits until every follower has loaded its shard.
+A failure names the node it came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from engine.errors import PeerUnreachable, ShoalError, WorkerFailed
+from engine.node.launch import Instance, Rank, fresh_ports, host_of, write_config
+from engine.node.peers import Peers
+from engine.protocol import ENDED, InstanceState
+from engine.runtime.distributed import DistConfig
+from engine.runtime.prefix import default_budget
+
+if TYPE_CHECKING:
+    from engine.node.cluster import Cluster
+
+WATCH_S = 2.0  # a follower's state is polled this often, and answers within twice it
+LOAD_S = 900.0  # a follower loading its shard this long has failed
+
+
+async def start_ranks(c: Cluster, inst: Instance, path: Path, context: int) -> None:
+    """Start every rank of `inst` (rank 0 here, the others on their nodes) or raise."""
+    preps = await asyncio.gather(*(
+        _prepare_local(c, inst) if r.url is None else
+        c.peers.call(r.url, "POST", "/shoal/peer/prepare",
+                     {"instance": inst.id, "model": inst.model, "host": host_of(r.url)},
+                     timeout=30)
+        for r in inst.ranks), return_exceptions=True)
+    for r, p in zip(inst.ranks, preps):
+        if isinstance(p, BaseException):
+            raise blame(r, p)
+    got = cast(list[dict[str, Any]], preps)  # no exceptions past this point
+    base = DistConfig(
+        rank=0, world=len(inst.ranks), backend=inst.backend,
+        hosts=tuple(f"{p['host']}:{p['ports'][0]}" for p in got),
+        bells=tuple(f"{p['host']}:{p['ports'][1]}" for p in got),
+        strategy=inst.strategy,
+        layers=tuple(r.layers for r in inst.ranks if r.layers)
+        if inst.strategy == "pipeline" else (),
+        timeout_s=120,  # one token or one 2048-token prefill chunk round the whole group
+        devices=tuple(tuple(row) for row in inst.devices) if inst.devices else None,
+        coordinator=f"{got[0]['host']}:{got[0]['ports'][0]}" if inst.devices else None,
+        # the prefix cache budget every rank shares (the planner counts it)
+        prefix_cache_tokens=default_budget(context), lanes=inst.lanes,
+        kv_bits=inst.kv_bits,
+        context_limit=c.node.model_settings.context_limit(inst.model))
+    owner = f"http://{c.host}:{c.node.port}"
+    starts = [c.peers.call(r.url, "POST", "/shoal/peer/start",
+                           {"instance": inst.id, "model": inst.model, "owner": owner,
+                            "config": replace(base, rank=i).to_dict()}, timeout=30)
+              for i, r in enumerate(inst.ranks) if r.url is not None]
+    results = await asyncio.gather(_start_rank0(c, inst, path, base), *starts,
+                                   return_exceptions=True)
+    for r, res in zip(inst.ranks, results):
+        if isinstance(res, BaseException):
+            raise blame(r, res)
+    await asyncio.gather(*(_await_follower(c.peers, inst, i, r)
+                           for i, r in enumerate(inst.ranks) if r.url is not None))
+
+
+async def follower_state(peers: Peers, url: str, inst_id: str) -> dict[str, Any]:
+    """A follower rank's state as its node reports it."""
+    return await peers.call(url, "GET", f"/shoal/peer/instances/{inst_id}",
+                            timeout=WATCH_S * 2)
+
+
+def blame(rank: Rank, e: BaseException) -> ShoalError:
+    """`e` as an error that names the rank's node (a peer's 5xx is a 502 here)."""
+    where = f"node {rank.node}"
+    if isinstance(e, ShoalError):
+        err = ShoalError(f"{where}: {e.message}", param=e.param, code=e.code, node=rank.node)
+        err.status, err.type = (e.status if e.status < 500 else 502), e.type
+        return err
+    return PeerUnreachable(f"{where}: {e}", node=rank.node)
+
+
+async def _prepare_local(c: Cluster, inst: Instance) -> dict[str, Any]:
+    c.node.resolve(inst.model)
+    return fresh_ports(c.host)
+
+
+async def _start_rank0(c: Cluster, inst: Instance, path: Path, cfg: DistConfig) -> None:
+    w = await c.node.start_worker(inst.model, path,
+                                  dist_config=write_config(c.node.home, inst.id, cfg))
+    if w.ready is not None and w.ready.rank is not None:
+        inst.ranks[0].loaded = w.ready.rank.report()
+
+
+async def _await_follower(peers: Peers, inst: Instance, i: int, r: Rank,
+                          timeout: float = LOAD_S) -> None:
+    assert r.url is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = await follower_state(peers, r.url, inst.id)
+        r.progress = st.get("progress")  # shown per rank while the instance starts
+        if st["state"] == InstanceState.READY:
+            r.loaded = st.get("loaded")
+            return
+        if st["state"] in ENDED:
+            raise WorkerFailed(f"rank {i} on node {r.node} failed: {st.get('reason')}",
+                               node=r.node)
+        await asyncio.sleep(0.2)
+    raise WorkerFailed(f"rank {i} on node {r.node} did not load within {timeout:.0f} s",
+                       node=r.node)
