@@ -129,10 +129,17 @@ class Doorbell:
             s.settimeout(2.0)
             try:
                 s.connect(_split(cfg.bells[peer]))
+                if s.getsockname() == s.getpeername():  # loopback, nobody listening yet:
+                    raise ConnectionRefusedError("not listening yet")  # TCP met itself
                 s.sendall(self._hello())
-                if s.recv(1) == b"K":
+                # the answer may come late (a busy peer) but must be waited for: the peer
+                # counts this connection as soon as it has read the hello
+                s.settimeout(max(0.1, deadline - time.monotonic()))
+                answer = s.recv(1)
+                if answer == b"K":
                     return s
-                why = "it belongs to another group"
+                why = "it belongs to another group" if answer == b"X" else \
+                    "it closed the connection without answering"
             except OSError as e:
                 why = str(e)
             s.close()

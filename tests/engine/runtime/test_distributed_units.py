@@ -187,3 +187,44 @@ def test_doorbell_sockets_watch_their_path(monkeypatch, caplog):
         monkeypatch.setattr(socket, "TCP_KEEPCNT", 12345)  # an option this OS lacks
         watch_path(s)
         assert "not set" in caplog.text
+
+
+def test_a_doorbell_waits_for_a_busy_neighbours_answer():
+    """A neighbour that reads the hello but answers late (a loaded machine) counts the
+    connection as made: the ringing rank must wait for its answer, not give up after 2 s
+    and ring again on a connection the neighbour no longer accepts (the group then never
+    formed, and said the neighbour 'belongs to another group'). A real listener stands in
+    for the neighbour, so the wait can be scripted."""
+    import socket
+    import time
+
+    from engine.runtime.doorbell import _HELLO_LEN, Doorbell
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+        cfg = DistConfig.from_dict({**CONFIG, "rank": 0, "world": 2, "hosts": CONFIG["hosts"][:2],
+                                    "layers": [[0, 3], [3, 6]], "timeout_s": 10,
+                                    "bells": ["127.0.0.1:1", f"127.0.0.1:{port}"]})
+        seen: list[int] = []
+
+        def neighbour() -> None:
+            s, _ = srv.accept()
+            got = b""
+            while len(got) < _HELLO_LEN:
+                got += s.recv(_HELLO_LEN)
+            seen.append(1)
+            time.sleep(2.5)  # busy: past the connect timeout
+            s.sendall(b"K")
+            time.sleep(0.5)
+            s.close()
+
+        t = threading.Thread(target=neighbour, daemon=True)
+        t.start()
+        bell = Doorbell(cfg, on_lost=lambda *a: None, on_quit=lambda p: None)
+        start = time.monotonic()
+        s = bell._connect(time.monotonic() + cfg.timeout_s)
+        took = time.monotonic() - start
+        s.close()
+        t.join(5)
+    assert seen == [1], "the neighbour was rung once, not again"
+    assert 2.4 < took < 5
