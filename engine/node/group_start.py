@@ -1,10 +1,9 @@
 """Starting a distributed instance's ranks (the owner's side of a launch).
 
-Three steps, each on every rank at once: every node checks the model and hands out two
-fresh ports (MLX's ring or jaccl, and the doorbell); every rank starts from one DistConfig
-(MLX's init needs them all); the owner waits until every follower has loaded its shard.
-A failure names the node it came from.
-"""
+Every node checks the model and hands out two fresh ports (MLX's ring or jaccl, and the
+doorbell); then every rank starts at once from one DistConfig (MLX's init needs them all)
+and the owner waits until each has loaded its share. The first rank to fail ends the
+launch, and its error names the node it came from."""
 
 from __future__ import annotations
 
@@ -55,18 +54,43 @@ async def start_ranks(c: Cluster, inst: Instance, path: Path, context: int) -> N
         kv_bits=inst.kv_bits,
         context_limit=c.node.model_settings.context_limit(inst.model))
     owner = f"http://{c.host}:{c.node.port}"
-    starts = [c.peers.call(r.url, "POST", "/shoal/peer/start",
-                           {"instance": inst.id, "model": inst.model, "owner": owner,
-                            "config": replace(base, rank=i).to_dict()}, timeout=30)
-              for i, r in enumerate(inst.ranks) if r.url is not None]
-    results = await asyncio.gather(_start_rank0(c, inst, path, base), *starts,
-                                   return_exceptions=True)
-    for r, res in zip(inst.ranks, results):
-        if isinstance(res, BaseException):
-            raise blame(r, res)
-    await asyncio.gather(*(_await_follower(c.peers, inst, i, r)
-                           for i, r in enumerate(inst.ranks) if r.url is not None))
 
+    async def follower(i: int, r: Rank) -> None:
+        assert r.url is not None
+        try:
+            await c.peers.call(r.url, "POST", "/shoal/peer/start",
+                               {"instance": inst.id, "model": inst.model, "owner": owner,
+                                "config": replace(base, rank=i).to_dict()}, timeout=30)
+        except Exception as e:
+            raise blame(r, e) from e
+        await _await_follower(c.peers, inst, i, r)
+
+    async def rank0() -> None:
+        try:
+            await _start_rank0(c, inst, path, base)
+        except Exception as e:
+            raise blame(inst.ranks[0], e) from e
+
+    # every rank at once (MLX's init needs them all); the first to fail ends the launch,
+    # so a follower that dies while starting is reported at once, not after rank 0 has
+    # waited its whole timeout for it
+    await _first_failure([rank0(), *(follower(i, r) for i, r in enumerate(inst.ranks)
+                                     if r.url is not None)])
+
+
+async def _first_failure(coros: list[Any]) -> None:
+    """Run `coros` together until all end; on the first that raises, cancel the rest
+    and raise its error."""
+    tasks = [asyncio.ensure_future(co) for co in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in tasks:
+            if t in done and t.exception() is not None:
+                raise cast(BaseException, t.exception())
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 async def follower_state(peers: Peers, url: str, inst_id: str) -> dict[str, Any]:
     """A follower rank's state as its node reports it."""

@@ -138,8 +138,9 @@ class WorkerHandle:
         code = await self._proc.wait()
         self.dead_reason = self.dead_reason or (
             f"The worker for {self.model_id} exited unexpectedly (exit code {code}); "
-            f"its log is {self.log_path} on {socket.gethostname()}. The next request "
-            "starts a new one.")  # the message may reach a client of another node
+            f"its log is {self.log_path} on {socket.gethostname()}."  # the message may
+            # reach a client of another node; a group's rank is not restarted by a request
+            + ("" if self.dist_config else " The next request starts a new one."))
         failure = WorkerFailed(self.dead_reason)
         if self._ready and not self._ready.done():
             self._ready.set_exception(failure)

@@ -236,3 +236,32 @@ def test_each_rank_reports_its_loading_progress(trio):
     follower = next(f for f in b.client.status().cluster["followers"]
                     if f["instance"] == r.json()["id"])
     assert follower["state"] == "ready" and follower["progress"] == [1, 1]
+
+
+def test_a_follower_that_dies_while_the_group_forms_fails_the_launch_at_once(trio):
+    """Rank 1's worker is killed as soon as it appears, before its doorbell answers: the
+    launch fails within seconds, naming that rank's node, instead of rank 0 waiting the
+    group's whole 120 s timeout for a neighbour that is gone."""
+    a, b, _ = trio
+    body = {"model": "tiny-llama", "strategy": "pipeline",
+            "nodes": [{"node": "self", "layers": [0, 2]}, {"node": node_id(b), "layers": [2, 4]}]}
+    before = set(worker_pids(b))  # an earlier test's rank may still be running there
+
+    def new_rank() -> list[int]:
+        return [p for p in worker_pids(b) if p not in before]
+
+    with ThreadPoolExecutor(1) as pool:
+        t0 = time.monotonic()
+        pending = pool.submit(launch, a, body)
+        wait_until(new_rank, 30, interval=0.02)
+        os.kill(new_rank()[0], signal.SIGKILL)
+        r = pending.result(timeout=60)
+        took = time.monotonic() - t0
+    print(f"\na follower killed while the group formed: the launch failed in {took:.1f} s: "
+          f"{r.text[:300]}")
+    assert r.status_code >= 500, r.text
+    message = r.json()["error"]["message"]
+    assert node_id(b) in message and "exited unexpectedly" in message, r.text
+    assert "next request starts a new one" not in message  # a group is launched again
+    assert took < 20, f"the launch took {took:.0f} s to fail"
+    wait_until(lambda: not worker_pids(a) and not worker_pids(b), 10)
