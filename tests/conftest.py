@@ -26,14 +26,34 @@ SLOW_PATHS = ("tests/cluster/", "tests/engine/runtime/test_distributed.py",
               "tests/engine/api/test_agents_e2e.py", "tests/engine/api/test_openapi_fuzz.py")
 
 
+# What scripts/test runs alone, after the rest has run two files at a time: the clusters
+# (fixed ports, network namespaces, nodes that must find only each other) and tests whose
+# assertion is about timing or overlap, which a neighbour's load can hide (test_batching's
+# concurrent streams were once seen one at a time so).
+ALONE_PATHS = ("tests/cluster/", "tests/engine/api/test_batching.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--phase", choices=("shared", "alone"), default=None,
+                     help="scripts/test's phases: the tests that may share the machine, "
+                          "or those that run alone (ALONE_PATHS in tests/conftest.py)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).resolve().parent.parent
+    phase = config.getoption("--phase")
+    keep, drop = [], []
     for item in items:
         where = Path(str(item.fspath)).resolve().relative_to(root).as_posix()
         if where.startswith("tests/packaging/"):
             item.add_marker(pytest.mark.packaging)
         elif where.startswith(SLOW_PATHS):
             item.add_marker(pytest.mark.slow)
+        alone = where.startswith(ALONE_PATHS)
+        (drop if phase and alone != (phase == "alone") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
