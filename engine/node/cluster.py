@@ -224,7 +224,7 @@ class Cluster:
     async def _start_or_end(self, inst: Instance, path: Path, context: int) -> None:
         """Start every rank, or tear the instance down with the reason and raise."""
         try:
-            await start_ranks(self, inst, path, context)
+            await start_ranks(self.node, self.peers, self.host, inst, path, context)
         except BaseException as e:
             await self._teardown(inst, e.message if isinstance(e, ShoalError)
                                  else f"launch failed: {e}")

@@ -11,27 +11,27 @@ import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from engine.errors import PeerUnreachable, ShoalError, WorkerFailed
 from engine.node.launch import Instance, Rank, fresh_ports, host_of, write_config
 from engine.node.peers import Peers
+from engine.node.service import Node
 from engine.protocol import ENDED, InstanceState
 from engine.runtime.distributed import DistConfig
 from engine.runtime.prefix import default_budget
-
-if TYPE_CHECKING:
-    from engine.node.cluster import Cluster
 
 WATCH_S = 2.0  # a follower's state is polled this often, and answers within twice it
 LOAD_S = 900.0  # a follower loading its shard this long has failed
 
 
-async def start_ranks(c: Cluster, inst: Instance, path: Path, context: int) -> None:
-    """Start every rank of `inst` (rank 0 here, the others on their nodes) or raise."""
+async def start_ranks(node: Node, peers: Peers, host: str, inst: Instance, path: Path,
+                      context: int) -> None:
+    """Start every rank of `inst` (rank 0 on `node`, reached at `host`; the others on
+    their nodes) or raise."""
     preps = await asyncio.gather(*(
-        _prepare_local(c, inst) if r.url is None else
-        c.peers.call(r.url, "POST", "/shoal/peer/prepare",
+        _prepare_local(node, host, inst) if r.url is None else
+        peers.call(r.url, "POST", "/shoal/peer/prepare",
                      {"instance": inst.id, "model": inst.model, "host": host_of(r.url)},
                      timeout=30)
         for r in inst.ranks), return_exceptions=True)
@@ -52,22 +52,22 @@ async def start_ranks(c: Cluster, inst: Instance, path: Path, context: int) -> N
         # the prefix cache budget every rank shares (the planner counts it)
         prefix_cache_tokens=default_budget(context), lanes=inst.lanes,
         kv_bits=inst.kv_bits,
-        context_limit=c.node.model_settings.context_limit(inst.model))
-    owner = f"http://{c.host}:{c.node.port}"
+        context_limit=node.model_settings.context_limit(inst.model))
+    owner = f"http://{host}:{node.port}"
 
     async def follower(i: int, r: Rank) -> None:
         assert r.url is not None
         try:
-            await c.peers.call(r.url, "POST", "/shoal/peer/start",
+            await peers.call(r.url, "POST", "/shoal/peer/start",
                                {"instance": inst.id, "model": inst.model, "owner": owner,
                                 "config": replace(base, rank=i).to_dict()}, timeout=30)
         except Exception as e:
             raise blame(r, e) from e
-        await _await_follower(c.peers, inst, i, r)
+        await _await_follower(peers, inst, i, r)
 
     async def rank0() -> None:
         try:
-            await _start_rank0(c, inst, path, base)
+            await _start_rank0(node, inst, path, base)
         except Exception as e:
             raise blame(inst.ranks[0], e) from e
 
@@ -92,6 +92,7 @@ async def _first_failure(coros: list[Any]) -> None:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+
 async def follower_state(peers: Peers, url: str, inst_id: str) -> dict[str, Any]:
     """A follower rank's state as its node reports it."""
     return await peers.call(url, "GET", f"/shoal/peer/instances/{inst_id}",
@@ -108,14 +109,14 @@ def blame(rank: Rank, e: BaseException) -> ShoalError:
     return PeerUnreachable(f"{where}: {e}", node=rank.node)
 
 
-async def _prepare_local(c: Cluster, inst: Instance) -> dict[str, Any]:
-    c.node.resolve(inst.model)
-    return fresh_ports(c.host)
+async def _prepare_local(node: Node, host: str, inst: Instance) -> dict[str, Any]:
+    node.resolve(inst.model)
+    return fresh_ports(host)
 
 
-async def _start_rank0(c: Cluster, inst: Instance, path: Path, cfg: DistConfig) -> None:
-    w = await c.node.start_worker(inst.model, path,
-                                  dist_config=write_config(c.node.home, inst.id, cfg))
+async def _start_rank0(node: Node, inst: Instance, path: Path, cfg: DistConfig) -> None:
+    w = await node.start_worker(inst.model, path,
+                                dist_config=write_config(node.home, inst.id, cfg))
     if w.ready is not None and w.ready.rank is not None:
         inst.ranks[0].loaded = w.ready.rank.report()
 
