@@ -127,7 +127,8 @@ def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Map
             raise BadRequest(f"Can't quantize this model's KV cache to {kv_bits} bits: {e}.",
                              param="kv_bits", code="kv_bits_refused") from None
         model = model.with_kv_bits(kv_bits)
-    nodes = [_node_from_info(i, info, model_name, notes) for i, info in enumerate(node_infos)]
+    nodes = [_node_from_info(i, info, model_name, notes) for i, info in enumerate(node_infos)
+             if i == 0 or _reports_memory(info, notes)]
     specs = [LinkSpec(str(k["a"]), str(k["b"]), float(k["latency_s"]),
                       float(k["bandwidth_Bps"]), bool(k.get("rdma", False)))
              for k in links or []]
@@ -180,6 +181,16 @@ def quantizable(config: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _reports_memory(info: Mapping[str, Any], notes: list[str]) -> bool:
+    """Whether a peer has told its memory yet: one that just started hasn't, and is left
+    out of the plan (with a note) rather than failing it."""
+    if info.get("memory_usable_bytes") or info.get("memory_bytes"):
+        return True
+    notes.append(f"{info.get('name') or info.get('id')} hasn't reported its memory yet; "
+                 f"left out of this plan (ask again in a few seconds)")
+    return False
+
+
 def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
                     notes: list[str]) -> NodeSpec:
     nid = str(info.get("id") or info.get("name") or f"node-{i}")
@@ -189,7 +200,8 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
         mac_gpu_budget(int(info["memory_bytes"]), None, None)[0]
         if info.get("memory_bytes") else 0)
     if not usable:
-        raise PlacementError(f"node {name} reports no memory size")
+        raise PlacementError(f"node {name} hasn't reported its memory yet (it has just "
+                             f"started); ask again in a few seconds")
     bw = info.get("memory_bandwidth_Bps") or (prof or {}).get("memory_bandwidth_gbs", 0) * 1e9
     flops = info.get("compute_flops") or (prof or {}).get("fp16_tflops", 0) * 1e12
     if info.get("measured_bandwidth_Bps"):  # measured figures are what a step really gets:

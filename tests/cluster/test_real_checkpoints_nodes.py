@@ -78,7 +78,9 @@ def test_the_declared_context_is_shown_and_planned_for(pair):
     listed = httpx.get(a.url + "/v1/models", timeout=30).json()["data"]
     card = next(m for m in listed if m["id"] == "llama31")
     assert card["shoal"]["context_length"] == 131072  # rope-scaled, as config.json says
-    plan = httpx.post(a.url + "/shoal/plan", json={"model": "llama31"}, timeout=60).json()
+    r = httpx.post(a.url + "/shoal/plan", json={"model": "llama31"}, timeout=60)
+    assert r.status_code == 200, r.text
+    plan = r.json()
     assert plan["context"] == 32768  # the planner's default window, within the model's
 
 

@@ -13,6 +13,7 @@ from placement_support import LLAMA_CONFIG
 from engine import placement_profiles
 from engine.node.planning import plan_from_cluster
 from engine.placement.profiles import SimulationError, parse_simulation
+from engine.placement.validate import PlacementError
 from engine.placement_cli import add_plan_parser
 
 STUDIOS = {
@@ -184,6 +185,18 @@ def test_plan_from_what_nodes_report():
     best = report.placements[0]
     assert best.strategy == "single" and best.ranks[0].name == "studio"
     assert best.files_on == 1 and best.ranks[0].memory.usable == 400e9
+
+
+def test_a_peer_that_hasnt_told_its_memory_is_left_out_not_fatal():
+    studio = {"id": "n1", "name": "studio", "chip": "Apple M3 Ultra", "gpu_cores": 80,
+              "memory_usable_bytes": 400e9, "models": ["llama"]}
+    report = plan_from_cluster([studio, {"id": "n2", "name": "just-started"}],
+                               LLAMA_CONFIG, 8192, [], model_name="llama")
+    assert report.placements and all(r.name == "studio" for p in report.placements
+                                     for r in p.ranks)
+    assert any("just-started hasn't reported its memory yet" in n for n in report.notes)
+    with pytest.raises(PlacementError, match="hasn't reported its memory yet"):
+        plan_from_cluster([{"id": "n2", "name": "just-started"}], LLAMA_CONFIG, 8192, [])
 
 
 def test_the_shipped_example_file_plans(capsys):
