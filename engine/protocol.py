@@ -406,10 +406,81 @@ class ClusterInfo(Record):
 
 
 @dataclass(frozen=True)
+class MemoryInfo(Record):
+    """A machine's memory as engine/telemetry/memory.py finds it."""
+    total_bytes: int | None = None
+    available_bytes: int | None = None  # what a model may use (Metal's working set)
+    rule: str = ""  # how available_bytes was found
+    free_percent: int | None = None  # macOS memory pressure (kern.memorystatus_level)
+    unavailable: str | None = None
+
+
+@dataclass(frozen=True)
+class MachineInfo(Record):
+    """A machine: its chip, OS, GPU, MLX and memory (engine/telemetry/memory.py)."""
+    singles = {"memory": MemoryInfo}
+    chip: str | None = None  # "Apple M3 Ultra", "AMD EPYC 7763 64-Core Processor"
+    os_name: str = ""  # "macOS", "Ubuntu 22.04.4 LTS"
+    os_version: str = ""  # "26.2", kernel release on Linux
+    gpu: str | None = None  # "Apple M3 Ultra (80-core GPU)", "NVIDIA H200", None
+    mlx_version: str | None = None
+    mlx_backend: str | None = None  # "metal" | "cuda" | "cpu" | None (mlx unusable)
+    memory: MemoryInfo = field(default_factory=MemoryInfo)
+
+
+@dataclass(frozen=True)
+class SpeedInfo(Record):
+    """What calibration measured on the machine (engine/telemetry/calibrate.py); None
+    where it hasn't (yet, or SHOAL_CALIBRATE=0), and then left out of the JSON."""
+    optional = ("memory_bandwidth_Bps", "compute_flops", "attention_flops", "prefill_flops")
+    memory_bandwidth_Bps: float | None = None
+    compute_flops: float | None = None
+    attention_flops: float | None = None
+    prefill_flops: dict[str, float] | None = None  # {hidden width: a decoder layer's FLOP/s}
+
+
+@dataclass(frozen=True)
+class DraftInfo(Record):
+    """A node's draft model, which it loads beside a model it serves alone."""
+    model: str
+    bytes: int = 0  # its weights in memory
+    kv_per_token: float = 0.0  # its own KV cache's bytes per token
+
+
+@dataclass(frozen=True)
+class PowerInfo(Record):
+    """A node's latest power reading (engine/telemetry/reading.py PowerReading as JSON)
+    and, once it has generated, what it drew while it did: the planner's watts."""
+    optional = ("serving_watts",)
+    watts: float | None = None
+    cpu_watts: float | None = None
+    gpu_watts: float | None = None
+    ane_watts: float | None = None
+    dram_watts: float | None = None
+    gpu_sram_watts: float | None = None
+    source: str = ""  # "ioreport" | "rapl" | "nvml" | "rapl+nvml"
+    unavailable: str | None = None
+    at: float = 0.0
+    serving_watts: float | None = None
+
+
+@dataclass(frozen=True)
+class LinkInfo(Record):
+    """A node's measured link to a trusted peer (engine/node/peers.py probes it)."""
+    to: str | None  # the peer's id
+    url: str = ""  # its cluster URL
+    type: str = ""  # "loopback", "thunderbolt", "ethernet", "wi-fi", "network"
+    rtt_ms: float | None = None  # best of 5 small requests
+    bandwidth_MBps: float | None = None  # one bulk read
+
+
+@dataclass(frozen=True)
 class NodeInfo(Record):
     """GET /shoal/node: a node as it describes itself. Peers keep the last one they read;
     the planner, the topology and the app read it."""
-    nested = {"instances": InstanceInfo, "followers": FollowerInfo}
+    nested = {"instances": InstanceInfo, "followers": FollowerInfo, "links": LinkInfo}
+    singles = {"machine": MachineInfo, "speed": SpeedInfo, "draft": DraftInfo,
+               "power": PowerInfo}
     states = {"state": NodeState}
     id: str
     name: str | None = None
@@ -419,12 +490,12 @@ class NodeInfo(Record):
     mlx_version: str | None = None
     state: NodeState = NodeState.IDLE
     models: list[str] = field(default_factory=list)  # the ids on its disk
-    links: list[dict[str, Any]] = field(default_factory=list)  # its measured links
-    machine: dict[str, Any] | None = None  # engine.telemetry.memory.MachineInfo as JSON
-    speed: dict[str, Any] = field(default_factory=dict)  # calibrated bandwidth and flops
+    links: list[LinkInfo] = field(default_factory=list)  # its measured links
+    machine: MachineInfo | None = None  # None until the node has looked
+    speed: SpeedInfo = field(default_factory=SpeedInfo)  # calibrated bandwidth and flops
     platform: dict[str, Any] | None = None  # engine.cluster.probes.PlatformReport as JSON
-    power: dict[str, Any] | None = None
-    draft: dict[str, Any] | None = None  # its draft model: {"model", "bytes", "kv_per_token"}
+    power: PowerInfo | None = None
+    draft: DraftInfo | None = None
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,10 @@ from engine.node.state import Loading
 from engine.protocol import (
     ENDED,
     ClusterInfo,
+    DraftInfo,
     InstanceInfo,
     InstanceState,
+    LinkInfo,
     NodeInfo,
     NodeState,
     RankInfo,
@@ -69,14 +71,14 @@ class Cluster:
         self.instance: Instance | None = None
         self.followers = Followers(node, peers, node_name, host)
         self.facts: Any = None  # engine.node.facts.NodeFacts, set by the node's main
-        self.draft: dict[str, Any] | None = None  # its draft model's size, set by main
+        self.draft: DraftInfo | None = None  # its draft model's size, set by main
         from engine.node.healing import Healer
         self.healer = Healer(self)  # main turns it off for --no-heal
 
     # --- what other nodes and the GUI see ----------------------------------------------
-    def links(self) -> list[dict[str, Any]]:
+    def links(self) -> list[LinkInfo]:
         """This node's measured links to its trusted peers."""
-        return [{"to": p.id, "url": p.url, **{k: v for k, v in p.link.items() if k != "at"}}
+        return [LinkInfo.from_json({"to": p.id, "url": p.url, **p.link})
                 for p in self.peers.all() if p.trusted and p.link]
 
     def info(self) -> NodeInfo:

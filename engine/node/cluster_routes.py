@@ -50,11 +50,11 @@ async def topology(request: web.Request) -> web.Response:
     c = _cluster(request)
     me = c.info()
     nodes = [{**me.to_json(), "self": True, "reachable": True, "trusted": True}]
-    links = [{"from": c.id, **lk} for lk in me.links]
+    links = [{"from": c.id, **lk.to_json()} for lk in me.links]
     for p in c.peers.all():
         nodes.append({**(p.info.to_json() if p.info else {}), **p.public(), "self": False})
         if p.trusted and p.info is not None:
-            links += [{"from": p.id, **lk} for lk in p.info.links]
+            links += [{"from": p.id, **lk.to_json()} for lk in p.info.links]
     # Thunderbolt cables between trusted nodes, each saying whether it carries RDMA and why not.
     cables = cluster_cables({str(n["id"]): n.get("platform") for n in nodes
                              if n.get("trusted") and n.get("id")})

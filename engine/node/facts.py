@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from engine.protocol import MachineInfo, PowerInfo, SpeedInfo
+
 log = logging.getLogger(__name__)
 MEMORY_EVERY_S = 5.0
 PLATFORM_EVERY_S = 60.0  # cables get plugged and pulled
@@ -57,15 +59,13 @@ class NodeFacts:
             since_platform += MEMORY_EVERY_S
 
     def describe(self) -> dict[str, Any]:
-        power = self._sampler.latest().to_dict() if self._sampler else None
+        power = PowerInfo.from_json(self._sampler.latest().to_dict()) if self._sampler \
+            else None
         serving = self._sampler.serving_watts() if self._sampler else None
         if power is not None and serving:  # measured while generating: the planner's watts
-            power["serving_watts"] = round(serving, 2)
-        cal = self.calibration or {}
-        return {"machine": self.machine.to_dict() if self.machine else None,
-                "speed": {k: cal[k] for k in ("memory_bandwidth_Bps", "compute_flops",
-                                                 "attention_flops", "prefill_flops")
-                          if k in cal},
+            power = replace(power, serving_watts=round(serving, 2))
+        return {"machine": self.machine,
+                "speed": SpeedInfo.from_json(self.calibration or {}),
                 "platform": self.platform.to_dict() if self.platform else None,
                 "power": power}
 
@@ -81,14 +81,14 @@ class NodeFacts:
 def capped(facts: dict[str, Any], limit: int | None) -> dict[str, Any]:
     """The machine's facts with its usable memory cut to the user's --memory-limit, so
     the planner and the window see the budget requests are admitted under."""
-    memory = (facts.get("machine") or {}).get("memory")
-    if not limit or not isinstance(memory, dict):
+    machine: MachineInfo | None = facts.get("machine")
+    if not limit or machine is None:
         return facts
-    have = memory.get("available_bytes")
-    memory = {**memory, "available_bytes": min(have, limit) if have else limit,
-              "rule": f"--memory-limit {limit / 1e9:g} GB"
-              + (f" (the machine: {memory.get('rule')})" if memory.get("rule") else "")}
-    return {**facts, "machine": {**facts["machine"], "memory": memory}}
+    memory, have = machine.memory, machine.memory.available_bytes
+    memory = replace(memory, available_bytes=min(have, limit) if have else limit,
+                     rule=f"--memory-limit {limit / 1e9:g} GB"
+                     + (f" (the machine: {memory.rule})" if memory.rule else ""))
+    return {**facts, "machine": replace(machine, memory=memory)}
 
 
 def _platform() -> Any:

@@ -302,7 +302,7 @@ def _cluster_memory(request: web.Request) -> int | None:
     total = memory_info().available_bytes
     cluster = request.app.get("cluster")
     for p in cluster.peers.all() if cluster is not None else []:
-        mem = ((p.info.machine or {}).get("memory") or {}) if p.trusted and p.info else {}
-        if isinstance(mem.get("available_bytes"), int):
-            total = (total or 0) + mem["available_bytes"]
+        machine = p.info.machine if p.trusted and p.info else None
+        if machine is not None and isinstance(machine.memory.available_bytes, int):
+            total = (total or 0) + machine.memory.available_bytes
     return total

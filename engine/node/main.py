@@ -15,7 +15,6 @@ import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -32,6 +31,7 @@ from engine.node.peers import Peers
 from engine.node.server import build_app
 from engine.node.service import Node
 from engine.paths import ensure, logs_dir, models_dir
+from engine.protocol import DraftInfo
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def drafting_args(cfg: NodeConfig, folder: Path | None) -> tuple[str, ...]:
             *(("--draft-model", str(folder)) if folder else ()))
 
 
-def draft_size(folder: Path | None) -> dict[str, Any] | None:
+def draft_size(folder: Path | None) -> DraftInfo | None:
     """What the planner counts for the draft model: its weights in memory and its KV per
     token (it keeps a cache of its own)."""
     if folder is None:
@@ -98,8 +98,8 @@ def draft_size(folder: Path | None) -> dict[str, Any] | None:
 
     config = json.loads((folder / "config.json").read_text())
     spec = ModelSpec.from_config(config, name=folder.name)
-    return {"model": folder.name, "bytes": int(memory_bytes(folder, config) or 0),
-            "kv_per_token": float(spec.kv_per_token * spec.kv_bytes)}
+    return DraftInfo(folder.name, int(memory_bytes(folder, config) or 0),
+                     float(spec.kv_per_token * spec.kv_bytes))
 
 
 def check_bind(host: str, api_key: str | None) -> None:

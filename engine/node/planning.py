@@ -19,7 +19,7 @@ from engine.placement.planner import Placement, Rejection, evaluate, explain, pl
 from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import PlacementError
-from engine.protocol import NodeInfo, PlanInfo, RejectedInfo
+from engine.protocol import DraftInfo, MachineInfo, NodeInfo, PlanInfo, RejectedInfo
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet
@@ -37,25 +37,23 @@ class PlanReport:
 # --- what nodes report, as the planner reads it ---------------------------------------
 def planner_node(info: NodeInfo) -> dict[str, Any]:
     """One node's self-description (GET /shoal/node) as plan_from_cluster's node info."""
-    machine = info.machine or {}
-    memory = machine.get("memory") or {}
+    machine = info.machine or MachineInfo()
     rdma = ((info.platform or {}).get("rdma") or {}).get("enabled")
-    speed = info.speed
+    speed, draft = info.speed, info.draft or DraftInfo("")
     return {"id": info.id, "name": info.name,
-            "memory_usable_bytes": memory.get("available_bytes"),
-            "memory_bytes": memory.get("total_bytes"), "chip": machine.get("chip"),
+            "memory_usable_bytes": machine.memory.available_bytes,
+            "memory_bytes": machine.memory.total_bytes, "chip": machine.chip,
             "models": info.models, "rdma": bool(rdma),
-            "mlx_backend": machine.get("mlx_backend"),
+            "mlx_backend": machine.mlx_backend,
             # measured on the machine itself (engine/telemetry/calibrate.py), when known
-            "measured_bandwidth_Bps": speed.get("memory_bandwidth_Bps"),
-            "measured_flops": speed.get("compute_flops"),
-            "measured_attention_flops": speed.get("attention_flops"),
-            "measured_prefill_flops": speed.get("prefill_flops"),
+            "measured_bandwidth_Bps": speed.memory_bandwidth_Bps,
+            "measured_flops": speed.compute_flops,
+            "measured_attention_flops": speed.attention_flops,
+            "measured_prefill_flops": speed.prefill_flops,
             # its draft model, which it loads beside a model it serves alone
-            "draft_bytes": (info.draft or {}).get("bytes", 0),
-            "draft_kv_per_token": (info.draft or {}).get("kv_per_token", 0.0),
+            "draft_bytes": draft.bytes, "draft_kv_per_token": draft.kv_per_token,
             # its power while it generated (RAPL, NVML, IOReport), when it has measured it
-            "measured_watts": (info.power or {}).get("serving_watts")}
+            "measured_watts": info.power.serving_watts if info.power else None}
 
 
 def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
@@ -64,10 +62,10 @@ def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
     links = []
     for info in infos:
         for lk in info.links:
-            if "rtt_ms" in lk and "bandwidth_MBps" in lk:
-                links.append({"a": info.id, "b": lk["to"],
-                              "latency_s": lk["rtt_ms"] / 2000,  # one way
-                              "bandwidth_Bps": lk["bandwidth_MBps"] * 1e6, "rdma": False})
+            if lk.rtt_ms is not None and lk.bandwidth_MBps is not None:
+                links.append({"a": info.id, "b": lk.to,
+                              "latency_s": lk.rtt_ms / 2000,  # one way
+                              "bandwidth_Bps": lk.bandwidth_MBps * 1e6, "rdma": False})
     ids = {i.id for i in infos}
     return {"nodes": [planner_node(i) for i in infos],
             "links": [lk for lk in links if lk["b"] in ids]}

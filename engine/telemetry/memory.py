@@ -14,39 +14,16 @@ import platform
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.cluster.probes import CommandResult, run_command
 from engine.placement.gpu_memory import mac_gpu_budget
+from engine.protocol import MachineInfo, MemoryInfo
 
 log = logging.getLogger(__name__)
 GB = 1024 ** 3
 Sysctl = Callable[[str], str | None]
-
-
-@dataclass(frozen=True)
-class MemoryInfo:
-    total_bytes: int | None
-    available_bytes: int | None
-    rule: str                        # how available_bytes was found
-    free_percent: int | None = None  # macOS memory pressure (kern.memorystatus_level)
-    unavailable: str | None = None
-
-
-@dataclass(frozen=True)
-class MachineInfo:
-    chip: str | None          # "Apple M3 Ultra", "AMD EPYC 7763 64-Core Processor"
-    os_name: str              # "macOS", "Ubuntu 22.04.4 LTS"
-    os_version: str           # "26.2", kernel release on Linux
-    gpu: str | None           # "Apple M3 Ultra (80-core GPU)", "NVIDIA H200", None
-    mlx_version: str | None
-    mlx_backend: str | None   # "metal" | "cuda" | "cpu" | None (mlx unusable)
-    memory: MemoryInfo
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def parse_meminfo(text: str) -> MemoryInfo:

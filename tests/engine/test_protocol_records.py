@@ -91,3 +91,35 @@ def test_a_plan_and_a_topology_go_over_the_wire_and_back():
     topo = {"nodes": [{"id": "a", "self": True}], "links": [], "thunderbolt": []}
     assert TopologyInfo.from_json(topo).to_json() == topo
     assert TopologyInfo.from_json({"nodes": []}).thunderbolt == []  # an older node
+
+
+def test_a_node_describes_its_machine_speed_links_power_and_draft_as_records():
+    """GET /shoal/node as a peer reads it: the planner reads attributes, not dict keys, and
+    what goes back on the wire is what came (unmeasured speed and power stay absent)."""
+    from engine.protocol import MachineInfo, MemoryInfo, NodeInfo, SpeedInfo
+
+    node = {"id": "a", "name": "studio", "instances": [], "followers": [],
+            "version": "1.0", "mlx_version": "0.30", "state": "idle", "models": ["m"],
+            "links": [{"to": "b", "url": "http://10.0.0.2:8422", "type": "thunderbolt",
+                       "rtt_ms": 0.2, "bandwidth_MBps": 4000.0}],
+            "machine": {"chip": "Apple M3 Ultra", "os_name": "macOS", "os_version": "26.2",
+                        "gpu": "Apple M3 Ultra (80-core GPU)", "mlx_version": "0.30",
+                        "mlx_backend": "metal",
+                        "memory": {"total_bytes": 512 * 2**30, "available_bytes": 464 * 2**30,
+                                   "rule": "Metal's recommended working set",
+                                   "free_percent": 80, "unavailable": None}},
+            "speed": {"memory_bandwidth_Bps": 7e11, "compute_flops": 2.5e13,
+                      "attention_flops": 1e13, "prefill_flops": {"512": 1e13}},
+            "platform": {"system": "darwin"},
+            "power": {"watts": 12.5, "cpu_watts": 2.0, "gpu_watts": 10.0, "ane_watts": 0.0,
+                      "dram_watts": 0.5, "gpu_sram_watts": None, "source": "ioreport",
+                      "unavailable": None, "at": 1.0, "serving_watts": 140.0},
+            "draft": {"model": "small", "bytes": 1000, "kv_per_token": 8.0}}
+    info = NodeInfo.from_json(wire(NodeInfo.from_json(node)))
+    assert info.machine.memory.available_bytes == 464 * 2**30
+    assert info.links[0].bandwidth_MBps == 4000.0 and info.draft.bytes == 1000
+    assert info.power.serving_watts == 140.0 and info.speed.prefill_flops == {"512": 1e13}
+    assert info.to_json() == node
+    fresh = NodeInfo.from_json({"id": "b", "machine": {"memory": {}}})  # just started
+    assert fresh.speed == SpeedInfo() and fresh.to_json()["speed"] == {}
+    assert fresh.machine == MachineInfo(memory=MemoryInfo())

@@ -132,8 +132,9 @@ def test_a_nodes_watts_measured_while_it_generated_replace_the_catalogues():
         power = {"watts": 9.0, "source": "ioreport"}  # idle now: not what the plan uses
         if serving is not None:
             power["serving_watts"] = serving
-        return NodeInfo(nid, nid, machine={"chip": chip, "memory": {
-            "available_bytes": 180e9, "total_bytes": 192e9}}, power=power, models=["llama"])
+        return NodeInfo.from_json({"id": nid, "name": nid, "machine": {"chip": chip, "memory": {
+            "available_bytes": 180e9, "total_bytes": 192e9}}, "power": power,
+            "models": ["llama"]})
 
     def watts(info: NodeInfo) -> float:
         report = plan_from_cluster([planner_node(info)], LLAMA_CONFIG, 8192, [],

@@ -130,5 +130,5 @@ def test_machine_info_here():
     assert info.mlx_backend == "cpu" and info.mlx_version
     assert info.memory.total_bytes and info.memory.available_bytes
     assert info.os_name and info.os_version
-    d = info.to_dict()
+    d = info.to_json()
     assert d["memory"]["rule"] == "MemAvailable from /proc/meminfo"
