@@ -26,11 +26,23 @@ SLOW_PATHS = ("tests/cluster/", "tests/engine/runtime/test_distributed.py",
               "tests/engine/api/test_agents_e2e.py", "tests/engine/api/test_openapi_fuzz.py")
 
 
-# What scripts/test runs alone, after the rest has run two files at a time: the clusters
-# (fixed ports, network namespaces, nodes that must find only each other) and tests whose
-# assertion is about timing or overlap, which a neighbour's load can hide (test_batching's
-# concurrent streams were once seen one at a time so).
-ALONE_PATHS = ("tests/cluster/", "tests/engine/api/test_batching.py")
+# What scripts/test runs alone, after the rest has run two files at a time: tests whose
+# assertion is about timing or overlap, which a neighbour's load can hide or stretch (a
+# dead peer noticed within seconds, a cable pulled under load, healing, mDNS in network
+# namespaces; test_batching's concurrent streams were once seen one at a time so). The
+# other cluster tests use free ports and mDNS is off, so they share the machine too.
+ALONE_PATHS = ("tests/cluster/test_distributed_nodes.py", "tests/cluster/test_faults_under_load.py",
+               "tests/cluster/test_healing.py", "tests/cluster/test_link_cut_under_load.py",
+               "tests/cluster/test_links.py", "tests/cluster/test_mdns_netns.py",
+               "tests/engine/api/test_batching.py")
+
+# The longest files of the shared phase, longest first (the durations of a whole run):
+# started first, they don't leave one worker running them while the other waits.
+LONGEST_FIRST = ("tests/packaging/test_linux_bundle.py",
+                 "tests/engine/runtime/test_distributed.py",
+                 "tests/engine/runtime/test_real_checkpoints_groups.py",
+                 "tests/cluster/test_family_matrix.py",
+                 "tests/engine/api/test_openapi_fuzz.py")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,6 +66,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    if phase == "shared":  # stable: the rest keep their order
+        def first(item: pytest.Item) -> int:
+            where = Path(str(item.fspath)).resolve().relative_to(root).as_posix()
+            return LONGEST_FIRST.index(where) if where in LONGEST_FIRST else len(LONGEST_FIRST)
+        items.sort(key=first)
 
 
 @pytest.fixture(scope="session")
