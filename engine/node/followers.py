@@ -115,7 +115,8 @@ class Followers:
     async def stop(self, inst_id: str, reason: str) -> None:
         f = self._by_id.get(inst_id)
         if f is not None:
-            f.state, f.reason = InstanceState.STOPPED, reason
+            if f.state not in ENDED:  # a rank that failed keeps its own reason
+                f.state, f.reason = InstanceState.STOPPED, reason
             if f.worker:
                 f.worker.dead_reason = "stopped"
                 await f.worker.stop()

@@ -262,6 +262,7 @@ def test_a_follower_that_dies_while_the_group_forms_fails_the_launch_at_once(tri
     assert r.status_code >= 500, r.text
     message = r.json()["error"]["message"]
     assert node_id(b) in message and "exited unexpectedly" in message, r.text
+    assert message.count("rank 1") == 1, message  # the rank named once, by the owner
     assert "next request starts a new one" not in message  # a group is launched again
     assert took < 20, f"the launch took {took:.0f} s to fail"
     wait_until(lambda: not worker_pids(a) and not worker_pids(b), 10)
