@@ -397,12 +397,13 @@ class ClusterInfo(Record):
     """This node's part in distributed instances (GET /shoal/instances)."""
     nested = {"instances": InstanceInfo, "followers": FollowerInfo}
     singles = {"healing": HealInfo}
-    optional = ("healing",)
+    optional = ("healing", "url")
     id: str
     name: str
     instances: list[InstanceInfo] = field(default_factory=list)
     followers: list[FollowerInfo] = field(default_factory=list)
     healing: HealInfo | None = None
+    url: str | None = None  # where peers reach it (in GET /shoal/status)
 
 
 @dataclass(frozen=True)
@@ -524,7 +525,7 @@ class StreamsInfo(Record):
 @dataclass(frozen=True)
 class StatusInfo(Record):
     """GET /shoal/status (and each /shoal/events snapshot)."""
-    singles = {"streams": StreamsInfo}
+    singles = {"streams": StreamsInfo, "cluster": ClusterInfo}
     states = {"state": NodeState}
     optional = ("cluster",)
     state: NodeState = NodeState.IDLE
@@ -536,7 +537,7 @@ class StatusInfo(Record):
     models_dir: str | None = None
     default_model: str | None = None
     streams: StreamsInfo = field(default_factory=StreamsInfo)
-    cluster: dict[str, Any] | None = None  # this node's id, name and URL in its cluster
+    cluster: ClusterInfo | None = None  # this node in its cluster, and its URL there
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -137,8 +138,7 @@ async def health(request: web.Request) -> web.Response:
 @routes.get("/shoal/status")
 async def status(request: web.Request) -> web.Response:
     cluster = request.app.get("cluster")
-    mine = {**cluster.describe().to_json(), "url": cluster.peers.self_url} \
-        if cluster is not None \
+    mine = replace(cluster.describe(), url=cluster.peers.self_url) if cluster is not None \
         else None
     return web.json_response(_node(request).status(cluster=mine))
 

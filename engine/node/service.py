@@ -23,7 +23,7 @@ from engine.node.state import (
 )
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
-from engine.protocol import StreamsInfo
+from engine.protocol import ClusterInfo, StreamsInfo
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Node:
         self._preparing: asyncio.Task | None = None
 
     # --- status ----------------------------------------------------------------------
-    def status(self, cluster: dict[str, Any] | None = None) -> dict[str, Any]:
+    def status(self, cluster: ClusterInfo | None = None) -> dict[str, Any]:
         """The /shoal/status body (engine.protocol.StatusInfo as JSON)."""
         return status_record(
             self.runner, __version__,

@@ -54,7 +54,7 @@ def card_kinds(view):
 
 def test_topology_follows_a_node_that_starts_and_stops(qtbot, views, tmp_path, tiny_model_dir):
     a, b = views.nodes
-    ida, idb = (nd.client.status().cluster["id"] for nd in (a, b))
+    ida, idb = (nd.client.status().cluster.id for nd in (a, b))
     view = TopologyView(views.state)
     qtbot.addWidget(view)
     view.resize(900, 600)
@@ -69,7 +69,7 @@ def test_topology_follows_a_node_that_starts_and_stops(qtbot, views, tmp_path, t
     c = NodeProcess(home_with(tmp_path / "third", tiny_model_dir), "none", "--secret", SECRET)
     try:
         c.wait_healthy()
-        idc = c.client.status().cluster["id"]
+        idc = c.client.status().cluster.id
         settings = QSettings(str(tmp_path / "app.ini"), QSettings.Format.IniFormat)
         dialog = SettingsDialog(tmp_path, settings, a.client, views.tasks,
                                 tray_available=False)
@@ -174,7 +174,7 @@ def test_launch_then_chat_streams_then_stop(qtbot, placement, views, home):
     assert launch.state_text == "Ready", launch.headline.text()
     assert all(r.text.text() == "Loaded" for r in launch.rows.values())
     assert launch.stop_button.isEnabled()
-    assert b.client.status().cluster["followers"][0]["state"] == "ready"
+    assert b.client.status().cluster.followers[0].state == "ready"
 
     pane = ChatPane(a.client, ConversationStore(home), views.tasks)
     qtbot.addWidget(pane)
@@ -189,16 +189,16 @@ def test_launch_then_chat_streams_then_stop(qtbot, placement, views, home):
 
     qtbot.mouseClick(launch.stop_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: launch.state_text == "Stopped", timeout=30000)
-    (inst,) = a.client.status().cluster["instances"]
-    assert inst["state"] == "stopped"
-    qtbot.waitUntil(lambda: b.client.status().cluster["followers"][0]["state"] ==
+    (inst,) = a.client.status().cluster.instances
+    assert inst.state == "stopped"
+    qtbot.waitUntil(lambda: b.client.status().cluster.followers[0].state ==
                     "stopped", timeout=10000)
     assert not launch.stop_button.isEnabled() and launch.launch_button.isEnabled()
 
 
 def test_failed_launch_names_the_node_and_shows_the_log(qtbot, placement, views):
     a, b = views.nodes
-    b_id = b.client.status().cluster["id"]
+    b_id = b.client.status().cluster.id
     shutil.rmtree(b.home / "models" / "tiny-llama")  # the second node lost the model
     launch = placement.launch
     qtbot.mouseClick(launch.launch_button, Qt.MouseButton.LeftButton)

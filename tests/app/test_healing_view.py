@@ -18,7 +18,7 @@ def test_the_panel_shows_healing_and_offers_the_original_placement_back(
     a, b = nodes = start_cluster(tmp_path, tiny_model_dir, 2)
     tasks, state, monitor = follow(a)
     try:
-        ida, idb = (n.client.status().cluster["id"] for n in nodes)
+        ida, idb = (n.client.status().cluster.id for n in nodes)
         panel = LaunchPanel(a.client, tasks, state)
         qtbot.addWidget(panel)
         panel.resize(1000, 300)
@@ -47,8 +47,8 @@ def test_the_panel_shows_healing_and_offers_the_original_placement_back(
         qtbot.waitUntil(lambda: panel.state_text in ("Ready", "Failed") and
                         panel.launching is None and len(panel.rows) == 2, timeout=90000)
         assert panel.state_text == "Ready", panel.headline.text()
-        inst = a.client.status().cluster["instances"][0]
-        assert inst["state"] == "ready" and [r["node"] for r in inst["ranks"]] == [ida, idb]
+        inst = a.client.status().cluster.instances[0]
+        assert inst.state == "ready" and [r.node for r in inst.ranks] == [ida, idb]
         qtbot.waitUntil(lambda: not panel.heal_label.isVisible(), timeout=10000)
     finally:
         state.stop()

@@ -28,7 +28,7 @@ def trio(tmp_path_factory, tiny_model_dir) -> list[NodeProcess]:
 
 
 def node_id(n: NodeProcess) -> str:
-    return n.client.status().cluster["id"]
+    return n.client.status().cluster.id
 
 
 def launch(via: NodeProcess, body: dict) -> httpx.Response:
@@ -132,9 +132,9 @@ def test_pipeline_over_three_nodes_serves_through_any_node(trio, tiny_node):
     stream = c.client.chat(HELLO, model="tiny-llama", max_tokens=24, temperature=0)
     assert "".join(d.text for d in stream) == expected
     httpx.delete(a.url + f"/shoal/instances/{inst['id']}", timeout=60)
-    wait_until(lambda: all(n.client.status().cluster["followers"] == [] or
-                           all(f["state"] == "stopped" for f in
-                               n.client.status().cluster["followers"]) for n in trio), 15)
+    wait_until(lambda: all(n.client.status().cluster.followers == [] or
+                           all(f.state == "stopped" for f in
+                               n.client.status().cluster.followers) for n in trio), 15)
 
 
 def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny_model_dir):
@@ -145,8 +145,8 @@ def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny
                 "nodes": [{"node": "self", "layers": [0, 2]},
                           {"node": node_id(b), "layers": [2, 4]}]}
         assert launch(a, body).status_code == 201
-        follower = b.client.status().cluster["followers"][0]
-        assert follower["state"] == "ready"
+        follower = b.client.status().cluster.followers[0]
+        assert follower.state == "ready"
         b_worker = worker_pids(b)
         assert b_worker
         stream = a.client.chat(HELLO, model="tiny-llama", max_tokens=100_000, temperature=0)
@@ -161,7 +161,7 @@ def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny
         wait_until(lambda: a.client.status().state == "error", 10)
         st = a.client.status()
         assert "rank" in st.error or "peer" in st.error
-        assert st.cluster["instances"][0]["state"] == "failed"
+        assert st.cluster.instances[0].state == "failed"
         wait_until(lambda: not worker_pids(a) and not worker_pids(b), 10)
         # Asking again says the instance must be relaunched; relaunching works.
         with pytest.raises(ShoalError, match="Launch it again"):
@@ -233,9 +233,9 @@ def test_each_rank_reports_its_loading_progress(trio):
     assert r.status_code == 201, r.text
     ranks = r.json()["ranks"]
     assert ranks[1]["progress"] == [1, 1]  # the follower's layers, all loaded
-    follower = next(f for f in b.client.status().cluster["followers"]
-                    if f["instance"] == r.json()["id"])
-    assert follower["state"] == "ready" and follower["progress"] == [1, 1]
+    follower = next(f for f in b.client.status().cluster.followers
+                    if f.instance == r.json()["id"])
+    assert follower.state == "ready" and follower.progress == [1, 1]
 
 
 def test_a_follower_that_dies_while_the_group_forms_fails_the_launch_at_once(trio):

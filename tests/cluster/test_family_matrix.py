@@ -61,7 +61,7 @@ def pair(tmp_path_factory, family_models):
 
 
 def node_id(n: NodeProcess) -> str:
-    return n.client.status().cluster["id"]
+    return n.client.status().cluster.id
 
 
 def launch(via: NodeProcess, body: dict) -> httpx.Response:

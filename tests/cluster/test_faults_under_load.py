@@ -35,7 +35,7 @@ class Outcome:
 
 
 def node_id(n: NodeProcess) -> str:
-    return n.client.status().cluster["id"]
+    return n.client.status().cluster.id
 
 
 def rss_mb(pid: int) -> float:

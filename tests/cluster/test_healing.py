@@ -60,7 +60,7 @@ def test_a_node_killed_under_load_and_the_model_is_placed_again_on_the_rest(
     nodes = start_cluster(tmp_path, tiny_model_dir, 3,
                           extra=("--memory-limit", f"{limit:.6f}"))
     a, b, c = nodes
-    ids = [n.client.status().cluster["id"] for n in nodes]
+    ids = [n.client.status().cluster.id for n in nodes]
     try:
         body = {"model": "tiny-llama", "strategy": "pipeline",
                 "nodes": [{"node": "self", "layers": [0, 2]},
@@ -124,7 +124,7 @@ def test_a_node_killed_under_load_and_the_model_is_placed_again_on_the_rest(
 def test_with_healing_off_a_failed_instance_stays_down_and_says_so(tmp_path, tiny_model_dir):
     a, b = start_cluster(tmp_path, tiny_model_dir, 2, extra=("--no-heal",))
     try:
-        ids = [n.client.status().cluster["id"] for n in (a, b)]
+        ids = [n.client.status().cluster.id for n in (a, b)]
         r = httpx.post(a.url + "/shoal/instances", timeout=120, json={
             "model": "tiny-llama", "strategy": "pipeline",
             "nodes": [{"node": "self", "layers": [0, 2]}, {"node": ids[1], "layers": [2, 4]}]})

@@ -11,18 +11,18 @@ from tests_support import wait_until
 
 def test_restart_keeps_the_identity(tmp_path):
     n = NodeProcess(tmp_path / "home").wait_healthy()
-    first = n.client.status().cluster["id"]
+    first = n.client.status().cluster.id
     n.stop()
     n = NodeProcess(tmp_path / "home").wait_healthy()
     try:
-        assert n.client.status().cluster["id"] == first
+        assert n.client.status().cluster.id == first
     finally:
         n.stop()
 
 
 def test_a_copied_state_folder_is_detected(tmp_path):
     a = NodeProcess(tmp_path / "a").wait_healthy()
-    a_id = a.client.status().cluster["id"]
+    a_id = a.client.status().cluster.id
     a.stop()
     shutil.copytree(tmp_path / "a", tmp_path / "b")  # the user copied the whole folder
     pa, pb = free_port(), free_port()
@@ -31,7 +31,7 @@ def test_a_copied_state_folder_is_detected(tmp_path):
     try:
         a.wait_healthy(), b.wait_healthy()
         def ids() -> tuple[str, str]:
-            return a.client.status().cluster["id"], b.client.status().cluster["id"]
+            return a.client.status().cluster.id, b.client.status().cluster.id
         wait_until(lambda: len(set(ids())) == 2, 15)
         assert a_id in ids()  # one kept it, the other changed
         wait_until(lambda: all(p["trusted"] for p in a.client._call("GET", "/shoal/peers")), 10)

@@ -33,7 +33,7 @@ def test_a_jaccl_group_that_cant_form_runs_over_the_ring_and_says_so(tmp_path,
         a, b = nodes
         for n in nodes:
             n.wait_healthy()
-        idb = b.client.status().cluster["id"]
+        idb = b.client.status().cluster.id
 
         def b_seen_with_rdma() -> bool:
             peers = a.client._call("GET", "/shoal/peers")

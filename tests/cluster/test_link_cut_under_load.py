@@ -96,7 +96,7 @@ def launched(nodes: list[NodeProcess]) -> list[str]:
         n.wait_healthy()
     for n in nodes:
         wait_until(lambda n=n: all_reachable(n), 20)
-    ids = [n.client.status().cluster["id"] for n in nodes]
+    ids = [n.client.status().cluster.id for n in nodes]
     launch(nodes[0], ids)
     return ids
 

@@ -48,7 +48,7 @@ def test_plan_api_and_cli_on_a_live_cluster(tmp_path, tiny_model_dir, monkeypatc
                            timeout=30)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         # A hand-made pipeline split over both nodes: a prediction for it.
-        ids = [a.client.status().cluster["id"], b.client.status().cluster["id"]]
+        ids = [a.client.status().cluster.id, b.client.status().cluster.id]
         one = httpx.post(a.url + "/shoal/plan", timeout=30, json={
             "model": "tiny-llama", "context": 1024, "strategy": "pipeline",
             "nodes": [{"node": ids[0], "layers": [0, 3]}, {"node": ids[1], "layers": [3, 4]}]})

@@ -57,7 +57,7 @@ def test_a_launch_chooses_its_kv_bits_and_a_pipeline_answers_as_one_node(pair):
     r = launch(a, {"model": "tiny-wide", "nodes": [SELF]})
     assert r.status_code == 201 and r.json()["kv_bits"] == 16  # the node's default
     assert not same(greedy(a), one)  # 8-bit KV changes what this random model says
-    b_id = b.client.status().cluster["id"]
+    b_id = b.client.status().cluster.id
     r = launch(a, {"model": "tiny-wide", "strategy": "pipeline", "kv_bits": 8,
                    "nodes": [{"node": "self", "layers": [0, 2]},
                              {"node": b_id, "layers": [2, 4]}]})

@@ -60,7 +60,7 @@ def pair(tmp_path_factory, models):
 
 
 def node_id(n: NodeProcess) -> str:
-    return n.client.status().cluster["id"]
+    return n.client.status().cluster.id
 
 
 def launch(via: NodeProcess, body: dict) -> httpx.Response:

@@ -73,8 +73,11 @@ def test_a_status_snapshot_and_its_streams():
     assert st.state is NodeState.GENERATING and st.state == "generating"
     assert st.streams == StreamsInfo(2, 1, 8) and st.streams.in_flight == 2
     assert st.cluster is None and st.to_json() == wire  # no cluster: left out
-    with_cluster = {**wire, "cluster": {"id": "n1", "name": "a", "url": "http://a"}}
-    assert StatusInfo.from_json(with_cluster).to_json() == with_cluster
+    with_cluster = {**wire, "cluster": {"id": "n1", "name": "a", "instances": [],
+                                        "followers": [], "url": "http://a"}}
+    st = StatusInfo.from_json(with_cluster)
+    assert st.cluster.id == "n1" and st.cluster.url == "http://a"
+    assert st.to_json() == with_cluster
 
 
 def test_a_plan_and_a_topology_go_over_the_wire_and_back():

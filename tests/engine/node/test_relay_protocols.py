@@ -32,7 +32,7 @@ def relay(tmp_path_factory):
     root = tmp_path_factory.mktemp("relay")
     a, b = start_cluster(root, make_forcing_model(root / "models" / MODEL), 2)
     try:
-        bid = b.client.status().cluster["id"]
+        bid = b.client.status().cluster.id
         r = httpx.post(a.url + "/shoal/instances", timeout=300, json={
             "model": MODEL, "strategy": "pipeline",
             "nodes": [{"node": "self", "layers": [0, 2]}, {"node": bid, "layers": [2, 4]}]})
