@@ -29,12 +29,13 @@ SLOW_PATHS = ("tests/cluster/", "tests/engine/runtime/test_distributed.py",
 # What scripts/test runs alone, after the rest has run two files at a time: tests whose
 # assertion is about timing or overlap, which a neighbour's load can hide or stretch (a
 # dead peer noticed within seconds, a cable pulled under load, healing, mDNS in network
-# namespaces; test_batching's concurrent streams were once seen one at a time so). The
+# namespaces, a 3 s stall watchdog; test_batching's concurrent streams were once seen one
+# at a time so, and test_long_prefill's 1 s chunks once took over 3 s so). The
 # other cluster tests use free ports and mDNS is off, so they share the machine too.
 ALONE_PATHS = ("tests/cluster/test_distributed_nodes.py", "tests/cluster/test_faults_under_load.py",
                "tests/cluster/test_healing.py", "tests/cluster/test_link_cut_under_load.py",
                "tests/cluster/test_links.py", "tests/cluster/test_mdns_netns.py",
-               "tests/engine/api/test_batching.py")
+               "tests/engine/api/test_batching.py", "tests/engine/api/test_long_prefill.py")
 
 # The longest files of the shared phase, longest first (the durations of a whole run):
 # started first, they don't leave one worker running them while the other waits.
