@@ -449,19 +449,29 @@ class DraftInfo(Record):
 
 
 @dataclass(frozen=True)
-class PowerInfo(Record):
-    """A node's latest power reading (engine/telemetry/reading.py PowerReading as JSON)
-    and, once it has generated, what it drew while it did: the planner's watts."""
-    optional = ("serving_watts",)
-    watts: float | None = None
+class PowerReading(Record):
+    """One power reading, what every power source returns (engine/telemetry/power.py on
+    Linux, ioreport.py on macOS)."""
+    watts: float | None = None  # total of what the source measures
     cpu_watts: float | None = None
     gpu_watts: float | None = None
     ane_watts: float | None = None
     dram_watts: float | None = None
-    gpu_sram_watts: float | None = None
+    gpu_sram_watts: float | None = None  # kept apart from GPU power, as macmon does
     source: str = ""  # "ioreport" | "rapl" | "nvml" | "rapl+nvml"
     unavailable: str | None = None
-    at: float = 0.0
+    at: float = 0.0  # time.time() when measured
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: round(v, 2) if isinstance(v, float) and k.endswith("watts") else v
+                for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class PowerInfo(PowerReading):
+    """A node's latest power reading and, once it has generated, what it drew while it
+    did: the planner's watts."""
+    optional = ("serving_watts",)
     serving_watts: float | None = None
 
 
