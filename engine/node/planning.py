@@ -179,10 +179,17 @@ def quantizable(config: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _usable(info: Mapping[str, Any]) -> int:
+    """The memory a node's GPU may use, as it reported it (0: not yet)."""
+    return int(info.get("memory_usable_bytes") or (  # unreported: the probes' rule on a Mac
+        mac_gpu_budget(int(info["memory_bytes"]), None, None)[0]
+        if info.get("memory_bytes") else 0))
+
+
 def _reports_memory(info: Mapping[str, Any], notes: list[str]) -> bool:
     """Whether a peer has told its memory yet: one that just started hasn't, and is left
     out of the plan (with a note) rather than failing it."""
-    if info.get("memory_usable_bytes") or info.get("memory_bytes"):
+    if _usable(info):
         return True
     notes.append(f"{info.get('name') or info.get('id')} hasn't reported its memory yet; "
                  f"left out of this plan (ask again in a few seconds)")
@@ -194,9 +201,7 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
     nid = str(info.get("id") or info.get("name") or f"node-{i}")
     name = str(info.get("name") or nid)
     prof = _chip_profile(str(info.get("chip") or ""), info.get("gpu_cores"))
-    usable = info.get("memory_usable_bytes") or (  # unreported: the probes' rule on a Mac
-        mac_gpu_budget(int(info["memory_bytes"]), None, None)[0]
-        if info.get("memory_bytes") else 0)
+    usable = _usable(info)
     if not usable:
         raise PlacementError(f"node {name} hasn't reported its memory yet (it has just "
                              f"started); ask again in a few seconds")
@@ -212,7 +217,7 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
                      f"assumed {bw / 1e9:.0f} GB/s and {flops / 1e12:.0f} TFLOPS")
     has = bool(info.get("has_model")) or (model_name is not None and
                                           model_name in (info.get("models") or []))
-    return NodeSpec(nid, name, int(usable), float(bw), float(flops), has,
+    return NodeSpec(nid, name, usable, float(bw), float(flops), has,
                     bool(info.get("rdma", False)), int(info.get("draft_bytes") or 0),
                     float(info.get("draft_kv_per_token") or 0.0),
                     float(info.get("measured_attention_flops") or 0.0),
