@@ -55,9 +55,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).resolve().parent.parent
     phase = config.getoption("--phase")
-    keep, drop = [], []
+    keep, drop, order = [], [], {}
     for item in items:
         where = Path(str(item.fspath)).resolve().relative_to(root).as_posix()
+        order[item.nodeid] = LONGEST_FIRST.index(where) if where in LONGEST_FIRST \
+            else len(LONGEST_FIRST)
         if where.startswith("tests/packaging/"):
             item.add_marker(pytest.mark.packaging)
         elif where.startswith(SLOW_PATHS):
@@ -68,10 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
     if phase == "shared":  # stable: the rest keep their order
-        def first(item: pytest.Item) -> int:
-            where = Path(str(item.fspath)).resolve().relative_to(root).as_posix()
-            return LONGEST_FIRST.index(where) if where in LONGEST_FIRST else len(LONGEST_FIRST)
-        items.sort(key=first)
+        items.sort(key=lambda item: order[item.nodeid])
 
 
 @pytest.fixture(scope="session")
