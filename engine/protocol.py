@@ -167,13 +167,13 @@ class Progress(Message):
 @dataclass(frozen=True)
 class Delta(Message):
     """Generated text: `kind` is "content" or "reasoning". `logprobs` holds one entry per
-    token generated since the last message ({token, logprob, bytes, top_logprobs})."""
+    token generated since the last message."""
 
     tag = "delta"
     id: str
     text: str
     kind: str = "content"
-    logprobs: list[dict[str, Any]] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class Done(Message):
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
     peak_memory_gb: float = 0.0
-    logprobs: list[dict[str, Any]] | None = None
+    logprobs: list[TokenLogprob] | None = None
     stop_sequence: str | None = None
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     drafted_tokens: int = 0  # speculative decoding: guesses verified
@@ -233,10 +233,15 @@ _CLASSES: dict[tuple[str, str], type[Message]] = {
 
 
 def encode(msg: Message) -> bytes:
-    """One JSON line for the pipe."""
-    body = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v)
-            and not isinstance(v, type) else v for k, v in msg.fields().items()}
-    return json.dumps({msg.key: msg.tag, **body}, separators=(",", ":")).encode() + b"\n"
+    """One JSON line for the pipe (a field's dataclasses, however deep, as objects)."""
+    return json.dumps({msg.key: msg.tag, **msg.fields()}, separators=(",", ":"),
+                      default=_as_object).encode() + b"\n"
+
+
+def _as_object(v: Any) -> Any:
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return dataclasses.asdict(v)
+    raise TypeError(f"{type(v).__name__} can't go on the pipe")
 
 
 def decode(line: bytes | str) -> Message:
@@ -254,6 +259,8 @@ def decode(line: bytes | str) -> Message:
         raw["request"] = GenerateRequest(**req)
     if cls is Ready and isinstance(raw.get("rank"), dict):
         raw["rank"] = RankReady(**raw["rank"])
+    if cls in (Delta, Done) and raw.get("logprobs"):
+        raw["logprobs"] = [TokenLogprob.from_json(e) for e in raw["logprobs"]]
     return make(cls, **raw)
 
 
@@ -338,6 +345,22 @@ class Record:
                     one.from_json(v) if one and isinstance(v, dict) else \
                     state(v) if state and v is not None else v
         return cls(**known)
+
+
+@dataclass(frozen=True)
+class TopLogprob(Record):
+    """One token's log-probability, as OpenAI's logprobs name it."""
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+@dataclass(frozen=True)
+class TokenLogprob(TopLogprob):
+    """A generated token's log-probability and the most likely tokens at its place (as
+    many as the request's top_logprobs asked for)."""
+    nested = {"top_logprobs": TopLogprob}
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
 
 @dataclass(frozen=True)
 class RankInfo(Record):

@@ -20,7 +20,7 @@ from engine.api.ollama_schemas import (
     chat_request,
     generate_request,
 )
-from engine.api.render import Answer, Context, drafts
+from engine.api.render import Answer, Context, drafts, logprobs_json
 from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest, ModelNotFound
 from engine.node.state import duration_seconds
@@ -158,8 +158,11 @@ class OllamaRenderer:
     def _line(self, piece: dict[str, Any], done: wire.Done | None = None) -> bytes:
         obj = self._final(done) if done else {
             "model": self.ctx.model, "created_at": _now(self.ctx.now()), "done": False}
-        if self.chat:
+        if self.chat:  # (logprobs sit beside the message, as Ollama's ChatResponse reads them)
+            lps = piece.pop("logprobs", None)
             obj["message"] = {"role": "assistant", "content": "", **piece}
+            if lps:
+                obj["logprobs"] = lps
         else:
             obj["response"] = piece.pop("content", "")
             obj.update(piece)
@@ -174,8 +177,8 @@ class OllamaRenderer:
     def event(self, ev: wire.Event) -> list[bytes]:
         if isinstance(ev, wire.Error):
             return [json.dumps({"error": ev.message}).encode() + b"\n"]
-        lp = {"logprobs": ev.logprobs} if isinstance(ev, (wire.Delta, wire.Done)) \
-            and ev.logprobs else {}
+        lp = {"logprobs": logprobs_json(ev.logprobs)} \
+            if isinstance(ev, (wire.Delta, wire.Done)) and ev.logprobs else {}
         if isinstance(ev, wire.Delta):
             key = "thinking" if ev.kind == "reasoning" else "content"
             return [self._line({key: ev.text, **lp})]
@@ -203,7 +206,7 @@ class OllamaRenderer:
             if a.reasoning:
                 out["thinking"] = a.reasoning
         if a.logprobs:
-            out["logprobs"] = a.logprobs
+            out["logprobs"] = logprobs_json(a.logprobs)
         return out
 
 

@@ -16,6 +16,7 @@ from engine.api.render import (
     Context,
     drafts,
     error_of,
+    logprobs_json,
     speed,
     sse,
     sse_progress,
@@ -178,10 +179,10 @@ class ChatRenderer:
         self.calls = 0
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None,
-               lps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               lps: list[wire.TokenLogprob] | None = None) -> dict[str, Any]:
         c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
         if self.logprobs:
-            c["logprobs"] = {"content": lps or [], "refusal": None} if lps else None
+            c["logprobs"] = {"content": logprobs_json(lps), "refusal": None} if lps else None
         return {**self.base, "object": "chat.completion.chunk", "choices": [c]}
 
     def start(self) -> list[bytes]:
@@ -231,7 +232,7 @@ class ChatRenderer:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_of(a.done),
                                   "message": msg, "logprobs": None}
         if self.logprobs:
-            choice["logprobs"] = {"content": a.logprobs, "refusal": None}
+            choice["logprobs"] = {"content": logprobs_json(a.logprobs), "refusal": None}
         return {**self.base, "object": "chat.completion", "choices": [choice],
                 "usage": usage(a.done), "shoal": speed(a.done, self.ctx.since_start())}
 

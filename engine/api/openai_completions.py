@@ -58,16 +58,15 @@ def to_request(body: CompletionRequest) -> wire.GenerateRequest:
                                 sampling=wire.SamplingRequest.of(sampling))
 
 
-def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+def legacy_logprobs(entries: list[wire.TokenLogprob], offset: int) -> dict[str, Any]:
     """The completions API's older shape: parallel lists."""
     offsets, at = [], offset
     for e in entries:
         offsets.append(at)
-        at += len(e["token"])
-    return {"tokens": [e["token"] for e in entries],
-            "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]}
-                             for e in entries],
+        at += len(e.token)
+    return {"tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top_logprobs} for e in entries],
             "text_offset": offsets}
 
 

@@ -11,7 +11,15 @@ from aiohttp import web
 
 from engine import protocol as wire
 from engine.api import common
-from engine.api.render import SSE_KEEPALIVE, Answer, Context, drafts, error_of, sse
+from engine.api.render import (
+    SSE_KEEPALIVE,
+    Answer,
+    Context,
+    drafts,
+    error_of,
+    logprobs_json,
+    sse,
+)
 from engine.api.responses_schemas import (
     NamedTool,
     ResponsesRequest,
@@ -55,11 +63,11 @@ def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
     return out
 
 
-def _message(iid: str, text: str, logprobs: list[dict[str, Any]], status: str
+def _message(iid: str, text: str, logprobs: list[wire.TokenLogprob], status: str
              ) -> dict[str, Any]:
     return {"type": "message", "id": iid, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [],
-                         "logprobs": logprobs}] if status == "completed" else []}
+                         "logprobs": logprobs_json(logprobs)}] if status == "completed" else []}
 
 
 def _reasoning(iid: str, text: str) -> dict[str, Any]:
@@ -174,7 +182,7 @@ class ResponsesRenderer:
             self.text += ev.text
             name = "response.output_text.delta" if kind == "message" \
                 else "response.reasoning_text.delta"
-            extra = {"logprobs": ev.logprobs or []} if kind == "message" else {}
+            extra = {"logprobs": logprobs_json(ev.logprobs)} if kind == "message" else {}
             return out + [self._send(name, item_id=self.open_item["id"],
                                      output_index=len(self.output), content_index=0,
                                      delta=ev.text, **extra)]

@@ -29,7 +29,7 @@ class Answer:
     content: str = ""
     reasoning: str = ""
     tool_calls: list[wire.ToolCall] = field(default_factory=list)
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[wire.TokenLogprob] = field(default_factory=list)
     done: wire.Done | None = None
 
     def add(self, ev: wire.Event) -> None:
@@ -44,6 +44,11 @@ class Answer:
             self.done = ev
         if isinstance(ev, (wire.Delta, wire.Done)) and ev.logprobs:
             self.logprobs += ev.logprobs
+
+
+def logprobs_json(lps: list[wire.TokenLogprob] | None) -> list[dict[str, Any]]:
+    """Tokens' log-probabilities as OpenAI, the Responses API and Ollama all spell them."""
+    return [e.to_json() for e in lps or []]
 
 
 def error_of(ev: wire.Error) -> ShoalError:

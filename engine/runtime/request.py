@@ -20,7 +20,9 @@ from engine.protocol import (
     GenerateRequest,
     Message,
     Progress,
+    TokenLogprob,
     ToolCall,
+    TopLogprob,
 )
 from engine.runtime.harmony import HarmonySplitter, is_harmony
 from engine.runtime.sampling import Sampling
@@ -238,11 +240,13 @@ def _fill_in_the_middle(tokenizer: Any, prefix: list[int], suffix: str) -> list[
 
 
 def _entry(tokenizer: Any, token: int, logprob: float,
-           top: tuple[tuple[int, float], ...]) -> dict[str, Any]:
-    def one(t: int, lp: float) -> dict[str, Any]:
+           top: tuple[tuple[int, float], ...]) -> TokenLogprob:
+    def one(t: int, lp: float) -> TopLogprob:
         s = tokenizer.decode([t])
-        return {"token": s, "logprob": lp, "bytes": list(s.encode())}
-    return {**one(token, logprob), "top_logprobs": [one(t, lp) for t, lp in top]}
+        return TopLogprob(s, lp, list(s.encode()))
+    first = one(token, logprob)
+    return TokenLogprob(first.token, first.logprob, first.bytes,
+                        [one(t, lp) for t, lp in top])
 
 
 PROGRESS_EVERY_S = 0.5  # prefill progress reaches the node at most this often
@@ -284,7 +288,7 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
         from engine.runtime.grammar import check_constraint
         check_constraint(grammar, tokenizer, "tools" if constraint else "response_format")
     sampling = Sampling.of(s, min(s.max_tokens or ctx_len, ctx_len - len(prompt)), grammar)
-    lps: list[dict[str, Any]] = []
+    lps: list[TokenLogprob] = []
     records = gen(model, tokenizer, prompt, sampling, cancel,
                   progress=_progress_emitter(rid, emit))
     try:

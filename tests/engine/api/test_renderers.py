@@ -157,3 +157,54 @@ def test_ollama_ndjson(chat):
     import ollama
     for row in rows:
         (ollama.ChatResponse if chat else ollama.GenerateResponse).model_validate(row)
+
+
+LP = [wire.TokenLogprob("Hi", -0.25, [72, 105], [wire.TopLogprob("Hi", -0.25, [72, 105]),
+                                                 wire.TopLogprob("Yo", -1.5, [89, 111])])]
+LP_JSON = [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105],
+            "top_logprobs": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105]},
+                             {"token": "Yo", "logprob": -1.5, "bytes": [89, 111]}]}]
+WITH_LP = [wire.Delta("r", "Hi", logprobs=LP), wire.Done("r", "stop", 10, 1)]
+
+
+def test_logprobs_are_spelled_as_each_protocol_does():
+    """A token's log-probabilities reach OpenAI chat (streamed and whole), the Responses
+    API and Ollama as {token, logprob, bytes, top_logprobs}, and the completions API as its
+    older parallel lists; each checked against the official SDK's type."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.completion_choice import Logprobs
+
+    chat = ChatRenderer(ChatCompletionRequest(messages=HELLO, stream=True, logprobs=True,
+                                              top_logprobs=2), ctx())
+    chunk = datas(render_stream(chat, WITH_LP))[1]
+    ChatCompletionChunk.model_validate(chunk)
+    assert chunk["choices"][0]["logprobs"] == {"content": LP_JSON, "refusal": None}
+    whole = ChatRenderer(ChatCompletionRequest(messages=HELLO, logprobs=True), ctx())
+    body = whole.answer(Answer(content="Hi", logprobs=LP, done=WITH_LP[-1]))
+    ChatCompletion.model_validate(body)
+    assert body["choices"][0]["logprobs"]["content"] == LP_JSON
+
+    old = CompletionRenderer(CompletionRequest(prompt="Say", stream=True, logprobs=2), ctx())
+    first = datas(render_stream(old, WITH_LP))[0]
+    Logprobs.model_validate(first["choices"][0]["logprobs"])
+    assert first["choices"][0]["logprobs"] == {
+        "tokens": ["Hi"], "token_logprobs": [-0.25], "top_logprobs": [{"Hi": -0.25, "Yo": -1.5}],
+        "text_offset": [0]}
+
+    resp = ResponsesRenderer(ResponsesRequest(input="hi", stream=True), ctx())
+    delta = next(json.loads(x[6:]) for x in lines(render_stream(resp, WITH_LP))
+                 if x.startswith("data: ") and "output_text.delta" in x)
+    assert delta["logprobs"] == LP_JSON
+
+    import ollama
+    row = json.loads(lines(render_stream(
+        OllamaRenderer(ChatRequest(model="m", messages=HELLO), ctx(), chat=True),
+        WITH_LP))[0])
+    assert ollama.ChatResponse.model_validate(row).logprobs[0].top_logprobs[1].token == "Yo"
+    assert row["logprobs"] == LP_JSON  # beside the message, where the SDK reads them
+
+
+def test_logprobs_cross_the_worker_pipe_as_records():
+    line = wire.encode(WITH_LP[0])
+    assert json.loads(line)["logprobs"] == LP_JSON
+    assert wire.decode(line) == WITH_LP[0]
