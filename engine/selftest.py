@@ -22,15 +22,25 @@ class Step:
     seconds: float
 
 
-def _import_mlx(state: dict[str, Any]) -> str:
+@dataclass
+class State:
+    """What the steps hand on, each filling in what a later one uses (mlx objects are Any:
+    mlx is imported inside the steps, and is absent where this is type-checked)."""
+    home: Path
+    mx: Any = None  # mlx.core, once imported
+    model: Any = None
+    tokenizer: Any = None
+
+
+def _import_mlx(state: State) -> str:
     import mlx
     import mlx.core as mx
-    state["mx"] = mx
+    state.mx = mx
     return f"MLX {getattr(mx, '__version__', '?')} from {Path(mlx.__path__[0])}"
 
 
-def _evaluate(state: dict[str, Any]) -> str:
-    mx = state["mx"]
+def _evaluate(state: State) -> str:
+    mx = state.mx
     a = mx.arange(1, 5, dtype=mx.float32)
     total = (a * a).sum()
     mx.eval(total)  # on Metal this is where a missing mlx.metallib shows
@@ -39,19 +49,19 @@ def _evaluate(state: dict[str, Any]) -> str:
     return f"1²+2²+3²+4² = 30 on {mx.default_device()}"
 
 
-def _load(state: dict[str, Any]) -> str:
+def _load(state: State) -> str:
     from engine.hub.bundled import ensure_default_model
     from engine.runtime.load import load_model
-    folder = ensure_default_model(models_dir(state["home"]))
-    state["model"], state["tokenizer"], _ = load_model(folder)
+    folder = ensure_default_model(models_dir(state.home))
+    state.model, state.tokenizer, _ = load_model(folder)
     return f"{folder.name} from {folder}"
 
 
-def _generate(state: dict[str, Any]) -> str:
+def _generate(state: State) -> str:
     from engine.runtime.generate import build_prompt, generate
     from engine.runtime.sampling import Sampling
-    prompt = build_prompt(state["tokenizer"], [{"role": "user", "content": "Say hello."}])
-    records = list(generate(state["model"], state["tokenizer"], prompt,
+    prompt = build_prompt(state.tokenizer, [{"role": "user", "content": "Say hello."}])
+    records = list(generate(state.model, state.tokenizer, prompt,
                             Sampling(max_tokens=1)))
     text = "".join(r.text for r in records)
     if not records or records[-1].generation_tokens < 1:
@@ -59,7 +69,7 @@ def _generate(state: dict[str, Any]) -> str:
     return f"first token {text!r} after a {len(prompt)}-token prompt"
 
 
-STEPS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+STEPS: list[tuple[str, Callable[[State], str]]] = [
     ("import MLX", _import_mlx),
     ("evaluate on the default device", _evaluate),
     ("load the default model", _load),
@@ -78,7 +88,7 @@ def _hint(error: BaseException) -> str:
 
 def run(home: Path) -> Iterator[Step]:
     """Run the steps in order; after a failure the rest are reported as skipped."""
-    state: dict[str, Any] = {"home": home}
+    state = State(home)
     failed = False
     for name, step in STEPS:
         if failed:

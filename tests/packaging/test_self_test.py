@@ -12,7 +12,7 @@ from engine import selftest
 
 def test_a_failed_step_is_named_and_the_rest_skipped(tmp_path: Path, capsys,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_metallib(state: dict) -> str:
+    def no_metallib(state: selftest.State) -> str:
         raise RuntimeError("Failed to load the default metallib. library not found")
 
     steps = [(name, no_metallib if name.startswith("evaluate") else fn)
