@@ -15,23 +15,43 @@ import logging
 import re
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from engine.errors import Cancelled, PeerUnreachable, ShoalError
 from engine.hub.hfcache import Plan, RemoteFile, repo_dir
+from engine.protocol import Record
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 _NAME = re.compile(r"[\w][\w.-]*")
 
 
-def cache_index(cache: Path, repo_id: str | None = None) -> list[dict[str, Any]]:
-    """Every complete file in the cache, per repo and commit: [{"repo", "revision", "refs",
-    "files": [{"path", "size", "etag", "sha256"}]}]. Blob names are the Hub's etags, so this
-    reads no file contents."""
-    out: list[dict[str, Any]] = []
+@dataclass(frozen=True)
+class CachedFile(Record):
+    """One complete file of a snapshot (GET /shoal/peer/files-index)."""
+    path: str
+    size: int
+    etag: str  # the blob's name
+    sha256: str | None = None  # the etag, where it is one (LFS files)
+
+
+@dataclass(frozen=True)
+class CachedRevision(Record):
+    """A commit of a repo in a node's Hugging Face cache, the refs naming it, its files."""
+    nested = {"files": CachedFile}
+    repo: str
+    revision: str
+    refs: list[str] = field(default_factory=list)  # an older node's index has none
+    files: list[CachedFile] = field(default_factory=list)
+
+
+def cache_index(cache: Path, repo_id: str | None = None) -> list[CachedRevision]:
+    """Every complete file in the cache, per repo and commit. Blob names are the Hub's
+    etags, so this reads no file contents."""
+    out: list[CachedRevision] = []
     repos = [repo_dir(cache, repo_id)] if repo_id else sorted(Path(cache).glob("models--*"))
     for repo in repos:
         snaps = repo / "snapshots"
@@ -44,17 +64,22 @@ def cache_index(cache: Path, repo_id: str | None = None) -> list[dict[str, Any]]
                 refs.setdefault(ref.read_text().strip(), []).append(
                     ref.relative_to(repo / "refs").as_posix())
         for snap in sorted(p for p in snaps.iterdir() if p.is_dir()):
-            files = []
+            files: list[CachedFile] = []
             for p in sorted(snap.rglob("*")):
                 blob = p.resolve()
                 if p.is_symlink() and blob.is_file() and blob.parent == repo / "blobs":
                     etag = blob.name
-                    files.append({"path": p.relative_to(snap).as_posix(),
-                                  "size": blob.stat().st_size, "etag": etag,
-                                  "sha256": etag if len(etag) == 64 else None})
-            out.append({"repo": name, "revision": snap.name, "refs": refs.get(snap.name, []),
-                        "files": files})
+                    files.append(CachedFile(p.relative_to(snap).as_posix(),
+                                            blob.stat().st_size, etag,
+                                            etag if len(etag) == 64 else None))
+            out.append(CachedRevision(name, snap.name, refs.get(snap.name, []), files))
     return out
+
+
+def read_index(got: Any) -> list[CachedRevision]:
+    """A peer's answer to GET /shoal/peer/files-index; anything but a list is no index."""
+    return [CachedRevision.from_json(e) for e in got if isinstance(e, dict)] \
+        if isinstance(got, list) else []
 
 
 def cached_file(cache: Path, repo_id: str, revision: str, path: str) -> Path | None:
@@ -85,7 +110,8 @@ class NeighbourSource:
     def __init__(self, peers: Any, loop: asyncio.AbstractEventLoop):
         self.peers = peers
         self.loop = loop
-        self._index: dict[str, dict[str, list[dict[str, Any]]]] = {}  # repo -> url -> entries
+        # repo -> peer url -> what its cache holds of it
+        self._index: dict[str, dict[str, list[CachedRevision]]] = {}
 
     # --- plumbing ----------------------------------------------------------------------
     def _run(self, coro: Any, cancel: threading.Event | None = None) -> Any:
@@ -103,18 +129,18 @@ class NeighbourSource:
         ok = [p for p in self.peers.all() if p.trusted and p.reachable]
         return sorted(ok, key=lambda p: -float(p.link.get("bandwidth_MBps") or 0))
 
-    def _entries(self, repo_id: str) -> dict[str, list[dict[str, Any]]]:
+    def _entries(self, repo_id: str) -> dict[str, list[CachedRevision]]:
         if repo_id not in self._index:
-            async def ask(url: str) -> list[dict[str, Any]]:
+            async def ask(url: str) -> list[CachedRevision]:
                 try:
                     got = await self.peers.call(url, "GET",
                                                 f"/shoal/peer/files-index?repo={repo_id}")
-                    return got if isinstance(got, list) else []
+                    return read_index(got)
                 except ShoalError as e:  # an older peer, or gone: just not a source
                     log.info("no file index from %s: %s", url, e.message)
                     return []
 
-            async def ask_all() -> dict[str, list[dict[str, Any]]]:
+            async def ask_all() -> dict[str, list[CachedRevision]]:
                 urls = [p.url for p in self._peers()]
                 answers = await asyncio.gather(*(ask(u) for u in urls))
                 return dict(zip(urls, answers))
@@ -124,23 +150,23 @@ class NeighbourSource:
     # --- Source ------------------------------------------------------------------------
     def plan(self, repo_id: str, revision: str) -> Plan | None:
         """The file list of the peer with the most files of repo_id@revision."""
-        best: dict[str, Any] | None = None
+        best: CachedRevision | None = None
         for entries in self._entries(repo_id).values():
             for e in entries:
-                if revision in (e["revision"], *e.get("refs", [])) and \
-                        (best is None or len(e["files"]) > len(best["files"])):
+                if revision in (e.revision, *e.refs) and \
+                        (best is None or len(e.files) > len(best.files)):
                     best = e
         if best is None:
             return None
-        files = tuple(RemoteFile(f["path"], int(f["size"]), f["etag"]) for f in best["files"])
-        return Plan(repo_id, revision, best["revision"], files)
+        files = tuple(RemoteFile(f.path, f.size, f.etag) for f in best.files)
+        return Plan(repo_id, revision, best.revision, files)
 
     def fetch(self, repo_id: str, commit: str, f: RemoteFile, dest: Path,
               on_progress: Callable[[int], None], cancel: threading.Event) -> str | None:
         names = {p.url: p.name or p.url for p in self._peers()}
         for url, entries in self._entries(repo_id).items():
-            has = any(e["revision"] == commit and any(
-                x["path"] == f.path and x["etag"] == f.etag for x in e["files"])
+            has = any(e.revision == commit and any(
+                x.path == f.path and x.etag == f.etag for x in e.files)
                 for e in entries)
             if not has or url not in names:
                 continue

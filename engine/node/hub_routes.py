@@ -125,7 +125,8 @@ async def files_index(request: web.Request) -> web.Response:
     repo = request.query.get("repo") or None
     if repo is not None and repo.count("/") != 1:
         raise BadRequest("repo must be owner/name", param="repo")
-    return web.json_response(await asyncio.to_thread(cache_index, default_hf_cache(), repo))
+    held = await asyncio.to_thread(cache_index, default_hf_cache(), repo)
+    return web.json_response([r.to_json() for r in held])
 
 
 @peer_routes.get("/shoal/peer/files/{owner}/{name}/{revision}/{path:.+}")
