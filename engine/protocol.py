@@ -606,3 +606,117 @@ class PlanInfo(Record):
     rejected: list[RejectedInfo] = field(default_factory=list)
     best: int | None = None  # the index of the placement a launch without nodes takes
     kv_bits: int = 16  # the KV cache's bits the figures assume
+
+
+# --- the node's plain answers (engine.client's health, models, requests, peers, hub) --------
+@dataclass(frozen=True)
+class HealthInfo(Record):
+    """GET /health: the node answers (asked before anything else, without a key)."""
+    ok: bool = False
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelFacts(Record):
+    """A model card's "shoal" part: what the node knows of a model on its disk, or, for one
+    served by an instance on another node, that instance."""
+    singles = {"instance": InstanceInfo}
+    optional = ("source", "size_bytes", "layers", "quantization", "context_length",
+                "instance")
+    source: str | None = None  # "shoal" | "hf-cache"
+    size_bytes: int | None = None
+    layers: int | None = None
+    quantization: str | None = None
+    context_length: int | None = None
+    instance: InstanceInfo | None = None  # of a model another node serves
+
+
+@dataclass(frozen=True)
+class ModelCard(Record):
+    """One entry of GET /v1/models: OpenAI's model object (id, object, created, owned_by)
+    with Shoal's facts beside it."""
+    singles = {"shoal": ModelFacts}
+    id: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "shoal"
+    shoal: ModelFacts = field(default_factory=ModelFacts)
+
+
+@dataclass(frozen=True)
+class RequestInfo(Record):
+    """One entry of GET /shoal/requests (engine/node/request_log.py)."""
+    at: float  # unix time the request arrived
+    method: str
+    path: str
+    status: int
+    seconds: float  # until the answer ended (a stream's whole length)
+    client: str
+    reason: str | None = None  # a refusal's
+
+
+@dataclass(frozen=True)
+class PeerInfo(Record):
+    """A peer as GET /shoal/peers lists it (and POST /shoal/peers answers)."""
+    url: str
+    id: str | None = None
+    name: str | None = None
+    version: str | None = None
+    reachable: bool = False
+    trusted: bool = False  # answers with our cluster secret
+    error: str | None = None
+    warning: str | None = None
+    link: dict[str, Any] = field(default_factory=dict)  # type, rtt_ms, bandwidth_MBps, at
+    mlx_version: str | None = None
+    seen_s_ago: float | None = None
+
+
+@dataclass(frozen=True)
+class FilesAt(Record):
+    """Where a catalog entry's files already are: on disk here ("shoal" or "hf-cache",
+    with its path) or in a trusted peer's Hugging Face cache ("peer", its node and files)."""
+    optional = ("path", "node", "files")
+    source: str
+    path: str | None = None
+    node: str | None = None
+    files: int | None = None
+
+
+@dataclass(frozen=True)
+class CatalogModel(Record):
+    """One model of the browser's list (engine/hub/catalog.py), with whether it fits the
+    cluster: "fit_basis" says if the planner said so or the size was the estimate."""
+    nested = {"local": FilesAt}
+    optional = ("fit_reason",)
+    id: str
+    name: str = ""
+    parameters: float | None = None
+    quantization: str | None = None
+    size_bytes: int | None = None
+    layers: int | None = None
+    context_length: int | None = None
+    licence: str | None = None
+    approximate: list[str] = field(default_factory=list)  # fields not checked against the Hub
+    source: str = "catalog"  # catalog, local, hub
+    local: list[FilesAt] = field(default_factory=list)
+    downloads: int | None = None
+    likes: int | None = None
+    fits: bool | None = None
+    fit_basis: str = "size"  # "planner" | "size"
+    fit_reason: str | None = None  # the planner's, when it finds no placement
+
+
+@dataclass(frozen=True)
+class CatalogInfo(Record):
+    """GET /shoal/hub/catalog and /shoal/hub/search: the models, and why the Hub couldn't
+    be asked (None: it was, or wasn't needed)."""
+    nested = {"models": CatalogModel}
+    models: list[CatalogModel] = field(default_factory=list)
+    hub_error: str | None = None
+
+
+@dataclass(frozen=True)
+class RemovedInfo(Record):
+    """DELETE /shoal/models/{id}: the model deleted and the bytes freed."""
+    deleted: str
+    freed_bytes: int = 0

@@ -126,3 +126,68 @@ def test_a_node_describes_its_machine_speed_links_power_and_draft_as_records():
     fresh = NodeInfo.from_json({"id": "b", "machine": {"memory": {}}})  # just started
     assert fresh.speed == SpeedInfo() and fresh.to_json()["speed"] == {}
     assert fresh.machine == MachineInfo(memory=MemoryInfo())
+
+
+def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
+    """Each body built by the code that answers the route (or, for /health, as it writes
+    it), read back by attribute and written out again unchanged."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from engine.api.openai_chat import _model_card
+    from engine.hub.catalog import CatalogEntry, _public
+    from engine.hub.local import LocalModel
+    from engine.node.peers import Peer
+    from engine.node.request_log import Entry
+    from engine.protocol import (
+        CatalogInfo,
+        HealthInfo,
+        ModelCard,
+        PeerInfo,
+        RemovedInfo,
+        RequestInfo,
+    )
+
+    health = HealthInfo.from_json({"ok": True, "version": "0.1.0"})
+    assert health.ok and health.version == "0.1.0"
+
+    card = _model_card(LocalModel("tiny", Path("/m/tiny"), "shoal", 1234, 4, "bf16",
+                                  "llama", 2048))
+    got = ModelCard.from_json(card)
+    assert got.id == "tiny" and got.object == "model" and got.owned_by == "shoal"
+    assert got.shoal.layers == 4 and got.shoal.context_length == 2048
+    assert wire(got) == card
+    with pytest.raises(TypeError):
+        got["id"]  # noqa: B018
+    # a model an instance on another node serves: its card carries that instance
+    inst = InstanceInfo("a1", "big", "pipeline", InstanceState.READY)
+    remote = {"id": "big", "object": "model", "created": 0, "owned_by": "shoal",
+              "shoal": {"instance": inst.to_json()}}
+    got = ModelCard.from_json(remote)
+    assert got.shoal.instance == inst and got.shoal.layers is None and wire(got) == remote
+
+    entry = asdict(Entry(1.5, "POST", "/v1/chat/completions", 429, 0.01, "curl/8",
+                         "Busy: try again"))
+    req = RequestInfo.from_json(entry)
+    assert req.status == 429 and req.reason == "Busy: try again" and wire(req) == entry
+
+    peer = Peer("http://10.0.0.2:8422", id="n2", name="b", reachable=True, trusted=True,
+                last_seen=1.0, link={"type": "ethernet", "rtt_ms": 0.4}).public()
+    got = PeerInfo.from_json(peer)
+    assert got.trusted and got.name == "b" and got.link["type"] == "ethernet"
+    assert wire(got) == peer
+
+    here = _public(CatalogEntry("o/m-4bit", "M 4bit", 4e9, "4bit", 2 * 10**9, 28, 32768,
+                                "apache-2.0", ("size_bytes",), "catalog",
+                                ({"source": "hf-cache", "path": "/hf/o--m"},)), 10**10)
+    here.update(fit_basis="planner", fits=False, fit_reason="needs 9 GB")
+    here["local"].append({"source": "peer", "node": "b", "files": 3})
+    found = {"models": [here], "hub_error": "offline"}
+    got = CatalogInfo.from_json(found)
+    m = got.models[0]
+    assert m.fits is False and m.fit_reason == "needs 9 GB" and m.approximate == ["size_bytes"]
+    assert [x.source for x in m.local] == ["hf-cache", "peer"] and m.local[1].files == 3
+    assert got.hub_error == "offline" and wire(got) == found
+
+    gone = RemovedInfo.from_json({"deleted": "o/m", "freed_bytes": 99})
+    assert gone.deleted == "o/m" and gone.freed_bytes == 99
