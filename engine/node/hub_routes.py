@@ -13,13 +13,16 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
 from engine.node.incoming import json_object
 from engine.protocol import DownloadInfo, DownloadState
+
+if TYPE_CHECKING:
+    from engine.hub.progress import Progress
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()  # for the GUI and the CLI
@@ -35,8 +38,8 @@ class Download:
     revision: str
     layers: tuple[int, int] | None
     state: DownloadState = DownloadState.RUNNING
-    progress: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    progress: Progress | None = None
+    error: ShoalError | None = None  # why it failed or stopped
     path: str | None = None
     started: float = field(default_factory=time.time)
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -44,7 +47,9 @@ class Download:
     def public(self) -> dict[str, Any]:
         return DownloadInfo(self.id, self.repo, self.revision,
                             list(self.layers) if self.layers else None, self.state,
-                            self.progress, self.error, self.path, self.started).to_json()
+                            self.progress.to_json() if self.progress else None,
+                            self.error.to_openai()["error"] if self.error else None,
+                            self.path, self.started).to_json()
 
 
 class Downloads:
@@ -79,17 +84,16 @@ class Downloads:
         try:
             sources = [NeighbourSource(cluster.peers, loop)] if cluster is not None else []
             path = pull(d.repo, d.revision, token=TokenStore(node.home).get(),
-                        progress_cb=lambda p: setattr(d, "progress", p.to_json()),
+                        progress_cb=lambda p: setattr(d, "progress", p),
                         cancel_event=d.cancel, layers=d.layers, sources=sources)
             d.path, d.state = str(path), DownloadState.DONE
         except Cancelled as e:
-            d.state, d.error = DownloadState.CANCELLED, e.to_openai()["error"]
+            d.state, d.error = DownloadState.CANCELLED, e
         except ShoalError as e:
-            d.state, d.error = DownloadState.FAILED, e.to_openai()["error"]
+            d.state, d.error = DownloadState.FAILED, e
         except Exception as e:  # a bug must still end the download visibly
             log.exception("download of %s failed", d.repo)
-            d.state = DownloadState.FAILED
-            d.error = ShoalError(f"Internal error: {e}").to_openai()["error"]
+            d.state, d.error = DownloadState.FAILED, ShoalError(f"Internal error: {e}")
         log.info("download %s of %s: %s", d.id, d.repo, d.state)
 
     def stop_all(self) -> None:
