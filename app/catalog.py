@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from app.common import fmt_bytes
 from app.snapshots import NodeCard
+from engine.protocol import CatalogModel
 
 HEADROOM = 1.15  # weights plus KV cache and activations, as engine.hub.catalog counts
 MOST_MACHINES = 16  # beyond this many machines like this one, a model is "too large"
@@ -38,7 +39,7 @@ class Badge:
 
 @dataclass(frozen=True)
 class Variant:
-    entry: Mapping[str, Any]
+    entry: CatalogModel
     fit: Badge
     tags: tuple[str, ...]  # thinking, code, vision
     downloaded: bool
@@ -46,12 +47,12 @@ class Variant:
 
     @property
     def id(self) -> str:
-        return str(self.entry.get("id"))
+        return self.entry.id
 
     @property
     def label(self) -> str:
-        quant = self.entry.get("quantization")
-        return f"{self.entry.get('name') or self.id}" + (f" · {quant}" if quant else "")
+        quant = self.entry.quantization
+        return (self.entry.name or self.id) + (f" · {quant}" if quant else "")
 
     def badges(self) -> list[Badge]:
         out = [self.fit]
@@ -60,8 +61,8 @@ class Variant:
                              "The largest quantization of this size that fits here"))
         if self.downloaded:
             out.append(Badge("plain", "downloaded", ", ".join(where(self.entry))))
-        elif peers := [x for x in self.entry.get("local") or [] if x.get("source") == "peer"]:
-            names = ", ".join(str(x.get("node")) for x in peers)
+        elif peers := [x for x in self.entry.local if x.source == "peer"]:
+            names = ", ".join(str(x.node) for x in peers)
             out.append(Badge("plain", f"on {names}", "Copied from there, not the Hub"))
         tips = {"thinking": "Reasons before it answers (shown folded in the chat)",
                 "code": "Tuned for programming", "vision": "Reads images where the "
@@ -76,15 +77,14 @@ class Family:
     variants: tuple[Variant, ...]
 
 
-def where(entry: Mapping[str, Any]) -> list[str]:
-    return [str(x.get("path") or x.get("source")) for x in entry.get("local") or []
-            if x.get("source") != "peer"]
+def where(entry: CatalogModel) -> list[str]:
+    return [x.path or x.source for x in entry.local if x.source != "peer"]
 
 
-def family_of(entry: Mapping[str, Any]) -> str:
+def family_of(entry: CatalogModel) -> str:
     """'Qwen3 30B-A3B (MoE)' → 'Qwen3'; 'Llama 3.3 70B Instruct' → 'Llama 3.3';
     'gpt-oss 20B' → 'gpt-oss'; a local folder 'SmolLM2-135M-Instruct' → 'SmolLM2'."""
-    name = str(entry.get("name") or entry.get("id") or "?").split("/")[-1]
+    name = (entry.name or entry.id or "?").split("/")[-1]
     words = name.split() if " " in name else name.split("-")
     if " " not in name and len(words) > 1 and words[0].lower() == "meta":
         words = words[1:]  # Meta-Llama-3.1 is Llama 3.1
@@ -102,32 +102,26 @@ def family_of(entry: Mapping[str, Any]) -> str:
     return family if " " in name else family[:1].upper() + family[1:]
 
 
-def tags_of(entry: Mapping[str, Any]) -> tuple[str, ...]:
-    text = f"{entry.get('id')} {entry.get('name')}".lower().replace(" ", "-")
-    found = []
-    for tag, marks in (("thinking", THINKING), ("code", CODE), ("vision", VISION)):
-        if any(m in text for m in marks):
-            found.append(tag)
-    for tag in entry.get("tags") or ():  # a catalog that says it itself
-        if tag in ("thinking", "code", "vision") and tag not in found:
-            found.append(tag)
-    return tuple(found)
+def tags_of(entry: CatalogModel) -> tuple[str, ...]:
+    text = f"{entry.id} {entry.name}".lower().replace(" ", "-")
+    return tuple(tag for tag, marks in (("thinking", THINKING), ("code", CODE),
+                                        ("vision", VISION)) if any(m in text for m in marks))
 
 
-def downloaded(entry: Mapping[str, Any]) -> bool:
-    return any(x.get("source") != "peer" for x in entry.get("local") or [])
+def downloaded(entry: CatalogModel) -> bool:
+    return any(x.source != "peer" for x in entry.local)
 
 
 def _room(card: NodeCard) -> int:
     return card.memory.free + card.memory.planned if card.memory else 0
 
 
-def fit_badge(entry: Mapping[str, Any], cards: list[NodeCard]) -> Badge:
+def fit_badge(entry: CatalogModel, cards: list[NodeCard]) -> Badge:
     """Fits this machine / needs N machines / too large, and why, as a badge."""
-    size = entry.get("size_bytes")
-    if entry.get("fit_basis") == "planner" and entry.get("fits") is False:
-        return Badge("error", "too large", str(entry.get("fit_reason") or
-                                               "The planner finds no placement that fits."))
+    size = entry.size_bytes
+    if entry.fit_basis == "planner" and entry.fits is False:
+        return Badge("error", "too large", entry.fit_reason or
+                     "The planner finds no placement that fits.")
     me = next((c for c in cards if c.is_self and c.memory), None)
     if not size or me is None:
         return Badge("plain", "size unknown" if not size else "fit unknown",
@@ -135,7 +129,7 @@ def fit_badge(entry: Mapping[str, Any], cards: list[NodeCard]) -> Badge:
                      "This machine's memory isn't known yet")
     need = int(size * HEADROOM)
     here = _room(me)
-    basis = ("the planner's check" if entry.get("fit_basis") == "planner" else
+    basis = ("the planner's check" if entry.fit_basis == "planner" else
              "an estimate from its size: planning it checks exactly")
     if need <= here:
         return Badge("ok", "fits this machine",
@@ -162,15 +156,15 @@ def fit_badge(entry: Mapping[str, Any], cards: list[NodeCard]) -> Badge:
                  "this one.")
 
 
-def _bits(entry: Mapping[str, Any]) -> float:
-    quant = str(entry.get("quantization") or "").lower()
+def _bits(entry: CatalogModel) -> float:
+    quant = (entry.quantization or "").lower()
     m = re.match(r"(\d+)bit", quant)
     if m:
         return float(m.group(1))
     return {"mxfp4": 4.25, "fp8": 8.0, "bf16": 16.0, "f16": 16.0, "f32": 32.0}.get(quant, 0.0)
 
 
-def group(entries: Iterable[Mapping[str, Any]], cards: list[NodeCard]) -> list[Family]:
+def group(entries: Iterable[CatalogModel], cards: list[NodeCard]) -> list[Family]:
     """Families in the order their first entry came (the node lists downloaded models
     first), each variant with its badges; per family and size, the variant with the most
     bits that fits this machine is marked best."""
@@ -182,7 +176,7 @@ def group(entries: Iterable[Mapping[str, Any]], cards: list[NodeCard]) -> list[F
     for name, variants in families.items():
         by_size: dict[Any, list[Variant]] = {}
         for v in variants:
-            by_size.setdefault(v.entry.get("parameters") or v.id, []).append(v)
+            by_size.setdefault(v.entry.parameters or v.id, []).append(v)
         best = set()
         for same in by_size.values():
             fitting = [v for v in same if v.fit.kind == "ok"]
@@ -195,7 +189,7 @@ def group(entries: Iterable[Mapping[str, Any]], cards: list[NodeCard]) -> list[F
 
 def matches(v: Variant, words: list[str], filters: set[str]) -> bool:
     """Does the variant pass the search words and the ticked filters?"""
-    text = f"{v.id} {v.entry.get('name') or ''} {family_of(v.entry)}".lower()
+    text = f"{v.id} {v.entry.name} {family_of(v.entry)}".lower()
     if not all(w in text for w in words):
         return False
     if "fits" in filters and v.fit.kind != "ok":

@@ -37,6 +37,7 @@ from app.status import BUSY, runner_text
 from app.tasks import StreamTask, Tasks
 from engine.client import ChatDelta, NodeClient
 from engine.errors import PeerUnreachable
+from engine.protocol import ModelCard
 
 log = logging.getLogger(__name__)
 NODE_DEFAULT = "node default"
@@ -225,10 +226,10 @@ class ChatPane(QWidget):
                        on_error=lambda e: self.show_error(
                            f"Couldn't list models: {_message_of(e)}"), owner=self)
 
-    def _fill_models(self, models: list[dict[str, Any]]) -> None:
+    def _fill_models(self, models: list[ModelCard]) -> None:
         text = self.model_picker.currentText()
         self.model_picker.clear()
-        self.model_picker.addItems([str(m.get("id")) for m in models])
+        self.model_picker.addItems([m.id for m in models])
         self.model_picker.setCurrentText(text)
 
     def load_model(self, name: str) -> None:

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.codeblock import CopyButton
 from app.common import buddy
+from engine.protocol import RequestInfo
 
 AGENTS = (("claude", "Claude Code"), ("codex", "Codex CLI"), ("opencode", "OpenCode"),
           ("continue", "Continue"), ("openwebui", "Open WebUI"), ("curl", "curl"))
@@ -46,15 +47,12 @@ def node_log_readable() -> bool:
     return callable(getattr(NodeClient, "requests", None))
 
 
-def node_record(e: dict[str, Any]) -> dict[str, Any]:
+def node_record(e: RequestInfo) -> dict[str, Any]:
     """A /shoal/requests entry as a row of the log."""
-    status = int(e.get("status") or 0)
-    took = e.get("seconds")
-    outcome = str(e.get("reason") or ("answered" if status < 400 else "refused"))
-    return {"at": e.get("at"), "client": e.get("client"),
-            "route": f"{e.get('method', '')} {e.get('path', '')}".strip(),
-            "status": str(status or ""), "ok": status < 400, "outcome": outcome,
-            "seconds": took}
+    outcome = e.reason or ("answered" if e.status < 400 else "refused")
+    return {"at": e.at, "client": e.client, "route": f"{e.method} {e.path}".strip(),
+            "status": str(e.status or ""), "ok": e.status < 400, "outcome": outcome,
+            "seconds": e.seconds}
 
 
 def settings_text(agent: str, url: str, model: str, context: int, needs_key: bool) -> str:
@@ -207,9 +205,8 @@ class DeveloperPanel(QWidget):
             self.requests.appendleft(record)
             self._row(record)
 
-    def _node_log(self, found: Any) -> None:
-        entries = found.get("requests") if isinstance(found, dict) else found
-        newest = [node_record(e) for e in (entries or [])][-LOG_ROWS:]
+    def _node_log(self, found: list[RequestInfo]) -> None:
+        newest = [node_record(e) for e in found][-LOG_ROWS:]
         known = self.requests[0]["at"] if self.requests else 0.0
         for record in newest:
             if (record.get("at") or 0) > known:

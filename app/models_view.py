@@ -35,7 +35,7 @@ from app.common import fmt_bytes, fmt_eta, fmt_rate, message_of, route_missing
 from app.polling import Poller
 from app.tasks import Tasks
 from engine.client import NodeClient
-from engine.protocol import DownloadInfo
+from engine.protocol import CatalogInfo, CatalogModel, DownloadInfo, FilesAt, ModelCard, RemovedInfo
 
 log = logging.getLogger(__name__)
 DOWNLOADS_BUSY_S, DOWNLOADS_IDLE_S = 1.0, 5.0
@@ -93,8 +93,8 @@ class ModelsView(QWidget):
                  api_key: str | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.client, self.tasks, self.state = client, tasks, state
-        self.local: list[dict[str, Any]] = []
-        self.catalog: list[dict[str, Any]] = []
+        self.local: list[ModelCard] = []
+        self.catalog: list[CatalogModel] = []
         self.downloads: list[DownloadInfo] = []
         self.hub_available: bool | None = None  # unknown until the node answers
         self.offline = False
@@ -191,13 +191,12 @@ class ModelsView(QWidget):
                        on_error=lambda e: self.hub_message.setText(
                            f"Couldn't list the models: {message_of(e)}"), owner=self)
 
-    def _fill_local(self, models: list[dict[str, Any]]) -> None:
+    def _fill_local(self, models: list[ModelCard]) -> None:
         self.local = models
         if self.hub_available is False:  # no catalog from this node: the local list alone
-            self.catalog = [{"id": m.get("id"), "name": m.get("id"), "source": "local",
-                             "local": [{"source": "shoal"}],
-                             "size_bytes": (m.get("shoal") or {}).get("size_bytes"),
-                             "quantization": (m.get("shoal") or {}).get("quantization")}
+            self.catalog = [CatalogModel(m.id, m.id, source="local", local=[FilesAt("shoal")],
+                                         size_bytes=m.shoal.size_bytes,
+                                         quantization=m.shoal.quantization)
                             for m in models]
             self._fill_tree()
 
@@ -229,10 +228,10 @@ class ModelsView(QWidget):
         self.poller.stop()
         self._fill_local(self.local)
 
-    def _fill_catalog(self, found: dict[str, Any]) -> None:
+    def _fill_catalog(self, found: CatalogInfo) -> None:
         self.hub_available = True
-        self.catalog = list(found.get("models") or [])
-        self.offline = bool(found.get("hub_error"))
+        self.catalog = list(found.models)
+        self.offline = bool(found.hub_error)
         self._fill_tree()
 
     def _fill_tree(self) -> None:
@@ -267,8 +266,8 @@ class ModelsView(QWidget):
 
     @staticmethod
     def _size_text(v: Variant) -> str:
-        params = v.entry.get("parameters")
-        size = fmt_bytes(v.entry.get("size_bytes")) if v.entry.get("size_bytes") else ""
+        params = v.entry.parameters
+        size = fmt_bytes(v.entry.size_bytes) if v.entry.size_bytes else ""
         return " · ".join(x for x in (f"{params / 1e9:.1f}B" if params else "", size) if x)
 
     def _actions(self, v: Variant) -> QWidget:
@@ -277,8 +276,7 @@ class ModelsView(QWidget):
         row = QHBoxLayout(box)
         row.setContentsMargins(2, 0, 2, 0)
         repo = v.id
-        hub = repo.count("/") == 1 and not any(x.get("source") == "shoal"
-                                               for x in v.entry.get("local") or [])
+        hub = repo.count("/") == 1 and not any(x.source == "shoal" for x in v.entry.local)
         if v.downloaded:
             main = _button("Chat", lambda: self.chat_requested.emit(repo), f"Chat with {repo}")
         elif v.fit.kind == "error":
@@ -364,8 +362,8 @@ class ModelsView(QWidget):
             self.hub_message.setText("Deleting models needs a newer node." if route_missing(e)
                                      else f"Couldn't delete {model}: {message_of(e)}")
 
-        def done(r: dict[str, Any]) -> None:
-            self.hub_message.setText(f"Deleted {model} ({fmt_bytes(r.get('freed_bytes'))} "
+        def done(r: RemovedInfo) -> None:
+            self.hub_message.setText(f"Deleted {model} ({fmt_bytes(r.freed_bytes)} "
                                      "freed).")
             self.refresh()
         self.tasks.run(self.client.remove_model, model, on_done=done, on_error=failed,

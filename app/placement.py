@@ -37,7 +37,7 @@ from app.launch import LaunchPanel
 from app.strips import LayerStrips
 from app.tasks import Tasks
 from engine.client import NodeClient
-from engine.protocol import PlanInfo
+from engine.protocol import ModelCard, ModelFacts, PlanInfo
 
 log = logging.getLogger(__name__)
 DEBOUNCE_MS = 120
@@ -71,7 +71,7 @@ class PlacementView(QWidget):
                  logs_dir: Any = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.client, self.tasks, self.state = client, tasks, state
-        self.models: dict[str, dict[str, Any]] = {}
+        self.models: dict[str, ModelFacts] = {}
         self.node_ids: list[str] = []  # rank order: this node first
         self.ranges: list[tuple[int, int]] = []
         self.layers = 0
@@ -209,10 +209,10 @@ class PlacementView(QWidget):
     def backend(self) -> str:
         return self.backend_box.currentData()
 
-    def set_models(self, models: list[dict[str, Any]]) -> None:
+    def set_models(self, models: list[ModelCard]) -> None:
         """The models this node can plan (GET /v1/models)."""
         current = self.model
-        self.models = {str(m.get("id")): m.get("shoal") or {} for m in models}
+        self.models = {m.id: m.shoal for m in models}
         self.model_box.blockSignals(True)
         self.model_box.clear()
         self.model_box.addItems(list(self.models))
@@ -327,7 +327,8 @@ class PlacementView(QWidget):
             self._best_pending = True
             return
         self._best_pending = False
-        self.layers = int(self.models.get(self.model, {}).get("layers") or 0)
+        facts = self.models.get(self.model)
+        self.layers = facts.layers or 0 if facts is not None else 0
         own = self.state.own_instance()
         if own is not None and own.get("model") == self.model and own.get("ranks"):
             pipeline = own.get("strategy") == "pipeline"

@@ -46,6 +46,7 @@ from app.tasks import Tasks
 from app.theme import APPEARANCE, MODES
 from engine.client import NodeClient
 from engine.net import DEFAULT_PORT, is_loopback
+from engine.protocol import PeerInfo
 
 log = logging.getLogger(__name__)
 KEEP_IN_TRAY = "tray/keep_running_on_close"
@@ -300,12 +301,12 @@ class SettingsDialog(QDialog):
                        on_error=lambda e: self.peer_message.setText(
                            f"Couldn't list peers: {message_of(e)}"), owner=self)
 
-    def _fill_peers(self, peers: list[dict[str, Any]]) -> None:
+    def _fill_peers(self, peers: list[PeerInfo]) -> None:
         self.peer_list.clear()
         for p in peers:
-            state = ("in the cluster" if p.get("trusted") else
-                     p.get("error") or ("not answering" if not p.get("reachable") else "?"))
-            self.peer_list.addItem(f"{p.get('name') or '?'} — {p.get('url')} — {state}")
+            state = ("in the cluster" if p.trusted else
+                     p.error or ("not answering" if not p.reachable else "?"))
+            self.peer_list.addItem(f"{p.name or '?'} — {p.url} — {state}")
         if not peers:
             self.peer_list.addItem("No peers yet: nodes on this network with the same "
                                    "secret appear by themselves, others can be added here.")
@@ -317,7 +318,7 @@ class SettingsDialog(QDialog):
             return
         self.add_peer_button.setEnabled(False)
 
-        def done(_peer: Any) -> None:
+        def done(_peer: PeerInfo) -> None:
             self.add_peer_button.setEnabled(True)
             self.peer_edit.clear()
             self.peer_message.setText(f"Added {address}; it shows in the topology once it "

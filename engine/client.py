@@ -14,10 +14,16 @@ import httpx
 
 from engine.errors import PeerUnreachable, ShoalError
 from engine.protocol import (
+    CatalogInfo,
     ClusterInfo,
     DownloadInfo,
+    HealthInfo,
     InstanceInfo,
+    ModelCard,
+    PeerInfo,
     PlanInfo,
+    RemovedInfo,
+    RequestInfo,
     StatusInfo,
     TopologyInfo,
 )
@@ -105,27 +111,31 @@ class NodeClient:
             raise _error_from(r.status_code, r.content)
         return r.json() if r.content else None
 
-    def health(self) -> dict[str, Any]:
-        return self._call("GET", "/health")
+    def health(self) -> HealthInfo:
+        return HealthInfo.from_json(self._call("GET", "/health"))
 
     def status(self) -> StatusInfo:
         """state (idle|loading|generating|error), model, error, runner, streams, cluster..."""
         return StatusInfo.from_json(self._call("GET", "/shoal/status"))
 
-    def models(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/models")["data"]
+    def models(self) -> list[ModelCard]:
+        """The models the node serves: those on its disk and those of instances that
+        other nodes run (GET /v1/models, OpenAI's model objects)."""
+        return [ModelCard.from_json(m) for m in self._call("GET", "/v1/models")["data"]]
 
-    def requests(self, since: float = 0.0) -> list[dict[str, Any]]:
-        """The node's recent API requests, oldest first (GET /shoal/requests): at (unix
-        time), method, path, status, seconds, client and a refusal's reason."""
-        return self._call("GET", "/shoal/requests", params={"since": since})["requests"]
+    def requests(self, since: float = 0.0) -> list[RequestInfo]:
+        """The node's recent API requests after `since` (unix time), oldest first."""
+        found = self._call("GET", "/shoal/requests", params={"since": since})["requests"]
+        return [RequestInfo.from_json(e) for e in found]
 
-    def load(self, model: str) -> dict[str, Any]:
-        """Start loading a model in the node's worker; returns at once (watch status)."""
-        return self._call("POST", "/shoal/load", json={"model": model})
+    def load(self, model: str) -> StatusInfo:
+        """Start loading a model in the node's worker; returns the status at once (watch
+        it for the load's progress)."""
+        return StatusInfo.from_json(self._call("POST", "/shoal/load", json={"model": model}))
 
-    def unload(self) -> dict[str, Any]:
-        return self._call("POST", "/shoal/unload")
+    def unload(self) -> StatusInfo:
+        """Unload the node's model; the status after."""
+        return StatusInfo.from_json(self._call("POST", "/shoal/unload"))
 
     def shutdown(self) -> None:
         """Ask the node to stop (it stops its workers first). Only honoured from loopback."""
@@ -148,12 +158,12 @@ class NodeClient:
         platform and power facts, every measured link, and the Thunderbolt cables."""
         return TopologyInfo.from_json(self._call("GET", "/shoal/topology"))
 
-    def peers(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/shoal/peers")
+    def peers(self) -> list[PeerInfo]:
+        return [PeerInfo.from_json(p) for p in self._call("GET", "/shoal/peers")]
 
-    def add_peer(self, address: str) -> dict[str, Any]:
+    def add_peer(self, address: str) -> PeerInfo:
         """Tell the node about another node at host:port (its cluster port); remembered."""
-        return self._call("POST", "/shoal/peers", json={"address": address})
+        return PeerInfo.from_json(self._call("POST", "/shoal/peers", json={"address": address}))
 
     def plan(self, model: str, context: int | None = None, strategy: str | None = None,
              nodes: list[dict[str, Any]] | None = None, backend: str | None = None,
@@ -199,11 +209,14 @@ class NodeClient:
             self._call("DELETE", f"/shoal/instances/{instance_id}", timeout=60.0))
 
     # --- models from the Hub (404 from a node without the hub routes) ----------------------
-    def hub_catalog(self) -> dict[str, Any]:
-        return self._call("GET", "/shoal/hub/catalog", timeout=30.0)
+    def hub_catalog(self) -> CatalogInfo:
+        """The curated catalog and the models on disk here and on the other nodes."""
+        return CatalogInfo.from_json(self._call("GET", "/shoal/hub/catalog", timeout=30.0))
 
-    def hub_search(self, query: str) -> dict[str, Any]:
-        return self._call("GET", "/shoal/hub/search", params={"q": query}, timeout=30.0)
+    def hub_search(self, query: str) -> CatalogInfo:
+        """The catalog and the models on disk matching `query`, and the Hub's MLX models."""
+        return CatalogInfo.from_json(
+            self._call("GET", "/shoal/hub/search", params={"q": query}, timeout=30.0))
 
     def hub_pull(self, repo: str, revision: str | None = None) -> DownloadInfo:
         body = {"repo": repo, **({"revision": revision} if revision else {})}
@@ -216,10 +229,10 @@ class NodeClient:
         return DownloadInfo.from_json(
             self._call("DELETE", f"/shoal/hub/downloads/{download_id}"))
 
-    def remove_model(self, model_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/shoal/models/{model_id}")
+    def remove_model(self, model_id: str) -> RemovedInfo:
+        return RemovedInfo.from_json(self._call("DELETE", f"/shoal/models/{model_id}"))
 
-    def events(self, timeout: float = 30.0) -> Iterator[dict[str, Any]]:
+    def events(self, timeout: float = 30.0) -> Iterator[StatusInfo]:
         """Status snapshots as they change (server-sent events). Blocks; run off the GUI
         thread. The node sends a keep-alive at least every 10 s, so a silent node for
         `timeout` seconds raises PeerUnreachable."""
@@ -227,7 +240,7 @@ class NodeClient:
             with self._http.stream("GET", "/shoal/events",
                                    timeout=httpx.Timeout(10.0, read=timeout)) as r:
                 for data in _sse_data(r):
-                    yield json.loads(data)
+                    yield StatusInfo.from_json(json.loads(data))
         except httpx.HTTPError as e:
             raise PeerUnreachable(f"Lost the node's event stream: {e}") from e
 

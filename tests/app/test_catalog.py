@@ -2,8 +2,11 @@
 machine, N machines, too large, the planner's reason), the best quantization for this
 machine, what a model is good at, and the filters."""
 
+from dataclasses import replace
+
 from app.catalog import Badge, family_of, fit_badge, group, matches, tags_of
 from app.snapshots import node_cards
+from engine.protocol import CatalogModel, FilesAt
 
 GB = 10**9
 
@@ -18,21 +21,25 @@ def cards(*free_gb, total_gb=64):
 
 
 def entry(name, size_gb, quant="4bit", params=None, **kw):
-    return {"id": f"mlx-community/{name.replace(' ', '-')}-{quant}", "name": name,
-            "quantization": quant, "size_bytes": int(size_gb * GB),
-            "parameters": params, "local": [], **kw}
+    return CatalogModel(f"mlx-community/{name.replace(' ', '-')}-{quant}", name,
+                        quantization=quant, size_bytes=int(size_gb * GB), parameters=params,
+                        **kw)
+
+
+def named(name):
+    return CatalogModel("org/x", name)
 
 
 def test_families_come_from_the_name():
-    assert family_of({"name": "Qwen3 30B-A3B (MoE)"}) == "Qwen3"
-    assert family_of({"name": "Llama 3.3 70B Instruct"}) == "Llama 3.3"
-    assert family_of({"name": "Qwen2.5 Coder 32B Instruct"}) == "Qwen2.5 Coder"
-    assert family_of({"name": "gpt-oss 20B"}) == "gpt-oss"
-    assert family_of({"name": "Mistral Large 2 (123B)"}) == "Mistral Large 2"
-    assert family_of({"id": "mlx-community/Meta-Llama-3.1-8B-Instruct-4bit",
-                      "name": "Meta-Llama-3.1-8B-Instruct-4bit"}) == "Llama 3.1"
-    assert family_of({"id": "SmolLM2-135M-Instruct"}) == "SmolLM2"
-    assert family_of({"id": "tiny-llama-12l"}) == "tiny-llama-12l"  # no size: its own
+    assert family_of(named("Qwen3 30B-A3B (MoE)")) == "Qwen3"
+    assert family_of(named("Llama 3.3 70B Instruct")) == "Llama 3.3"
+    assert family_of(named("Qwen2.5 Coder 32B Instruct")) == "Qwen2.5 Coder"
+    assert family_of(named("gpt-oss 20B")) == "gpt-oss"
+    assert family_of(named("Mistral Large 2 (123B)")) == "Mistral Large 2"
+    assert family_of(CatalogModel("mlx-community/Meta-Llama-3.1-8B-Instruct-4bit",
+                                  "Meta-Llama-3.1-8B-Instruct-4bit")) == "Llama 3.1"
+    assert family_of(CatalogModel("SmolLM2-135M-Instruct")) == "SmolLM2"
+    assert family_of(CatalogModel("tiny-llama-12l")) == "tiny-llama-12l"  # no size: its own
 
 
 def test_fit_badge_this_machine_n_machines_too_large():
@@ -68,13 +75,13 @@ def test_the_best_quantization_of_a_size_for_this_machine_is_marked():
 
 
 def test_what_a_model_is_good_at_and_the_filters():
-    assert tags_of({"id": "mlx-community/Qwen3-8B-4bit"}) == ("thinking",)
-    assert tags_of({"id": "mlx-community/Qwen2.5-Coder-32B-Instruct-4bit"}) == ("code",)
-    assert tags_of({"id": "mlx-community/gemma-3-27b-it-4bit"}) == ("vision",)
-    assert tags_of({"id": "x/Plain-7B", "tags": ["code"]}) == ("code",)
+    assert tags_of(CatalogModel("mlx-community/Qwen3-8B-4bit")) == ("thinking",)
+    assert tags_of(CatalogModel("mlx-community/Qwen2.5-Coder-32B-Instruct-4bit")) == ("code",)
+    assert tags_of(CatalogModel("mlx-community/gemma-3-27b-it-4bit")) == ("vision",)
+    assert tags_of(CatalogModel("x/Plain-7B")) == ()
 
-    on_disk = {**entry("Qwen3 8B", 4.6), "local": [{"source": "hf", "path": "/hf/x"}]}
-    peer_only = {**entry("Qwen3 14B", 8.3), "local": [{"source": "peer", "node": "mini"}]}
+    on_disk = replace(entry("Qwen3 8B", 4.6), local=[FilesAt("hf-cache", "/hf/x")])
+    peer_only = replace(entry("Qwen3 14B", 8.3), local=[FilesAt("peer", node="mini")])
     (fam,) = group([on_disk, peer_only, entry("Qwen3 235B", 132)], cards(20))
     fits, peer, big = fam.variants
     assert "downloaded" in [b.text for b in fits.badges()]

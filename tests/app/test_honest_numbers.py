@@ -10,7 +10,7 @@ from app.cluster_state import ClusterState
 from app.placement import PlacementView
 from app.tasks import Tasks
 from app.topology import TopologyView
-from engine.protocol import PlanInfo, TopologyInfo
+from engine.protocol import ModelCard, ModelFacts, PlanInfo, TopologyInfo
 
 GB = 10**9
 MODEL = "SmolLM2-135M-Instruct"
@@ -70,7 +70,7 @@ def test_the_plan_follows_calibration_and_shows_what_was_measured(qtbot, views):
     state, place, topo, client = views
     state.set_topology(TopologyInfo.from_json({"nodes": [node("a", "studio", me=True)]}).to_json())
     ready(state)
-    place.set_models([{"id": MODEL, "shoal": {"layers": 30}}])
+    place.set_models([ModelCard(MODEL, shoal=ModelFacts(layers=30))])
     qtbot.waitUntil(lambda: place.prediction is not None, timeout=5000)
     assert place.prediction["decode_tps"] == 303.0
     assert place.headline.text().startswith("Predicted: 303 tokens/s")
@@ -107,7 +107,7 @@ def test_a_new_machine_is_planned_for_and_one_alone_is_told_how_to_add_one(qtbot
     assert topo.add_card.isVisible() and topo.add_button.isVisible()
     with qtbot.waitSignal(topo.add_machine_requested):
         topo.add_button.click()
-    place.set_models([{"id": MODEL, "shoal": {"layers": 30}}])
+    place.set_models([ModelCard(MODEL, shoal=ModelFacts(layers=30))])
     qtbot.waitUntil(lambda: place.prediction is not None, timeout=5000)
     asked = len(client.asked)
 

@@ -73,7 +73,7 @@ def test_node_already_running_is_left_alone(qtbot, make_app, fresh_node):
     chatting(qtbot, shoal)
     qtbot.waitUntil(lambda: "Node: idle · tiny-llama" in status_text(shoal))
     shoal.quit()
-    assert fresh_node.proc.poll() is None and fresh_node.client.health()
+    assert fresh_node.proc.poll() is None and fresh_node.client.health().ok
     assert fresh_node.client.status().worker_pid == worker_pid and running(worker_pid)
 
 
@@ -164,7 +164,7 @@ def test_closing_the_window_quits_unless_kept_in_tray(qtbot, make_app, port, nod
     assert shoal.settings.value(KEEP_IN_TRAY) in (True, "true")
     shoal.window.close()
     assert not shoal.window.isVisible() and proc.poll() is None  # still running, in the tray
-    assert shoal.node.client.health()
+    assert shoal.node.client.health().ok
 
     shoal.tray.show_action.trigger()
     assert shoal.window.isVisible()

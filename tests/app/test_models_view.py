@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from app.cluster_state import ClusterState
 from app.models_view import NO_HUB, ModelsView
 from app.tasks import Tasks
+from engine.protocol import CatalogInfo, CatalogModel, FilesAt
 from hubserver import HubServer
 from nodes import NodeProcess
 
@@ -94,7 +95,7 @@ def test_search_download_cancel_then_download_and_chat(qtbot, hub_node, make_vie
     with qtbot.waitSignal(view.chat_requested, timeout=30000) as chat:
         qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
     assert chat.args == [REPO]
-    qtbot.waitUntil(lambda: any(m["id"] == REPO for m in view.local), timeout=20000)
+    qtbot.waitUntil(lambda: any(m.id == REPO for m in view.local), timeout=20000)
     qtbot.waitUntil(lambda: "downloaded" in view.badges_of(REPO), timeout=20000)
     assert view.action_button(REPO).text() == "Chat"
 
@@ -141,14 +142,14 @@ class Catalog:
     base_url = "http://127.0.0.1:9"  # never polled: the test asks for the list itself
 
     def __init__(self):
-        self.entries = [{"id": "mlx-community/Qwen3-4B-4bit", "name": "Qwen3 4B",
-                         "size_bytes": 2 * 10**9, "quantization": "4bit", "local": []}]
+        self.entries = [CatalogModel("mlx-community/Qwen3-4B-4bit", "Qwen3 4B",
+                                     size_bytes=2 * 10**9, quantization="4bit")]
 
     def models(self):
         return []
 
     def hub_catalog(self):
-        return {"models": list(self.entries), "hub_error": None}
+        return CatalogInfo(list(self.entries))
 
 
 def test_a_model_made_ready_joins_the_list_as_downloaded(qtbot):
@@ -159,8 +160,8 @@ def test_a_model_made_ready_joins_the_list_as_downloaded(qtbot):
     view.refresh()
     qtbot.waitUntil(lambda: rows(view) == ["mlx-community/Qwen3-4B-4bit"], timeout=5000)
     # The node finishes importing the bundled model on first run and loads it.
-    client.entries.insert(0, {"id": "SmolLM2-135M-Instruct", "source": "local",
-                              "local": [{"source": "shoal", "path": "/m/SmolLM2"}]})
+    client.entries.insert(0, CatalogModel("SmolLM2-135M-Instruct", source="local",
+                                          local=[FilesAt("shoal", "/m/SmolLM2")]))
     view.follow_status({"state": "idle", "runner": {"type": "Ready",
                                                     "model": "SmolLM2-135M-Instruct"}})
     qtbot.waitUntil(lambda: "SmolLM2-135M-Instruct" in rows(view), timeout=5000)

@@ -127,7 +127,7 @@ def test_pipeline_over_three_nodes_serves_through_any_node(trio, tiny_node):
     assert greedy(a) == expected  # a owns rank 0
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(lambda n: greedy(n), [a, a, b, c])) == [expected] * 4
-    wait_until(lambda: any(m["id"] == "tiny-llama" for m in c.client.models()), 10)
+    wait_until(lambda: any(m.id == "tiny-llama" for m in c.client.models()), 10)
     assert greedy(c) == expected  # c relays to the owner
     stream = c.client.chat(HELLO, model="tiny-llama", max_tokens=24, temperature=0)
     assert "".join(d.text for d in stream) == expected

@@ -25,7 +25,7 @@ def node(tmp_path_factory):
 
 
 def alive(n: NodeProcess) -> bool:
-    return n.proc.poll() is None and n.client.health()["ok"]
+    return n.proc.poll() is None and n.client.health().ok
 
 
 def refused(r: httpx.Response, status: int = 403) -> str:

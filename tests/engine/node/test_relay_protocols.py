@@ -37,7 +37,7 @@ def relay(tmp_path_factory):
             "model": MODEL, "strategy": "pipeline",
             "nodes": [{"node": "self", "layers": [0, 2]}, {"node": bid, "layers": [2, 4]}]})
         assert r.status_code == 201, r.text
-        wait_until(lambda: any(m["id"] == MODEL for m in b.client.models()), 15)
+        wait_until(lambda: any(m.id == MODEL for m in b.client.models()), 15)
         yield b  # b owns no rank 0: everything it serves goes through its relay
     finally:
         a.stop()
