@@ -25,9 +25,14 @@ def greedy(oai: openai.OpenAI, messages=HELLO, n: int = 24,
                                        temperature=0, **kw)
 
 
-def test_models_are_listed_and_described(oai):
+def test_models_are_listed_and_described(oai, tiny_node):
     ids = [m.id for m in oai.models.list().data]
     assert MODEL in ids
+    # engine.client reads the same model objects as the SDK, and Shoal's facts beside them
+    sdk = [(m.id, m.object, m.created, m.owned_by) for m in oai.models.list().data]
+    cards = tiny_node.client.models()
+    assert [(m.id, m.object, m.created, m.owned_by) for m in cards] == sdk
+    assert next(m for m in cards if m.id == MODEL).shoal.layers
     assert oai.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError) as e:
         oai.models.retrieve("no-such-model")
@@ -133,7 +138,7 @@ def test_bad_requests_get_openai_errors(tiny_node, body, param):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["param"] == param and err["type"] == "invalid_request_error"
-    assert tiny_node.client.health()["ok"]
+    assert tiny_node.client.health().ok
 
 
 def test_malformed_json_and_unknown_model(tiny_node):

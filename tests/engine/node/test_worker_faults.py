@@ -138,3 +138,17 @@ def test_the_request_log_shows_answers_and_refusals_without_bodies(tiny_node):
     assert [(e["path"], e["status"]) for e in mine] == [("/v1/chat/completions", 200),
                                                          ("/v1/chat/completions", 400)]
     assert "temprature" in mine[1]["reason"] and "SECRET-PROMPT" not in str(got)
+    # engine.client's records (the Developer panel's rows)
+    read = [e for e in tiny_node.client.requests(since) if e.client == "log-test/1"]
+    assert [(e.path, e.status, e.reason) for e in read] == [
+        (e["path"], e["status"], e["reason"]) for e in mine]
+
+
+def test_the_event_stream_starts_with_the_status(tiny_node):
+    from engine.protocol import StatusInfo
+
+    events = tiny_node.client.events()
+    first = next(events)
+    events.close()
+    assert isinstance(first, StatusInfo)
+    assert first.models_dir and first.models_dir == tiny_node.client.status().models_dir
