@@ -22,6 +22,7 @@ from engine.node.incoming import json_object
 from engine.protocol import DownloadInfo, DownloadState
 
 if TYPE_CHECKING:
+    from engine.hub.neighbour import CachedRevision
     from engine.hub.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -157,8 +158,7 @@ async def catalog(request: web.Request) -> web.Response:
     node = request.app["node"]
     found = await asyncio.to_thread(
         lambda: browse(node.models_dir, None, _cluster_memory(request)))
-    await asyncio.to_thread(_planner_fit, request, found)
-    return web.json_response(await _with_peers(request, found))
+    return web.json_response(await _annotated(request, found))
 
 
 @routes.get("/shoal/hub/search")
@@ -170,55 +170,82 @@ async def search(request: web.Request) -> web.Response:
     node, token = request.app["node"], await _token(request)
     found = await asyncio.to_thread(
         lambda: browse(node.models_dir, q, _cluster_memory(request), True, token))
-    await asyncio.to_thread(_planner_fit, request, found)
-    return web.json_response(await _with_peers(request, found))
+    return web.json_response(await _annotated(request, found))
 
 
-def _planner_fit(request: web.Request, found: dict[str, Any]) -> None:
-    """For models whose config is on disk here, "fits" comes from the planner (weights,
-    KV cache, activations and overhead on the live cluster) with its reason; others keep
-    the size estimate ("fit_basis": "size")."""
+@dataclass(frozen=True)
+class Fit:
+    """The planner's answer for one model on the live cluster."""
+    fits: bool
+    reason: str | None = None  # the first rejection's, when it doesn't fit
+
+
+@dataclass(frozen=True)
+class PeerCopy:
+    """A trusted peer whose Hugging Face cache holds a repo: files can be copied from it."""
+    node: str
+    files: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": "peer", "node": self.node, "files": self.files}
+
+
+async def _annotated(request: web.Request, found: dict[str, Any]) -> dict[str, Any]:
+    """browse()'s answer with the planner's fit ("fit_basis": "planner", with "fit_reason"
+    when it doesn't fit; "size" where the planner wasn't asked) and the peers' copies
+    added to each model's "local"."""
+    fit = await asyncio.to_thread(_planner_fit, request, found["models"])
+    held = await _peer_copies(request)
+    for m in found["models"]:
+        m["fit_basis"] = "size"
+        if m["id"] in fit:
+            m["fits"], m["fit_basis"] = fit[m["id"]].fits, "planner"
+            if fit[m["id"]].reason is not None:
+                m["fit_reason"] = fit[m["id"]].reason
+        m["local"] = m["local"] + [c.to_json() for c in held.get(m["id"], [])]
+    return found
+
+
+def _planner_fit(request: web.Request, models: list[dict[str, Any]]) -> dict[str, Fit]:
+    """By model id, for models whose config is on disk here: whether the planner (weights,
+    KV cache, activations and overhead on the live cluster) finds them a placement."""
     from engine.node.planning import cluster_view, plan_from_cluster
     cluster = request.app.get("cluster")
-    # once, not per model
-    view = cluster_view(cluster.plan_infos()) if cluster is not None else None
-    for entry in found.get("models") or []:
-        entry["fit_basis"] = "size"
-        if view is None or not entry.get("local"):
+    if cluster is None:
+        return {}
+    view = cluster_view(cluster.plan_infos())  # once, not per model
+    out: dict[str, Fit] = {}
+    for m in models:
+        if not m.get("local"):
             continue
         try:
             report = plan_from_cluster(view["nodes"], context=None, links=view["links"],
-                                       model_name=entry["id"],
-                                       **cluster.model_facts(entry["id"]))
+                                       model_name=m["id"], **cluster.model_facts(m["id"]))
         except Exception as e:  # an odd config must not break the list
-            log.info("no plan for %s: %s", entry["id"], e)
+            log.info("no plan for %s: %s", m["id"], e)
             continue
-        entry["fits"] = bool(report.placements)
-        entry["fit_basis"] = "planner"
-        if not report.placements and report.rejections:
-            entry["fit_reason"] = report.rejections[0].reason
+        reason = report.rejections[0].reason if report.rejections else None
+        out[m["id"]] = Fit(bool(report.placements), None if report.placements else reason)
+    return out
 
 
-async def _with_peers(request: web.Request, found: dict[str, Any]) -> dict[str, Any]:
-    """Add {"source": "peer", "node", "files"} to each entry a trusted peer's Hugging Face
-    cache holds, so the browser shows where files can be copied from."""
+async def _peer_copies(request: web.Request) -> dict[str, list[PeerCopy]]:
+    """By repo, the trusted peers whose Hugging Face cache holds it."""
+    from engine.hub.neighbour import read_index
     cluster = request.app.get("cluster")
     peers = [p for p in cluster.peers.all() if p.trusted] if cluster is not None else []
 
-    async def index(p: Any) -> list[dict[str, Any]]:
+    async def index(p: Any) -> list[CachedRevision]:
         try:
-            got = await cluster.peers.call(p.url, "GET", "/shoal/peer/files-index", timeout=3)
-            return got if isinstance(got, list) else []
+            return read_index(await cluster.peers.call(p.url, "GET",
+                                                       "/shoal/peer/files-index", timeout=3))
         except ShoalError:
             return []
-    held: dict[str, list[dict[str, Any]]] = {}
+    held: dict[str, list[PeerCopy]] = {}
     for p, entries in zip(peers, await asyncio.gather(*(index(p) for p in peers))):
         for e in entries:
-            held.setdefault(e["repo"], []).append(
-                {"source": "peer", "node": p.name or p.url, "files": len(e["files"])})
-    for m in found["models"]:
-        m["local"] = m["local"] + held.get(m["id"], [])
-    return found
+            held.setdefault(e.repo, []).append(PeerCopy(p.name or p.url, len(e.files)))
+    return held
 
 
 @routes.post("/shoal/hub/pull")
