@@ -136,7 +136,7 @@ def main() -> None:
         a, b = start_cluster(tmp / "pair", model, 2)
         try:
             import httpx
-            bid = b.client.status()["cluster"]["id"]
+            bid = b.client.status().cluster.id
             r = httpx.post(a.url + "/shoal/instances", timeout=600, json={
                 "model": MODEL, "strategy": "pipeline",
                 "nodes": [{"node": "self", "layers": [0, 15]}, {"node": bid,

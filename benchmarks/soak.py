@@ -54,7 +54,7 @@ def main() -> None:
     nodes = start_cluster(tmp / "cluster", model, 3)
     stop, counts = threading.Event(), {"ok": 0, "failed": 0}
     try:
-        ids = [n.client.status()["cluster"]["id"] for n in nodes]
+        ids = [n.client.status().cluster.id for n in nodes]
         r = httpx.post(nodes[0].url + "/shoal/instances", timeout=120, json={
             "model": "tiny-llama", "strategy": "pipeline",
             "nodes": [{"node": ids[0], "layers": [0, 2]}, {"node": ids[1], "layers": [2, 3]},

@@ -77,9 +77,20 @@ def cache_index(cache: Path, repo_id: str | None = None) -> list[CachedRevision]
 
 
 def read_index(got: Any) -> list[CachedRevision]:
-    """A peer's answer to GET /shoal/peer/files-index; anything but a list is no index."""
-    return [CachedRevision.from_json(e) for e in got if isinstance(e, dict)] \
-        if isinstance(got, list) else []
+    """A peer's answer to GET /shoal/peer/files-index; anything but a list is no index,
+    and an entry that isn't one (a missing field, a size that isn't a count) is skipped."""
+    out: list[CachedRevision] = []
+    for e in got if isinstance(got, list) else []:
+        try:
+            rev = CachedRevision.from_json(e)
+        except (TypeError, AttributeError):
+            continue
+        if isinstance(rev.repo, str) and isinstance(rev.revision, str) and all(
+                isinstance(f, CachedFile) and isinstance(f.path, str) and
+                isinstance(f.etag, str) and type(f.size) is int and f.size >= 0
+                for f in rev.files):
+            out.append(rev)
+    return out
 
 
 def cached_file(cache: Path, repo_id: str, revision: str, path: str) -> Path | None:

@@ -88,10 +88,10 @@ class Downloads:
                         progress_cb=lambda p: setattr(d, "progress", p),
                         cancel_event=d.cancel, layers=d.layers, sources=sources)
             d.path, d.state = str(path), DownloadState.DONE
-        except Cancelled as e:
-            d.state, d.error = DownloadState.CANCELLED, e
+        except Cancelled as e:  # (kept without its traceback, which holds the pull's frames)
+            d.state, d.error = DownloadState.CANCELLED, e.with_traceback(None)
         except ShoalError as e:
-            d.state, d.error = DownloadState.FAILED, e
+            d.state, d.error = DownloadState.FAILED, e.with_traceback(None)
         except Exception as e:  # a bug must still end the download visibly
             log.exception("download of %s failed", d.repo)
             d.state, d.error = DownloadState.FAILED, ShoalError(f"Internal error: {e}")

@@ -135,3 +135,20 @@ def test_downloads_through_the_api_show_progress_and_cancel(hub, two_nodes) -> N
                == "failed", 10)
     err = node.client._call("GET", "/shoal/hub/downloads")[-1]["error"]
     assert err["code"] == ModelNotFound.code and "Check the name" in err["message"]
+
+
+def test_a_peers_malformed_index_entries_are_skipped_not_fatal():
+    """A peer's files-index is input from another machine: entries that aren't whole
+    (a missing field, files that aren't objects, a size that isn't a count) are left out,
+    and an answer that isn't a list is no index."""
+    from engine.hub.neighbour import read_index
+
+    good = {"repo": "a/b", "revision": "c", "refs": ["main"],
+            "files": [{"path": "x", "size": 3, "etag": "e"}]}
+    bad = [{"repo": "a/b"}, {"repo": "a/b", "revision": "c", "files": ["x"]},
+           {"repo": "a/b", "revision": "c", "files": [{"path": "x", "size": "3", "etag": "e"}]},
+           {"repo": "a/b", "revision": "c", "files": [{"path": "x", "size": -1, "etag": "e"}]},
+           5, None]
+    assert [r.to_json() for r in read_index([*bad, good])] == [
+        {**good, "files": [{**good["files"][0], "sha256": None}]}]
+    assert read_index({"repo": "a/b"}) == [] and read_index(None) == []
