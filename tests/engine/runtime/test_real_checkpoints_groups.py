@@ -3,8 +3,10 @@ served by real worker processes over MLX's ring on loopback: a 3-rank pipeline s
 unevenly with a lane per rank, and 2 tensor ranks where the family can split. Two
 requests decode together, then one is sent again and hits the prefix cache; each answer
 is token for token what mlx-lm gives in this process on the same weights (after the CPU
-path's float32 copy, which both make). Checkpoints whose tiny versions are identical
-(Qwen3-235B and 30B, Qwen3-Next Instruct and Thinking) run once."""
+path's float32 copy, which both make). How a group splits a model is its family's: one
+checkpoint runs per family, quantization and rope scaling (Llama-3.1-8B, not also its
+Instruct; DeepSeek-V3, not also V3.1); tests/engine/runtime/test_real_checkpoints.py
+serves every checkpoint in one process."""
 
 from __future__ import annotations
 
@@ -31,12 +33,12 @@ TOKENS = 8
 
 
 def _distinct() -> list[str]:
-    seen: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for n in names():
-        c = shrink(published(n), 264)
-        for k in ("_name_or_path", "transformers_version"):
-            c.pop(k, None)
-        seen.setdefault(json.dumps(c, sort_keys=True), n)
+        c = published(n)
+        rope = c.get("rope_scaling") or (c.get("text_config") or {}).get("rope_scaling") or {}
+        quant = "quantization" in c or "quantization_config" in c
+        seen.setdefault((c["model_type"], quant, rope.get("rope_type") or rope.get("type")), n)
     return [n for n in seen.values() if n not in REFUSED]
 
 
