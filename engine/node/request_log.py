@@ -6,39 +6,29 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiohttp import web
+
+from engine.protocol import RequestInfo
 
 KEEP = 200
 LOGGED = ("/v1/", "/api/")  # the user API: what agents and chat UIs call
 
 
-@dataclass(frozen=True)
-class Entry:
-    at: float  # unix time the request arrived
-    method: str
-    path: str
-    status: int
-    seconds: float  # until the answer ended (a stream's whole length)
-    client: str
-    reason: str | None = None
-
-
 class RequestLog:
     def __init__(self, keep: int = KEEP):
-        self._entries: deque[Entry] = deque(maxlen=keep)
+        self._entries: deque[RequestInfo] = deque(maxlen=keep)
 
     def add(self, request: web.Request, status: int, started: float,
             reason: str | None = None) -> None:
         if not request.path.startswith(LOGGED):
             return
-        self._entries.append(Entry(
+        self._entries.append(RequestInfo(
             at=round(time.time() - (time.monotonic() - started), 3), method=request.method,
             path=request.path, status=status, seconds=round(time.monotonic() - started, 3),
             client=request.headers.get("User-Agent", "?")[:80],
             reason=reason[:300] if reason else None))
 
     def recent(self, since: float = 0.0) -> list[dict[str, Any]]:
-        return [asdict(e) for e in self._entries if e.at > since]
+        return [e.to_json() for e in self._entries if e.at > since]

@@ -131,14 +131,13 @@ def test_a_node_describes_its_machine_speed_links_power_and_draft_as_records():
 def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
     """Each body built by the code that answers the route (or, for /health, as it writes
     it), read back by attribute and written out again unchanged."""
-    from dataclasses import asdict
     from pathlib import Path
 
     from engine.api.openai_chat import _model_card
     from engine.hub.catalog import CatalogEntry, _public
     from engine.hub.local import LocalModel
     from engine.node.peers import Peer
-    from engine.node.request_log import Entry
+    from engine.node.request_log import RequestLog
     from engine.protocol import (
         CatalogInfo,
         HealthInfo,
@@ -166,8 +165,13 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
     got = ModelCard.from_json(remote)
     assert got.shoal.instance == inst and got.shoal.layers is None and wire(got) == remote
 
-    entry = asdict(Entry(1.5, "POST", "/v1/chat/completions", 429, 0.01, "curl/8",
-                         "Busy: try again"))
+    import time
+
+    from aiohttp.test_utils import make_mocked_request
+    log = RequestLog()
+    log.add(make_mocked_request("POST", "/v1/chat/completions", headers={"User-Agent": "curl/8"}),
+            429, time.monotonic(), "Busy: try again")
+    entry = log.recent()[0]
     req = RequestInfo.from_json(entry)
     assert req.status == 429 and req.reason == "Busy: try again" and wire(req) == entry
 
