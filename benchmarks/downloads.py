@@ -66,8 +66,7 @@ def neighbour_copy(tmp: Path, have: Path, want: Path) -> tuple[list[float], list
         for n in nodes:
             n.wait_healthy()
         c = nodes[1].client
-        wait_until(lambda: all(p["trusted"] and p["link"] for p in
-                               c._call("GET", "/shoal/peers")), 60)
+        wait_until(lambda: all(p.trusted and p.link.measured for p in c.peers()), 60)
         times = []
         for _ in range(2):  # the first one pays the node's first huggingface_hub import
             t0 = time.perf_counter()

@@ -509,6 +509,21 @@ class LinkInfo(Record):
 
 
 @dataclass(frozen=True)
+class PeerLink(Record):
+    """A peer's link as this node last measured it (engine/node/peers.py), in GET
+    /shoal/peers: every field None, and the JSON {}, until the first probe ends."""
+    optional = ("type", "rtt_ms", "bandwidth_MBps", "at")
+    type: str | None = None  # as in LinkInfo
+    rtt_ms: float | None = None
+    bandwidth_MBps: float | None = None
+    at: float | None = None  # the measuring node's time.monotonic()
+
+    @property
+    def measured(self) -> bool:
+        return self.at is not None
+
+
+@dataclass(frozen=True)
 class NodeInfo(Record):
     """GET /shoal/node: a node as it describes itself. Peers keep the last one they read;
     the planner, the topology and the app read it."""
@@ -658,6 +673,7 @@ class RequestInfo(Record):
 @dataclass(frozen=True)
 class PeerInfo(Record):
     """A peer as GET /shoal/peers lists it (and POST /shoal/peers answers)."""
+    singles = {"link": PeerLink}
     url: str
     id: str | None = None
     name: str | None = None
@@ -666,7 +682,7 @@ class PeerInfo(Record):
     trusted: bool = False  # answers with our cluster secret
     error: str | None = None
     warning: str | None = None
-    link: dict[str, Any] = field(default_factory=dict)  # type, rtt_ms, bandwidth_MBps, at
+    link: PeerLink = field(default_factory=PeerLink)
     mlx_version: str | None = None
     seen_s_ago: float | None = None
 

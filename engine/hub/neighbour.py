@@ -138,7 +138,7 @@ class NeighbourSource:
     def _peers(self) -> list[Any]:
         """Trusted, reachable peers, the fastest link first."""
         ok = [p for p in self.peers.all() if p.trusted and p.reachable]
-        return sorted(ok, key=lambda p: -float(p.link.get("bandwidth_MBps") or 0))
+        return sorted(ok, key=lambda p: -(p.link.bandwidth_MBps or 0))
 
     def _entries(self, repo_id: str) -> dict[str, list[CachedRevision]]:
         if repo_id not in self._index:

@@ -78,8 +78,8 @@ class Cluster:
     # --- what other nodes and the GUI see ----------------------------------------------
     def links(self) -> list[LinkInfo]:
         """This node's measured links to its trusted peers."""
-        return [LinkInfo.from_json({"to": p.id, "url": p.url, **p.link})
-                for p in self.peers.all() if p.trusted and p.link]
+        return [LinkInfo(p.id, p.url, p.link.type or "", p.link.rtt_ms, p.link.bandwidth_MBps)
+                for p in self.peers.all() if p.trusted and p.link.measured]
 
     def info(self) -> NodeInfo:
         """This node as GET /shoal/node describes it (peers keep it as their `info`)."""

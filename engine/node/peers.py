@@ -16,7 +16,7 @@ import aiohttp
 
 from engine.cluster.auth import NotInCluster, sign
 from engine.errors import PeerUnreachable, ShoalError
-from engine.protocol import NodeInfo
+from engine.protocol import NodeInfo, PeerLink
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0
@@ -62,12 +62,12 @@ class Peer:
     error: str | None = None
     info: NodeInfo | None = None  # what it last said of itself (trusted peers only)
     warning: str | None = None  # e.g. versions that can't run one model together
-    link: dict[str, Any] = field(default_factory=dict)  # type, rtt_ms, bandwidth_MBps
+    link: PeerLink = field(default_factory=PeerLink)  # unmeasured until probed
 
     def public(self) -> dict[str, Any]:
         return {"url": self.url, "id": self.id, "name": self.name, "version": self.version,
                 "reachable": self.reachable, "trusted": self.trusted, "error": self.error,
-                "warning": self.warning, "link": self.link,
+                "warning": self.warning, "link": self.link.to_json(),
                 "mlx_version": self.info.mlx_version if self.info else None,
                 "seen_s_ago": round(time.monotonic() - self.last_seen, 1)
                 if self.last_seen else None}
@@ -183,7 +183,7 @@ class Peers:
                                        version=info.version, reachable=True,
                                        trusted=True, last_seen=time.monotonic(), error=None,
                                        info=info, warning=incompatibility(info))
-            if first or time.monotonic() - peer.link.get("at", 0) > LINK_PROBE_S:
+            if first or time.monotonic() - (peer.link.at or 0) > LINK_PROBE_S:
                 self._probe_later(url)
         except NotInCluster as e:
             if peer.trusted or peer.error is None:
@@ -213,9 +213,8 @@ class Peers:
             t0 = time.perf_counter()
             n = await self._bulk(url, PROBE_BYTES)
             dt = time.perf_counter() - t0 - min(rtts)
-            link = {"type": link_type(url), "rtt_ms": round(min(rtts) * 1000, 3),
-                    "bandwidth_MBps": round(n / max(dt, 1e-6) / 1e6, 1),
-                    "at": time.monotonic()}
+            link = PeerLink(link_type(url), round(min(rtts) * 1000, 3),
+                            round(n / max(dt, 1e-6) / 1e6, 1), time.monotonic())
             if url in self._peers:
                 self._peers[url] = replace(self._peers[url], link=link)
         except ShoalError as e:

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from engine.node.peers import incompatibility
-from engine.protocol import NodeInfo
+from engine.protocol import NodeInfo, PeerInfo, PeerLink
 from nodes import start_cluster
 from tests_support import wait_until
 
@@ -17,13 +17,13 @@ from tests_support import wait_until
 def test_loopback_link_is_measured(tmp_path, tiny_model_dir):
     a, b = start_cluster(tmp_path, tiny_model_dir, 2)
     try:
-        def link() -> dict:
-            return a.client._call("GET", "/shoal/peers")[0]["link"]
-        wait_until(lambda: "rtt_ms" in link(), 15)
+        def link() -> PeerLink:
+            return a.client.peers()[0].link
+        wait_until(lambda: link().measured, 15)
         lk = link()
-        assert lk["type"] == "loopback"
-        assert 0 < lk["rtt_ms"] < 50          # a local HTTP round trip
-        assert lk["bandwidth_MBps"] > 20      # loopback moves far more than this
+        assert lk.type == "loopback"
+        assert 0 < lk.rtt_ms < 50          # a local HTTP round trip
+        assert lk.bandwidth_MBps > 20      # loopback moves far more than this
     finally:
         a.stop()
         b.stop()
@@ -78,15 +78,15 @@ def test_added_delay_shows_in_the_measured_latency(tmp_path):
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True))
 
-        def link() -> dict:
+        def link() -> PeerLink:
             try:
                 peers = httpx.get(f"http://{net}.1:8421/shoal/peers", timeout=5,
                                   headers={"Authorization": "Bearer k"}).json()
-                return peers[0]["link"]
+                return PeerInfo.from_json(peers[0]).link
             except (httpx.HTTPError, IndexError, KeyError):
-                return {}
-        wait_until(lambda: "rtt_ms" in link(), 60)
-        assert link()["rtt_ms"] >= 40
+                return PeerLink()
+        wait_until(lambda: link().measured, 60)
+        assert link().rtt_ms >= 40
     finally:
         for p in procs:
             os.killpg(p.pid, 9)

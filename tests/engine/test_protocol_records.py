@@ -143,6 +143,7 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
         HealthInfo,
         ModelCard,
         PeerInfo,
+        PeerLink,
         RemovedInfo,
         RequestInfo,
     )
@@ -176,10 +177,13 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
     assert req.status == 429 and req.reason == "Busy: try again" and wire(req) == entry
 
     peer = Peer("http://10.0.0.2:8422", id="n2", name="b", reachable=True, trusted=True,
-                last_seen=1.0, link={"type": "ethernet", "rtt_ms": 0.4}).public()
+                last_seen=1.0, link=PeerLink("ethernet", 0.4, at=5.0)).public()
     got = PeerInfo.from_json(peer)
-    assert got.trusted and got.name == "b" and got.link["type"] == "ethernet"
-    assert wire(got) == peer
+    assert got.trusted and got.name == "b" and got.link.type == "ethernet"
+    assert got.link.measured and wire(got) == peer
+    unmeasured = Peer("http://10.0.0.3:8422").public()
+    assert unmeasured["link"] == {}  # as before the link was a record
+    assert not PeerInfo.from_json(unmeasured).link.measured
 
     here = _public(CatalogEntry("o/m-4bit", "M 4bit", 4e9, "4bit", 2 * 10**9, 28, 32768,
                                 "apache-2.0", ("size_bytes",), "catalog",
