@@ -570,16 +570,83 @@ class StreamsInfo(Record):
     max: int = 1
 
 
+# What the node's worker is doing (StatusInfo.runner), one type per state so a reader can
+# match on it; the JSON names the state in "type" (its spelling since before these records).
+@dataclass(frozen=True)
+class RunnerState(Record):
+    kind: ClassVar[str] = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.kind, **super().to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Any:
+        """The state its "type" names (ValueError for one this version doesn't know)."""
+        if cls is not RunnerState:
+            return super().from_json(data)
+        kind = next((k for k in RUNNER_STATES if k.kind == data.get("type")), None)
+        if kind is None:
+            raise ValueError(f"unknown runner state {data.get('type')!r}")
+        return kind.from_json(data)
+
+
+@dataclass(frozen=True)
+class RunnerIdle(RunnerState):
+    """No model loaded; `unloaded` names the one unloaded after `idle_s` seconds unused
+    (the next request for it loads it again)."""
+    kind = "Idle"
+    unloaded: str | None = None
+    idle_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunnerPreparing(RunnerState):
+    """Before a model can load: e.g. the bundled default model being imported on first
+    run. `done`/`total` are 0 when the step can't say how far it is."""
+    kind = "Preparing"
+    model: str
+    step: str
+    done: int = 0
+    total: int = 0
+
+
+@dataclass(frozen=True)
+class RunnerLoading(RunnerState):
+    kind = "Loading"
+    model: str
+    layers_done: int = 0
+    layers_total: int = 0
+
+
+@dataclass(frozen=True)
+class RunnerReady(RunnerState):
+    kind = "Ready"
+    model: str
+    context_length: int
+    pid: int
+    generating: bool = False
+
+
+@dataclass(frozen=True)
+class RunnerFailed(RunnerState):
+    kind = "Failed"
+    model: str | None
+    reason: str
+
+
+RUNNER_STATES = (RunnerIdle, RunnerPreparing, RunnerLoading, RunnerReady, RunnerFailed)
+
+
 @dataclass(frozen=True)
 class StatusInfo(Record):
     """GET /shoal/status (and each /shoal/events snapshot)."""
-    singles = {"streams": StreamsInfo, "cluster": ClusterInfo}
+    singles = {"streams": StreamsInfo, "cluster": ClusterInfo, "runner": RunnerState}
     states = {"state": NodeState}
     optional = ("cluster",)
     state: NodeState = NodeState.IDLE
     model: str | None = None
     error: str | None = None
-    runner: dict[str, Any] = field(default_factory=dict)  # {"type": Idle|Loading|..., ...}
+    runner: RunnerState = field(default_factory=RunnerIdle)
     version: str | None = None
     worker_pid: int | None = None
     models_dir: str | None = None

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.protocol import StatusInfo
+from engine.protocol import RunnerFailed, RunnerReady, StatusInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,9 +87,9 @@ class NodeProcess:
         s = None
         while time.monotonic() < deadline:
             s = self.client.status()
-            if s.runner["type"] == "Ready" and s.state == "idle":
+            if isinstance(s.runner, RunnerReady) and s.state == "idle":
                 return s
-            if s.runner["type"] == "Failed":
+            if isinstance(s.runner, RunnerFailed):
                 raise RuntimeError(f"model failed to load: {s.error}\n{self.tail()}")
             time.sleep(0.05)
         raise TimeoutError(f"node not ready after {timeout} s: {s}\n{self.tail()}")

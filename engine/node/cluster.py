@@ -41,7 +41,6 @@ from engine.node.launch import (
 from engine.node.peers import Peers
 from engine.node.planning import cluster_view
 from engine.node.service import Node
-from engine.node.state import Loading
 from engine.protocol import (
     ENDED,
     ClusterInfo,
@@ -52,6 +51,7 @@ from engine.protocol import (
     NodeInfo,
     NodeState,
     RankInfo,
+    RunnerLoading,
 )
 from engine.telemetry.versions import mlx_version
 
@@ -123,7 +123,7 @@ class Cluster:
         """This node's part in distributed instances (GET /shoal/instances)."""
         instances = [self.instance.info()] if self.instance else []
         run = self.node.runner
-        if instances and isinstance(run, Loading) and run.model == instances[0].model:
+        if instances and isinstance(run, RunnerLoading) and run.model == instances[0].model:
             first = replace(instances[0].ranks[0], progress=[run.layers_done,
                                                              run.layers_total])
             instances[0] = replace(instances[0], ranks=[first, *instances[0].ranks[1:]])

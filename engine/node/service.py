@@ -12,18 +12,19 @@ from typing import Any
 
 from engine import __version__, protocol
 from engine.errors import ModelNotFound, ShoalError, WorkerFailed
-from engine.node.state import (
-    Failed,
-    Idle,
-    Loading,
-    Preparing,
-    Ready,
-    RunnerState,
-    status_record,
-)
+from engine.node.state import status_record
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
-from engine.protocol import ClusterInfo, StreamsInfo
+from engine.protocol import (
+    ClusterInfo,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerLoading,
+    RunnerPreparing,
+    RunnerReady,
+    RunnerState,
+    StreamsInfo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class Node:
         self.models_dir = models_dir
         self.default_model = default_model
         self.token_timeout = token_timeout
-        self.runner: RunnerState = Idle()
+        self.runner: RunnerState = RunnerIdle()
         self.worker: WorkerHandle | None = None
         self._load_lock = asyncio.Lock()
         self._subscribers: set[asyncio.Queue] = set()
@@ -206,13 +207,13 @@ class Node:
             await self.check_model(path)
         except ShoalError as e:
             if self.worker is None or not self.worker.alive:
-                self._set(Failed(model_id, e.message))  # the status says why
+                self._set(RunnerFailed(model_id, e.message))  # the status says why
             raise
         w = self.worker
         if w is not None:
             w.dead_reason = w.dead_reason or f"The model was switched to {model_id}."
             await w.stop()
-        self._set(Loading(model_id))
+        self._set(RunnerLoading(model_id))
         w = WorkerHandle(model_id, path, logs_dir(self.home) / "worker.log",
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
@@ -224,9 +225,9 @@ class Node:
         try:
             ready = await w.start()
         except ShoalError as e:
-            self._set(Failed(model_id, e.message))
+            self._set(RunnerFailed(model_id, e.message))
             raise
-        self._set(Ready(model_id, ready.context_length, ready.pid))
+        self._set(RunnerReady(model_id, ready.context_length, ready.pid))
         log.info("model %s ready in %.1f s (worker pid %s)", model_id, ready.load_s, ready.pid)
         return w
 
@@ -237,7 +238,7 @@ class Node:
             if w is not None:
                 w.dead_reason = w.dead_reason or failure or "stopped"
                 await w.stop()
-            self._set(Failed(w.model_id if w else None, failure) if failure else Idle())
+            self._set(RunnerFailed(w.model_id if w else None, failure) if failure else RunnerIdle())
 
     def keep(self, task: asyncio.Task) -> None:
         """Hold a background task until it ends (and cancel it at close)."""
@@ -253,8 +254,8 @@ class Node:
                 await self.ensure_loaded(model_id)
             except ShoalError as e:
                 log.error("loading %s failed: %s", model_id, e.message)
-                if not isinstance(self.runner, Failed):  # e.g. unknown model: show why
-                    self._set(Failed(model_id, e.message))
+                if not isinstance(self.runner, RunnerFailed):  # e.g. unknown model: show why
+                    self._set(RunnerFailed(model_id, e.message))
         self.keep(asyncio.get_running_loop().create_task(run()))
 
     def prepare_in_background(self, model_id: str, step: str,
@@ -264,42 +265,42 @@ class Node:
         what = f"{step[0].upper()}{step[1:]}"
 
         async def run() -> None:
-            self._set(Preparing(model_id, step))
+            self._set(RunnerPreparing(model_id, step))
             try:
                 ready = await asyncio.to_thread(prepare)
             except Exception as e:  # a failed import says why, and the node stays up
                 log.exception("%s failed", step)
-                self._set(Failed(model_id, f"{what} failed: {e}"))
+                self._set(RunnerFailed(model_id, f"{what} failed: {e}"))
                 return
             if ready is None:
                 self.default_model = None
-                self._set(Failed(model_id, f"{what} failed: see the node's log."))
+                self._set(RunnerFailed(model_id, f"{what} failed: see the node's log."))
                 return
             self.load_in_background(ready)
         self._preparing = asyncio.get_running_loop().create_task(run())
         self.keep(self._preparing)
 
     def _on_worker_event(self, ev: protocol.Message) -> None:
-        if isinstance(ev, protocol.Loading) and isinstance(self.runner, Loading):
-            self._set(Loading(self.runner.model, ev.done, ev.total))
+        if isinstance(ev, protocol.Loading) and isinstance(self.runner, RunnerLoading):
+            self._set(RunnerLoading(self.runner.model, ev.done, ev.total))
         elif isinstance(ev, protocol.Exited) and self.worker is not None \
                 and ev.reason != "stopped":
-            if self.worker.dead_reason == ev.reason and isinstance(self.runner, Ready):
-                self._set(Failed(self.runner.model, ev.reason))
+            if self.worker.dead_reason == ev.reason and isinstance(self.runner, RunnerReady):
+                self._set(RunnerFailed(self.runner.model, ev.reason))
 
     def on_turn(self, busy: bool) -> None:
         self._used = time.monotonic()
         r = self.runner
-        if isinstance(r, Ready):
-            self._set(Ready(r.model, r.context_length, r.pid, generating=busy))
+        if isinstance(r, RunnerReady):
+            self._set(RunnerReady(r.model, r.context_length, r.pid, generating=busy))
 
-    async def unload(self, idle: Idle | None = None) -> None:
+    async def unload(self, idle: RunnerIdle | None = None) -> None:
         async with self._load_lock:
             if self.worker is not None:
                 self.worker.dead_reason = "stopped"
                 await self.worker.stop()
                 self.worker = None
-            self._set(idle or Idle())
+            self._set(idle or RunnerIdle())
 
     def idle_limit(self, model: str) -> float | None:
         """Seconds `model` may sit unused before it is unloaded (None: never)."""
@@ -319,13 +320,13 @@ class Node:
             await asyncio.sleep(every)
             w, r = self.worker, self.runner
             if w is None or not w.alive or w.dist_config is not None or w.in_flight \
-                    or not isinstance(r, Ready):
+                    or not isinstance(r, RunnerReady):
                 continue
             limit, unused = self.idle_limit(r.model), time.monotonic() - self._used
             if limit is not None and unused >= limit:
                 log.info("unloading %s: unused for %.0f s (keep-alive %.0f s)", r.model,
                          unused, limit)
-                await self.unload(Idle(unloaded=r.model, idle_s=round(unused, 1)))
+                await self.unload(RunnerIdle(unloaded=r.model, idle_s=round(unused, 1)))
 
     async def close(self) -> None:
         for t in list(self._tasks):

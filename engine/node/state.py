@@ -1,62 +1,28 @@
-"""Runner states and the node's status snapshot: frozen values the GUI can match on."""
+"""The node's status snapshot from its runner state (engine.protocol's Runner* records),
+and how long a model stays loaded unused."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.protocol import NodeState, StatusInfo
-
-
-@dataclass(frozen=True)
-class Idle:
-    """No model loaded; `unloaded` names the one unloaded after `idle_s` seconds unused
-    (the next request for it loads it again)."""
-    unloaded: str | None = None
-    idle_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Preparing:
-    """Before a model can load: e.g. the bundled default model being imported on first
-    run. `done`/`total` are 0 when the step can't say how far it is."""
-    model: str
-    step: str
-    done: int = 0
-    total: int = 0
-
-
-@dataclass(frozen=True)
-class Loading:
-    model: str
-    layers_done: int = 0
-    layers_total: int = 0
-
-
-@dataclass(frozen=True)
-class Ready:
-    model: str
-    context_length: int
-    pid: int
-    generating: bool = False
-
-
-@dataclass(frozen=True)
-class Failed:
-    model: str | None
-    reason: str
-
-
-RunnerState = Idle | Preparing | Loading | Ready | Failed
+from engine.protocol import (
+    NodeState,
+    RunnerFailed,
+    RunnerLoading,
+    RunnerPreparing,
+    RunnerReady,
+    RunnerState,
+    StatusInfo,
+)
 
 
 def state_name(s: RunnerState) -> NodeState:
-    if isinstance(s, (Loading, Preparing)):
+    if isinstance(s, (RunnerLoading, RunnerPreparing)):
         return NodeState.LOADING
-    if isinstance(s, Ready):
+    if isinstance(s, RunnerReady):
         return NodeState.GENERATING if s.generating else NodeState.IDLE
-    if isinstance(s, Failed):
+    if isinstance(s, RunnerFailed):
         return NodeState.ERROR
     return NodeState.IDLE
 
@@ -64,9 +30,8 @@ def state_name(s: RunnerState) -> NodeState:
 def status_record(s: RunnerState, version: str, **extra: Any) -> StatusInfo:
     """The /shoal/status body: a flat "state" for simple clients plus the typed runner."""
     return StatusInfo(state=state_name(s), model=getattr(s, "model", None),
-                      error=s.reason if isinstance(s, Failed) else None,
-                      runner={"type": type(s).__name__, **asdict(s)}, version=version,
-                      **extra)
+                      error=s.reason if isinstance(s, RunnerFailed) else None,
+                      runner=s, version=version, **extra)
 
 
 DURATION = re.compile(r"(\d+(?:\.\d*)?)(ns|us|µs|ms|s|m|h)")

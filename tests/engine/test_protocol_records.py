@@ -62,7 +62,7 @@ def test_a_download():
 
 
 def test_a_status_snapshot_and_its_streams():
-    from engine.protocol import NodeState, StatusInfo, StreamsInfo
+    from engine.protocol import NodeState, RunnerReady, StatusInfo, StreamsInfo
 
     wire = {"state": "generating", "model": "m", "error": None,
             "runner": {"type": "Ready", "model": "m", "context_length": 8192, "pid": 7,
@@ -71,6 +71,7 @@ def test_a_status_snapshot_and_its_streams():
             "streams": {"in_flight": 2, "waiting": 1, "max": 8}}
     st = StatusInfo.from_json(wire)
     assert st.state is NodeState.GENERATING and st.state == "generating"
+    assert st.runner == RunnerReady("m", 8192, 7, generating=True)
     assert st.streams == StreamsInfo(2, 1, 8) and st.streams.in_flight == 2
     assert st.cluster is None and st.to_json() == wire  # no cluster: left out
     with_cluster = {**wire, "cluster": {"id": "n1", "name": "a", "instances": [],
@@ -78,6 +79,30 @@ def test_a_status_snapshot_and_its_streams():
     st = StatusInfo.from_json(with_cluster)
     assert st.cluster.id == "n1" and st.cluster.url == "http://a"
     assert st.to_json() == with_cluster
+
+
+def test_each_runner_state_is_its_own_type_with_the_json_it_had():
+    from engine.node.state import status_record
+    from engine.protocol import (
+        RunnerFailed,
+        RunnerIdle,
+        RunnerLoading,
+        RunnerPreparing,
+        RunnerState,
+    )
+
+    bodies = [{"type": "Idle", "unloaded": None, "idle_s": 0.0},
+              {"type": "Preparing", "model": "m", "step": "importing", "done": 0, "total": 0},
+              {"type": "Loading", "model": "m", "layers_done": 3, "layers_total": 8},
+              {"type": "Failed", "model": None, "reason": "no such model"}]
+    states = [RunnerIdle(), RunnerPreparing("m", "importing"), RunnerLoading("m", 3, 8),
+              RunnerFailed(None, "no such model")]
+    for body, state in zip(bodies, states):
+        assert wire(state) == body and RunnerState.from_json(body) == state
+        assert status_record(state, "0.1.0").to_json()["runner"] == body
+    assert status_record(states[3], "0.1.0").error == "no such model"
+    with pytest.raises(ValueError, match="Sleeping"):
+        RunnerState.from_json({"type": "Sleeping"})
 
 
 def test_a_plan_and_a_topology_go_over_the_wire_and_back():

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from engine.node.state import duration_seconds
+from engine.protocol import RunnerIdle, RunnerReady
 from nodes import NodeProcess, home_with
 from tests_support import wait_until
 
@@ -34,7 +35,7 @@ def test_a_duration_that_isnt_one_says_what_is_expected(bad):
 
 def unloaded(node: NodeProcess) -> str | None:
     runner = node.client.status().runner
-    return runner.get("unloaded") if runner.get("type") == "Idle" else None
+    return runner.unloaded if isinstance(runner, RunnerIdle) else None
 
 
 def chat(node: NodeProcess, **extra) -> httpx.Response:
@@ -54,10 +55,10 @@ def test_a_model_unused_for_the_nodes_keep_alive_unloads_and_loads_again(
         wait_until(lambda: unloaded(node) == "tiny-llama", 20)
         assert time.monotonic() - t0 >= 1.0  # not before its keep-alive
         status = node.client.status()
-        assert status.worker_pid is None and status.runner["idle_s"] >= 2
+        assert status.worker_pid is None and status.runner.idle_s >= 2
         r = chat(node)  # the next request loads it again
         assert r.status_code == 200 and r.json()["done"]
-        assert node.client.status().runner["type"] == "Ready"
+        assert isinstance(node.client.status().runner, RunnerReady)
     finally:
         node.stop()
 
@@ -76,7 +77,7 @@ def test_an_ollama_requests_keep_alive_holds_for_its_model(tmp_path, tiny_model_
         wait_until(lambda: unloaded(node) == "tiny-llama", 20)
         assert chat(node, keep_alive=-1).status_code == 200  # loaded again, for good
         time.sleep(3)
-        assert node.client.status().runner["type"] == "Ready"
+        assert isinstance(node.client.status().runner, RunnerReady)
         r = httpx.post(node.url + "/api/generate", timeout=60,
                        json={"model": "tiny-llama", "keep_alive": 0})
         assert r.json()["done_reason"] == "unload"
