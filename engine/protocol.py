@@ -11,7 +11,9 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
+
+from engine.cluster.probes import PlatformReport
 
 
 @dataclass(frozen=True)
@@ -314,11 +316,20 @@ class DownloadState(StrEnum):
     CANCELLED = "cancelled"
 
 
+class JsonObject(Protocol):
+    """A value that spells itself as one JSON object: a Record, or a report that reads
+    its own (engine.cluster.probes.PlatformReport)."""
+    def to_json(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Record:
     """A JSON object of the node's API as a frozen value."""
     nested: ClassVar[dict[str, type[Record]]] = {}  # list fields holding records
-    singles: ClassVar[dict[str, type[Record]]] = {}  # fields holding one record
+    singles: ClassVar[dict[str, type[JsonObject]]] = {}  # fields holding one record
     optional: ClassVar[tuple[str, ...]] = ()  # fields left out of the JSON when None
     states: ClassVar[dict[str, type[StrEnum]]] = {}  # fields holding a state
 
@@ -334,13 +345,16 @@ class Record:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Any:
-        """The record of a JSON object; keys it doesn't know (a newer node's) are dropped."""
+        """The record of a JSON object; keys it doesn't know (a newer node's) are dropped,
+        and so is a record's field that holds neither an object nor null (its default)."""
         known = {}
         for f in dataclasses.fields(cls):
             if f.name in data:
                 v = data[f.name]
                 sub, state = cls.nested.get(f.name), cls.states.get(f.name)
                 one = cls.singles.get(f.name)
+                if one and v is not None and not isinstance(v, dict):
+                    continue
                 known[f.name] = [sub.from_json(x) for x in v or []] if sub else \
                     one.from_json(v) if one and isinstance(v, dict) else \
                     state(v) if state and v is not None else v
@@ -529,7 +543,7 @@ class NodeInfo(Record):
     the planner, the topology and the app read it."""
     nested = {"instances": InstanceInfo, "followers": FollowerInfo, "links": LinkInfo}
     singles = {"machine": MachineInfo, "speed": SpeedInfo, "draft": DraftInfo,
-               "power": PowerInfo}
+               "power": PowerInfo, "platform": PlatformReport}
     states = {"state": NodeState}
     id: str
     name: str | None = None
@@ -542,7 +556,7 @@ class NodeInfo(Record):
     links: list[LinkInfo] = field(default_factory=list)  # its measured links
     machine: MachineInfo | None = None  # None until the node has looked
     speed: SpeedInfo = field(default_factory=SpeedInfo)  # calibrated bandwidth and flops
-    platform: dict[str, Any] | None = None  # engine.cluster.probes.PlatformReport as JSON
+    platform: PlatformReport | None = None  # Thunderbolt, RDMA, interfaces (macOS probes)
     power: PowerInfo | None = None
     draft: DraftInfo | None = None
 

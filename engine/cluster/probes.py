@@ -78,14 +78,15 @@ class PlatformReport:
     interfaces: Mapping[str, str] = field(default_factory=dict)  # name → kind
     warnings: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"system": self.system, "thunderbolt": self.thunderbolt.to_dict(),
                 "rdma": self.rdma.to_dict(), "interfaces": dict(self.interfaces),
                 "warnings": list(self.warnings)}
 
     @classmethod
-    def from_dict(cls, d: Any) -> PlatformReport:
-        """A peer's report from its /shoal/node JSON; never raises."""
+    def from_json(cls, d: Any) -> PlatformReport:
+        """A peer's report from its /shoal/node JSON (anything but an object: a report
+        that says none came); never raises."""
         if not isinstance(d, dict):
             why = "unavailable: peer sent no platform report"
             return cls("unknown", ThunderboltReport(unavailable=why), RdmaReport(None, (), why))
@@ -97,10 +98,10 @@ class PlatformReport:
                    tuple(str(w) for w in d.get("warnings") or () if isinstance(w, str)))
 
 
-def cluster_cables(platforms: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Node id → its platform JSON (as /shoal/node carries it) → the Thunderbolt cables
-    between those nodes, each with its speed, whether it carries RDMA and why not."""
-    reports = {n: PlatformReport.from_dict(d) for n, d in platforms.items()}
+def cluster_cables(platforms: Mapping[str, PlatformReport | None]) -> list[dict[str, Any]]:
+    """Node id → its platform report (None: it sent none) → the Thunderbolt cables between
+    those nodes, each with its speed, whether it carries RDMA and why not."""
+    reports = {n: r or PlatformReport.from_json(None) for n, r in platforms.items()}
     return thunderbolt_links(cable_graph({n: r.thunderbolt for n, r in reports.items()}),
                              {n: r.rdma for n, r in reports.items()})
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from engine import __version__
 from engine.api.common import parse
+from engine.cluster.probes import PlatformReport
 from engine.errors import ShoalError
 from engine.node.facts import capped
 from engine.node.followers import Followers
@@ -213,14 +214,14 @@ class Cluster:
         inst.watch = asyncio.create_task(self._watch(inst))
         return {**inst.public(), **({"warning": warning} if warning else {})}
 
-    def _platforms(self, ranks: list[Rank]) -> dict[str, Any]:
+    def _platforms(self, ranks: list[Rank]) -> dict[str, PlatformReport | None]:
         """Each rank node's platform report (Thunderbolt, RDMA), for jaccl's devices."""
-        out: dict[str, Any] = {}
+        out: dict[str, PlatformReport | None] = {}
         for r in ranks:
             peer = self.peers.find(r.url) if r.url else None
             out[r.node] = peer.info.platform if peer and peer.info else None
             if r.url is None and self.facts and self.facts.platform:
-                out[r.node] = self.facts.platform.to_dict()
+                out[r.node] = self.facts.platform
         return out
 
     async def _start_or_end(self, inst: Instance, path: Path, context: int) -> None:

@@ -56,8 +56,9 @@ async def topology(request: web.Request) -> web.Response:
         if p.trusted and p.info is not None:
             links += [{"from": p.id, **lk.to_json()} for lk in p.info.links]
     # Thunderbolt cables between trusted nodes, each saying whether it carries RDMA and why not.
-    cables = cluster_cables({str(n["id"]): n.get("platform") for n in nodes
-                             if n.get("trusted") and n.get("id")})
+    cables = cluster_cables({c.id: me.platform, **{p.id: p.info.platform
+                                                   for p in c.peers.all()
+                                                   if p.trusted and p.id and p.info}})
     return web.json_response(TopologyInfo(nodes, links, cables).to_json())
 
 

@@ -66,7 +66,7 @@ class NodeFacts:
             power = replace(power, serving_watts=round(serving, 2))
         return {"machine": self.machine,
                 "speed": SpeedInfo.from_json(self.calibration or {}),
-                "platform": self.platform.to_dict() if self.platform else None,
+                "platform": self.platform,
                 "power": power}
 
     async def close(self) -> None:

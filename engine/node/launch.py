@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from pydantic import Field, StrictBool, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.api.openai_schemas import Strict
+from engine.cluster.probes import PlatformReport
 from engine.errors import BadRequest, InsufficientMemory
 from engine.node.peers import Peers
 from engine.node.planning import best_placement, plan_from_cluster
@@ -229,13 +231,12 @@ def memory_check(inputs: dict[str, Any], req: LaunchRequest, strategy: str, rank
 
 
 def rdma_matrix(ranks: list[Rank], backend: str,
-                platforms: dict[str, Any]) -> list[list[str | None]]:
+                platforms: Mapping[str, PlatformReport | None]) -> list[list[str | None]]:
     """The jaccl device matrix from every rank node's Thunderbolt and RDMA report, or
     BadRequest naming the pair that lacks a cable or RDMA."""
-    from engine.cluster.probes import PlatformReport
     from engine.cluster.rdma import device_matrix
     from engine.cluster.thunderbolt import cable_graph
-    reports = {node: PlatformReport.from_dict(p) for node, p in platforms.items()}
+    reports = {node: p or PlatformReport.from_json(None) for node, p in platforms.items()}
     m = device_matrix([r.node for r in ranks],
                       cable_graph({k: v.thunderbolt for k, v in reports.items()}),
                       {k: v.rdma for k, v in reports.items()}, ring=backend == "jaccl-ring")

@@ -38,7 +38,7 @@ class PlanReport:
 def planner_node(info: NodeInfo) -> dict[str, Any]:
     """One node's self-description (GET /shoal/node) as plan_from_cluster's node info."""
     machine = info.machine or MachineInfo()
-    rdma = ((info.platform or {}).get("rdma") or {}).get("enabled")
+    rdma = info.platform.rdma.enabled if info.platform else None
     speed, draft = info.speed, info.draft or DraftInfo("")
     return {"id": info.id, "name": info.name,
             "memory_usable_bytes": machine.memory.available_bytes,

@@ -4,6 +4,7 @@ same values, with states the GUI can match on; on the wire the states stay plain
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -124,7 +125,11 @@ def test_a_plan_and_a_topology_go_over_the_wire_and_back():
 def test_a_node_describes_its_machine_speed_links_power_and_draft_as_records():
     """GET /shoal/node as a peer reads it: the planner reads attributes, not dict keys, and
     what goes back on the wire is what came (unmeasured speed and power stay absent)."""
+    from engine.cluster.probes import probe_platform
     from engine.protocol import MachineInfo, MemoryInfo, NodeInfo, SpeedInfo
+
+    linux = json.loads(json.dumps(probe_platform(system="linux", net_root=Path("/none"))
+                                  .to_json()))
 
     node = {"id": "a", "name": "studio", "instances": [], "followers": [],
             "version": "1.0", "mlx_version": "0.30", "state": "idle", "models": ["m"],
@@ -138,7 +143,7 @@ def test_a_node_describes_its_machine_speed_links_power_and_draft_as_records():
                                    "free_percent": 80, "unavailable": None}},
             "speed": {"memory_bandwidth_Bps": 7e11, "compute_flops": 2.5e13,
                       "attention_flops": 1e13, "prefill_flops": {"512": 1e13}},
-            "platform": {"system": "darwin"},
+            "platform": {**linux, "interfaces": {"eth0": "ethernet"}},
             "power": {"watts": 12.5, "cpu_watts": 2.0, "gpu_watts": 10.0, "ane_watts": 0.0,
                       "dram_watts": 0.5, "gpu_sram_watts": None, "source": "ioreport",
                       "unavailable": None, "at": 1.0, "serving_watts": 140.0},
@@ -147,10 +152,16 @@ def test_a_node_describes_its_machine_speed_links_power_and_draft_as_records():
     assert info.machine.memory.available_bytes == 464 * 2**30
     assert info.links[0].bandwidth_MBps == 4000.0 and info.draft.bytes == 1000
     assert info.power.serving_watts == 140.0 and info.speed.prefill_flops == {"512": 1e13}
-    assert info.to_json() == node
+    assert info.platform.system == "linux" and info.platform.rdma.enabled is None
+    assert info.platform.interfaces == {"eth0": "ethernet"} and wire(info) == node
     fresh = NodeInfo.from_json({"id": "b", "machine": {"memory": {}}})  # just started
     assert fresh.speed == SpeedInfo() and fresh.to_json()["speed"] == {}
-    assert fresh.machine == MachineInfo(memory=MemoryInfo())
+    assert fresh.machine == MachineInfo(memory=MemoryInfo()) and fresh.platform is None
+    # a peer's part that isn't an object is left out, not kept to fail its readers later
+    odd = NodeInfo.from_json({"id": "c", "platform": "macos", "machine": 3, "speed": []})
+    assert odd.platform is None and odd.machine is None and odd.speed == SpeedInfo()
+    assert NodeInfo.from_json({"id": "d", "platform": {"rdma": 1}}).platform.rdma.enabled \
+        is None  # the report reads its own parts as leniently
 
 
 def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():

@@ -64,8 +64,8 @@ def test_every_command_is_time_bounded():
 def test_reports_from_three_nodes_make_the_jaccl_matrix_after_a_json_trip():
     # What the node does with its peers: each /shoal/node carries its report as JSON.
     nodes = ["studio-a", "studio-b", "studio-c"]
-    reports = {n: PlatformReport.from_dict(json.loads(json.dumps(
-        probe_platform(system="darwin", runner=replay(MAC / "mesh3" / n)).to_dict())))
+    reports = {n: PlatformReport.from_json(json.loads(json.dumps(
+        probe_platform(system="darwin", runner=replay(MAC / "mesh3" / n)).to_json())))
         for n in nodes}
     cables = cable_graph({n: r.thunderbolt for n, r in reports.items()})
     m = device_matrix(nodes, cables, {n: r.rdma for n, r in reports.items()})
@@ -79,14 +79,14 @@ def test_a_thunderbolt_4_mac_learns_rdma_is_final_there():
     assert report.thunderbolt.generation == 4
     assert report.rdma.enabled is True and report.rdma.devices == ()
     assert report.rdma.explanation == TB4_FINAL
-    peer = PlatformReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    peer = PlatformReport.from_json(json.loads(json.dumps(report.to_json())))
     assert peer.rdma.explanation == TB4_FINAL  # what a peer and the GUI read
 
 
 def test_per_link_rdma_survives_the_json_trip():
     nodes = ["studio", "macbook"]
-    reports = {n: PlatformReport.from_dict(json.loads(json.dumps(
-        probe_platform(system="darwin", runner=replay(MAC / "dock" / n)).to_dict())))
+    reports = {n: PlatformReport.from_json(json.loads(json.dumps(
+        probe_platform(system="darwin", runner=replay(MAC / "dock" / n)).to_json())))
         for n in nodes}
     cables = cable_graph({n: r.thunderbolt for n, r in reports.items()})
     assert {c.via for c in cables} == {None, "ThunderBay Flex 8"}
@@ -95,9 +95,9 @@ def test_per_link_rdma_survives_the_json_trip():
 
 
 def test_the_topology_lists_each_cable_with_its_rdma_state():
-    # What /shoal/topology adds: per cable, from every node's platform JSON.
-    platforms = {n: json.loads(json.dumps(probe_platform(
-        system="darwin", runner=replay(MAC / "dock" / n)).to_dict()))
+    # What /shoal/topology adds: per cable, from every node's platform report.
+    platforms = {n: PlatformReport.from_json(json.loads(json.dumps(probe_platform(
+        system="darwin", runner=replay(MAC / "dock" / n)).to_json())))
         for n in ("studio", "macbook")}
     cables = sorted(cluster_cables({**platforms, "linux-box": None}),
                     key=lambda c: c["a_port"])
@@ -174,8 +174,8 @@ def test_linux_report_has_reasons_and_interface_kinds(tmp_path: Path):
 
 
 def test_platform_report_from_garbage_json():
-    r = PlatformReport.from_dict(["not", "a", "dict"])
+    r = PlatformReport.from_json(["not", "a", "dict"])
     assert r.thunderbolt.unavailable and r.rdma.enabled is None
-    r = PlatformReport.from_dict({"system": "macos", "interfaces": 3, "warnings": [1, "w"],
+    r = PlatformReport.from_json({"system": "macos", "interfaces": 3, "warnings": [1, "w"],
                                   "thunderbolt": {"ports": "x"}, "future": {}})
     assert r.interfaces == {} and r.warnings == ("w",)
