@@ -410,8 +410,8 @@ class ModelsView(QWidget):
         self.downloads_label.setVisible(bool(self.downloads))
         t.setRowCount(len(self.downloads))
         for i, d in enumerate(self.downloads):
-            p = d.progress or {}
-            done, total = int(p.get("done") or 0), int(p.get("total") or 0)
+            p = d.progress
+            done, total = (p.done, p.total) if p else (0, 0)
             bar = t.cellWidget(i, 1)
             if not isinstance(bar, QProgressBar):
                 bar = QProgressBar()
@@ -422,10 +422,10 @@ class ModelsView(QWidget):
             bar.setAccessibleName(f"{d.repo}: {bar.format()}")
             state = str(d.state)
             if d.error:
-                state += f": {d.error.get('message', '')}"
+                state += f": {d.error.message}"
             t.setItem(i, 0, QTableWidgetItem(d.repo))
-            t.setItem(i, 2, QTableWidgetItem(fmt_rate(p.get("speed_Bps"))))
-            t.setItem(i, 3, QTableWidgetItem(fmt_eta(p.get("eta_s"))))
+            t.setItem(i, 2, QTableWidgetItem(fmt_rate(p.speed_Bps if p else None)))
+            t.setItem(i, 3, QTableWidgetItem(fmt_eta(p.eta_s if p else None)))
             t.setItem(i, 4, QTableWidgetItem(state))
             did = d.id
             cancel = t.cellWidget(i, 5)
@@ -442,8 +442,7 @@ class ModelsView(QWidget):
         if not running:
             return None
         d = running[0]
-        p = d.progress or {}
-        done, total = int(p.get("done") or 0), int(p.get("total") or 0)
+        done, total = (d.progress.done, d.progress.total) if d.progress else (0, 0)
         name = d.repo.split("/")[-1]
         more = f" (+{len(running) - 1} more)" if len(running) > 1 else ""
         return (f"Downloading {name}: {100 * done // total}%{more}" if total else

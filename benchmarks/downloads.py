@@ -70,16 +70,15 @@ def neighbour_copy(tmp: Path, have: Path, want: Path) -> tuple[list[float], list
         times = []
         for _ in range(2):  # the first one pays the node's first huggingface_hub import
             t0 = time.perf_counter()
-            d = c._call("POST", "/shoal/hub/pull", json={"repo": REPO})
-            while d["state"] == "running":
+            d = c.hub_pull(REPO)
+            while d.state == "running":
                 time.sleep(0.02)
-                d = next(x for x in c._call("GET", "/shoal/hub/downloads")
-                         if x["id"] == d["id"])
+                d = next(x for x in c.hub_downloads() if x.id == d.id)
             times.append(time.perf_counter() - t0)
-            if d["state"] != "done":
-                raise RuntimeError(json.dumps(d))
-            c._call("DELETE", f"/shoal/models/{REPO}")
-        return times, sorted({f["source"] for f in d["progress"]["files"]})
+            if d.state != "done":
+                raise RuntimeError(json.dumps(d.to_json()))
+            c.remove_model(REPO)
+        return times, sorted({f.source for f in d.progress.files})
     finally:
         for n in nodes:
             n.stop()

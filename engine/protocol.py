@@ -562,16 +562,54 @@ class NodeInfo(Record):
 
 
 @dataclass(frozen=True)
+class FileProgress(Record):
+    path: str
+    done: int
+    total: int
+    state: str  # "waiting", "downloading", "verifying", "done"
+    source: str | None  # "cache", "hub", "peer NAME"
+    speed_Bps: float
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class DownloadProgress(Record):
+    """One snapshot of a pull (engine/hub/progress.py tracks it), for the GUI, the API and
+    the CLI."""
+    nested = {"files": FileProgress}
+    repo_id: str
+    revision: str
+    done: int
+    total: int
+    speed_Bps: float
+    eta_s: float | None
+    files: list[FileProgress]
+
+
+@dataclass(frozen=True)
+class ErrorInfo(Record):
+    """An error's OpenAI-shaped body (engine.errors.ShoalError.to_openai's "error"), with
+    "node" when a cluster node is to blame."""
+    optional = ("node",)
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True)
 class DownloadInfo(Record):
     """One pull into the Hugging Face cache (GET /shoal/hub/downloads and friends)."""
+    singles = {"progress": DownloadProgress, "error": ErrorInfo}
     states = {"state": DownloadState}
     id: str
     repo: str
     revision: str
     layers: list[int] | None
     state: DownloadState
-    progress: dict[str, Any] | None = None  # engine.hub.progress.Progress as JSON
-    error: dict[str, Any] | None = None  # the OpenAI-shaped error of a failed pull
+    progress: DownloadProgress | None = None
+    error: ErrorInfo | None = None  # why a pull failed or stopped
     path: str | None = None
     started: float = 0.0
 

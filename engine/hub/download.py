@@ -46,8 +46,9 @@ from engine.hub.hfcache import (  # noqa: F401 (re-exported)
     write_ref,
 )
 from engine.hub.local import default_hf_cache
-from engine.hub.progress import FileProgress, Progress, Tracker  # noqa: F401
+from engine.hub.progress import Tracker
 from engine.hub.shards import SIDE_PATTERNS, files_for_layers
+from engine.protocol import DownloadProgress
 
 log = logging.getLogger(__name__)
 DEFAULT_PATTERNS = ("model*.safetensors", *SIDE_PATTERNS)
@@ -72,7 +73,7 @@ class Source(Protocol):
 
 def pull(repo_id: str, revision: str | None = None, cache_dir: Path | None = None,
          allow_patterns: Sequence[str] | None = None, token: str | None = None,
-         progress_cb: Callable[[Progress], None] | None = None,
+         progress_cb: Callable[[DownloadProgress], None] | None = None,
          cancel_event: threading.Event | None = None, *,
          layers: tuple[int, int] | None = None, sources: Sequence[Source] = (),
          endpoint: str | None = None) -> Path:

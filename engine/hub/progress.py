@@ -1,5 +1,5 @@
-"""Download progress: bytes done and total per file and overall, speed over a short
-window, and the time left."""
+"""Download progress (engine.protocol.DownloadProgress snapshots): bytes done and total
+per file and overall, speed over a short window, and the time left."""
 
 from __future__ import annotations
 
@@ -7,36 +7,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.hub.hfcache import RemoteFile
-
-
-@dataclass(frozen=True)
-class FileProgress:
-    path: str
-    done: int
-    total: int
-    state: str  # "waiting", "downloading", "verifying", "done"
-    source: str | None  # "cache", "hub", "peer NAME"
-    speed_Bps: float
-    eta_s: float | None
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One snapshot of a pull, for the GUI, the API and the CLI."""
-    repo_id: str
-    revision: str
-    done: int
-    total: int
-    speed_Bps: float
-    eta_s: float | None
-    files: tuple[FileProgress, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+from engine.protocol import DownloadProgress, FileProgress
 
 
 class _Rate:
@@ -65,7 +39,7 @@ class Tracker:
     """Thread-safe progress of one pull; calls back at most every `interval` seconds."""
 
     def __init__(self, repo_id: str, revision: str,
-                 cb: Callable[[Progress], None] | None, interval: float = 0.2):
+                 cb: Callable[[DownloadProgress], None] | None, interval: float = 0.2):
         self.repo_id, self.revision, self.cb, self.interval = repo_id, revision, cb, interval
         self._files: dict[str, dict[str, Any]] = {}
         self._rate, self._lock, self._last = _Rate(), threading.Lock(), 0.0
@@ -93,16 +67,16 @@ class Tracker:
             e.update(done=done, state=state or e["state"], source=source or e["source"])
         self.emit(force=state is not None)
 
-    def snapshot(self) -> Progress:
+    def snapshot(self) -> DownloadProgress:
         now = time.monotonic()
         with self._lock:
-            files = tuple(FileProgress(p, e["done"], e["total"], e["state"], e["source"],
-                                       e["rate"].speed(now), _eta(e, e["rate"].speed(now)))
-                          for p, e in self._files.items())
+            files = [FileProgress(p, e["done"], e["total"], e["state"], e["source"],
+                                  e["rate"].speed(now), _eta(e, e["rate"].speed(now)))
+                     for p, e in self._files.items()]
             speed = self._rate.speed(now)
         done, total = sum(f.done for f in files), sum(f.total for f in files)
-        return Progress(self.repo_id, self.revision, done, total, speed,
-                        (total - done) / speed if speed > 0 else None, files)
+        return DownloadProgress(self.repo_id, self.revision, done, total, speed,
+                                (total - done) / speed if speed > 0 else None, files)
 
     def emit(self, force: bool = False) -> None:
         now = time.monotonic()

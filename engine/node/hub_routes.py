@@ -19,11 +19,10 @@ from aiohttp import web
 
 from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
 from engine.node.incoming import json_object
-from engine.protocol import DownloadInfo, DownloadState
+from engine.protocol import DownloadInfo, DownloadProgress, DownloadState, ErrorInfo
 
 if TYPE_CHECKING:
     from engine.hub.neighbour import CachedRevision
-    from engine.hub.progress import Progress
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()  # for the GUI and the CLI
@@ -39,7 +38,7 @@ class Download:
     revision: str
     layers: tuple[int, int] | None
     state: DownloadState = DownloadState.RUNNING
-    progress: Progress | None = None
+    progress: DownloadProgress | None = None
     error: ShoalError | None = None  # why it failed or stopped
     path: str | None = None
     started: float = field(default_factory=time.time)
@@ -48,8 +47,9 @@ class Download:
     def public(self) -> dict[str, Any]:
         return DownloadInfo(self.id, self.repo, self.revision,
                             list(self.layers) if self.layers else None, self.state,
-                            self.progress.to_json() if self.progress else None,
-                            self.error.to_openai()["error"] if self.error else None,
+                            self.progress,
+                            ErrorInfo.from_json(self.error.to_openai()["error"])
+                            if self.error else None,
                             self.path, self.started).to_json()
 
 

@@ -62,6 +62,28 @@ def test_a_download():
     assert DownloadInfo.from_json(body).state is DownloadState.CANCELLED
 
 
+def test_a_failed_download_keeps_its_progress_and_error_as_records():
+    from engine.errors import ModelNotFound
+    from engine.hub.hfcache import RemoteFile
+    from engine.hub.progress import Tracker
+    from engine.node.hub_routes import Download
+
+    tracker = Tracker("o/m", "main", None)
+    tracker.add_files([RemoteFile("a.safetensors", 10, "e")])
+    tracker.start("a.safetensors", 4, "hub")
+    d = Download("d2", "o/m", "main", None, DownloadState.FAILED, tracker.snapshot(),
+                 ModelNotFound("No model o/m", param="repo"), started=2.0)
+    body = d.public()
+    assert body["progress"]["files"][0] == {"path": "a.safetensors", "done": 4, "total": 10,
+                                            "state": "downloading", "source": "hub",
+                                            "speed_Bps": 0.0, "eta_s": None}
+    assert body["error"] == ModelNotFound("No model o/m", param="repo").to_openai()["error"]
+    back = DownloadInfo.from_json(json.loads(json.dumps(body)))
+    assert back.progress.done == 4 and back.progress.files[0].source == "hub"
+    assert back.error.code == ModelNotFound.code and back.error.param == "repo"
+    assert wire(back) == json.loads(json.dumps(body))
+
+
 def test_a_status_snapshot_and_its_streams():
     from engine.protocol import NodeState, RunnerReady, StatusInfo, StreamsInfo
 

@@ -14,6 +14,7 @@ from hub_models import BIG, SHARDED
 
 from engine.cluster.auth import sign
 from engine.hub.download import pull, repo_dir
+from engine.protocol import DownloadInfo
 from nodes import NodeProcess, free_port
 from tests_support import wait_until
 
@@ -45,32 +46,30 @@ def two_nodes(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             n.stop()
 
 
-def _pull(node: NodeProcess, repo: str) -> dict:
-    d = node.client._call("POST", "/shoal/hub/pull", json={"repo": repo})
+def _pull(node: NodeProcess, repo: str) -> DownloadInfo:
+    d = node.client.hub_pull(repo)
     def done() -> bool:
         nonlocal d
-        d = next(x for x in node.client._call("GET", "/shoal/hub/downloads")
-                 if x["id"] == d["id"])
-        return d["state"] != "running"
+        d = next(x for x in node.client.hub_downloads() if x.id == d.id)
+        return d.state != "running"
     wait_until(done, 30)
-    assert d["state"] == "done", (d, node.tail())
+    assert d.state == "done", (d, node.tail())
     return d
 
 
 def test_a_node_copies_a_model_from_its_neighbour(hub, two_nodes) -> None:
     nodes, caches = two_nodes
     d = _pull(nodes[1], SHARDED)
-    assert {f["source"] for f in d["progress"]["files"]} == {f"peer {n}" for n in
-                                                             _names(nodes[1])}
+    assert {f.source for f in d.progress.files} == {f"peer {n}" for n in _names(nodes[1])}
     assert hub.served() == 0  # the Hub was asked for the file list, not for a byte
-    snap = Path(d["path"])
+    snap = Path(d.path)
     assert snap.parent.parent == repo_dir(caches[1], SHARDED)
     for path, f in hub.repos[SHARDED].files.items():
         assert (snap / path).is_symlink()
         assert hashlib.sha256((snap / path).read_bytes()).hexdigest() == f.sha256
     # what the neighbour doesn't have comes from the Hub
     d = _pull(nodes[1], BIG)
-    assert {f["source"] for f in d["progress"]["files"]} == {"hub"}
+    assert {f.source for f in d.progress.files} == {"hub"}
     assert hub.served(BIG) == sum(f.size for f in hub.repos[BIG].files.values())
     # and the model can be removed again through the API
     r = nodes[1].client._call("DELETE", f"/shoal/models/{SHARDED}")
@@ -78,7 +77,7 @@ def test_a_node_copies_a_model_from_its_neighbour(hub, two_nodes) -> None:
     # with the internet gone, the neighbour's file list and files are enough
     hub.stop()
     d = _pull(nodes[1], SHARDED)
-    assert all(f["source"].startswith("peer ") for f in d["progress"]["files"])
+    assert all(f.source.startswith("peer ") for f in d.progress.files)
     assert (repo_dir(caches[1], SHARDED) / "refs" / "main").read_text() == \
         hub.repos[SHARDED].commit
 
@@ -110,17 +109,16 @@ def test_downloads_through_the_api_show_progress_and_cancel(hub, two_nodes) -> N
     nodes, _ = two_nodes
     node = nodes[1]
     hub.rate_bps = 1e6
-    d = node.client._call("POST", "/shoal/hub/pull", json={"repo": BIG})
-    again = node.client._call("POST", "/shoal/hub/pull", json={"repo": BIG})
-    assert again["id"] == d["id"]  # the same download, not a second one
+    d = node.client.hub_pull(BIG)
+    again = node.client.hub_pull(BIG)
+    assert again.id == d.id  # the same download, not a second one
 
     def moving() -> bool:
-        p = node.client._call("GET", "/shoal/hub/downloads")[-1]["progress"]
-        return bool(p and p["done"] > 100_000 and p["speed_Bps"] > 0)
+        p = node.client.hub_downloads()[-1].progress
+        return bool(p and p.done > 100_000 and p.speed_Bps > 0)
     wait_until(moving, 20)
-    node.client._call("DELETE", f"/shoal/hub/downloads/{d['id']}")
-    wait_until(lambda: node.client._call("GET", "/shoal/hub/downloads")[-1]["state"]
-               == "cancelled", 5)
+    node.client.hub_cancel(d.id)
+    wait_until(lambda: node.client.hub_downloads()[-1].state == "cancelled", 5)
     found = node.client._call("GET", "/shoal/hub/search", params={"q": "tiny"})
     assert BIG in [m["id"] for m in found["models"]] and found["hub_error"] is None
     held = next(m for m in found["models"] if m["id"] == SHARDED)["local"]
@@ -130,11 +128,10 @@ def test_downloads_through_the_api_show_progress_and_cancel(hub, two_nodes) -> N
     from engine.errors import BadRequest, ModelNotFound
     with pytest.raises(BadRequest):
         node.client._call("POST", "/shoal/hub/pull", json={"repo": BIG, "layers": [3, 1]})
-    d = node.client._call("POST", "/shoal/hub/pull", json={"repo": "test-org/nope"})
-    wait_until(lambda: node.client._call("GET", "/shoal/hub/downloads")[-1]["state"]
-               == "failed", 10)
-    err = node.client._call("GET", "/shoal/hub/downloads")[-1]["error"]
-    assert err["code"] == ModelNotFound.code and "Check the name" in err["message"]
+    node.client.hub_pull("test-org/nope")
+    wait_until(lambda: node.client.hub_downloads()[-1].state == "failed", 10)
+    err = node.client.hub_downloads()[-1].error
+    assert err.code == ModelNotFound.code and "Check the name" in err.message
 
 
 def test_a_peers_malformed_index_entries_are_skipped_not_fatal():
