@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+
+from engine.protocol import CatalogInfo, CatalogModel, FilesAt
 
 log = logging.getLogger(__name__)
 CATALOG = Path(__file__).resolve().parent.parent.parent / "resources" / "catalog.json"
@@ -17,41 +18,24 @@ HEADROOM = 1.15  # weights plus KV cache and activations for a modest context
 SEARCH_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True)
-class CatalogEntry:
-    id: str
-    name: str
-    parameters: float | None
-    quantization: str | None
-    size_bytes: int | None
-    layers: int | None
-    context_length: int | None
-    licence: str | None
-    approximate: tuple[str, ...] = ()  # fields not checked against the Hub
-    source: str = "catalog"  # catalog, local, hub
-    local: tuple[dict[str, Any], ...] = field(default=())  # where the files already are
-    downloads: int | None = None
-    likes: int | None = None
-
-
 @cache
-def load_catalog(path: Path = CATALOG) -> tuple[CatalogEntry, ...]:
+def load_catalog(path: Path = CATALOG) -> tuple[CatalogModel, ...]:
     """The curated entries; an unreadable file logs and gives an empty catalog."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        return tuple(CatalogEntry(
+        return tuple(CatalogModel(
             id=m["id"], name=m.get("name") or m["id"].split("/")[-1],
             parameters=m.get("parameters"), quantization=m.get("quantization"),
             size_bytes=m.get("size_bytes"), layers=m.get("layers"),
             context_length=m.get("context_length"), licence=m.get("licence"),
-            approximate=tuple(m.get("approximate") or ())) for m in doc["models"])
+            approximate=list(m.get("approximate") or ())) for m in doc["models"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("the model catalog %s is unreadable (%s)", path, e)
         return ()
 
 
 def search_hub(query: str, limit: int = 30, token: str | None = None,
-               endpoint: str | None = None) -> list[CatalogEntry]:
+               endpoint: str | None = None) -> list[CatalogModel]:
     """MLX models on the Hub matching `query` (HF_ENDPOINT honoured); raises ShoalError.
 
     The request HfApi.list_models makes, made once: list_models retries a dead network
@@ -72,46 +56,46 @@ def search_hub(query: str, limit: int = 30, token: str | None = None,
         found = [ModelInfo(**m) for m in r.json()]
     except Exception as e:
         raise hub_error(e, query, "main", endpoint, bool(token)) from None
-    return [CatalogEntry(id=m.id, name=m.id.split("/")[-1], parameters=None,
-                         quantization=_quant_from_name(m.id), size_bytes=None, layers=None,
-                         context_length=None, licence=None, source="hub",
+    return [CatalogModel(id=m.id, name=m.id.split("/")[-1],
+                         quantization=_quant_from_name(m.id), source="hub",
                          downloads=m.downloads, likes=m.likes) for m in found]
 
 
 def browse(models_dir: Path, query: str | None = None, memory_bytes: int | None = None,
            online: bool = False, token: str | None = None,
-           hf_cache: Path | None = None) -> dict[str, Any]:
-    """{"models": [...], "hub_error": message or None}: catalog, local and (when online and
-    asked) Hub entries merged by id, filtered by every word of `query`."""
+           hf_cache: Path | None = None) -> CatalogInfo:
+    """Catalog, local and (when online and asked) Hub entries merged by id, filtered by
+    every word of `query`, each with whether it fits `memory_bytes`; `hub_error` says why
+    the Hub couldn't be asked."""
     import os
 
     from engine.hub.local import list_local_models
-    entries: dict[str, CatalogEntry] = {e.id: e for e in load_catalog()}
+    entries: dict[str, CatalogModel] = {e.id: e for e in load_catalog()}
     for m in list_local_models(Path(models_dir), hf_cache):
-        where = {"source": m.source, "path": str(m.path)}
+        where = FilesAt(source=m.source, path=str(m.path))
         known = entries.get(m.id)
         if known is not None:
-            entries[m.id] = _with(known, local=known.local + (where,))
+            entries[m.id] = replace(known, local=[*known.local, where])
         else:
-            entries[m.id] = CatalogEntry(
-                id=m.id, name=m.id.split("/")[-1], parameters=None,
-                quantization=m.quantization, size_bytes=m.size_bytes, layers=m.layers,
-                context_length=m.context_length, licence=None, source="local",
-                local=(where,))
+            entries[m.id] = CatalogModel(
+                id=m.id, name=m.id.split("/")[-1], quantization=m.quantization,
+                size_bytes=m.size_bytes, layers=m.layers,
+                context_length=m.context_length, source="local", local=[where])
     hub_error = None
     offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
     if online and query and not offline:
         try:
             for e in search_hub(query, token=token):
                 known = entries.get(e.id)
-                entries[e.id] = e if known is None else _with(
+                entries[e.id] = e if known is None else replace(
                     known, downloads=e.downloads, likes=e.likes)
         except Exception as e:  # the catalog and local models still answer
             hub_error = getattr(e, "message", str(e))
     words = (query or "").lower().split()
     chosen = [e for e in entries.values() if all(w in e.id.lower() for w in words)]
     chosen.sort(key=lambda e: (not e.local, e.source == "hub", e.id.lower()))
-    return {"models": [_public(e, memory_bytes) for e in chosen], "hub_error": hub_error}
+    return CatalogInfo(models=[replace(e, fits=fits(e.size_bytes, memory_bytes))
+                               for e in chosen], hub_error=hub_error)
 
 
 def remove_model(models_dir: Path, model_id: str) -> int:
@@ -142,19 +126,6 @@ def fits(size_bytes: int | None, memory_bytes: int | None) -> bool | None:
     if not size_bytes or not memory_bytes:
         return None
     return size_bytes * HEADROOM <= memory_bytes
-
-
-def _public(e: CatalogEntry, memory_bytes: int | None) -> dict[str, Any]:
-    d = asdict(e)
-    d["approximate"] = list(e.approximate)
-    d["local"] = list(e.local)
-    d["fits"] = fits(e.size_bytes, memory_bytes)
-    return d
-
-
-def _with(e: CatalogEntry, **changes: Any) -> CatalogEntry:
-    from dataclasses import replace
-    return replace(e, **changes)
 
 
 def _quant_from_name(repo_id: str) -> str | None:

@@ -71,18 +71,18 @@ def cmd_search(a: argparse.Namespace) -> int:
     home = _home(a)
     found = browse(models_dir(home), " ".join(a.query), memory_info().available_bytes,
                    online=not a.offline, token=TokenStore(home).get())
-    if found["hub_error"]:
-        print(f"(Hub search unavailable: {found['hub_error']})", file=sys.stderr)
-    if not found["models"]:
+    if found.hub_error:
+        print(f"(Hub search unavailable: {found.hub_error})", file=sys.stderr)
+    if not found.models:
         print("No model matches.")
         return 0
     print(f"{'MODEL':52} {'SIZE':>9} {'LAYERS':>6} {'QUANT':6} {'FITS':4}  WHERE")
-    for m in found["models"]:
-        approx = "~" if "size_bytes" in m["approximate"] else ""
-        where = ", ".join(w["source"] for w in m["local"]) or m["source"]
-        fit = {True: "yes", False: "no", None: "?"}[m["fits"]]
-        print(f"{m['id']:52} {approx + _size(m['size_bytes']):>9} {m['layers'] or '?':>6} "
-              f"{m['quantization'] or '?':6} {fit:4}  {where}")
+    for m in found.models:
+        approx = "~" if "size_bytes" in m.approximate else ""
+        where = ", ".join(w.source for w in m.local) or m.source
+        fit = {True: "yes", False: "no", None: "?"}[m.fits]
+        print(f"{m.id:52} {approx + _size(m.size_bytes):>9} {m.layers or '?':>6} "
+              f"{m.quantization or '?':6} {fit:4}  {where}")
     return 0
 
 

@@ -12,14 +12,22 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
 from engine.node.incoming import json_object
-from engine.protocol import DownloadInfo, DownloadProgress, DownloadState, ErrorInfo
+from engine.protocol import (
+    CatalogInfo,
+    CatalogModel,
+    DownloadInfo,
+    DownloadProgress,
+    DownloadState,
+    ErrorInfo,
+    FilesAt,
+)
 
 if TYPE_CHECKING:
     from engine.hub.neighbour import CachedRevision
@@ -158,7 +166,7 @@ async def catalog(request: web.Request) -> web.Response:
     node = request.app["node"]
     found = await asyncio.to_thread(
         lambda: browse(node.models_dir, None, _cluster_memory(request)))
-    return web.json_response(await _annotated(request, found))
+    return web.json_response((await _annotated(request, found)).to_json())
 
 
 @routes.get("/shoal/hub/search")
@@ -170,7 +178,7 @@ async def search(request: web.Request) -> web.Response:
     node, token = request.app["node"], await _token(request)
     found = await asyncio.to_thread(
         lambda: browse(node.models_dir, q, _cluster_memory(request), True, token))
-    return web.json_response(await _annotated(request, found))
+    return web.json_response((await _annotated(request, found)).to_json())
 
 
 @dataclass(frozen=True)
@@ -180,33 +188,22 @@ class Fit:
     reason: str | None = None  # the first rejection's, when it doesn't fit
 
 
-@dataclass(frozen=True)
-class PeerCopy:
-    """A trusted peer whose Hugging Face cache holds a repo: files can be copied from it."""
-    node: str
-    files: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"source": "peer", "node": self.node, "files": self.files}
-
-
-async def _annotated(request: web.Request, found: dict[str, Any]) -> dict[str, Any]:
-    """browse()'s answer with the planner's fit ("fit_basis": "planner", with "fit_reason"
-    when it doesn't fit; "size" where the planner wasn't asked) and the peers' copies
-    added to each model's "local"."""
-    fit = await asyncio.to_thread(_planner_fit, request, found["models"])
+async def _annotated(request: web.Request, found: CatalogInfo) -> CatalogInfo:
+    """browse()'s answer with the planner's fit (fit_basis "planner", with fit_reason when
+    it doesn't fit; "size" where the planner wasn't asked) and the peers' copies added to
+    each model's `local`."""
+    fit = await asyncio.to_thread(_planner_fit, request, found.models)
     held = await _peer_copies(request)
-    for m in found["models"]:
-        m["fit_basis"] = "size"
-        if m["id"] in fit:
-            m["fits"], m["fit_basis"] = fit[m["id"]].fits, "planner"
-            if fit[m["id"]].reason is not None:
-                m["fit_reason"] = fit[m["id"]].reason
-        m["local"] = m["local"] + [c.to_json() for c in held.get(m["id"], [])]
-    return found
+    models = []
+    for m in found.models:
+        if m.id in fit:
+            m = replace(m, fits=fit[m.id].fits, fit_basis="planner",
+                        fit_reason=fit[m.id].reason)
+        models.append(replace(m, local=[*m.local, *held.get(m.id, [])]))
+    return replace(found, models=models)
 
 
-def _planner_fit(request: web.Request, models: list[dict[str, Any]]) -> dict[str, Fit]:
+def _planner_fit(request: web.Request, models: list[CatalogModel]) -> dict[str, Fit]:
     """By model id, for models whose config is on disk here: whether the planner (weights,
     KV cache, activations and overhead on the live cluster) finds them a placement."""
     from engine.node.planning import cluster_view, plan_from_cluster
@@ -216,20 +213,20 @@ def _planner_fit(request: web.Request, models: list[dict[str, Any]]) -> dict[str
     view = cluster_view(cluster.plan_infos())  # once, not per model
     out: dict[str, Fit] = {}
     for m in models:
-        if not m.get("local"):
+        if not m.local:
             continue
         try:
             report = plan_from_cluster(view["nodes"], context=None, links=view["links"],
-                                       model_name=m["id"], **cluster.model_facts(m["id"]))
+                                       model_name=m.id, **cluster.model_facts(m.id))
         except Exception as e:  # an odd config must not break the list
-            log.info("no plan for %s: %s", m["id"], e)
+            log.info("no plan for %s: %s", m.id, e)
             continue
         reason = report.rejections[0].reason if report.rejections else None
-        out[m["id"]] = Fit(bool(report.placements), None if report.placements else reason)
+        out[m.id] = Fit(bool(report.placements), None if report.placements else reason)
     return out
 
 
-async def _peer_copies(request: web.Request) -> dict[str, list[PeerCopy]]:
+async def _peer_copies(request: web.Request) -> dict[str, list[FilesAt]]:
     """By repo, the trusted peers whose Hugging Face cache holds it."""
     from engine.hub.neighbour import read_index
     cluster = request.app.get("cluster")
@@ -241,10 +238,11 @@ async def _peer_copies(request: web.Request) -> dict[str, list[PeerCopy]]:
                                                        "/shoal/peer/files-index", timeout=3))
         except ShoalError:
             return []
-    held: dict[str, list[PeerCopy]] = {}
+    held: dict[str, list[FilesAt]] = {}
     for p, entries in zip(peers, await asyncio.gather(*(index(p) for p in peers))):
         for e in entries:
-            held.setdefault(e.repo, []).append(PeerCopy(p.name or p.url, len(e.files)))
+            held.setdefault(e.repo, []).append(
+                FilesAt("peer", node=p.name or p.url, files=len(e.files)))
     return held
 
 

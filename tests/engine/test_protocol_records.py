@@ -192,12 +192,13 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
     from pathlib import Path
 
     from engine.api.openai_chat import _model_card
-    from engine.hub.catalog import CatalogEntry, _public
     from engine.hub.local import LocalModel
     from engine.node.peers import Peer
     from engine.node.request_log import RequestLog
     from engine.protocol import (
         CatalogInfo,
+        CatalogModel,
+        FilesAt,
         HealthInfo,
         ModelCard,
         PeerInfo,
@@ -243,17 +244,23 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
     assert unmeasured["link"] == {}  # as before the link was a record
     assert not PeerInfo.from_json(unmeasured).link.measured
 
-    here = _public(CatalogEntry("o/m-4bit", "M 4bit", 4e9, "4bit", 2 * 10**9, 28, 32768,
-                                "apache-2.0", ("size_bytes",), "catalog",
-                                ({"source": "hf-cache", "path": "/hf/o--m"},)), 10**10)
-    here.update(fit_basis="planner", fits=False, fit_reason="needs 9 GB")
-    here["local"].append({"source": "peer", "node": "b", "files": 3})
-    found = {"models": [here], "hub_error": "offline"}
+    here = CatalogModel("o/m-4bit", "M 4bit", 4e9, "4bit", 2 * 10**9, 28, 32768,
+                        "apache-2.0", ["size_bytes"], "catalog",
+                        [FilesAt("hf-cache", path="/hf/o--m"),
+                         FilesAt("peer", node="b", files=3)],
+                        fits=False, fit_basis="planner", fit_reason="needs 9 GB")
+    found = CatalogInfo([here], "offline").to_json()
+    body = found["models"][0]
+    assert list(body) == ["id", "name", "parameters", "quantization", "size_bytes", "layers",
+                          "context_length", "licence", "approximate", "source", "local",
+                          "downloads", "likes", "fits", "fit_basis", "fit_reason"]
+    assert body["local"] == [{"source": "hf-cache", "path": "/hf/o--m"},
+                             {"source": "peer", "node": "b", "files": 3}]
     got = CatalogInfo.from_json(found)
     m = got.models[0]
     assert m.fits is False and m.fit_reason == "needs 9 GB" and m.approximate == ["size_bytes"]
-    assert [x.source for x in m.local] == ["hf-cache", "peer"] and m.local[1].files == 3
-    assert got.hub_error == "offline" and wire(got) == found
+    assert got == CatalogInfo([here], "offline") and wire(got) == found
+    assert "fit_reason" not in CatalogModel("o/m").to_json()  # only when the planner says no
 
     gone = RemovedInfo.from_json({"deleted": "o/m", "freed_bytes": 99})
     assert gone.deleted == "o/m" and gone.freed_bytes == 99

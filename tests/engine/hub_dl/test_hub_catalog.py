@@ -25,21 +25,20 @@ def test_browse_merges_catalog_local_and_hub(hub, hf_env: Path, tmp_path: Path,
                                              monkeypatch) -> None:
     pull(SHARDED)
     found = browse(tmp_path / "models", None, memory_bytes=16 * 10**9)
-    by_id = {m["id"]: m for m in found["models"]}
-    assert by_id[SHARDED]["local"][0]["source"] == "hf-cache"
-    assert by_id[SHARDED]["layers"] == 4
-    assert by_id["mlx-community/Qwen3-8B-4bit"]["fits"] is True
-    assert by_id["mlx-community/Qwen3-235B-A22B-4bit"]["fits"] is False
+    by_id = {m.id: m for m in found.models}
+    assert by_id[SHARDED].local[0].source == "hf-cache"
+    assert by_id[SHARDED].layers == 4
+    assert by_id["mlx-community/Qwen3-8B-4bit"].fits is True
+    assert by_id["mlx-community/Qwen3-235B-A22B-4bit"].fits is False
     found = browse(tmp_path / "models", "tiny", online=True)
-    ids = [m["id"] for m in found["models"]]
-    assert found["hub_error"] is None and ids[0] == SHARDED  # local first
+    ids = [m.id for m in found.models]
+    assert found.hub_error is None and ids[0] == SHARDED  # local first
     assert "test-org/tiny-big" in ids  # from the Hub search
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub.reset_counters()
     found = browse(tmp_path / "models", "tiny", online=True)
-    assert [m["id"] for m in found["models"]] == [SHARDED] and hub.requests == []
+    assert [m.id for m in found.models] == [SHARDED] and hub.requests == []
     hub.stop()
     monkeypatch.delenv("HF_HUB_OFFLINE")
     found = browse(tmp_path / "models", "qwen3 8b", online=True)
-    assert found["hub_error"] and "mlx-community/Qwen3-8B-4bit" in \
-        [m["id"] for m in found["models"]]
+    assert found.hub_error and "mlx-community/Qwen3-8B-4bit" in [m.id for m in found.models]
