@@ -14,7 +14,7 @@ from typing import Any
 
 from app.common import fmt_bytes
 from app.snapshots import NodeCard
-from engine.protocol import CatalogModel
+from engine.records import CatalogModel
 
 HEADROOM = 1.15  # weights plus KV cache and activations, as engine.hub.catalog counts
 MOST_MACHINES = 16  # beyond this many machines like this one, a model is "too large"

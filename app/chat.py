@@ -37,7 +37,7 @@ from app.status import BUSY, runner_text
 from app.tasks import StreamTask, Tasks
 from engine.client import ChatDelta, NodeClient
 from engine.errors import PeerUnreachable
-from engine.protocol import ModelCard
+from engine.records import ModelCard
 
 log = logging.getLogger(__name__)
 NODE_DEFAULT = "node default"

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.codeblock import CopyButton
 from app.common import buddy
-from engine.protocol import RequestInfo
+from engine.records import RequestInfo
 
 AGENTS = (("claude", "Claude Code"), ("codex", "Codex CLI"), ("opencode", "OpenCode"),
           ("continue", "Continue"), ("openwebui", "Open WebUI"), ("curl", "curl"))

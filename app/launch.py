@@ -29,7 +29,7 @@ from app.common import message_of
 from app.logs import LogDialog
 from app.tasks import Tasks
 from engine.client import NodeClient
-from engine.protocol import InstanceInfo
+from engine.records import InstanceInfo
 
 log = logging.getLogger(__name__)
 LAUNCH_POLL_S = 0.5

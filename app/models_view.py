@@ -35,7 +35,7 @@ from app.common import fmt_bytes, fmt_eta, fmt_rate, message_of, route_missing
 from app.polling import Poller
 from app.tasks import Tasks
 from engine.client import NodeClient
-from engine.protocol import CatalogInfo, CatalogModel, DownloadInfo, FilesAt, ModelCard, RemovedInfo
+from engine.records import CatalogInfo, CatalogModel, DownloadInfo, FilesAt, ModelCard, RemovedInfo
 
 log = logging.getLogger(__name__)
 DOWNLOADS_BUSY_S, DOWNLOADS_IDLE_S = 1.0, 5.0

@@ -37,7 +37,7 @@ from app.launch import LaunchPanel
 from app.strips import LayerStrips
 from app.tasks import Tasks
 from engine.client import NodeClient
-from engine.protocol import ModelCard, ModelFacts, PlanInfo
+from engine.records import ModelCard, ModelFacts, PlanInfo
 
 log = logging.getLogger(__name__)
 DEBOUNCE_MS = 120

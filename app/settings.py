@@ -46,7 +46,7 @@ from app.tasks import Tasks
 from app.theme import APPEARANCE, MODES
 from engine.client import NodeClient
 from engine.net import DEFAULT_PORT, is_loopback
-from engine.protocol import PeerInfo
+from engine.records import PeerInfo
 
 log = logging.getLogger(__name__)
 KEEP_IN_TRAY = "tray/keep_running_on_close"

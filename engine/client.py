@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from engine.errors import PeerUnreachable, ShoalError
-from engine.protocol import (
+from engine.records import (
     CatalogInfo,
     ClusterInfo,
     DownloadInfo,

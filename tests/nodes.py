@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.protocol import RunnerFailed, RunnerReady, StatusInfo
+from engine.records import RunnerFailed, RunnerReady, StatusInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,6 +23,7 @@ from engine.api.render import (
 )
 from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest, ModelNotFound
+from engine.records import TokenLogprob
 
 routes = web.RouteTableDef()
 
@@ -179,7 +180,7 @@ class ChatRenderer:
         self.calls = 0
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None,
-               lps: list[wire.TokenLogprob] | None = None) -> dict[str, Any]:
+               lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
         c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
         if self.logprobs:
             c["logprobs"] = {"content": logprobs_json(lps), "refusal": None} if lps else None

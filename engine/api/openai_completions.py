@@ -15,6 +15,7 @@ from engine.api.openai_schemas import MAX_TOKENS_LIMIT, SamplingFields, StreamOp
 from engine.api.render import SSE_KEEPALIVE, Answer, Context, error_of, sse
 from engine.api.serve import Endpoint, handler
 from engine.errors import BadRequest
+from engine.records import TokenLogprob
 
 routes = web.RouteTableDef()
 
@@ -58,7 +59,7 @@ def to_request(body: CompletionRequest) -> wire.GenerateRequest:
                                 sampling=wire.SamplingRequest.of(sampling))
 
 
-def legacy_logprobs(entries: list[wire.TokenLogprob], offset: int) -> dict[str, Any]:
+def legacy_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
     """The completions API's older shape: parallel lists."""
     offsets, at = [], offset
     for e in entries:

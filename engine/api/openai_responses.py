@@ -29,6 +29,7 @@ from engine.api.responses_schemas import (
 )
 from engine.api.serve import Endpoint, handler
 from engine.errors import ModelNotFound
+from engine.records import TokenLogprob
 
 routes = web.RouteTableDef()
 
@@ -63,7 +64,7 @@ def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
     return out
 
 
-def _message(iid: str, text: str, logprobs: list[wire.TokenLogprob], status: str
+def _message(iid: str, text: str, logprobs: list[TokenLogprob], status: str
              ) -> dict[str, Any]:
     return {"type": "message", "id": iid, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [],

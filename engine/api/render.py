@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from engine import protocol as wire
 from engine.errors import ShoalError
+from engine.records import TokenLogprob
 
 SSE_KEEPALIVE = b": keep-alive\n\n"  # a comment line: every SSE client skips it
 
@@ -29,7 +30,7 @@ class Answer:
     content: str = ""
     reasoning: str = ""
     tool_calls: list[wire.ToolCall] = field(default_factory=list)
-    logprobs: list[wire.TokenLogprob] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     done: wire.Done | None = None
 
     def add(self, ev: wire.Event) -> None:
@@ -46,7 +47,7 @@ class Answer:
             self.logprobs += ev.logprobs
 
 
-def logprobs_json(lps: list[wire.TokenLogprob] | None) -> list[dict[str, Any]]:
+def logprobs_json(lps: list[TokenLogprob] | None) -> list[dict[str, Any]]:
     """Tokens' log-probabilities as OpenAI, the Responses API and Ollama all spell them."""
     return [e.to_json() for e in lps or []]
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
-from engine.protocol import CatalogInfo, CatalogModel, FilesAt
+from engine.records import CatalogInfo, CatalogModel, FilesAt
 
 log = logging.getLogger(__name__)
 CATALOG = Path(__file__).resolve().parent.parent.parent / "resources" / "catalog.json"

@@ -48,7 +48,7 @@ from engine.hub.hfcache import (  # noqa: F401 (re-exported)
 from engine.hub.local import default_hf_cache
 from engine.hub.progress import Tracker
 from engine.hub.shards import SIDE_PATTERNS, files_for_layers
-from engine.protocol import DownloadProgress
+from engine.records import DownloadProgress
 
 log = logging.getLogger(__name__)
 DEFAULT_PATTERNS = ("model*.safetensors", *SIDE_PATTERNS)

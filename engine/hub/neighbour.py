@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from engine.errors import Cancelled, PeerUnreachable, ShoalError
 from engine.hub.hfcache import Plan, RemoteFile, repo_dir
-from engine.protocol import Record
+from engine.records import Record
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20

@@ -1,4 +1,4 @@
-"""Download progress (engine.protocol.DownloadProgress snapshots): bytes done and total
+"""Download progress (engine.records.DownloadProgress snapshots): bytes done and total
 per file and overall, speed over a short window, and the time left."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.hub.hfcache import RemoteFile
-from engine.protocol import DownloadProgress, FileProgress
+from engine.records import DownloadProgress, FileProgress
 
 
 class _Rate:

@@ -42,7 +42,7 @@ from engine.node.launch import (
 from engine.node.peers import Peers
 from engine.node.planning import cluster_view
 from engine.node.service import Node
-from engine.protocol import (
+from engine.records import (
     ENDED,
     ClusterInfo,
     DraftInfo,

@@ -9,7 +9,7 @@ from engine.cluster.probes import cluster_cables
 from engine.errors import BadRequest
 from engine.node.cluster import Cluster
 from engine.node.incoming import json_object
-from engine.protocol import TopologyInfo
+from engine.records import TopologyInfo
 
 routes = web.RouteTableDef()
 

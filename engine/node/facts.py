@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine.protocol import MachineInfo, PowerInfo, SpeedInfo
+from engine.records import MachineInfo, PowerInfo, SpeedInfo
 
 log = logging.getLogger(__name__)
 MEMORY_EVERY_S = 5.0

@@ -15,7 +15,8 @@ from engine.node.peers import Peers
 from engine.node.service import Node
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
-from engine.protocol import ENDED, Exited, Fatal, FollowerInfo, InstanceState, Loading, Message
+from engine.protocol import Exited, Fatal, Loading, Message
+from engine.records import ENDED, FollowerInfo, InstanceState
 from engine.runtime.distributed import DistConfig
 
 KEEP_ENDED = 4  # ended ranks remembered, for their reasons

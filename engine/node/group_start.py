@@ -17,7 +17,7 @@ from engine.errors import PeerUnreachable, ShoalError, WorkerFailed
 from engine.node.launch import Instance, Rank, fresh_ports, host_of, write_config
 from engine.node.peers import Peers
 from engine.node.service import Node
-from engine.protocol import ENDED, InstanceState
+from engine.records import ENDED, InstanceState
 from engine.runtime.distributed import DistConfig
 from engine.runtime.prefix import default_budget
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ShoalError
-from engine.protocol import HealInfo
+from engine.records import HealInfo
 
 if TYPE_CHECKING:
     from engine.node.cluster import Cluster

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from engine.errors import BadRequest, Busy, Cancelled, ModelNotFound, ShoalError
 from engine.node.incoming import json_object
-from engine.protocol import (
+from engine.records import (
     CatalogInfo,
     CatalogModel,
     DownloadInfo,

@@ -32,7 +32,7 @@ from engine.placement.validate import (
     check_tensor,
     max_lanes,
 )
-from engine.protocol import InstanceInfo, InstanceState, RankInfo
+from engine.records import InstanceInfo, InstanceState, RankInfo
 from engine.runtime.distributed import Backend, DistConfig
 
 log = logging.getLogger(__name__)

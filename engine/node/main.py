@@ -31,7 +31,7 @@ from engine.node.peers import Peers
 from engine.node.server import build_app
 from engine.node.service import Node
 from engine.paths import ensure, logs_dir, models_dir
-from engine.protocol import DraftInfo
+from engine.records import DraftInfo
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import aiohttp
 
 from engine.cluster.auth import NotInCluster, sign
 from engine.errors import PeerUnreachable, ShoalError
-from engine.protocol import NodeInfo, PeerLink
+from engine.records import NodeInfo, PeerLink
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0

@@ -19,7 +19,7 @@ from engine.placement.planner import Placement, Rejection, evaluate, explain, pl
 from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import PlacementError
-from engine.protocol import DraftInfo, MachineInfo, NodeInfo, PlanInfo, RejectedInfo
+from engine.records import DraftInfo, MachineInfo, NodeInfo, PlanInfo, RejectedInfo
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.protocol import RequestInfo
+from engine.records import RequestInfo
 
 KEEP = 200
 LOGGED = ("/v1/", "/api/")  # the user API: what agents and chat UIs call

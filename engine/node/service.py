@@ -15,7 +15,7 @@ from engine.errors import ModelNotFound, ShoalError, WorkerFailed
 from engine.node.state import status_record
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
-from engine.protocol import (
+from engine.records import (
     ClusterInfo,
     RunnerFailed,
     RunnerIdle,
@@ -72,7 +72,7 @@ class Node:
 
     # --- status ----------------------------------------------------------------------
     def status(self, cluster: ClusterInfo | None = None) -> dict[str, Any]:
-        """The /shoal/status body (engine.protocol.StatusInfo as JSON)."""
+        """The /shoal/status body (engine.records.StatusInfo as JSON)."""
         return status_record(
             self.runner, __version__,
             worker_pid=self.worker.pid if self.worker and self.worker.alive else None,

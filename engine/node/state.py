@@ -1,4 +1,4 @@
-"""The node's status snapshot from its runner state (engine.protocol's Runner* records),
+"""The node's status snapshot from its runner state (engine.records' Runner* records),
 and how long a model stays loaded unused."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.protocol import (
+from engine.records import (
     NodeState,
     RunnerFailed,
     RunnerLoading,

@@ -13,17 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.errors import BadRequest, ContextTooLong
-from engine.protocol import (
-    Accepted,
-    Delta,
-    Done,
-    GenerateRequest,
-    Message,
-    Progress,
-    TokenLogprob,
-    ToolCall,
-    TopLogprob,
-)
+from engine.protocol import Accepted, Delta, Done, GenerateRequest, Message, Progress, ToolCall
+from engine.records import TokenLogprob, TopLogprob
 from engine.runtime.harmony import HarmonySplitter, is_harmony
 from engine.runtime.sampling import Sampling
 from engine.runtime.toolcalls import (

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.cluster.probes import CommandResult, run_command
 from engine.placement.gpu_memory import mac_gpu_budget
-from engine.protocol import MachineInfo, MemoryInfo
+from engine.records import MachineInfo, MemoryInfo
 
 log = logging.getLogger(__name__)
 GB = 1024 ** 3

@@ -1,4 +1,4 @@
-"""A missing power reading, and PowerReading (engine/protocol.py), what every power
+"""A missing power reading, and PowerReading (engine/records.py), what every power
 source returns (power.py on Linux, ioreport.py on macOS); its own module so neither
 source imports the other."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from engine.protocol import PowerReading
+from engine.records import PowerReading
 
 
 def missing(reason: str, source: str = "") -> PowerReading:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from app.catalog import Badge, family_of, fit_badge, group, matches, tags_of
 from app.snapshots import node_cards
-from engine.protocol import CatalogModel, FilesAt
+from engine.records import CatalogModel, FilesAt
 
 GB = 10**9
 

@@ -5,7 +5,7 @@ the reason, and a time axis that follows the clock."""
 from app.charts import ChartsView
 from app.metrics import Metrics
 from app.snapshots import node_cards
-from engine.protocol import StatusInfo
+from engine.records import StatusInfo
 
 GB = 10**9
 

@@ -10,7 +10,7 @@ from app.cluster_state import ClusterState
 from app.placement import PlacementView
 from app.tasks import Tasks
 from app.topology import TopologyView
-from engine.protocol import ModelCard, ModelFacts, PlanInfo, TopologyInfo
+from engine.records import ModelCard, ModelFacts, PlanInfo, TopologyInfo
 
 GB = 10**9
 MODEL = "SmolLM2-135M-Instruct"

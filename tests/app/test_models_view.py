@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt
 from app.cluster_state import ClusterState
 from app.models_view import NO_HUB, ModelsView
 from app.tasks import Tasks
-from engine.protocol import CatalogInfo, CatalogModel, FilesAt
+from engine.records import CatalogInfo, CatalogModel, FilesAt
 from hubserver import HubServer
 from nodes import NodeProcess
 

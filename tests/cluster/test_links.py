@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from engine.node.peers import incompatibility
-from engine.protocol import NodeInfo, PeerInfo, PeerLink
+from engine.records import NodeInfo, PeerInfo, PeerLink
 from nodes import start_cluster
 from tests_support import wait_until
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.protocol import (
+from engine.records import (
     ClusterInfo,
     DownloadInfo,
     DownloadState,
@@ -85,7 +85,7 @@ def test_a_failed_download_keeps_its_progress_and_error_as_records():
 
 
 def test_a_status_snapshot_and_its_streams():
-    from engine.protocol import NodeState, RunnerReady, StatusInfo, StreamsInfo
+    from engine.records import NodeState, RunnerReady, StatusInfo, StreamsInfo
 
     wire = {"state": "generating", "model": "m", "error": None,
             "runner": {"type": "Ready", "model": "m", "context_length": 8192, "pid": 7,
@@ -106,7 +106,7 @@ def test_a_status_snapshot_and_its_streams():
 
 def test_each_runner_state_is_its_own_type_with_the_json_it_had():
     from engine.node.state import status_record
-    from engine.protocol import (
+    from engine.records import (
         RunnerFailed,
         RunnerIdle,
         RunnerLoading,
@@ -129,7 +129,7 @@ def test_each_runner_state_is_its_own_type_with_the_json_it_had():
 
 
 def test_a_plan_and_a_topology_go_over_the_wire_and_back():
-    from engine.protocol import PlanInfo, RejectedInfo, TopologyInfo
+    from engine.records import PlanInfo, RejectedInfo, TopologyInfo
 
     plan = {"model": "m", "context": 8192, "notes": ["n"],
             "strategies": {"pipeline": None, "tensor": "mlx-lm has no shard()"},
@@ -148,7 +148,7 @@ def test_a_node_describes_its_machine_speed_links_power_and_draft_as_records():
     """GET /shoal/node as a peer reads it: the planner reads attributes, not dict keys, and
     what goes back on the wire is what came (unmeasured speed and power stay absent)."""
     from engine.cluster.probes import probe_platform
-    from engine.protocol import MachineInfo, MemoryInfo, NodeInfo, SpeedInfo
+    from engine.records import MachineInfo, MemoryInfo, NodeInfo, SpeedInfo
 
     linux = json.loads(json.dumps(probe_platform(system="linux", net_root=Path("/none"))
                                   .to_json()))
@@ -195,7 +195,7 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
     from engine.hub.local import LocalModel
     from engine.node.peers import Peer
     from engine.node.request_log import RequestLog
-    from engine.protocol import (
+    from engine.records import (
         CatalogInfo,
         CatalogModel,
         FilesAt,

@@ -20,6 +20,7 @@ from engine.api.openai_responses import ResponsesRenderer
 from engine.api.openai_schemas import ChatCompletionRequest
 from engine.api.render import Answer, Context, render_stream
 from engine.api.responses_schemas import ResponsesRequest
+from engine.records import TokenLogprob, TopLogprob
 
 HELLO = [{"role": "user", "content": "hi"}]
 TEXT = [wire.Delta("r", "Hel"), wire.Delta("r", "lo"),
@@ -159,8 +160,8 @@ def test_ollama_ndjson(chat):
         (ollama.ChatResponse if chat else ollama.GenerateResponse).model_validate(row)
 
 
-LP = [wire.TokenLogprob("Hi", -0.25, [72, 105], [wire.TopLogprob("Hi", -0.25, [72, 105]),
-                                                 wire.TopLogprob("Yo", -1.5, [89, 111])])]
+LP = [TokenLogprob("Hi", -0.25, [72, 105], [TopLogprob("Hi", -0.25, [72, 105]),
+                                                 TopLogprob("Yo", -1.5, [89, 111])])]
 LP_JSON = [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105],
             "top_logprobs": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105]},
                              {"token": "Yo", "logprob": -1.5, "bytes": [89, 111]}]}]

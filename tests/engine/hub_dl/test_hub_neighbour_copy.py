@@ -14,7 +14,7 @@ from hub_models import BIG, SHARDED
 
 from engine.cluster.auth import sign
 from engine.hub.download import pull, repo_dir
-from engine.protocol import DownloadInfo
+from engine.records import DownloadInfo
 from nodes import NodeProcess, free_port
 from tests_support import wait_until
 

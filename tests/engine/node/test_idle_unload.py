@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from engine.node.state import duration_seconds
-from engine.protocol import RunnerIdle, RunnerReady
+from engine.records import RunnerIdle, RunnerReady
 from nodes import NodeProcess, home_with
 from tests_support import wait_until
 

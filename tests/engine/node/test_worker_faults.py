@@ -145,7 +145,7 @@ def test_the_request_log_shows_answers_and_refusals_without_bodies(tiny_node):
 
 
 def test_the_event_stream_starts_with_the_status(tiny_node):
-    from engine.protocol import StatusInfo
+    from engine.records import StatusInfo
 
     events = tiny_node.client.events()
     first = next(events)

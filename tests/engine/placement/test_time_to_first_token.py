@@ -126,7 +126,7 @@ def test_a_nodes_watts_measured_while_it_generated_replace_the_catalogues():
     from placement_support import LLAMA_CONFIG
 
     from engine.node.planning import plan_from_cluster, planner_node
-    from engine.protocol import NodeInfo
+    from engine.records import NodeInfo
 
     def studio(nid: str, chip: str, serving: float | None) -> NodeInfo:
         power = {"watts": 9.0, "source": "ioreport"}  # idle now: not what the plan uses
