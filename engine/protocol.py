@@ -49,9 +49,10 @@ class SamplingRequest:
     draft_tokens: int | None = None  # the most guesses per pass
 
     @classmethod
-    def of(cls, fields: dict[str, Any]) -> SamplingRequest:
-        """From the API's fields (or the pipe's JSON): lists become tuples, and a logit
-        bias keyed by token id strings (as OpenAI sends it) becomes pairs."""
+    def of(cls, **fields: Any) -> SamplingRequest:
+        """From the API's fields (or the pipe's JSON), None meaning the default: lists
+        become tuples, and a logit bias keyed by token id strings (as OpenAI sends it)
+        becomes pairs."""
         f = {k: v for k, v in fields.items() if v is not None}
         stop = f.get("stop") or ()
         f["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
@@ -256,7 +257,7 @@ def decode(line: bytes | str) -> Message:
         raise ValueError(f"unknown message {raw!r:.80}")
     if cls is Generate:
         req = dict(raw["request"])
-        req["sampling"] = SamplingRequest.of(req.get("sampling") or {})
+        req["sampling"] = SamplingRequest.of(**(req.get("sampling") or {}))
         raw["request"] = GenerateRequest(**req)
     if cls is Ready and isinstance(raw.get("rank"), dict):
         raw["rank"] = RankReady(**raw["rank"])

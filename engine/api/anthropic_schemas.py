@@ -385,22 +385,20 @@ def to_request(body: CountTokensRequest, count_only: bool = False) -> wire.Gener
         else:
             choice = {"auto": "auto", "any": "required", "none": "none"}[tc.type]
     thinking = None if body.thinking is None else body.thinking.type != "disabled"
-    sampling: dict[str, Any] = {}
-    if isinstance(body, MessagesRequest):
-        sampling = {k: v for k, v in {
-            "max_tokens": body.max_tokens, "temperature": body.temperature,
-            "top_p": body.top_p, "top_k": body.top_k, "stop": body.stop_sequences,
-            **body.drafts()}.items() if v is not None}
     fmt = body.output_config.format if body.output_config else None
-    if fmt is not None:
-        sampling["constraint"] = {"json_schema": fmt.schema_}
+    constraint = None if fmt is None else {"json_schema": fmt.schema_}
+    sampling = wire.SamplingRequest.of(
+        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
+        top_k=body.top_k, stop=body.stop_sequences, constraint=constraint,
+        **body.drafts()) if isinstance(body, MessagesRequest) else \
+        wire.SamplingRequest(constraint=constraint)  # count_tokens: the prompt only
     last = body.messages[-1]
     prefill = last.role == "assistant" and bool(messages) and \
         messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
     return wire.GenerateRequest(
         messages=messages, tools=offered, tool_choice=choice,
         parallel_tool_calls=not (tc and tc.disable_parallel_tool_use), thinking=thinking,
-        sampling=wire.SamplingRequest.of(sampling), count_only=count_only, continue_final=prefill)
+        sampling=sampling, count_only=count_only, continue_final=prefill)
 
 
 def dropped_tools(body: CountTokensRequest) -> list[str]:

@@ -87,24 +87,18 @@ class GenerateRequest(Common):
 
 def sampling(body: Common, ctx_hint: int | None = None) -> wire.SamplingRequest:
     o = body.options or Options()
-    s: dict[str, Any] = {
-        "temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "min_p": o.min_p,
-        "repetition_penalty": o.repeat_penalty, "presence_penalty": o.presence_penalty,
-        "frequency_penalty": o.frequency_penalty, "seed": o.seed, "stop": o.stop,
-        **o.drafts()}
-    if o.num_predict is not None and o.num_predict > 0:  # -1, -2: up to the context
-        s["max_tokens"] = o.num_predict
-    if o.num_ctx is not None:  # a smaller window than the model's is honoured
-        s["context_limit"] = o.num_ctx
-    if body.format == "json":
-        s["constraint"] = {"json_schema": {"type": "object"}}
-    elif isinstance(body.format, dict):
-        s["constraint"] = {"json_schema": body.format}
-    if body.logprobs:
-        s["logprobs"] = body.top_logprobs or 0
-    elif body.top_logprobs is not None:
+    constraint = {"json_schema": {"type": "object"}} if body.format == "json" else \
+        {"json_schema": body.format} if isinstance(body.format, dict) else None
+    if not body.logprobs and body.top_logprobs is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
-    return wire.SamplingRequest.of(s)
+    return wire.SamplingRequest.of(
+        temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p,
+        repetition_penalty=o.repeat_penalty, presence_penalty=o.presence_penalty,
+        frequency_penalty=o.frequency_penalty, seed=o.seed, stop=o.stop,
+        # -1, -2: up to the context; a smaller window than the model's is honoured
+        max_tokens=o.num_predict if o.num_predict is not None and o.num_predict > 0 else None,
+        context_limit=o.num_ctx, constraint=constraint,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None, **o.drafts())
 
 
 def _no_images(images: list[Any] | None, where: str) -> None:

@@ -127,18 +127,15 @@ def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
         raise BadRequest("Only n=1 is supported: ask again for another answer.", param="n")
     if body.top_logprobs is not None and not body.logprobs:
         raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
-    sampling = body.sampling(body.max_completion_tokens or body.max_tokens)
-    if body.logprobs:
-        sampling["logprobs"] = body.top_logprobs or 0
-    constraint = constraint_of(body.response_format)
-    if constraint:
-        sampling["constraint"] = constraint
+    sampling = body.sampling(body.max_completion_tokens or body.max_tokens,
+                             (body.top_logprobs or 0) if body.logprobs else None,
+                             constraint_of(body.response_format))
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     return wire.GenerateRequest(
         messages=template_messages(body.messages), tools=tools,
         tool_choice=choose_tool(body.tools, body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        thinking=thinking_of(body), sampling=wire.SamplingRequest.of(sampling))
+        thinking=thinking_of(body), sampling=sampling)
 
 
 def usage(done: wire.Done) -> dict[str, Any]:

@@ -52,11 +52,8 @@ def to_request(body: CompletionRequest) -> wire.GenerateRequest:
     if body.echo and body.logprobs is not None:
         raise BadRequest("'echo' with 'logprobs' would need the prompt's log-probabilities, "
                          "which Shoal doesn't compute.", param="echo")
-    sampling = body.sampling(body.max_tokens)
-    if body.logprobs is not None:
-        sampling["logprobs"] = body.logprobs
     return wire.GenerateRequest(prompt=_prompt(body.prompt), suffix=body.suffix,
-                                sampling=wire.SamplingRequest.of(sampling))
+                                sampling=body.sampling(body.max_tokens, body.logprobs))
 
 
 def legacy_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:

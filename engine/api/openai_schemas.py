@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.errors import BadRequest
+from engine.protocol import SamplingRequest
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context window: a typo, not a request
 Number = float
@@ -29,9 +30,9 @@ class Drafts(Strict):
     speculative: bool | None = None  # None: as the node is set
     draft_tokens: int | None = Field(default=None, ge=1, le=16)
 
-    def drafts(self) -> dict[str, Any]:
-        return {k: v for k, v in (("speculative", self.speculative),
-                                  ("draft_tokens", self.draft_tokens)) if v is not None}
+    def drafts(self) -> dict[str, bool | int | None]:
+        """The knobs as SamplingRequest's fields (None: as the node is set)."""
+        return {"speculative": self.speculative, "draft_tokens": self.draft_tokens}
 
 
 class SamplingFields(Drafts):
@@ -63,15 +64,14 @@ class SamplingFields(Drafts):
                 raise ValueError(f"biases are between -100 and 100, got {b}")
         return v
 
-    def sampling(self, max_tokens: int | None) -> dict[str, Any]:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        s = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-             "top_k": self.top_k, "min_p": self.min_p,
-             "repetition_penalty": self.repetition_penalty,
-             "presence_penalty": self.presence_penalty,
-             "frequency_penalty": self.frequency_penalty, "seed": self.seed, "stop": stop,
-             "logit_bias": self.logit_bias, **self.drafts()}
-        return {k: v for k, v in s.items() if v is not None}
+    def sampling(self, max_tokens: int | None, logprobs: int | None = None,
+                 constraint: dict[str, Any] | None = None) -> SamplingRequest:
+        return SamplingRequest.of(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            seed=self.seed, stop=self.stop, logit_bias=self.logit_bias, logprobs=logprobs,
+            constraint=constraint, **self.drafts())
 
 
 class FunctionDef(Strict):

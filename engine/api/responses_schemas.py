@@ -269,25 +269,25 @@ def _refuse_state(body: ResponsesRequest) -> None:
 
 def to_request(body: ResponsesRequest) -> wire.GenerateRequest:
     _refuse_state(body)
-    sampling: dict[str, Any] = {k: v for k, v in {
-        "max_tokens": body.max_output_tokens, "temperature": body.temperature,
-        "top_p": body.top_p, **body.drafts()}.items() if v is not None}
+    logprobs = body.top_logprobs
     for i, inc in enumerate(body.include or []):
         if inc == "message.output_text.logprobs":
-            sampling["logprobs"] = body.top_logprobs or 0
+            logprobs = body.top_logprobs or 0
         elif inc != "reasoning.encrypted_content":  # nothing is encrypted here: harmless
             raise BadRequest(f"'include[{i}]': {inc!r} is not available from Shoal.",
                              param=f"include[{i}]")
-    if body.top_logprobs is not None:
-        sampling["logprobs"] = body.top_logprobs
     fmt = body.text.format if body.text else None
+    constraint = None
     if fmt is not None and fmt.type == "json_object":
-        sampling["constraint"] = {"json_schema": {"type": "object"}}
+        constraint = {"json_schema": {"type": "object"}}
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
             raise BadRequest("'text.format.schema' is required for json_schema.",
                              param="text.format.schema")
-        sampling["constraint"] = {"json_schema": fmt.schema_}
+        constraint = {"json_schema": fmt.schema_}
+    sampling = wire.SamplingRequest.of(
+        max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
+        logprobs=logprobs, constraint=constraint, **body.drafts())
     names = flatten_tools(body.tools)
     tools = names.functions or None
     choice: str | dict[str, str] = "auto"
@@ -306,4 +306,4 @@ def to_request(body: ResponsesRequest) -> wire.GenerateRequest:
         messages=template_messages(body, names), tools=tools, tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         thinking=None if effort is None else effort != "none",
-        sampling=wire.SamplingRequest.of(sampling))
+        sampling=sampling)
