@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
 from engine.records import TokenLogprob
 
@@ -62,16 +62,50 @@ class SamplingRequest:
         return cls(**f)
 
 
+class TemplateFunction(TypedDict):
+    name: str
+    arguments: dict[str, Any]  # the call's arguments as an object, as templates read them
+
+
+class TemplateCall(TypedDict):
+    id: NotRequired[str | None]  # Ollama's calls may have none
+    type: Literal["function"]
+    function: TemplateFunction
+
+
+class TemplateMessage(TypedDict):
+    """One turn as Hugging Face chat templates take it, whatever protocol sent it."""
+    role: str  # system | user | assistant | tool
+    content: str
+    tool_calls: NotRequired[list[TemplateCall]]
+    tool_call_id: NotRequired[str | None]  # a tool turn's answer to that call
+    name: NotRequired[str]
+    reasoning_content: NotRequired[str]
+
+
+class ToolFunction(TypedDict):
+    name: str
+    description: NotRequired[str]
+    parameters: NotRequired[dict[str, Any]]  # a JSON schema of its arguments
+    strict: NotRequired[bool]
+
+
+class ToolSpec(TypedDict):
+    """A tool the model may call, as chat templates take it (OpenAI's function tool)."""
+    type: Literal["function"]
+    function: ToolFunction
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     """One generation, whatever protocol asked for it. Either chat `messages` (rendered
     through the model's chat template, with `tools` where given) or a raw `prompt`."""
 
-    messages: list[dict[str, Any]] | None = None
+    messages: list[TemplateMessage] | None = None
     prompt: str | list[int] | None = None
     suffix: str | None = None  # fill-in-the-middle, where the vocabulary has FIM tokens
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] = "auto"  # auto | none | required | {"name": ...}
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, str] = "auto"  # auto | none | required | {"name": ...}
     parallel_tool_calls: bool = True
     thinking: bool | None = None  # the template's thinking switch, where it has one
     sampling: SamplingRequest = field(default_factory=SamplingRequest)

@@ -217,7 +217,8 @@ def _system_text(system: str | list[Block] | None) -> str:
     return _text(kept, "system")
 
 
-def _system_turn(m: Message, i: int, later_user: bool, tools: Tools) -> dict[str, Any] | None:
+def _system_turn(m: Message, i: int, later_user: bool,
+                 tools: Tools) -> wire.TemplateMessage | None:
     """A system turn inside `messages`: its text (gone once a later user turn exists when
     clear_at says so), and its tool additions and removals."""
     where = f"messages[{i}].content"
@@ -237,12 +238,12 @@ def _system_turn(m: Message, i: int, later_user: bool, tools: Tools) -> dict[str
 
 
 def template_messages(body: CountTokensRequest, tools: Tools | None = None
-                      ) -> list[dict[str, Any]]:
+                      ) -> list[wire.TemplateMessage]:
     """Anthropic turns as chat-template messages: tool_use blocks become an assistant's
     tool_calls, tool_result blocks become tool messages, thinking becomes reasoning_content,
     system turns stay system turns where they are."""
     tools = tools or Tools([])
-    out: list[dict[str, Any]] = []
+    out: list[wire.TemplateMessage] = []
     if (system := _system_text(body.system)):
         out.append({"role": "system", "content": system})
     last_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=-1)
@@ -258,7 +259,8 @@ def template_messages(body: CountTokensRequest, tools: Tools | None = None
                              param=f"messages[{i}].{field}")
         blocks = [Block(type="text", text=m.content)] if isinstance(m.content, str) \
             else m.content
-        text, reasoning, calls = "", "", []
+        text, reasoning = "", ""
+        calls: list[wire.TemplateCall] = []
         for j, b in enumerate(blocks):
             where = f"messages[{i}].content[{j}]"
             if b.type in ("text", "search_result"):
@@ -288,7 +290,7 @@ def template_messages(body: CountTokensRequest, tools: Tools | None = None
                 raise BadRequest(f"'{where}': {b.type!r} blocks are not supported in "
                                  f"{m.role} messages.", param=f"{where}.type")
         if text or calls or reasoning or m.role == "user" and not out[-1:]:
-            msg: dict[str, Any] = {"role": m.role, "content": text}
+            msg: wire.TemplateMessage = {"role": m.role, "content": text}
             if calls:
                 msg["tool_calls"] = calls
             if reasoning:
@@ -302,7 +304,7 @@ class Tools:
     ones once something names them; server tools left out (noted)."""
 
     def __init__(self, tools: list[Tool]):
-        self.defs: dict[str, dict[str, Any]] = {}
+        self.defs: dict[str, wire.ToolSpec] = {}
         self.offered: list[str] = []
         self.dropped: list[str] = []
         for i, t in enumerate(tools):
@@ -323,8 +325,8 @@ class Tools:
                 desc += "\nExample inputs:\n" + "\n".join(json.dumps(x)
                                                           for x in t.input_examples)
             name = t.name
-            fn: dict[str, Any] = {"name": name, "description": desc,
-                                  "parameters": t.input_schema}
+            fn: wire.ToolFunction = {"name": name, "description": desc,
+                                     "parameters": t.input_schema}
         elif kind.startswith(SERVER_TOOLS):
             self.dropped.append(kind)
             return None
@@ -362,7 +364,7 @@ class Tools:
         elif name in self.offered:
             self.offered.remove(name)
 
-    def listed(self) -> list[dict[str, Any]] | None:
+    def listed(self) -> list[wire.ToolSpec] | None:
         return [self.defs[n] for n in self.offered] or None
 
 

@@ -4,7 +4,7 @@ accepted; sampling Shoal can't do (mirostat, typical_p, tfs_z) is refused naming
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field
 
@@ -106,22 +106,27 @@ def _no_images(images: list[Any] | None, where: str) -> None:
         raise BadRequest(f"'{where}': this model takes text only.", param=where)
 
 
-def _call_id(c: ToolCallIn) -> dict[str, str]:
+def _call(c: ToolCallIn, where: str) -> wire.TemplateCall:
+    """A call of an earlier assistant turn (arguments an object or its JSON text), with
+    the id Open WebUI adds."""
+    args = c.function.arguments
+    call: wire.TemplateCall = {"type": "function", "function": {
+        "name": c.function.name,
+        "arguments": args if isinstance(args, dict) else tool_arguments(args or "", where)}}
     cid = (c.model_extra or {}).get("id")
-    return {"id": cid} if isinstance(cid, str) else {}
+    if isinstance(cid, str):
+        call["id"] = cid
+    return call
 
 
 def chat_request(body: ChatRequest) -> wire.GenerateRequest:
-    msgs = []
+    msgs: list[wire.TemplateMessage] = []
     for i, m in enumerate(body.messages):
         _no_images(m.images, f"messages[{i}].images")
-        d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        d: wire.TemplateMessage = {"role": m.role, "content": m.content or ""}
         if m.tool_calls:
-            d["tool_calls"] = [{"type": "function", **_call_id(c), "function": {
-                "name": c.function.name, "arguments": c.function.arguments
-                if isinstance(c.function.arguments, dict) else tool_arguments(
-                    c.function.arguments or "", f"messages[{i}].tool_calls[{j}].function"
-                    ".arguments")}} for j, c in enumerate(m.tool_calls)]
+            d["tool_calls"] = [_call(c, f"messages[{i}].tool_calls[{j}].function.arguments")
+                               for j, c in enumerate(m.tool_calls)]
         if m.thinking:
             d["reasoning_content"] = m.thinking
         if m.tool_name:
@@ -136,7 +141,8 @@ def chat_request(body: ChatRequest) -> wire.GenerateRequest:
             raise BadRequest(f"'tools[{i}]' must be {{type: function, function: {{name, "
                              "description, parameters}}}}.", param=f"tools[{i}]")
     think = None if body.think is None else bool(body.think)
-    return wire.GenerateRequest(messages=msgs, tools=body.tools or None, thinking=think,
+    tools = cast(list[wire.ToolSpec], body.tools)  # checked above: templates take them as sent
+    return wire.GenerateRequest(messages=msgs, tools=tools or None, thinking=think,
                                 sampling=sampling(body))
 
 
@@ -149,8 +155,9 @@ def generate_request(body: GenerateRequest) -> wire.GenerateRequest:
     think = None if body.think is None else bool(body.think)
     if body.raw:
         return wire.GenerateRequest(prompt=body.prompt, sampling=sampling(body))
-    msgs = ([{"role": "system", "content": body.system}] if body.system else []) + \
-        [{"role": "user", "content": body.prompt}]
+    msgs: list[wire.TemplateMessage] = [{"role": "system", "content": body.system}] \
+        if body.system else []
+    msgs.append({"role": "user", "content": body.prompt})
     return wire.GenerateRequest(messages=msgs, thinking=think, sampling=sampling(body))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -79,12 +79,12 @@ def _text(m: ChatMessage, i: int) -> str:
     return "".join(p.text or "" for p in m.content)
 
 
-def template_messages(msgs: list[ChatMessage]) -> list[dict[str, Any]]:
+def template_messages(msgs: list[ChatMessage]) -> list[wire.TemplateMessage]:
     """Messages as Hugging Face chat templates take them (tool arguments as objects)."""
     out = []
     for i, m in enumerate(msgs):
-        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                             "content": _text(m, i)}
+        d: wire.TemplateMessage = {"role": "system" if m.role == "developer" else m.role,
+                                   "content": _text(m, i)}
         if m.tool_calls:
             d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": common.tool_arguments(
@@ -130,7 +130,9 @@ def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
     sampling = body.sampling(body.max_completion_tokens or body.max_tokens,
                              (body.top_logprobs or 0) if body.logprobs else None,
                              constraint_of(body.response_format))
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    tools: list[wire.ToolSpec] | None = [
+        {"type": "function", "function": cast(wire.ToolFunction, t.function.model_dump(
+            exclude_none=True))} for t in body.tools] if body.tools else None
     return wire.GenerateRequest(
         messages=template_messages(body.messages), tools=tools,
         tool_choice=choose_tool(body.tools, body.tool_choice),

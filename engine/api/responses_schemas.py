@@ -147,7 +147,7 @@ class ResponsesRequest(Drafts):
 @dataclass
 class ToolNames:
     """Flattened tools: the prompt's name of each, and back, its namespace and kind."""
-    functions: list[dict[str, Any]] = field(default_factory=list)
+    functions: list[wire.ToolSpec] = field(default_factory=list)
     namespace: dict[str, str] = field(default_factory=dict)  # prompt name -> namespace
     plain: dict[str, str] = field(default_factory=dict)  # prompt name -> name in its space
     custom: set[str] = field(default_factory=set)  # prompt names of freeform tools
@@ -195,9 +195,12 @@ def flatten_tools(tools: list[ToolEntry] | None) -> ToolNames:
         if ns:
             out.namespace[name] = ns
         out.plain[name] = inner.name
-        out.functions.append({"type": "function", "function": {
-            "name": name, "description": desc, **({"parameters": params} if params else {}),
-            **({"strict": inner.strict} if inner.strict is not None else {})}})
+        fn: wire.ToolFunction = {"name": name, "description": desc}
+        if params:
+            fn["parameters"] = params
+        if inner.strict is not None:
+            fn["strict"] = inner.strict
+        out.functions.append({"type": "function", "function": fn})
     return out
 
 
@@ -215,9 +218,9 @@ def _text(content: Any, where: str) -> str:
 
 
 def template_messages(body: ResponsesRequest, names: ToolNames | None = None
-                      ) -> list[dict[str, Any]]:
+                      ) -> list[wire.TemplateMessage]:
     names = names or flatten_tools(body.tools)
-    msgs: list[dict[str, Any]] = []
+    msgs: list[wire.TemplateMessage] = []
     if body.instructions:
         msgs.append({"role": "system", "content": body.instructions})
     items = [Item(role="user", content=body.input)] if isinstance(body.input, str) \
@@ -235,7 +238,7 @@ def template_messages(body: ResponsesRequest, names: ToolNames | None = None
                 raise BadRequest(f"'{where}': a {kind} needs name and call_id.", param=where)
             args = {"input": it.input or ""} if kind == "custom_tool_call" else \
                 tool_arguments(it.arguments or "", f"{where}.arguments")
-            call = {"id": it.call_id, "type": "function", "function": {
+            call: wire.TemplateCall = {"id": it.call_id, "type": "function", "function": {
                 "name": names.prompt_name(it.name, it.namespace), "arguments": args}}
             last = msgs[-1] if msgs else None
             if last and last["role"] == "assistant" and "tool_calls" in last:

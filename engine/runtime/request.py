@@ -13,7 +13,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.errors import BadRequest, ContextTooLong
-from engine.protocol import Accepted, Delta, Done, GenerateRequest, Message, Progress, ToolCall
+from engine.protocol import (
+    Accepted,
+    Delta,
+    Done,
+    GenerateRequest,
+    Message,
+    Progress,
+    TemplateMessage,
+    ToolCall,
+    ToolSpec,
+)
 from engine.records import TokenLogprob, TopLogprob
 from engine.runtime.harmony import HarmonySplitter, is_harmony
 from engine.runtime.sampling import Sampling
@@ -26,9 +36,9 @@ from engine.runtime.toolcalls import (
 )
 
 
-def _tool_schema(tools: list[dict[str, Any]], choice: str | dict[str, Any]) -> dict[str, Any]:
+def _tool_schema(tools: list[ToolSpec], choice: str | dict[str, str]) -> dict[str, Any]:
     """JSON schema of one call in the generic form, for tool_choice required or named."""
-    def one(t: dict[str, Any]) -> dict[str, Any]:
+    def one(t: ToolSpec) -> dict[str, Any]:
         f = t["function"]
         return {"type": "object", "required": ["name", "arguments"],
                 "additionalProperties": False,
@@ -39,7 +49,7 @@ def _tool_schema(tools: list[dict[str, Any]], choice: str | dict[str, Any]) -> d
     return {"anyOf": [one(t) for t in tools]}
 
 
-def _messages(req: GenerateRequest, generic: bool) -> list[dict[str, Any]]:
+def _messages(req: GenerateRequest, generic: bool) -> list[TemplateMessage]:
     msgs = list(req.messages or [])
     if generic and req.tools:
         text = GENERIC_PROMPT.format(tools="\n".join(json.dumps(t["function"])
@@ -53,7 +63,7 @@ def _messages(req: GenerateRequest, generic: bool) -> list[dict[str, Any]]:
     return msgs
 
 
-def _generic_history(m: dict[str, Any]) -> dict[str, Any]:
+def _generic_history(m: TemplateMessage) -> TemplateMessage:
     if m.get("role") == "assistant" and m.get("tool_calls"):
         calls = "".join(f"{GENERIC_START}{json.dumps(c['function'])}{GENERIC_END}"
                         for c in m["tool_calls"])
@@ -167,7 +177,7 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
     return prompt, text, splitter, constraint
 
 
-def _render(tokenizer: Any, msgs: list[dict[str, Any]], continue_final: bool,
+def _render(tokenizer: Any, msgs: list[TemplateMessage], continue_final: bool,
             kwargs: dict[str, Any]) -> str:
     """The chat template's text. Many templates refuse a system turn past the first or two
     turns of one role in a row (agents send both): those get the conversation folded as
@@ -191,16 +201,16 @@ def _render(tokenizer: Any, msgs: list[dict[str, Any]], continue_final: bool,
                              param="messages") from None
 
 
-def fold_turns(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def fold_turns(msgs: list[TemplateMessage]) -> list[TemplateMessage]:
     """System turns after the first become text of the next user turn; consecutive user
     (or assistant) turns without tool calls become one."""
-    out: list[dict[str, Any]] = []
+    out: list[TemplateMessage] = []
     carry = ""
     for i, m in enumerate(msgs):
         if m["role"] == "system" and i > 0:
             carry += f"{m.get('content') or ''}\n\n"
             continue
-        m = dict(m)
+        m = m.copy()
         if carry and m["role"] == "user":
             m["content"], carry = carry + str(m.get("content") or ""), ""
         prev = out[-1] if out else None
