@@ -228,3 +228,29 @@ def test_a_doorbell_waits_for_a_busy_neighbours_answer():
         t.join(5)
     assert seen == [1], "the neighbour was rung once, not again"
     assert 2.4 < took < 5
+
+
+def test_a_doorbell_whose_neighbour_never_comes_gives_up_at_its_timeout():
+    """No process start in the timing (the group test can't leave it out): the ring is
+    opened in this process, to a neighbour's address nobody listens on."""
+    import socket
+    import time
+
+    from engine.errors import PeerUnreachable
+    from engine.runtime.doorbell import Doorbell
+
+    with socket.socket() as a, socket.socket() as b:  # two free ports, then closed
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        mine, theirs = (f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b))
+    cfg = DistConfig.from_dict({**CONFIG, "rank": 0, "world": 2, "hosts": CONFIG["hosts"][:2],
+                                "layers": [[0, 3], [3, 6]], "timeout_s": 2,
+                                "bells": [mine, theirs]})
+    bell = Doorbell(cfg, on_lost=lambda *a: None, on_quit=lambda p: None)
+    start = time.monotonic()
+    with pytest.raises(PeerUnreachable) as e:
+        bell.open()
+    took = time.monotonic() - start
+    assert 1.9 < took < 4, took
+    assert "rank 1" in e.value.message and theirs in e.value.message
+    assert "within 2 s" in e.value.message
