@@ -26,8 +26,8 @@ SLOW_PATHS = ("tests/cluster/", "tests/engine/runtime/test_distributed.py",
               "tests/engine/api/test_agents_e2e.py", "tests/engine/api/test_openapi_fuzz.py")
 
 
-# What scripts/test runs alone, after the rest has run two files at a time: tests whose
-# assertion is about timing or overlap, which a neighbour's load can hide or stretch (a
+# What scripts/test runs one at a time, beside the rest (niced, two files at a time):
+# tests whose assertion is about timing or overlap, which load can hide or stretch (a
 # dead peer noticed within seconds, a cable pulled under load, healing, mDNS in network
 # namespaces, a 3 s stall watchdog; test_batching's concurrent streams were once seen one
 # at a time so, and test_long_prefill's 1 s chunks once took over 3 s so). The
