@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
-from engine.records import TokenLogprob
+from engine.records import LoadReport, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -155,9 +155,9 @@ class RankReady:
     peak_rss: int
     lanes: int = 1
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> LoadReport:
         """The load report an instance's rank shows (RankInfo.loaded)."""
-        return {"files": self.files, "bytes_read": self.bytes_read, "peak_rss": self.peak_rss}
+        return LoadReport(self.files, self.bytes_read, self.peak_rss)
 
 
 @dataclass(frozen=True)

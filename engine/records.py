@@ -101,12 +101,70 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = field(default_factory=list)
 
 @dataclass(frozen=True)
+class LoadReport(Record):
+    """What a group rank read to load its share: its weight files, their bytes, its peak
+    memory."""
+    files: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+    peak_rss: int = 0
+
+
+@dataclass(frozen=True)
 class RankInfo(Record):
+    singles = {"loaded": LoadReport}
     rank: int
     node: str
     layers: list[int] | None = None  # [start, end) for pipeline; None for tensor
     progress: list[int] | None = None  # layers loaded, total (while starting)
-    loaded: dict[str, Any] | None = None  # files, bytes_read, peak_rss, once loaded
+    loaded: LoadReport | None = None  # once loaded
+
+
+# --- between an instance's owner and the nodes of its other ranks (/shoal/peer/...) ---------
+@dataclass(frozen=True)
+class RankPrepare(Record):
+    """POST /shoal/peer/prepare: check a model's files for a rank, on the host the owner
+    reaches this node at (None: the node's own)."""
+    instance: str
+    model: str
+    host: str | None = None
+
+
+@dataclass(frozen=True)
+class RankPorts(Record):
+    """The prepare's answer: the host a rank listens on and its two fresh ports."""
+    host: str
+    ports: list[int]  # MLX's ring, the group's doorbell
+
+    @property
+    def ring(self) -> str:
+        return f"{self.host}:{self.ports[0]}"
+
+    @property
+    def bell(self) -> str:
+        return f"{self.host}:{self.ports[1]}"
+
+
+@dataclass(frozen=True)
+class RankStart(Record):
+    """POST /shoal/peer/start: run rank config["rank"] of an instance `owner` runs."""
+    instance: str
+    model: str
+    owner: str  # the owner's URL, told when the rank fails
+    config: dict[str, Any]  # engine.runtime.distributed.DistConfig's JSON
+
+
+@dataclass(frozen=True)
+class FollowerState(Record):
+    """GET /shoal/peer/instances/{id}: a rank as the node running it for another sees it
+    (what the owner's watch reads)."""
+    singles = {"loaded": LoadReport}
+    states = {"state": InstanceState}
+    optional = ("rank", "progress", "loaded")
+    state: InstanceState
+    reason: str | None = None
+    rank: int | None = None
+    progress: list[int] | None = None  # layers loaded, total
+    loaded: LoadReport | None = None  # once ready
 
 
 @dataclass(frozen=True)

@@ -256,9 +256,9 @@ class Cluster:
                                              f"answering")
                         return
                     continue
-                if st["state"] != InstanceState.READY:
+                if st.state != InstanceState.READY:
                     await self._teardown(inst, f"rank {i} on node {r.node} "
-                                         f"{st['state']}: {st.get('reason')}")
+                                         f"{st.state}: {st.reason}")
                     return
 
     async def peer_failed(self, inst_id: str, reason: str) -> None:

@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+from typing import TypeVar, cast
+
 from aiohttp import web
 
 from engine.cluster.probes import cluster_cables
 from engine.errors import BadRequest
 from engine.node.cluster import Cluster
 from engine.node.incoming import json_object
-from engine.records import TopologyInfo
+from engine.records import RankPrepare, RankStart, Record, TopologyInfo
 
 routes = web.RouteTableDef()
+R = TypeVar("R", bound=Record)
 
 
 def _cluster(request: web.Request) -> Cluster:
@@ -97,18 +100,29 @@ async def stop_instance(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/peer/prepare")
 async def peer_prepare(request: web.Request) -> web.Response:
-    return web.json_response(await _cluster(request).followers.prepare(await json_object(request)))
+    body = await peer_body(request, RankPrepare)
+    return web.json_response((await _cluster(request).followers.prepare(body)).to_json())
 
 
 @routes.post("/shoal/peer/start")
 async def peer_start(request: web.Request) -> web.Response:
-    body = await json_object(request)
-    return web.json_response(await _cluster(request).followers.start(body), status=202)
+    await _cluster(request).followers.start(await peer_body(request, RankStart))
+    return web.json_response({"ok": True}, status=202)
 
 
 @routes.get("/shoal/peer/instances/{id}")
 async def peer_state(request: web.Request) -> web.Response:
-    return web.json_response(_cluster(request).followers.state(request.match_info["id"]))
+    return web.json_response(_cluster(request).followers.state(request.match_info["id"])
+                             .to_json())
+
+
+async def peer_body(request: web.Request, cls: type[R]) -> R:
+    """A peer's request body as its record; a 400 naming what it lacks."""
+    body = await json_object(request)
+    try:
+        return cast(R, cls.from_json(body))
+    except (TypeError, ValueError) as e:  # a field missing: another version's
+        raise BadRequest(f"{request.path} can't be read ({e}); update both nodes.") from None
 
 
 @routes.post("/shoal/peer/stop")

@@ -7,16 +7,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
 
-from engine.errors import BadRequest, ShoalError
+from engine.errors import ShoalError
 from engine.node.launch import fresh_ports, write_config
 from engine.node.peers import Peers
 from engine.node.service import Node
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
 from engine.protocol import Exited, Fatal, Loading, Message
-from engine.records import ENDED, FollowerInfo, InstanceState
+from engine.records import (
+    ENDED,
+    FollowerInfo,
+    FollowerState,
+    InstanceState,
+    LoadReport,
+    RankPorts,
+    RankPrepare,
+    RankStart,
+)
 from engine.runtime.distributed import DistConfig
 
 KEEP_ENDED = 4  # ended ranks remembered, for their reasons
@@ -33,7 +41,7 @@ class Follower:
     state: InstanceState = InstanceState.STARTING
     reason: str | None = None
     progress: list[int] = field(default_factory=lambda: [0, 0])  # layers loaded, total
-    loaded: dict[str, Any] | None = None  # the rank's load report, once ready
+    loaded: LoadReport | None = None  # once ready
 
     def info(self) -> FollowerInfo:
         return FollowerInfo(self.instance, self.rank, self.state, self.reason, self.progress)
@@ -52,18 +60,14 @@ class Followers:
         return next((f for f in self._by_id.values() if f.worker is not None
                      and f.model == model and f.reason != "stopped"), None)
 
-    async def prepare(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def prepare(self, body: RankPrepare) -> RankPorts:
         """Check the model (the files this rank reads) and hand out two fresh ports."""
-        await self.node.check_model(self.node.resolve(str(body.get("model"))), all_files=False)
-        return fresh_ports(str(body.get("host") or self.host))
+        await self.node.check_model(self.node.resolve(body.model), all_files=False)
+        return fresh_ports(body.host or self.host)
 
-    async def start(self, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            inst_id, model, owner = str(body["instance"]), str(body["model"]), str(body["owner"])
-            config = body["config"]
-        except KeyError as e:
-            raise BadRequest(f"A rank's start needs {e}.") from None
-        cfg = DistConfig.from_dict(config if isinstance(config, dict) else {})
+    async def start(self, body: RankStart) -> None:
+        inst_id, model, owner = body.instance, body.model, body.owner
+        cfg = DistConfig.from_dict(body.config if isinstance(body.config, dict) else {})
         path = self.node.resolve(model)
         old = self._by_id.pop(inst_id, None)
         if old and old.worker:
@@ -77,7 +81,6 @@ class Followers:
                                 lambda ev: self._on_event(f, ev),
                                 dist_config=write_config(self.node.home, inst_id, cfg))
         self.node.keep(asyncio.create_task(self._run(f)))
-        return {"ok": True}
 
     async def _run(self, f: Follower) -> None:
         assert f.worker
@@ -105,13 +108,12 @@ class Followers:
                                    "reason": f"rank {f.rank} on node {self.name}: {f.reason}"},
                                   timeout=5)
 
-    def state(self, inst_id: str) -> dict[str, Any]:
+    def state(self, inst_id: str) -> FollowerState:
         """What the owner's watch reads (GET /shoal/peer/instances/{id})."""
         f = self._by_id.get(inst_id)
         if f is None:
-            return {"state": InstanceState.STOPPED, "reason": "this node runs no such instance"}
-        return {"state": f.state, "reason": f.reason, "rank": f.rank, "progress": f.progress,
-                "loaded": f.loaded}
+            return FollowerState(InstanceState.STOPPED, "this node runs no such instance")
+        return FollowerState(f.state, f.reason, f.rank, f.progress, f.loaded)
 
     async def stop(self, inst_id: str, reason: str) -> None:
         f = self._by_id.get(inst_id)

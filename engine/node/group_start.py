@@ -11,16 +11,25 @@ import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from engine.errors import PeerUnreachable, ShoalError, WorkerFailed
 from engine.node.launch import Instance, Rank, fresh_ports, host_of, write_config
 from engine.node.peers import Peers
 from engine.node.service import Node
-from engine.records import ENDED, InstanceState
+from engine.records import (
+    ENDED,
+    FollowerState,
+    InstanceState,
+    RankPorts,
+    RankPrepare,
+    RankStart,
+    Record,
+)
 from engine.runtime.distributed import DistConfig
 from engine.runtime.prefix import default_budget
 
+R = TypeVar("R", bound=Record)
 WATCH_S = 2.0  # a follower's state is polled this often, and answers within twice it
 LOAD_S = 900.0  # a follower loading its shard this long has failed
 
@@ -31,24 +40,22 @@ async def start_ranks(node: Node, peers: Peers, host: str, inst: Instance, path:
     their nodes) or raise."""
     preps = await asyncio.gather(*(
         _prepare_local(node, host, inst) if r.url is None else
-        peers.call(r.url, "POST", "/shoal/peer/prepare",
-                     {"instance": inst.id, "model": inst.model, "host": host_of(r.url)},
-                     timeout=30)
+        peer_record(RankPorts, peers, r.url, "POST", "/shoal/peer/prepare",
+                    RankPrepare(inst.id, inst.model, host_of(r.url)), timeout=30)
         for r in inst.ranks), return_exceptions=True)
     for r, p in zip(inst.ranks, preps):
         if isinstance(p, BaseException):
             raise blame(r, p)
-    got = cast(list[dict[str, Any]], preps)  # no exceptions past this point
+    got = cast(list[RankPorts], preps)  # no exceptions past this point
     base = DistConfig(
         rank=0, world=len(inst.ranks), backend=inst.backend,
-        hosts=tuple(f"{p['host']}:{p['ports'][0]}" for p in got),
-        bells=tuple(f"{p['host']}:{p['ports'][1]}" for p in got),
+        hosts=tuple(p.ring for p in got), bells=tuple(p.bell for p in got),
         strategy=inst.strategy,
         layers=tuple(r.layers for r in inst.ranks if r.layers)
         if inst.strategy == "pipeline" else (),
         timeout_s=120,  # one token or one 2048-token prefill chunk round the whole group
         devices=tuple(tuple(row) for row in inst.devices) if inst.devices else None,
-        coordinator=f"{got[0]['host']}:{got[0]['ports'][0]}" if inst.devices else None,
+        coordinator=got[0].ring if inst.devices else None,
         # the prefix cache budget every rank shares (the planner counts it)
         prefix_cache_tokens=default_budget(context), lanes=inst.lanes,
         kv_bits=inst.kv_bits,
@@ -58,9 +65,8 @@ async def start_ranks(node: Node, peers: Peers, host: str, inst: Instance, path:
     async def follower(i: int, r: Rank) -> None:
         assert r.url is not None
         try:
-            await peers.call(r.url, "POST", "/shoal/peer/start",
-                               {"instance": inst.id, "model": inst.model, "owner": owner,
-                                "config": replace(base, rank=i).to_dict()}, timeout=30)
+            start = RankStart(inst.id, inst.model, owner, replace(base, rank=i).to_dict())
+            await peers.call(r.url, "POST", "/shoal/peer/start", start.to_json(), timeout=30)
         except Exception as e:
             raise blame(r, e) from e
         await _await_follower(peers, inst, i, r)
@@ -93,10 +99,23 @@ async def _first_failure(coros: list[Any]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def follower_state(peers: Peers, url: str, inst_id: str) -> dict[str, Any]:
+async def follower_state(peers: Peers, url: str, inst_id: str) -> FollowerState:
     """A follower rank's state as its node reports it."""
-    return await peers.call(url, "GET", f"/shoal/peer/instances/{inst_id}",
-                            timeout=WATCH_S * 2)
+    return await peer_record(FollowerState, peers, url, "GET",
+                             f"/shoal/peer/instances/{inst_id}", timeout=WATCH_S * 2)
+
+
+async def peer_record(cls: type[R], peers: Peers, url: str, method: str, path: str,
+                      body: Record | None = None, timeout: float = 10.0) -> R:
+    """A peer's answer as the record it should be; one this node can't read (another
+    version's) is the peer's PeerUnreachable, saying so."""
+    got = await peers.call(url, method, path, None if body is None else body.to_json(),
+                           timeout=timeout)
+    try:
+        return cast(R, cls.from_json(got))
+    except (TypeError, ValueError, AttributeError) as e:
+        raise PeerUnreachable(f"{url} answered {path} in a shape this node can't read "
+                              f"({e}); update both nodes") from None
 
 
 def blame(rank: Rank, e: BaseException) -> ShoalError:
@@ -109,7 +128,7 @@ def blame(rank: Rank, e: BaseException) -> ShoalError:
     return PeerUnreachable(f"{where}: {e}", node=rank.node)
 
 
-async def _prepare_local(node: Node, host: str, inst: Instance) -> dict[str, Any]:
+async def _prepare_local(node: Node, host: str, inst: Instance) -> RankPorts:
     node.resolve(inst.model)
     return fresh_ports(host)
 
@@ -127,13 +146,12 @@ async def _await_follower(peers: Peers, inst: Instance, i: int, r: Rank,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = await follower_state(peers, r.url, inst.id)
-        r.progress = st.get("progress")  # shown per rank while the instance starts
-        if st["state"] == InstanceState.READY:
-            r.loaded = st.get("loaded")
+        r.progress = st.progress  # shown per rank while the instance starts
+        if st.state == InstanceState.READY:
+            r.loaded = st.loaded
             return
-        if st["state"] in ENDED:
-            raise WorkerFailed(f"rank {i} on node {r.node} failed: {st.get('reason')}",
-                               node=r.node)
+        if st.state in ENDED:
+            raise WorkerFailed(f"rank {i} on node {r.node} failed: {st.reason}", node=r.node)
         await asyncio.sleep(0.2)
     raise WorkerFailed(f"rank {i} on node {r.node} did not load within {timeout:.0f} s",
                        node=r.node)

@@ -32,7 +32,7 @@ from engine.placement.validate import (
     check_tensor,
     max_lanes,
 )
-from engine.records import InstanceInfo, InstanceState, RankInfo
+from engine.records import InstanceInfo, InstanceState, LoadReport, RankInfo, RankPorts
 from engine.runtime.distributed import Backend, DistConfig
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class Rank:
     url: str | None  # None: this node
     layers: tuple[int, int] | None = None
     progress: list[int] | None = None  # layers loaded, total, while it starts
-    loaded: dict[str, Any] | None = None  # its load report, once ready
+    loaded: LoadReport | None = None  # once ready
 
 
 @dataclass
@@ -261,9 +261,9 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def fresh_ports(host: str) -> dict[str, Any]:
+def fresh_ports(host: str) -> RankPorts:
     """A rank's two fresh ports on `host`: MLX's ring and the group's doorbell."""
-    return {"host": host, "ports": [free_port(host), free_port(host)]}
+    return RankPorts(host, [free_port(host), free_port(host)])
 
 
 def host_of(url: str) -> str:

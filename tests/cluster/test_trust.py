@@ -55,11 +55,19 @@ def test_control_requests_need_a_fresh_valid_signature(tmp_path, tiny_model_dir)
         stale = post(sign("the-secret", "n", "POST", path, body, now=1_000_000.0))
         assert stale.status_code == 401 and "clock" in stale.text
         good = sign("the-secret", "n", "POST", path, body)
-        assert post(good).status_code == 200
+        ports = post(good)
+        assert ports.status_code == 200 and sorted(ports.json()) == ["host", "ports"]
+        assert len(ports.json()["ports"]) == 2  # MLX's ring and the doorbell
         replay = post(good)
         assert replay.status_code == 401 and "replay" in replay.text
         tampered = sign("the-secret", "n", "POST", path, b"{}")
         assert post(tampered).status_code == 401  # signature covers the body
+        # A signed body another version wrote, lacking a field: a 400 saying which.
+        old = json.dumps({"instance": "x"}).encode()
+        r = httpx.post(a.url + path, content=old, timeout=10, headers={
+            "Content-Type": "application/json", **sign("the-secret", "n", "POST", path, old)})
+        assert r.status_code == 400 and "'model'" in r.json()["error"]["message"]
+        assert "update both nodes" in r.json()["error"]["message"]
         # A peer route can't be read without the secret either (it lists models, instances).
         assert httpx.get(a.url + "/shoal/node", timeout=10).status_code == 401
         # The cluster port serves nothing unsigned, not even the user API.

@@ -15,6 +15,7 @@ from engine.records import (
     FollowerInfo,
     InstanceInfo,
     InstanceState,
+    LoadReport,
     RankInfo,
 )
 
@@ -25,7 +26,7 @@ def wire(record):
 
 def test_an_instance_goes_over_the_wire_and_back():
     inst = InstanceInfo("a1", "tiny", "pipeline", InstanceState.READY, None,
-                        [RankInfo(0, "n0", [0, 2], [2, 2], {"files": 1}),
+                        [RankInfo(0, "n0", [0, 2], [2, 2], LoadReport(["m.safetensors"], 9, 99)),
                          RankInfo(1, "n1", [2, 4])])
     body = wire(inst)
     assert body["state"] == "ready" and body["reason"] is None and "warning" not in body
@@ -34,7 +35,9 @@ def test_an_instance_goes_over_the_wire_and_back():
     back = InstanceInfo.from_json(body)
     assert back == inst and back.state is InstanceState.READY
     # records are read by attribute only (dict-style access is gone)
-    assert back.ranks[0].loaded == {"files": 1} and back.warning is None
+    assert back.ranks[0].loaded.files == ["m.safetensors"] and back.warning is None
+    assert body["ranks"][0]["loaded"] == {"files": ["m.safetensors"], "bytes_read": 9,
+                                          "peak_rss": 99}
     with pytest.raises(TypeError):
         back["ranks"]  # noqa: B018
 
@@ -264,3 +267,26 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
 
     gone = RemovedInfo.from_json({"deleted": "o/m", "freed_bytes": 99})
     assert gone.deleted == "o/m" and gone.freed_bytes == 99
+
+
+def test_the_peer_routes_bodies_are_records_with_the_same_json():
+    """What an instance's owner and its ranks' nodes tell each other (/shoal/peer/...)."""
+    from engine.protocol import RankReady
+    from engine.records import FollowerState, InstanceState, RankInfo, RankPorts
+
+    report = RankReady(1, 2, "pipeline", [2, 4], ["model.safetensors"], 1000, 5000).report()
+    assert report.to_json() == {"files": ["model.safetensors"], "bytes_read": 1000,
+                                "peak_rss": 5000}
+    ready = FollowerState(InstanceState.READY, None, 1, [2, 2], report)
+    body = ready.to_json()
+    assert body == {"state": "ready", "reason": None, "rank": 1, "progress": [2, 2],
+                    "loaded": report.to_json()}
+    assert FollowerState.from_json(body) == ready
+    gone = FollowerState(InstanceState.STOPPED, "this node runs no such instance")
+    assert gone.to_json() == {"state": "stopped", "reason": "this node runs no such instance"}
+    assert FollowerState.from_json(gone.to_json()).state is InstanceState.STOPPED
+    rank = RankInfo(1, "n2", [2, 4], None, report)
+    assert RankInfo.from_json(rank.to_json()).loaded.bytes_read == 1000
+    ports = RankPorts("10.0.0.2", [5001, 5002])
+    assert (ports.ring, ports.bell) == ("10.0.0.2:5001", "10.0.0.2:5002")
+    assert ports.to_json() == {"host": "10.0.0.2", "ports": [5001, 5002]}
