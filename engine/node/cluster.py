@@ -50,7 +50,6 @@ from engine.records import (
     InstanceState,
     LinkInfo,
     NodeInfo,
-    NodeState,
     RankInfo,
     RunnerLoading,
 )
@@ -87,7 +86,7 @@ class Cluster:
         mine = self.describe()
         facts = capped(self.facts.describe() if self.facts else {}, self.node.memory_limit)
         return NodeInfo(self.id, self.name, mine.instances, mine.followers, __version__,
-                        mlx_version(), NodeState(self.node.status()["state"]),
+                        mlx_version(), self.node.status().state,
                         [m.id for m in self.node.local_models()], self.links(),
                         **facts, draft=self.draft)
 

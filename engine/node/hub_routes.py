@@ -52,13 +52,13 @@ class Download:
     started: float = field(default_factory=time.time)
     cancel: threading.Event = field(default_factory=threading.Event)
 
-    def public(self) -> dict[str, Any]:
+    def info(self) -> DownloadInfo:
         return DownloadInfo(self.id, self.repo, self.revision,
                             list(self.layers) if self.layers else None, self.state,
                             self.progress,
                             ErrorInfo.from_json(self.error.to_openai()["error"])
                             if self.error else None,
-                            self.path, self.started).to_json()
+                            self.path, self.started)
 
 
 class Downloads:
@@ -264,12 +264,12 @@ async def start_pull(request: web.Request) -> web.Response:
     if not isinstance(revision, str):
         raise BadRequest("revision must be a string", param="revision")
     d, new = _downloads(request).start(request, body["repo"].strip(), revision, layers)
-    return web.json_response(d.public(), status=202 if new else 200)
+    return web.json_response(d.info().to_json(), status=202 if new else 200)
 
 
 @routes.get("/shoal/hub/downloads")
 async def list_downloads(request: web.Request) -> web.Response:
-    return web.json_response([d.public() for d in _downloads(request).all.values()])
+    return web.json_response([d.info().to_json() for d in _downloads(request).all.values()])
 
 
 @routes.delete("/shoal/hub/downloads/{id}")
@@ -278,7 +278,7 @@ async def cancel_download(request: web.Request) -> web.Response:
     if d is None:
         raise BadRequest(f"There is no download {request.match_info['id']} on this node.")
     d.cancel.set()
-    return web.json_response(d.public())
+    return web.json_response(d.info().to_json())
 
 
 @routes.put("/shoal/models/{id:.+}/settings")

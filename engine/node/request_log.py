@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
 
 from aiohttp import web
 
@@ -30,5 +29,5 @@ class RequestLog:
             client=request.headers.get("User-Agent", "?")[:80],
             reason=reason[:300] if reason else None))
 
-    def recent(self, since: float = 0.0) -> list[dict[str, Any]]:
-        return [e.to_json() for e in self._entries if e.at > since]
+    def recent(self, since: float = 0.0) -> list[RequestInfo]:
+        return [e for e in self._entries if e.at > since]

@@ -140,7 +140,7 @@ async def status(request: web.Request) -> web.Response:
     cluster = request.app.get("cluster")
     mine = replace(cluster.describe(), url=cluster.peers.self_url) if cluster is not None \
         else None
-    return web.json_response(_node(request).status(cluster=mine))
+    return web.json_response(_node(request).status(cluster=mine).to_json())
 
 
 @routes.get("/shoal/events")
@@ -151,11 +151,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     q = node.subscribe()
     try:
-        await resp.write(f"data: {json.dumps(node.status())}\n\n".encode())
+        await resp.write(f"data: {json.dumps(node.status().to_json())}\n\n".encode())
         while True:
             try:
                 snap = await asyncio.wait_for(q.get(), 10)
-                await resp.write(f"data: {json.dumps(snap)}\n\n".encode())
+                await resp.write(f"data: {json.dumps(snap.to_json())}\n\n".encode())
             except TimeoutError:
                 await resp.write(b": keep-alive\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
@@ -172,7 +172,8 @@ async def requests_log(request: web.Request) -> web.Response:
         since = float(request.query.get("since", 0))
     except ValueError:
         raise BadRequest("'since' is a unix time in seconds.", param="since") from None
-    return web.json_response({"requests": request.app["requests"].recent(since)})
+    return web.json_response({"requests": [e.to_json()
+                                           for e in request.app["requests"].recent(since)]})
 
 
 @routes.post("/shoal/load")
@@ -184,13 +185,13 @@ async def load(request: web.Request) -> web.Response:
     node = _node(request)
     node.resolve(body["model"])  # unknown ids fail now, with the list of models here
     node.load_in_background(body["model"])
-    return web.json_response(node.status(), status=202)
+    return web.json_response(node.status().to_json(), status=202)
 
 
 @routes.post("/shoal/unload")
 async def unload(request: web.Request) -> web.Response:
     await _node(request).unload()
-    return web.json_response(_node(request).status())
+    return web.json_response(_node(request).status().to_json())
 
 
 @routes.post("/shoal/shutdown")

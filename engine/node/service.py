@@ -23,6 +23,7 @@ from engine.records import (
     RunnerPreparing,
     RunnerReady,
     RunnerState,
+    StatusInfo,
     StreamsInfo,
 )
 
@@ -65,19 +66,19 @@ class Node:
         self.runner: RunnerState = RunnerIdle()
         self.worker: WorkerHandle | None = None
         self._load_lock = asyncio.Lock()
-        self._subscribers: set[asyncio.Queue] = set()
+        self._subscribers: set[asyncio.Queue[StatusInfo]] = set()
         self._tasks: set[asyncio.Task] = set()
         self._checked: dict[tuple[str, bool], tuple[tuple[float, ...], Any]] = {}
         self._preparing: asyncio.Task | None = None
 
     # --- status ----------------------------------------------------------------------
-    def status(self, cluster: ClusterInfo | None = None) -> dict[str, Any]:
-        """The /shoal/status body (engine.records.StatusInfo as JSON)."""
+    def status(self, cluster: ClusterInfo | None = None) -> StatusInfo:
+        """The /shoal/status body."""
         return status_record(
             self.runner, __version__,
             worker_pid=self.worker.pid if self.worker and self.worker.alive else None,
             models_dir=str(self.models_dir), default_model=self.default_model,
-            streams=self._streams(), cluster=cluster).to_json()
+            streams=self._streams(), cluster=cluster)
 
     def generating(self) -> bool:
         """Whether this node's worker has requests in flight (safe from any thread)."""
@@ -91,12 +92,12 @@ class Node:
             return StreamsInfo(0, 0, self.max_streams)
         return StreamsInfo(w.in_flight, w.waiting, self.max_streams)
 
-    def subscribe(self) -> asyncio.Queue:
+    def subscribe(self) -> asyncio.Queue[StatusInfo]:
         q: asyncio.Queue = asyncio.Queue(maxsize=100)
         self._subscribers.add(q)
         return q
 
-    def unsubscribe(self, q: asyncio.Queue) -> None:
+    def unsubscribe(self, q: asyncio.Queue[StatusInfo]) -> None:
         self._subscribers.discard(q)
 
     def _set(self, state: RunnerState) -> None:

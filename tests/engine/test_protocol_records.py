@@ -76,7 +76,7 @@ def test_a_failed_download_keeps_its_progress_and_error_as_records():
     tracker.start("a.safetensors", 4, "hub")
     d = Download("d2", "o/m", "main", None, DownloadState.FAILED, tracker.snapshot(),
                  ModelNotFound("No model o/m", param="repo"), started=2.0)
-    body = d.public()
+    body = d.info().to_json()
     assert body["progress"]["files"][0] == {"path": "a.safetensors", "done": 4, "total": 10,
                                             "state": "downloading", "source": "hub",
                                             "speed_Bps": 0.0, "eta_s": None}
@@ -234,9 +234,10 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
     log = RequestLog()
     log.add(make_mocked_request("POST", "/v1/chat/completions", headers={"User-Agent": "curl/8"}),
             429, time.monotonic(), "Busy: try again")
-    entry = log.recent()[0]
-    req = RequestInfo.from_json(entry)
-    assert req.status == 429 and req.reason == "Busy: try again" and wire(req) == entry
+    req = log.recent()[0]
+    entry = req.to_json()
+    assert req.status == 429 and req.reason == "Busy: try again"
+    assert RequestInfo.from_json(entry) == req and wire(req) == entry
 
     peer = Peer("http://10.0.0.2:8422", id="n2", name="b", reachable=True, trusted=True,
                 last_seen=1.0, link=PeerLink("ethernet", 0.4, at=5.0)).public()
