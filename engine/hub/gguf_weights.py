@@ -11,12 +11,15 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import CorruptModel
 from engine.hub.gguf_arch import ArchSpec, layer_part
 from engine.hub.gguf_quants import GROUP_SIZE, HANDLING, Quantized, decode, dequantize, stored_bits
 from engine.hub.gguf_reader import GGUFHeader, TensorInfo
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 FLOATS = ("F32", "F16", "BF16")
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
@@ -93,7 +96,7 @@ def save_weights(folder: Path, header: GGUFHeader, spec: ArchSpec, config: dict[
     for i, shard in enumerate(shards, 1):
         file = ("model.safetensors" if len(shards) == 1
                 else f"model-{i:05d}-of-{len(shards):05d}.safetensors")
-        arrays: dict[str, Any] = {}
+        arrays: dict[str, mx.array] = {}
         for p in shard:
             arrays.update(_decode(data, header, spec, config, p))
         mx.save_safetensors(str(folder / file), arrays, metadata={"format": "mlx"})
@@ -107,7 +110,7 @@ def save_weights(folder: Path, header: GGUFHeader, spec: ArchSpec, config: dict[
 
 
 def _decode(data: Any, header: GGUFHeader, spec: ArchSpec, config: dict[str, Any],
-            p: Planned) -> dict[str, Any]:
+            p: Planned) -> dict[str, mx.array]:
     import mlx.core as mx
     import numpy as np
 

@@ -7,11 +7,14 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import CorruptModel, ShardMismatch, UnsupportedModel
 from engine.runtime.checkpoint import read_config, weight_map
 from engine.runtime.realize import flat, realize
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ def _share_sanitize(model: Any, keep: Callable[[str], bool]) -> Callable[[Any], 
 
     real = getattr(model, "sanitize", None)
 
-    def sanitize(weights: dict[str, Any]) -> dict[str, Any]:
+    def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         weights = {k: v for k, v in weights.items() if keep(k)}
         out = real(weights) if real is not None else weights
         return after_sanitize(model, out)

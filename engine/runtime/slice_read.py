@@ -17,7 +17,10 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ class Sources:
         self.by_id: dict[int, tuple[Path, dict[str, Any], int, Any]] = {}
         self.bytes_read = 0
 
-    def add(self, path: Path, arrays: dict[str, Any]) -> None:
+    def add(self, path: Path, arrays: dict[str, mx.array]) -> None:
         with path.open("rb") as f:
             n = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(n))
