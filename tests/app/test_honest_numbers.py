@@ -18,6 +18,7 @@ MODEL = "SmolLM2-135M-Instruct"
 
 def node(nid, name, me=False, speed=None):
     return {"id": nid, "name": name, "self": me, "reachable": True, "trusted": True,
+            "state": "idle",
             "machine": {"memory": {"total_bytes": 32 * GB, "available_bytes": 20 * GB}},
             **({"speed": speed} if speed else {})}
 
