@@ -531,16 +531,75 @@ class RejectedInfo(Record):
 
 
 @dataclass(frozen=True)
+class RankMemory(Record):
+    """Bytes one rank of a placement needs, by kind (the planner's MemoryUse, in
+    engine/placement/memory.py), their total, and what its node can give."""
+    weights: int = 0
+    kv_cache: int = 0
+    prefix_cache: int = 0
+    activations: int = 0
+    draft: int = 0  # a draft model's weights and KV, on the rank that drafts
+    overhead: int = 0
+    total: int = 0
+    usable: int = 0
+
+
+@dataclass(frozen=True)
+class PlacementRank(Record):
+    """One rank of a placement: its node, the layers it holds and the memory it needs."""
+    singles = {"memory": RankMemory}
+    node: str  # node id
+    name: str
+    layers: list[int]  # [start, end); every layer for tensor ranks
+    memory: RankMemory
+
+
+@dataclass(frozen=True)
+class FirstToken(Record):
+    """The predicted time to the first token of a prompt (with `cached_tokens` of it in
+    the prefix cache), alone and with the placement's other streams decoding."""
+    prompt_tokens: int
+    cached_tokens: int
+    seconds: float
+    seconds_busy: float
+    joules: float | None = None  # None where a node's watts are unknown
+
+
+@dataclass(frozen=True)
+class PlacementInfo(Record):
+    """A placement the planner can run (engine/placement/planner.py's Placement): its
+    ranks, rank 0 first, and what it predicts (engine/placement/cost.py's Prediction)."""
+    nested = {"ttft": FirstToken, "ranks": PlacementRank}
+    model: str
+    strategy: str  # single | pipeline | tensor
+    backend: str  # ring | jaccl
+    context: int
+    decode_tps: float
+    decode_tps_full_context: float
+    prefill_tps: float
+    decode_tps_streams: float = 0.0  # `streams` sequences together
+    streams: int = 1
+    lanes: int = 1
+    decode_tps_drafted: float = 0.0  # with drafts (0: not predicted)
+    draft_tokens: int = 0
+    ttft: list[FirstToken] = field(default_factory=list)
+    watts: float | None = None  # None where a node's watts are unknown
+    decode_j_per_token: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    ranks: list[PlacementRank] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class PlanInfo(Record):
-    """POST /shoal/plan (and `shoal plan --json`): the ranked placements (the planner's
-    own dicts: ranks, memory, predicted tokens/s), the rejected ones, why a strategy can't
-    run the model at all (None: it can), and which placement a launch would take."""
-    nested = {"rejected": RejectedInfo}
+    """POST /shoal/plan (and `shoal plan --json`): the ranked placements, the rejected
+    ones, why a strategy can't run the model at all (None: it can), and which placement a
+    launch would take."""
+    nested = {"placements": PlacementInfo, "rejected": RejectedInfo}
     model: str
     context: int
     notes: list[str] = field(default_factory=list)
     strategies: dict[str, str | None] = field(default_factory=dict)
-    placements: list[dict[str, Any]] = field(default_factory=list)
+    placements: list[PlacementInfo] = field(default_factory=list)
     rejected: list[RejectedInfo] = field(default_factory=list)
     best: int | None = None  # the index of the placement a launch without nodes takes
     kv_bits: int = 16  # the KV cache's bits the figures assume
