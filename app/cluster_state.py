@@ -137,8 +137,8 @@ class ClusterState(QObject):
         def done(report: PlanInfo, asked: str | None = key) -> None:
             if asked != self._use_key:
                 return  # the model changed meanwhile
-            ranks = (report.placements or [{}])[0].get("ranks") or []
-            self.shoal_use = {r["node"]: int(r["memory"]["total"]) for r in ranks}
+            ranks = report.placements[0].ranks if report.placements else []
+            self.shoal_use = {r.node: r.memory.total for r in ranks}
             self._touch()
 
         self.tasks.run(self.client.plan, model, context, strategy, nodes, on_done=done,

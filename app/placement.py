@@ -389,7 +389,7 @@ class PlacementView(QWidget):
                 self.request(keep_ranges=False)
                 return
             placements = [placements[report.best]]
-        self._show(report, placements[0])
+        self._show(report, placements[0].to_json())  # the view keeps the JSON it shows
 
     # --- showing the answer ---------------------------------------------------------------
     def _show(self, report: PlanInfo, placement: dict[str, Any]) -> None:

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.cluster.rdma import RdmaReport, rdma_report, thunderbolt_links
+from engine.cluster.rdma import RdmaReport, rdma_report
 from engine.cluster.thunderbolt import (
     ThunderboltReport,
     bridge_loop_warning,
-    cable_graph,
     interface_kinds,
     parse_hardware_ports,
     thunderbolt_report,
@@ -96,14 +95,6 @@ class PlatformReport:
                    RdmaReport.from_dict(d.get("rdma") or {}),
                    {str(k): str(v) for k, v in ifs.items()} if isinstance(ifs, dict) else {},
                    tuple(str(w) for w in d.get("warnings") or () if isinstance(w, str)))
-
-
-def cluster_cables(platforms: Mapping[str, PlatformReport | None]) -> list[dict[str, Any]]:
-    """Node id → its platform report (None: it sent none) → the Thunderbolt cables between
-    those nodes, each with its speed, whether it carries RDMA and why not."""
-    reports = {n: r or PlatformReport.from_json(None) for n, r in platforms.items()}
-    return thunderbolt_links(cable_graph({n: r.thunderbolt for n, r in reports.items()}),
-                             {n: r.rdma for n, r in reports.items()})
 
 
 def probe_platform(*, system: str | None = None, runner: Runner = run_command,

@@ -231,18 +231,3 @@ def pair_link_types(a: str, b: str, cables: tuple[Cable, ...],
         return ("loopback",)
     return tuple("thunderbolt-rdma" if cable_problem(c, a, b, rdma) is None
                  else "thunderbolt-ip" for c in cables_between(cables, a, b))
-
-
-def thunderbolt_links(cables: tuple[Cable, ...], rdma: Mapping[str, RdmaReport]
-                      ) -> list[dict[str, Any]]:
-    """One entry per cable for the topology: which ports, the negotiated speed, whether it
-    carries RDMA and, when not, why."""
-    out = []
-    for c in cables:
-        why = cable_problem(c, c.a.node, c.b.node, rdma)
-        out.append({"a": c.a.node, "b": c.b.node, "a_port": c.a.receptacle,
-                    "b_port": c.b.receptacle, "a_interface": c.a.interface,
-                    "b_interface": c.b.interface, "speed": c.speed, "via": c.via,
-                    "type": "thunderbolt-ip" if why else "thunderbolt-rdma",
-                    "rdma": why is None, "why": why})
-    return out

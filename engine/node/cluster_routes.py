@@ -7,11 +7,11 @@ from typing import TypeVar, cast
 
 from aiohttp import web
 
-from engine.cluster.probes import cluster_cables
 from engine.errors import BadRequest
 from engine.node.cluster import Cluster
 from engine.node.incoming import json_object
-from engine.records import RankPrepare, RankStart, Record, TopologyInfo
+from engine.node.topology import topology_info
+from engine.records import RankPrepare, RankStart, Record
 
 routes = web.RouteTableDef()
 R = TypeVar("R", bound=Record)
@@ -51,23 +51,12 @@ async def topology(request: web.Request) -> web.Response:
     """Every node this one knows (itself first) with its facts, and every measured link
     (each node measures its own; peers report theirs)."""
     c = _cluster(request)
-    me = c.info()
-    nodes = [{**me.to_json(), "self": True, "reachable": True, "trusted": True}]
-    links = [{"from": c.id, **lk.to_json()} for lk in me.links]
-    for p in c.peers.all():
-        nodes.append({**(p.info.to_json() if p.info else {}), **p.public(), "self": False})
-        if p.trusted and p.info is not None:
-            links += [{"from": p.id, **lk.to_json()} for lk in p.info.links]
-    # Thunderbolt cables between trusted nodes, each saying whether it carries RDMA and why not.
-    cables = cluster_cables({c.id: me.platform, **{p.id: p.info.platform
-                                                   for p in c.peers.all()
-                                                   if p.trusted and p.id and p.info}})
-    return web.json_response(TopologyInfo(nodes, links, cables).to_json())
+    return web.json_response(topology_info(c.info(), c.peers.all()).to_json())
 
 
 @routes.get("/shoal/peers")
 async def list_peers(request: web.Request) -> web.Response:
-    return web.json_response([p.public() for p in _cluster(request).peers.all()])
+    return web.json_response([p.public().to_json() for p in _cluster(request).peers.all()])
 
 
 @routes.post("/shoal/peers")
@@ -75,7 +64,7 @@ async def add_peer(request: web.Request) -> web.Response:
     addr = (await json_object(request)).get("address")
     if not isinstance(addr, str) or ":" not in addr:
         raise BadRequest("Send {\"address\": \"host:port\"}.", param="address")
-    return web.json_response(_cluster(request).peers.add(addr).public(), status=201)
+    return web.json_response(_cluster(request).peers.add(addr).public().to_json(), status=201)
 
 
 @routes.post("/shoal/instances")

@@ -16,7 +16,7 @@ import aiohttp
 
 from engine.cluster.auth import NotInCluster, sign
 from engine.errors import PeerUnreachable, ShoalError
-from engine.records import NodeInfo, PeerLink
+from engine.records import NodeInfo, PeerInfo, PeerLink
 
 log = logging.getLogger(__name__)
 POLL_S = 2.0
@@ -64,13 +64,12 @@ class Peer:
     warning: str | None = None  # e.g. versions that can't run one model together
     link: PeerLink = field(default_factory=PeerLink)  # unmeasured until probed
 
-    def public(self) -> dict[str, Any]:
-        return {"url": self.url, "id": self.id, "name": self.name, "version": self.version,
-                "reachable": self.reachable, "trusted": self.trusted, "error": self.error,
-                "warning": self.warning, "link": self.link.to_json(),
-                "mlx_version": self.info.mlx_version if self.info else None,
-                "seen_s_ago": round(time.monotonic() - self.last_seen, 1)
-                if self.last_seen else None}
+    def public(self) -> PeerInfo:
+        """The peer as GET /shoal/peers lists it."""
+        return PeerInfo(self.url, self.id, self.name, self.version, self.reachable,
+                        self.trusted, self.error, self.warning, self.link,
+                        self.info.mlx_version if self.info else None,
+                        round(time.monotonic() - self.last_seen, 1) if self.last_seen else None)
 
 
 class Peers:

@@ -13,13 +13,23 @@ from engine import placement_profiles
 from engine.errors import BadRequest
 from engine.placement.families import kv_group, strategy_refusal
 from engine.placement.gpu_memory import mac_gpu_budget
-from engine.placement.memory import context_label
+from engine.placement.memory import MemoryUse, context_label
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec, kv_value_bytes
 from engine.placement.planner import Placement, Rejection, evaluate, explain, plan
 from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import PlacementError
-from engine.records import DraftInfo, MachineInfo, NodeInfo, PlanInfo, RejectedInfo
+from engine.records import (
+    DraftInfo,
+    FirstToken,
+    MachineInfo,
+    NodeInfo,
+    PlacementInfo,
+    PlacementRank,
+    PlanInfo,
+    RankMemory,
+    RejectedInfo,
+)
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet
@@ -258,6 +268,27 @@ def best_placement(placements: Sequence[Placement], self_id: str | None) -> int 
     return (mine or ring)[0]
 
 
+def placement_info(p: Placement) -> PlacementInfo:
+    """A placement and its prediction as the API spells them (figures not known are None)."""
+    f = p.prediction
+    return PlacementInfo(
+        p.model, p.strategy, p.backend, p.context, f.decode_tps,
+        decode_tps_full_context=f.decode_tps_full, prefill_tps=f.prefill_tps,
+        decode_tps_streams=f.decode_tps_streams, streams=f.streams, lanes=f.lanes,
+        decode_tps_drafted=f.decode_tps_drafted, draft_tokens=f.draft_tokens,
+        ttft=[FirstToken(n, c, alone, busy, f.watts * alone or None)
+              for n, c, alone, busy in f.ttft],
+        watts=f.watts or None, decode_j_per_token=f.decode_j_per_token or None,
+        warnings=list(p.warnings),
+        ranks=[PlacementRank(r.node, r.name, list(r.layers), _memory(r.memory))
+               for r in p.ranks])
+
+
+def _memory(m: MemoryUse) -> RankMemory:
+    return RankMemory(m.weights, m.kv_cache, m.prefix_cache, m.activations, m.draft,
+                      m.overhead, m.total, m.usable)
+
+
 def plan_info(r: PlanReport, best: int | None = None) -> PlanInfo:
     """The /shoal/plan body (and `shoal plan --json`)."""
     mtype = r.model.model_type
@@ -266,7 +297,7 @@ def plan_info(r: PlanReport, best: int | None = None) -> PlanInfo:
         # the family rule: why a strategy can't run this model at all (None: it can)
         strategies={s: strategy_refusal(mtype, s) if mtype else None
                     for s in ("pipeline", "tensor")},
-        placements=[p.as_dict() for p in r.placements],
+        placements=[placement_info(p) for p in r.placements],
         rejected=[RejectedInfo(x.strategy, x.backend, list(x.nodes), x.reason)
                   for x in r.rejections],
         best=best)

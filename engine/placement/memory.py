@@ -31,12 +31,6 @@ class MemoryUse:
     def fits(self) -> bool:
         return self.total <= self.usable
 
-    def as_dict(self) -> dict[str, int]:
-        return {"weights": self.weights, "kv_cache": self.kv_cache,
-                "prefix_cache": self.prefix_cache, "activations": self.activations,
-                "draft": self.draft,
-                "overhead": self.overhead, "total": self.total, "usable": self.usable}
-
 
 def gb(n: float) -> str:
     """Decimal gigabytes, as model sizes are quoted."""

@@ -68,22 +68,6 @@ class Placement:
                 "backend": self.backend,
                 "nodes": [{"node": r.node, "layers": list(r.layers)} for r in self.ranks]}
 
-    def as_dict(self) -> dict[str, Any]:
-        p = self.prediction
-        return {"model": self.model, "strategy": self.strategy, "backend": self.backend,
-                "context": self.context, "decode_tps": p.decode_tps,
-                "decode_tps_full_context": p.decode_tps_full, "prefill_tps": p.prefill_tps,
-                "decode_tps_streams": p.decode_tps_streams, "streams": p.streams,
-                "lanes": p.lanes, "decode_tps_drafted": p.decode_tps_drafted,
-                "draft_tokens": p.draft_tokens,
-                "ttft": [{"prompt_tokens": n, "cached_tokens": c, "seconds": alone,
-                          "seconds_busy": busy, "joules": p.watts * alone or None}
-                         for n, c, alone, busy in p.ttft],
-                "watts": p.watts or None, "decode_j_per_token": p.decode_j_per_token or None,
-                "warnings": list(self.warnings),
-                "ranks": [{"node": r.node, "name": r.name, "layers": list(r.layers),
-                           "memory": r.memory.as_dict()} for r in self.ranks]}
-
 
 @dataclass(frozen=True)
 class Rejection:

@@ -18,6 +18,7 @@ MODEL = "SmolLM2-135M-Instruct"
 
 def node(nid, name, me=False, speed=None):
     return {"id": nid, "name": name, "self": me, "reachable": True, "trusted": True,
+            "state": "idle",
             "machine": {"memory": {"total_bytes": 32 * GB, "available_bytes": 20 * GB}},
             **({"speed": speed} if speed else {})}
 
@@ -37,13 +38,15 @@ class Planner:
         me = next(n for n in self.state.topology["nodes"] if n.get("self"))
         calibrated = bool(me.get("speed"))
         ids = [n["node"] for n in nodes] if nodes else [me["id"]]
-        ranks = [{"node": nid, "layers": [i * 30 // len(ids), (i + 1) * 30 // len(ids)],
+        ranks = [{"node": nid, "name": nid,
+                  "layers": [i * 30 // len(ids), (i + 1) * 30 // len(ids)],
                   "memory": {"weights": GB // 4, "kv_cache": GB // 8, "total": GB // 2,
                              "usable": 20 * GB}} for i, nid in enumerate(ids)]
+        tps = 14.9 if calibrated else 303.0
         return PlanInfo.from_json({"model": model, "context": 8192, "best": 0, "placements": [{
-            "strategy": "pipeline", "backend": "ring", "ranks": ranks,
-            "decode_tps": 14.9 if calibrated else 303.0, "prefill_tps": 900.0,
-            "decode_tps_drafted": 31.0 if calibrated else 303.0}]})
+            "model": model, "strategy": "pipeline", "backend": "ring", "context": 8192,
+            "ranks": ranks, "decode_tps": tps, "decode_tps_full_context": tps,
+            "prefill_tps": 900.0, "decode_tps_drafted": 31.0 if calibrated else 303.0}]})
 
 
 @pytest.fixture

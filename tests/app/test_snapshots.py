@@ -92,7 +92,7 @@ def test_links_are_one_edge_per_pair_with_a_label():
 
 
 def test_a_thunderbolt_cable_types_the_edge_with_per_link_rdma():
-    # "thunderbolt" as /shoal/topology gives it (engine.cluster.probes.cluster_cables).
+    # "thunderbolt" as /shoal/topology gives it (engine.node.topology.cluster_cables).
     cable = {"a": "aaaa1111", "b": "bbbb2222", "speed": "80 Gb/s", "via": None}
     no_rdma = "mini sees no RDMA service from studio on this cable"
     topo = {**TOPOLOGY, "thunderbolt": [{**cable, "rdma": False, "why": no_rdma}]}

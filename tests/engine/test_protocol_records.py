@@ -131,19 +131,50 @@ def test_each_runner_state_is_its_own_type_with_the_json_it_had():
         RunnerState.from_json({"type": "Sleeping"})
 
 
-def test_a_plan_and_a_topology_go_over_the_wire_and_back():
+def test_a_plan_goes_over_the_wire_and_back_with_the_planners_keys():
+    """A real plan (two simulated Studios) as POST /shoal/plan writes it: each placement,
+    its ranks, their memory and the times to first token are records with the keys the
+    planner's dicts had, in their order, and the client writes back the same bytes."""
+    from engine import placement_profiles
+    from engine.node.planning import make_report, plan_info
+    from engine.placement.profiles import parse_simulation
     from engine.records import PlanInfo, RejectedInfo, TopologyInfo
 
-    plan = {"model": "m", "context": 8192, "notes": ["n"],
-            "strategies": {"pipeline": None, "tensor": "mlx-lm has no shard()"},
-            "placements": [{"strategy": "pipeline", "ranks": [{"node": "a"}]}],
-            "rejected": [{"strategy": "tensor", "backend": "ring", "nodes": ["a", "b"],
-                          "reason": "no"}], "best": 0, "kv_bits": 8}
-    p = PlanInfo.from_json(plan)
+    sim = parse_simulation(
+        {"nodes": [{"name": "studio-1", "profile": "mac-studio-m3-ultra", "memory_gb": 512},
+                   {"name": "studio-2", "profile": "mac-studio-m3-ultra", "memory_gb": 512}],
+         "links": [{"mesh": "thunderbolt5-rdma"}],
+         "models": [{"name": "tiny", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000,
+                     "total_params": 1e9, "active_params": 1e9, "quant": "4bit"}]},
+        placement_profiles.machines(), placement_profiles.models())
+    report = make_report(sim.models["tiny"], sim.nodes, sim.links, 8192, False, None, ["n"])
+    body = wire(plan_info(report, 0))
+    first = body["placements"][0]
+    assert list(first) == ["model", "strategy", "backend", "context", "decode_tps",
+                           "decode_tps_full_context", "prefill_tps", "decode_tps_streams",
+                           "streams", "lanes", "decode_tps_drafted", "draft_tokens", "ttft",
+                           "watts", "decode_j_per_token", "warnings", "ranks"]
+    assert list(first["ranks"][0]) == ["node", "name", "layers", "memory"]
+    assert list(first["ranks"][0]["memory"]) == ["weights", "kv_cache", "prefix_cache",
+                                                 "activations", "draft", "overhead", "total",
+                                                 "usable"]
+    assert first["ttft"] and list(first["ttft"][0]) == ["prompt_tokens", "cached_tokens",
+                                                        "seconds", "seconds_busy", "joules"]
+    best, rank = report.placements[0], report.placements[0].ranks[0]
+    assert first["decode_tps"] == best.decode_tps and first["ranks"][0]["layers"] == [0, 4]
+    assert first["ranks"][0]["memory"]["total"] == rank.memory.total
+
+    p = PlanInfo.from_json(body)
+    assert p.placements[p.best].ranks[0].memory.usable == rank.memory.usable
+    assert p.placements[0].ttft[0].prompt_tokens == best.prediction.ttft[0][0]
+    assert json.dumps(p.to_json()) == json.dumps(body)
+    refused = {**body, "strategies": {"pipeline": None, "tensor": "mlx-lm has no shard()"},
+               "rejected": [{"strategy": "tensor", "backend": "ring", "nodes": ["a", "b"],
+                             "reason": "no"}], "kv_bits": 8}
+    p = PlanInfo.from_json(refused)
     assert p.rejected == [RejectedInfo("tensor", "ring", ["a", "b"], "no")]
-    assert p.placements[p.best]["ranks"][0]["node"] == "a" and p.to_json() == plan
-    topo = {"nodes": [{"id": "a", "self": True}], "links": [], "thunderbolt": []}
-    assert TopologyInfo.from_json(topo).to_json() == topo
+    assert p.to_json() == refused
+    # the topology's nodes, links and cables: tests/engine/node/test_topology.py
     assert TopologyInfo.from_json({"nodes": []}).thunderbolt == []  # an older node
 
 
@@ -240,11 +271,11 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
     assert RequestInfo.from_json(entry) == req and wire(req) == entry
 
     peer = Peer("http://10.0.0.2:8422", id="n2", name="b", reachable=True, trusted=True,
-                last_seen=1.0, link=PeerLink("ethernet", 0.4, at=5.0)).public()
+                last_seen=1.0, link=PeerLink("ethernet", 0.4, at=5.0)).public().to_json()
     got = PeerInfo.from_json(peer)
     assert got.trusted and got.name == "b" and got.link.type == "ethernet"
     assert got.link.measured and wire(got) == peer
-    unmeasured = Peer("http://10.0.0.3:8422").public()
+    unmeasured = Peer("http://10.0.0.3:8422").public().to_json()
     assert unmeasured["link"] == {}  # as before the link was a record
     assert not PeerInfo.from_json(unmeasured).link.measured
 

@@ -76,7 +76,7 @@ def test_a_node_with_a_draft_model_drafts_and_plans_count_it(tmp_path, tiny_mode
         assert draft["model"] == "tiny-llama" and draft["bytes"] > 0
         assert draft["kv_per_token"] > 0
         plan = node.client.plan("tiny-llama")  # one node: the draft is loaded beside it
-        assert plan.placements[0]["ranks"][0]["memory"]["draft"] > draft["bytes"]
+        assert plan.placements[0].ranks[0].memory.draft > draft["bytes"]
     finally:
         node.stop()
 

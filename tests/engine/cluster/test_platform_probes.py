@@ -11,13 +11,13 @@ from pathlib import Path
 from engine.cluster.probes import (
     CommandResult,
     PlatformReport,
-    cluster_cables,
     linux_interface_kinds,
     probe_platform,
     run_command,
 )
 from engine.cluster.rdma import TB4_FINAL, device_matrix
 from engine.cluster.thunderbolt import cable_graph
+from engine.node.topology import cluster_cables
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
 FILES = {("system_profiler", "SPThunderboltDataType", "-json"):
@@ -100,10 +100,10 @@ def test_the_topology_lists_each_cable_with_its_rdma_state():
         system="darwin", runner=replay(MAC / "dock" / n)).to_json())))
         for n in ("studio", "macbook")}
     cables = sorted(cluster_cables({**platforms, "linux-box": None}),
-                    key=lambda c: c["a_port"])
-    assert [(c["a"], c["a_port"], c["b_port"], c["speed"], c["rdma"]) for c in cables] == [
+                    key=lambda c: c.a_port)
+    assert [(c.a, c.a_port, c.b_port, c.speed, c.rdma) for c in cables] == [
         ("macbook", 2, 2, "80 Gb/s", True), ("macbook", 3, 5, "40 Gb/s", False)]
-    assert "Thunderbolt 4 link" in cables[1]["why"]
+    assert "Thunderbolt 4 link" in cables[1].why
     assert cluster_cables({}) == []
 
 

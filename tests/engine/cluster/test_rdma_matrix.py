@@ -19,9 +19,9 @@ from engine.cluster.rdma import (
     parse_ibv_devices,
     parse_rdma_ctl,
     rdma_report,
-    thunderbolt_links,
 )
 from engine.cluster.thunderbolt import ProbeParseError, cable_graph, thunderbolt_report
+from engine.node.topology import thunderbolt_links
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
 REAL = MAC / "captured"
@@ -182,19 +182,19 @@ def test_per_link_rdma_comes_from_what_the_peer_offers_on_the_cable():
     assert "RDMA is not on at studio (rank 0)'s end" in problem
     assert pair_link_types("studio", "macbook", cables, rdma) == ("thunderbolt-ip",)
     (link,) = thunderbolt_links(cables, rdma)
-    assert (link["speed"], link["rdma"], link["type"]) == ("80 Gb/s", False, "thunderbolt-ip")
-    assert "sees no RDMA service from studio" in link["why"]
+    assert (link.speed, link.rdma, link.type) == ("80 Gb/s", False, "thunderbolt-ip")
+    assert "sees no RDMA service from studio" in link.why
 
 
 def test_a_thunderbolt_4_link_through_a_dock_is_skipped_for_the_direct_tb5_cable():
     cables, rdma = load("dock")
     m = device_matrix(["studio", "macbook"], cables, rdma)
     assert m.ok and m.to_json() == [[None, "rdma_en3"], ["rdma_en2", None]]
-    links = {lk["via"]: lk for lk in thunderbolt_links(cables, rdma)}
-    assert (links[None]["rdma"], links[None]["type"]) == (True, "thunderbolt-rdma")
+    links = {lk.via: lk for lk in thunderbolt_links(cables, rdma)}
+    assert (links[None].rdma, links[None].type) == (True, "thunderbolt-rdma")
     docked = links["ThunderBay Flex 8"]
-    assert docked["rdma"] is False and docked["speed"] == "40 Gb/s"
-    assert "through ThunderBay Flex 8 links at 40 Gb/s, a Thunderbolt 4 link" in docked["why"]
+    assert docked.rdma is False and docked.speed == "40 Gb/s"
+    assert "through ThunderBay Flex 8 links at 40 Gb/s, a Thunderbolt 4 link" in docked.why
     assert sorted(pair_link_types("studio", "macbook", cables, rdma)) == [
         "thunderbolt-ip", "thunderbolt-rdma"]
 
@@ -202,5 +202,5 @@ def test_a_thunderbolt_4_link_through_a_dock_is_skipped_for_the_direct_tb5_cable
 def test_topology_links_on_the_recorded_mesh_all_carry_rdma():
     cables, rdma = load("mesh3")
     links = thunderbolt_links(cables, rdma)
-    assert len(links) == 3 and all(lk["rdma"] and lk["why"] is None for lk in links)
-    assert {lk["speed"] for lk in links} == {"80 Gb/s"}
+    assert len(links) == 3 and all(lk.rdma and lk.why is None for lk in links)
+    assert {lk.speed for lk in links} == {"80 Gb/s"}
