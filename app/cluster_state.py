@@ -18,7 +18,7 @@ from app.polling import Poller
 from app.snapshots import LinkEdge, NodeCard, link_edges, node_cards, running_instances
 from app.tasks import Tasks
 from engine.client import NodeClient
-from engine.records import PlanInfo
+from engine.cluster_records import PlanInfo
 
 log = logging.getLogger(__name__)
 TOPOLOGY_EVERY_S = 2.0

@@ -37,7 +37,8 @@ from app.launch import LaunchPanel
 from app.strips import LayerStrips
 from app.tasks import Tasks
 from engine.client import NodeClient
-from engine.records import ModelCard, ModelFacts, PlanInfo
+from engine.cluster_records import PlanInfo
+from engine.records import ModelCard, ModelFacts
 
 log = logging.getLogger(__name__)
 DEBOUNCE_MS = 120

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from engine.cluster_records import PlanInfo, TopologyInfo
 from engine.errors import PeerUnreachable, ShoalError
 from engine.records import (
     CatalogInfo,
@@ -21,11 +22,9 @@ from engine.records import (
     InstanceInfo,
     ModelCard,
     PeerInfo,
-    PlanInfo,
     RemovedInfo,
     RequestInfo,
     StatusInfo,
-    TopologyInfo,
 )
 
 

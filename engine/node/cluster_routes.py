@@ -7,11 +7,12 @@ from typing import TypeVar, cast
 
 from aiohttp import web
 
+from engine.cluster_records import RankPrepare, RankStart
 from engine.errors import BadRequest
 from engine.node.cluster import Cluster
 from engine.node.incoming import json_object
 from engine.node.topology import topology_info
-from engine.records import RankPrepare, RankStart, Record
+from engine.records import Record
 
 routes = web.RouteTableDef()
 R = TypeVar("R", bound=Record)

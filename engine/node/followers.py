@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from engine.cluster_records import FollowerState, RankPorts, RankPrepare, RankStart
 from engine.errors import ShoalError
 from engine.node.launch import fresh_ports, write_config
 from engine.node.peers import Peers
@@ -15,16 +16,7 @@ from engine.node.service import Node
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
 from engine.protocol import Exited, Fatal, Loading, Message
-from engine.records import (
-    ENDED,
-    FollowerInfo,
-    FollowerState,
-    InstanceState,
-    LoadReport,
-    RankPorts,
-    RankPrepare,
-    RankStart,
-)
+from engine.records import ENDED, FollowerInfo, InstanceState, LoadReport
 from engine.runtime.distributed import DistConfig
 
 KEEP_ENDED = 4  # ended ranks remembered, for their reasons

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from engine.api.openai_schemas import Strict
 from engine.cluster.probes import PlatformReport
+from engine.cluster_records import RankPorts
 from engine.errors import BadRequest, InsufficientMemory
 from engine.node.peers import Peers
 from engine.node.planning import best_placement, plan_from_cluster
@@ -32,7 +33,7 @@ from engine.placement.validate import (
     check_tensor,
     max_lanes,
 )
-from engine.records import InstanceInfo, InstanceState, LoadReport, RankInfo, RankPorts
+from engine.records import InstanceInfo, InstanceState, LoadReport, RankInfo
 from engine.runtime.distributed import Backend, DistConfig
 
 log = logging.getLogger(__name__)

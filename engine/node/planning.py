@@ -10,6 +10,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import placement_profiles
+from engine.cluster_records import (
+    FirstToken,
+    PlacementInfo,
+    PlacementRank,
+    PlanInfo,
+    RankMemory,
+    RejectedInfo,
+)
 from engine.errors import BadRequest
 from engine.placement.families import kv_group, strategy_refusal
 from engine.placement.gpu_memory import mac_gpu_budget
@@ -19,17 +27,7 @@ from engine.placement.planner import Placement, Rejection, evaluate, explain, pl
 from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import PlacementError
-from engine.records import (
-    DraftInfo,
-    FirstToken,
-    MachineInfo,
-    NodeInfo,
-    PlacementInfo,
-    PlacementRank,
-    PlanInfo,
-    RankMemory,
-    RejectedInfo,
-)
+from engine.records import DraftInfo, MachineInfo, NodeInfo
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet

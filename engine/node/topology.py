@@ -8,8 +8,9 @@ from collections.abc import Iterable, Mapping
 from engine.cluster.probes import PlatformReport
 from engine.cluster.rdma import RdmaReport, cable_problem
 from engine.cluster.thunderbolt import Cable, cable_graph
+from engine.cluster_records import CableInfo, TopologyInfo, TopologyLink, TopologyNode
 from engine.node.peers import Peer
-from engine.records import CableInfo, NodeInfo, TopologyInfo, TopologyLink, TopologyNode
+from engine.records import NodeInfo
 
 
 def topology_info(me: NodeInfo, peers: Iterable[Peer]) -> TopologyInfo:

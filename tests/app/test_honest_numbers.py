@@ -10,7 +10,8 @@ from app.cluster_state import ClusterState
 from app.placement import PlacementView
 from app.tasks import Tasks
 from app.topology import TopologyView
-from engine.records import ModelCard, ModelFacts, PlanInfo, TopologyInfo
+from engine.cluster_records import PlanInfo, TopologyInfo
+from engine.records import ModelCard, ModelFacts
 
 GB = 10**9
 MODEL = "SmolLM2-135M-Instruct"

@@ -73,7 +73,7 @@ def test_the_window_fits_a_small_laptop(qtbot, shoal):
 
 def test_light_dark_and_back_while_running(qtbot, shoal):
     from app.topology import NodeCardItem
-    from engine.records import TopologyInfo
+    from engine.cluster_records import TopologyInfo
     shoal.state.set_topology(TopologyInfo.from_json({"nodes": [
         {"id": "a", "name": "studio", "self": True, "reachable": True, "trusted": True,
          "machine": {"memory": {"total_bytes": 64 * 10**9, "available_bytes": 40 * 10**9}}}],

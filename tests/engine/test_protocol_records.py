@@ -136,9 +136,9 @@ def test_a_plan_goes_over_the_wire_and_back_with_the_planners_keys():
     its ranks, their memory and the times to first token are records with the keys the
     planner's dicts had, in their order, and the client writes back the same bytes."""
     from engine import placement_profiles
+    from engine.cluster_records import PlanInfo, RejectedInfo, TopologyInfo
     from engine.node.planning import make_report, plan_info
     from engine.placement.profiles import parse_simulation
-    from engine.records import PlanInfo, RejectedInfo, TopologyInfo
 
     sim = parse_simulation(
         {"nodes": [{"name": "studio-1", "profile": "mac-studio-m3-ultra", "memory_gb": 512},
@@ -303,8 +303,9 @@ def test_the_plain_answers_are_records_made_from_the_routes_own_shapes():
 
 def test_the_peer_routes_bodies_are_records_with_the_same_json():
     """What an instance's owner and its ranks' nodes tell each other (/shoal/peer/...)."""
+    from engine.cluster_records import FollowerState, RankPorts
     from engine.protocol import RankReady
-    from engine.records import FollowerState, InstanceState, RankInfo, RankPorts
+    from engine.records import InstanceState, RankInfo
 
     report = RankReady(1, 2, "pipeline", [2, 4], ["model.safetensors"], 1000, 5000).report()
     assert report.to_json() == {"files": ["model.safetensors"], "bytes_read": 1000,

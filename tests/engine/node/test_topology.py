@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 from engine.cluster.probes import CommandResult, probe_platform
+from engine.cluster_records import TopologyInfo
 from engine.node.peers import Peer
 from engine.node.topology import topology_info
-from engine.records import NodeInfo, PeerLink, TopologyInfo
+from engine.records import NodeInfo, PeerLink
 
 DOCK = Path(__file__).resolve().parents[2] / "fixtures" / "macos" / "dock"
 FILES = {("system_profiler", "SPThunderboltDataType", "-json"):
