@@ -176,7 +176,9 @@ class Fatal(Message):
     tag = "fatal"
     code: str | None
     message: str
-    extra: dict[str, Any] = field(default_factory=dict)  # rank, peer, address
+    rank: int | None = None  # a group's: the rank that failed
+    peer: int | None = None  # the rank it lost, where it lost one
+    address: str | None = None  # that rank's address
 
 
 @dataclass(frozen=True)
@@ -301,8 +303,8 @@ def decode(line: bytes | str) -> Message:
 
 
 def make(cls: type[Message] | str, **fields: Any) -> Message:
-    """A message from its fields; names the class doesn't have go to its `extra` where it
-    has one (and are dropped otherwise: an older or newer peer's additions)."""
+    """A message from its fields; names the class doesn't have are dropped (an older or
+    newer worker's additions)."""
     if isinstance(cls, str):
         found = _CLASSES.get(("ev", cls)) or _CLASSES.get(("op", cls))
         if found is None:
@@ -310,9 +312,6 @@ def make(cls: type[Message] | str, **fields: Any) -> Message:
         cls = found
     names = {f.name for f in dataclasses.fields(cls)}
     known = {k: v for k, v in fields.items() if k in names}
-    if "extra" in names:
-        known["extra"] = {**known.get("extra", {}),
-                          **{k: v for k, v in fields.items() if k not in names}}
     try:
         return cls(**known)
     except TypeError as e:

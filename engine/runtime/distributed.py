@@ -213,16 +213,15 @@ class Fatal:
     def __call__(self, code: str, message: str, peer: int | None = None,
                  exit_code: int = 1) -> NoReturn:
         with self._lock:  # the first failure is the one reported
-            fields: dict[str, Any] = {"rank": self.cfg.rank}
-            if peer is not None:
-                fields.update(peer=peer, address=self.cfg.hosts[peer]
-                              if peer < len(self.cfg.hosts) else self.cfg.bells[peer])
+            address = None if peer is None else self.cfg.hosts[peer] \
+                if peer < len(self.cfg.hosts) else self.cfg.bells[peer]
             log.error("fatal (%s): %s", code, message)
             try:
                 for rid in sorted(self.inflight):
                     self.emit("error", id=rid, code=code, message=message, param=None,
                               status=502)
-                self.emit("fatal", code=code, message=message, **fields)
+                self.emit("fatal", code=code, message=message, rank=self.cfg.rank,
+                          peer=peer, address=address)
                 self.close()
             finally:
                 os._exit(exit_code)

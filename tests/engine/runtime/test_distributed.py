@@ -231,7 +231,7 @@ def test_killed_rank_takes_the_group_down(models, tmp_path, streams, lanes):
             assert ev["code"] == "peer_lost"
             told |= {ev["id"]} if ev.get("id") else set(ids)
         lost = group.ranks[2].expect(lambda e: e["ev"] == "fatal", 10)
-        assert lost["code"] == "peer_lost" and lost["extra"]["peer"] in (0, 1)
+        assert lost["code"] == "peer_lost" and lost["peer"] in (0, 1)
         codes = group.exit_codes(10)
         assert time.monotonic() - t0 < 10
         assert codes[0] not in (None, 0) and codes[2] not in (None, 0)
