@@ -124,9 +124,9 @@ class Metrics(QObject):
     def cluster_watts_now(self) -> float | None:
         return self.cluster_watts.last
 
-    def add_status(self, status: Any) -> None:
-        """The node's status (a StatusInfo, or a dict the app made while the node can't
-        answer): how many requests are in flight and waiting."""
+    def add_status(self, status: dict[str, Any]) -> None:
+        """The node's status as the app keeps it (StatusInfo's JSON, or what the app makes
+        while the node can't answer): how many requests are in flight and waiting."""
         streams = status.get("streams")
         if streams is None:
             return

@@ -142,6 +142,7 @@ def target(url: str, model: str | None, key: str | None) -> Target:
     import httpx
 
     from engine.errors import ModelNotFound, PeerUnreachable
+    from engine.records import ModelCard, StatusInfo
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     base = url.rstrip("/").removesuffix("/v1")
@@ -154,12 +155,12 @@ def target(url: str, model: str | None, key: str | None) -> Target:
     if r.status_code == 401:
         raise PeerUnreachable(f"The node at {base} needs its API key: export {KEY_ENV}=KEY "
                               "and run this again.")
-    cards = {c["id"]: c for c in r.json().get("data", [])}
-    loaded = (status.json().get("runner") or {}).get("model") if status.is_success else None
+    cards = {c.id: c for c in (ModelCard.from_json(d) for d in r.json().get("data", [])
+                               if isinstance(d, dict) and "id" in d)}
+    loaded = StatusInfo.from_json(status.json()).model if status.is_success else None
     name = model or (loaded if loaded in cards else None) or next(iter(cards), None)
     if name is None or name not in cards:
         raise ModelNotFound(f"The node at {base} has no model {name or ''}; models there: "
                             f"{', '.join(cards) or 'none'}.", param="model")
-    info = cards[name].get("shoal") or {}
-    ctx = info.get("context_length") or (info.get("instance") or {}).get("context_length")
-    return Target(base, name, int(ctx or 32768), needs_key=bool(key))
+    return Target(base, name, cards[name].shoal.context_length or 32768,
+                  needs_key=bool(key))
