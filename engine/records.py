@@ -239,9 +239,12 @@ class PowerReading(Record):
     unavailable: str | None = None
     at: float = 0.0  # time.time() when measured
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: round(v, 2) if isinstance(v, float) and k.endswith("watts") else v
-                for k, v in dataclasses.asdict(self).items()}
+    def rounded(self) -> PowerReading:
+        """The same reading with its watts to 0.01 W, as the node reports them."""
+        watts: dict[str, Any] = {
+            f.name: round(v, 2) for f in dataclasses.fields(self)
+            if f.name.endswith("watts") and isinstance(v := getattr(self, f.name), float)}
+        return dataclasses.replace(self, **watts)
 
 
 @dataclass(frozen=True)

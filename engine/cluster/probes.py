@@ -78,8 +78,8 @@ class PlatformReport:
     warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"system": self.system, "thunderbolt": self.thunderbolt.to_dict(),
-                "rdma": self.rdma.to_dict(), "interfaces": dict(self.interfaces),
+        return {"system": self.system, "thunderbolt": self.thunderbolt.to_json(),
+                "rdma": self.rdma.to_json(), "interfaces": dict(self.interfaces),
                 "warnings": list(self.warnings)}
 
     @classmethod
@@ -91,8 +91,8 @@ class PlatformReport:
             return cls("unknown", ThunderboltReport(unavailable=why), RdmaReport(None, (), why))
         ifs = d.get("interfaces")
         return cls(str(d.get("system", "unknown")),
-                   ThunderboltReport.from_dict(d.get("thunderbolt") or {}),
-                   RdmaReport.from_dict(d.get("rdma") or {}),
+                   ThunderboltReport.from_json(d.get("thunderbolt") or {}),
+                   RdmaReport.from_json(d.get("rdma") or {}),
                    {str(k): str(v) for k, v in ifs.items()} if isinstance(ifs, dict) else {},
                    tuple(str(w) for w in d.get("warnings") or () if isinstance(w, str)))
 

@@ -54,13 +54,13 @@ class RdmaReport:
                     "(A Mac with only Thunderbolt 4 never lists any.)")
         return None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "devices": list(self.devices),
                 "unavailable": self.unavailable, "thunderbolt": self.thunderbolt,
                 "explanation": self.explanation}
 
     @classmethod
-    def from_dict(cls, d: Any) -> RdmaReport:
+    def from_json(cls, d: Any) -> RdmaReport:
         try:
             enabled = d.get("enabled")
             devices = tuple(str(x) for x in d.get("devices") or ())

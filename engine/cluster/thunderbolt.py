@@ -90,16 +90,16 @@ class ThunderboltReport:
         """Remote domain UUID → the local port cabled to it."""
         return {p.remote_uuid: p for p in self.ports if p.remote_uuid}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["ports"] = [asdict(p) for p in self.ports]
         return d
 
     @classmethod
-    def from_dict(cls, d: Any) -> ThunderboltReport:
+    def from_json(cls, d: Any) -> ThunderboltReport:
         """Rebuild a peer's report from JSON; unknown fields are ignored, bad ones explained."""
         try:
-            ports = tuple(_port_from_dict(p) for p in d.get("ports") or [])
+            ports = tuple(_port_from_json(p) for p in d.get("ports") or [])
             return cls(ports=ports, bridge=d.get("bridge"),
                        bridge_members=tuple(d.get("bridge_members") or ()),
                        bridge_up=d.get("bridge_up"),
@@ -117,7 +117,7 @@ _PORT_TYPES: dict[str, tuple[type, ...]] = {
     "via": (str, type(None))}
 
 
-def _port_from_dict(p: Any) -> ThunderboltPort:
+def _port_from_json(p: Any) -> ThunderboltPort:
     fields = {k: p.get(k) for k in _PORT_TYPES}  # unknown (newer) keys are dropped
     bad = [k for k, v in fields.items() if not isinstance(v, _PORT_TYPES[k])]
     if bad:

@@ -59,7 +59,7 @@ class NodeFacts:
             since_platform += MEMORY_EVERY_S
 
     def describe(self) -> dict[str, Any]:
-        power = PowerInfo.from_json(self._sampler.latest().to_dict()) if self._sampler \
+        power = PowerInfo.from_json(self._sampler.latest().rounded().to_json()) if self._sampler \
             else None
         serving = self._sampler.serving_watts() if self._sampler else None
         if power is not None and serving:  # measured while generating: the planner's watts

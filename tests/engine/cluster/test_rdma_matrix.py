@@ -136,10 +136,10 @@ def test_link_types_per_pair():
 
 def test_rdma_report_round_trips_and_tolerates_garbage():
     r = RdmaReport(True, ("rdma_en2",))
-    assert RdmaReport.from_dict(r.to_dict()) == r
-    assert RdmaReport.from_dict({**r.to_dict(), "future": 1}) == r
-    assert RdmaReport.from_dict(None).enabled is None
-    assert RdmaReport.from_dict({"enabled": "yes"}).enabled is None
+    assert RdmaReport.from_json(r.to_json()) == r
+    assert RdmaReport.from_json({**r.to_json(), "future": 1}) == r
+    assert RdmaReport.from_json(None).enabled is None
+    assert RdmaReport.from_json({"enabled": "yes"}).enabled is None
 
 
 def test_a_thunderbolt_4_mac_with_rdma_enabled_is_told_the_state_is_final():
@@ -154,7 +154,7 @@ def test_a_thunderbolt_4_mac_with_rdma_enabled_is_told_the_state_is_final():
     # Where the hardware is not known, the cable/restart advice stays, with the TB4 caveat.
     unknown = rdma_report(status, devices).explanation or ""
     assert "connect a Thunderbolt 5 cable" in unknown and "Thunderbolt 4" in unknown
-    assert RdmaReport.from_dict(r.to_dict()) == r
+    assert RdmaReport.from_json(r.to_json()) == r
 
 
 def real_pair_with_rdma_everywhere():

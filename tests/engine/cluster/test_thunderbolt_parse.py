@@ -262,24 +262,24 @@ def test_networksetup_error_keeps_ports_without_interfaces():
 
 def test_report_round_trips_through_json_and_tolerates_newer_peers():
     r = node_report("chain4", "studio-c")
-    assert ThunderboltReport.from_dict(r.to_dict()) == r
+    assert ThunderboltReport.from_json(r.to_json()) == r
     docked = scenario("dock")["studio"]
-    assert ThunderboltReport.from_dict(docked.to_dict()) == docked
-    older = r.to_dict()  # a peer from before remote_model / remote_rdma / via
+    assert ThunderboltReport.from_json(docked.to_json()) == docked
+    older = r.to_json()  # a peer from before remote_model / remote_rdma / via
     for port in older["ports"]:
         for key in ("remote_model", "remote_rdma", "via"):
             del port[key]
-    assert [p.remote_rdma for p in ThunderboltReport.from_dict(older).ports] == [None] * 6
-    newer = r.to_dict()
+    assert [p.remote_rdma for p in ThunderboltReport.from_json(older).ports] == [None] * 6
+    newer = r.to_json()
     newer["ports"][0]["lanes"] = 2
     newer["something_new"] = True
-    assert ThunderboltReport.from_dict(newer).ports == r.ports
-    assert ThunderboltReport.from_dict({"ports": [{"bus": 1}]}).unavailable
-    assert ThunderboltReport.from_dict("garbage").unavailable  # type: ignore[arg-type]
+    assert ThunderboltReport.from_json(newer).ports == r.ports
+    assert ThunderboltReport.from_json({"ports": [{"bus": 1}]}).unavailable
+    assert ThunderboltReport.from_json("garbage").unavailable  # type: ignore[arg-type]
 
 
 def test_a_peer_report_with_wrong_types_is_unavailable_not_trusted():
-    good = node_report("pair", "studio").to_dict()
+    good = node_report("pair", "studio").to_json()
     bad = {**good, "ports": [{**good["ports"][0], "speed": 80}]}
-    r = ThunderboltReport.from_dict(bad)
+    r = ThunderboltReport.from_json(bad)
     assert r.ports == () and "speed" in (r.unavailable or "")

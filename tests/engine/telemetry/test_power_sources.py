@@ -351,8 +351,8 @@ def test_sampler_reports_a_source_that_fails():
         wait_until(lambda: "failed to start" in (s.latest().unavailable or ""), timeout=10)
     finally:
         s.stop()
-    assert missing("x").to_dict()["unavailable"] == "x"
-    assert PowerReading(1.23456, source="rapl").to_dict()["watts"] == 1.23
+    assert missing("x").to_json()["unavailable"] == "x"
+    assert PowerReading(1.23456, source="rapl").rounded().watts == 1.23
 
 
 def test_the_sampler_keeps_what_the_node_drew_while_it_generated():
