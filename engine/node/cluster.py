@@ -23,7 +23,7 @@ from engine import __version__
 from engine.api.common import parse
 from engine.cluster.probes import PlatformReport
 from engine.errors import ShoalError
-from engine.node.facts import capped
+from engine.node.facts import Facts, capped
 from engine.node.followers import Followers
 from engine.node.group_start import WATCH_S, follower_state, start_ranks
 from engine.node.launch import (
@@ -84,11 +84,13 @@ class Cluster:
     def info(self) -> NodeInfo:
         """This node as GET /shoal/node describes it (peers keep it as their `info`)."""
         mine = self.describe()
-        facts = capped(self.facts.describe() if self.facts else {}, self.node.memory_limit)
+        facts = capped(self.facts.describe() if self.facts else Facts(),
+                       self.node.memory_limit)
         return NodeInfo(self.id, self.name, mine.instances, mine.followers, __version__,
                         mlx_version(), self.node.status().state,
                         [m.id for m in self.node.local_models()], self.links(),
-                        **facts, draft=self.draft)
+                        machine=facts.machine, speed=facts.speed,
+                        platform=facts.platform, power=facts.power, draft=self.draft)
 
     def plan_infos(self) -> list[NodeInfo]:
         """What the planner may use: this node first, then trusted compatible peers."""

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,20 @@ MEMORY_EVERY_S = 5.0
 PLATFORM_EVERY_S = 60.0  # cables get plugged and pulled
 
 
+@dataclass(frozen=True)
+class Facts:
+    """The parts of NodeInfo this module measures (None: not yet)."""
+    machine: MachineInfo | None = None
+    speed: SpeedInfo = field(default_factory=SpeedInfo)
+    platform: Any = None  # engine.cluster.probes.PlatformReport
+    power: PowerInfo | None = None
+
+
 class NodeFacts:
     def __init__(self, home: Any = None, busy: Any = None) -> None:
         self.home = home
         self.busy = busy  # () -> bool: is this node generating now (its power then counts)
-        self.calibration: dict[str, Any] | None = None
+        self.calibration: SpeedInfo | None = None
         self.machine: Any = None
         self.platform: Any = None
         self._sampler: Any = None
@@ -58,16 +67,13 @@ class NodeFacts:
             await asyncio.sleep(MEMORY_EVERY_S)
             since_platform += MEMORY_EVERY_S
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Facts:
         power = PowerInfo.from_json(self._sampler.latest().rounded().to_json()) if self._sampler \
             else None
         serving = self._sampler.serving_watts() if self._sampler else None
         if power is not None and serving:  # measured while generating: the planner's watts
             power = replace(power, serving_watts=round(serving, 2))
-        return {"machine": self.machine,
-                "speed": SpeedInfo.from_json(self.calibration or {}),
-                "platform": self.platform,
-                "power": power}
+        return Facts(self.machine, self.calibration or SpeedInfo(), self.platform, power)
 
     async def close(self) -> None:
         if self._task:
@@ -78,17 +84,17 @@ class NodeFacts:
             await asyncio.to_thread(self._sampler.stop)
 
 
-def capped(facts: dict[str, Any], limit: int | None) -> dict[str, Any]:
+def capped(facts: Facts, limit: int | None) -> Facts:
     """The machine's facts with its usable memory cut to the user's --memory-limit, so
     the planner and the window see the budget requests are admitted under."""
-    machine: MachineInfo | None = facts.get("machine")
+    machine = facts.machine
     if not limit or machine is None:
         return facts
     memory, have = machine.memory, machine.memory.available_bytes
     memory = replace(memory, available_bytes=min(have, limit) if have else limit,
                      rule=f"--memory-limit {limit / 1e9:g} GB"
                      + (f" (the machine: {memory.rule})" if memory.rule else ""))
-    return {**facts, "machine": replace(machine, memory=memory)}
+    return replace(facts, machine=replace(machine, memory=memory))
 
 
 def _platform() -> Any:

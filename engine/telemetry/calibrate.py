@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.records import SpeedInfo
+
 log = logging.getLogger(__name__)
 
 _MEASURE = r"""
@@ -65,7 +67,7 @@ def measure(env: dict[str, str] | None = None, timeout: float = 120.0) -> dict[s
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def calibration(home: Path, key: str) -> dict[str, Any] | None:
+def calibration(home: Path, key: str) -> SpeedInfo | None:
     """The cached measurement for `key` (machine + MLX version), measuring when missing.
     None (logged) when it can't be measured."""
     from engine.runtime.cpu import worker_env
@@ -73,7 +75,7 @@ def calibration(home: Path, key: str) -> dict[str, Any] | None:
     try:
         cached = json.loads(path.read_text())
         if cached.get("key") == key:
-            return cached
+            return SpeedInfo.from_json(cached)
     except (OSError, ValueError):
         pass
     t0 = time.perf_counter()
@@ -86,4 +88,4 @@ def calibration(home: Path, key: str) -> dict[str, Any] | None:
     log.info("measured %.1f GB/s memory bandwidth and %.0f GFLOP/s in %.1f s",
              result["memory_bandwidth_Bps"] / 1e9, result["compute_flops"] / 1e9,
              time.perf_counter() - t0)
-    return result
+    return SpeedInfo.from_json(result)
