@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine.cluster.probes import PlatformReport
 from engine.records import MachineInfo, PowerInfo, SpeedInfo
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ class Facts:
     """The parts of NodeInfo this module measures (None: not yet)."""
     machine: MachineInfo | None = None
     speed: SpeedInfo = field(default_factory=SpeedInfo)
-    platform: Any = None  # engine.cluster.probes.PlatformReport
+    platform: PlatformReport | None = None
     power: PowerInfo | None = None
 
 
@@ -33,8 +34,8 @@ class NodeFacts:
         self.home = home
         self.busy = busy  # () -> bool: is this node generating now (its power then counts)
         self.calibration: SpeedInfo | None = None
-        self.machine: Any = None
-        self.platform: Any = None
+        self.machine: MachineInfo | None = None
+        self.platform: PlatformReport | None = None
         self._sampler: Any = None
         self._task: asyncio.Task | None = None
 
@@ -97,7 +98,7 @@ def capped(facts: Facts, limit: int | None) -> Facts:
     return replace(facts, machine=replace(machine, memory=memory))
 
 
-def _platform() -> Any:
+def _platform() -> PlatformReport:
     """This machine's platform report, or, with SHOAL_PLATFORM_RECORDING set (tests on
     Linux), a Mac's as its commands printed it."""
     from engine.cluster.probes import probe_platform, recorded_runner
