@@ -25,7 +25,7 @@ from engine.cluster.probes import PlatformReport
 from engine.errors import ShoalError
 from engine.node.facts import Facts, capped
 from engine.node.followers import Followers
-from engine.node.group_start import WATCH_S, follower_state, start_ranks
+from engine.node.group_start import WATCH_S, follower_state, peer_record, start_ranks
 from engine.node.launch import (
     Instance,
     LaunchRequest,
@@ -144,7 +144,7 @@ class Cluster:
 
     # --- launching (owner side) ----------------------------------------------------------
     async def launch(self, raw: Any, exclude: set[str] | frozenset[str] = frozenset(),
-                     healing: bool = False) -> dict[str, Any]:
+                     healing: bool = False) -> InstanceInfo:
         """Check a launch, hand it to the node that holds rank 0 if that is another, else
         start every rank and watch them (the walk in docs/design-notes.md). `exclude`:
         nodes a launch without nodes leaves out (healing: the lost ones)."""
@@ -165,8 +165,8 @@ class Cluster:
         if ranks[0].url is not None:  # rank 0 lives on its owner: hand the job over
             nodes = [NodeRef(node="self")] if len(ranks) == 1 else [
                 n.model_copy(update={"node": r.node}) for n, r in zip(req.nodes, ranks)]
-            return await self.peers.call(ranks[0].url, "POST", "/shoal/instances",
-                                         req.body(nodes), timeout=900)
+            return await peer_record(InstanceInfo, self.peers, ranks[0].url, "POST",
+                                     "/shoal/instances", req.body(nodes), timeout=900)
         path = self.node.resolve(req.model)
         await self.node.check_model(path, all_files=len(ranks) == 1 or req.strategy == "tensor")
         inputs = inputs or self.plan_inputs(req.model)  # config.json read once a launch
@@ -176,8 +176,7 @@ class Cluster:
             await self.stop_instance(REPLACED)
             await self.node.start_worker(req.model, path, kv_bits=req.kv(None))
             return InstanceInfo(None, req.model, "single", InstanceState.READY, None,
-                                [RankInfo(0, self.id)],
-                                kv_bits=req.kv(None) or 16).to_json()
+                                [RankInfo(0, self.id)], kv_bits=req.kv(None) or 16)
         rdma = rdma_matrix(ranks, req.backend, self._platforms(ranks)) \
             if req.backend != "ring" else None
         check_placement(inputs["model_config"], req.strategy, ranks)
@@ -213,7 +212,7 @@ class Cluster:
         inst.state = InstanceState.READY
         inst.ready_once = True
         inst.watch = asyncio.create_task(self._watch(inst))
-        return {**inst.public(), **({"warning": warning} if warning else {})}
+        return replace(inst.info(), warning=warning) if warning else inst.info()
 
     def _platforms(self, ranks: list[Rank]) -> dict[str, PlatformReport | None]:
         """Each rank node's platform report (Thunderbolt, RDMA), for jaccl's devices."""

@@ -71,7 +71,7 @@ async def add_peer(request: web.Request) -> web.Response:
 @routes.post("/shoal/instances")
 async def launch(request: web.Request) -> web.Response:
     body = await json_object(request)
-    return web.json_response(await _cluster(request).launch(body), status=201)
+    return web.json_response((await _cluster(request).launch(body)).to_json(), status=201)
 
 
 @routes.get("/shoal/instances")
@@ -85,7 +85,7 @@ async def stop_instance(request: web.Request) -> web.Response:
     if c.instance is None or c.instance.id != request.match_info["id"]:
         raise BadRequest(f"This node owns no instance {request.match_info['id']}.")
     await c.stop_instance()
-    return web.json_response(c.instance.public())
+    return web.json_response(c.instance.info().to_json())
 
 
 @routes.post("/shoal/peer/prepare")

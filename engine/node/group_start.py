@@ -99,10 +99,12 @@ async def follower_state(peers: Peers, url: str, inst_id: str) -> FollowerState:
 
 
 async def peer_record(cls: type[R], peers: Peers, url: str, method: str, path: str,
-                      body: Record | None = None, timeout: float = 10.0) -> R:
+                      body: Record | dict[str, Any] | None = None,
+                      timeout: float = 10.0) -> R:
     """A peer's answer as the record it should be; one this node can't read (another
     version's) is the peer's PeerUnreachable, saying so."""
-    got = await peers.call(url, method, path, None if body is None else body.to_json(),
+    got = await peers.call(url, method, path,
+                           body.to_json() if isinstance(body, Record) else body,
                            timeout=timeout)
     try:
         return cast(R, cls.from_json(got))

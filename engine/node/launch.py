@@ -110,10 +110,6 @@ class Instance:
                             lanes=self.lanes, kv_bits=self.kv_bits or 16,
                             warning=self.warning)
 
-    def public(self) -> dict[str, Any]:
-        return self.info().to_json()
-
-
 def choose_lanes(lanes: int | None, strategy: str, hosts: list[str], predicted: int,
                  max_streams: int) -> int:
     """The micro-batches a launch's pipeline keeps in flight: the body's "lanes" (1 to one
