@@ -27,15 +27,18 @@ SLOW_PATHS = ("tests/cluster/", "tests/engine/runtime/test_distributed.py",
 
 
 # What scripts/test runs one at a time, beside the rest (niced, two files at a time):
-# tests whose assertion is about timing or overlap, which load can hide or stretch (a
-# dead peer noticed within seconds, a cable pulled under load, healing, mDNS in network
-# namespaces, a 3 s stall watchdog; test_batching's concurrent streams were once seen one
-# at a time so, and test_long_prefill's 1 s chunks once took over 3 s so). The
+# tests whose assertion is about timing, which a neighbour's load can stretch (a dead
+# peer noticed within seconds, a cable pulled under load, healing, mDNS in network
+# namespaces). They mostly wait on timeouts, so the niced rest doesn't delay them. The
 # other cluster tests use free ports and mDNS is off, so they share the machine too.
 ALONE_PATHS = ("tests/cluster/test_distributed_nodes.py", "tests/cluster/test_faults_under_load.py",
                "tests/cluster/test_healing.py", "tests/cluster/test_link_cut_under_load.py",
-               "tests/cluster/test_links.py", "tests/cluster/test_mdns_netns.py",
-               "tests/engine/api/test_batching.py", "tests/engine/api/test_long_prefill.py")
+               "tests/cluster/test_links.py", "tests/cluster/test_mdns_netns.py")
+# What it runs last, alone on the machine: tests about throughput under their own load,
+# which any other work, niced or not, stretches (test_long_prefill's 1 s prefill chunks
+# against a 3 s stall watchdog took over 3 s beside the niced rest; test_batching's
+# concurrent streams were once seen one at a time beside other tests).
+LAST_PATHS = ("tests/engine/api/test_batching.py", "tests/engine/api/test_long_prefill.py")
 
 # The longest files of the shared phase, longest first (the durations of a whole run):
 # started first, they don't leave one worker running them while the other waits.
@@ -47,9 +50,10 @@ LONGEST_FIRST = ("tests/packaging/test_linux_bundle.py",
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--phase", choices=("shared", "alone"), default=None,
+    parser.addoption("--phase", choices=("shared", "alone", "last"), default=None,
                      help="scripts/test's phases: the tests that may share the machine, "
-                          "or those that run alone (ALONE_PATHS in tests/conftest.py)")
+                          "those run one at a time beside them (ALONE_PATHS in "
+                          "tests/conftest.py), and those run alone after both (LAST_PATHS)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -64,8 +68,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.packaging)
         elif where.startswith(SLOW_PATHS):
             item.add_marker(pytest.mark.slow)
-        alone = where.startswith(ALONE_PATHS)
-        (drop if phase and alone != (phase == "alone") else keep).append(item)
+        mine = "last" if where.startswith(LAST_PATHS) else \
+            "alone" if where.startswith(ALONE_PATHS) else "shared"
+        (drop if phase and mine != phase else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
