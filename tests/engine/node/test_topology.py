@@ -7,21 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.cluster.probes import CommandResult, probe_platform
+from engine.cluster.probes import probe_platform, recorded_runner
 from engine.cluster_records import TopologyInfo
 from engine.node.peers import Peer
 from engine.node.topology import topology_info
 from engine.records import NodeInfo, PeerLink
 
 DOCK = Path(__file__).resolve().parents[2] / "fixtures" / "macos" / "dock"
-FILES = {("system_profiler", "SPThunderboltDataType", "-json"):
-         "system_profiler_SPThunderboltDataType.json",
-         ("networksetup", "-listallhardwareports"): "networksetup_listallhardwareports.txt",
-         ("ifconfig", "bridge0"): "ifconfig_bridge0.txt",
-         ("networksetup", "-getnetworkserviceenabled", "Thunderbolt Bridge"):
-         "networksetup_getnetworkserviceenabled.txt",
-         ("rdma_ctl", "status"): "rdma_ctl_status.txt",
-         ("ibv_devices",): "ibv_devices.txt"}
 NODE_KEYS = ["id", "name", "instances", "followers", "version", "mlx_version", "state",
              "models", "links", "machine", "speed", "platform", "power", "draft"]
 PEER_KEYS = ["url", "id", "name", "version", "reachable", "trusted", "error", "warning",
@@ -30,9 +22,8 @@ PEER_KEYS = ["url", "id", "name", "version", "reachable", "trusted", "error", "w
 
 def mac(name: str) -> dict:
     """A Mac's platform report from the recorded dock pair, as a peer sends it."""
-    def run(argv, timeout):
-        return CommandResult((DOCK / name / FILES[tuple(argv)]).read_text())
-    return json.loads(json.dumps(probe_platform(system="darwin", runner=run).to_json()))
+    report = probe_platform(system="darwin", runner=recorded_runner(DOCK / name))
+    return json.loads(json.dumps(report.to_json()))
 
 
 def node(nid: str, name: str, to: str, platform: dict) -> NodeInfo:
