@@ -9,7 +9,7 @@ import dataclasses
 import keyword
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self, cast
 
 from engine.cluster.probes import PlatformReport
 
@@ -69,7 +69,7 @@ class Record:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Any:
+    def from_json(cls, data: dict[str, Any]) -> Self:
         """The record of a JSON object; keys it doesn't know (a newer node's) are dropped,
         and so is a record's field that holds neither an object nor null (its default)."""
         known = {}
@@ -375,14 +375,14 @@ class RunnerState(Record):
         return {"type": self.kind, **super().to_json()}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Any:
+    def from_json(cls, data: dict[str, Any]) -> Self:
         """The state its "type" names (ValueError for one this version doesn't know)."""
         if cls is not RunnerState:
             return super().from_json(data)
         kind = next((k for k in RUNNER_STATES if k.kind == data.get("type")), None)
         if kind is None:
             raise ValueError(f"unknown runner state {data.get('type')!r}")
-        return kind.from_json(data)
+        return cast(Self, kind.from_json(data))  # every kind is a RunnerState
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -110,7 +110,7 @@ async def peer_body(request: web.Request, cls: type[R]) -> R:
     """A peer's request body as its record; a 400 naming what it lacks."""
     body = await json_object(request)
     try:
-        return cast(R, cls.from_json(body))
+        return cls.from_json(body)
     except (TypeError, ValueError) as e:  # a field missing: another version's
         raise BadRequest(f"{request.path} can't be read ({e}); update both nodes.") from None
 

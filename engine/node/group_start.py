@@ -107,7 +107,7 @@ async def peer_record(cls: type[R], peers: Peers, url: str, method: str, path: s
                            body.to_json() if isinstance(body, Record) else body,
                            timeout=timeout)
     try:
-        return cast(R, cls.from_json(got))
+        return cls.from_json(got)
     except (TypeError, ValueError, AttributeError) as e:
         raise PeerUnreachable(f"{url} answered {path} in a shape this node can't read "
                               f"({e}); update both nodes") from None
