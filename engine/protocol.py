@@ -25,6 +25,11 @@ class Message:
 
 
 # --- node → worker -------------------------------------------------------------------------
+class Constraint(TypedDict):
+    """What the answer must match: a JSON schema, compiled to a grammar (llguidance)."""
+    json_schema: dict[str, Any]
+
+
 @dataclass(frozen=True)
 class SamplingRequest:
     """What a client asked of the sampler, whatever its protocol; None: the default. The
@@ -43,7 +48,7 @@ class SamplingRequest:
     stop: tuple[str, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
-    constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
+    constraint: Constraint | None = None
     context_limit: int | None = None  # Ollama's num_ctx: a smaller window than the model's
     speculative: bool | None = None  # None: the node's setting
     draft_tokens: int | None = None  # the most guesses per pass

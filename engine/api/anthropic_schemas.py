@@ -388,7 +388,7 @@ def to_request(body: CountTokensRequest, count_only: bool = False) -> wire.Gener
             choice = {"auto": "auto", "any": "required", "none": "none"}[tc.type]
     thinking = None if body.thinking is None else body.thinking.type != "disabled"
     fmt = body.output_config.format if body.output_config else None
-    constraint = None if fmt is None else {"json_schema": fmt.schema_}
+    constraint: wire.Constraint | None = None if fmt is None else {"json_schema": fmt.schema_}
     sampling = wire.SamplingRequest.of(
         max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
         top_k=body.top_k, stop=body.stop_sequences, constraint=constraint,

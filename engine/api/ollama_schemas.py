@@ -87,8 +87,11 @@ class GenerateRequest(Common):
 
 def sampling(body: Common, ctx_hint: int | None = None) -> wire.SamplingRequest:
     o = body.options or Options()
-    constraint = {"json_schema": {"type": "object"}} if body.format == "json" else \
-        {"json_schema": body.format} if isinstance(body.format, dict) else None
+    constraint: wire.Constraint | None = None
+    if body.format == "json":
+        constraint = {"json_schema": {"type": "object"}}
+    elif isinstance(body.format, dict):
+        constraint = {"json_schema": body.format}
     if not body.logprobs and body.top_logprobs is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
     return wire.SamplingRequest.of(

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.errors import BadRequest
-from engine.protocol import SamplingRequest
+from engine.protocol import Constraint, SamplingRequest
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context window: a typo, not a request
 Number = float
@@ -65,7 +65,7 @@ class SamplingFields(Drafts):
         return v
 
     def sampling(self, max_tokens: int | None, logprobs: int | None = None,
-                 constraint: dict[str, Any] | None = None) -> SamplingRequest:
+                 constraint: Constraint | None = None) -> SamplingRequest:
         return SamplingRequest.of(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
             top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
@@ -182,7 +182,7 @@ class ChatCompletionRequest(SamplingFields):
         return [k for k in CHAT_HINTS if getattr(self, k) is not None]
 
 
-def constraint_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+def constraint_of(fmt: ResponseFormat | None) -> Constraint | None:
     """The grammar constraint for a response_format (None for text)."""
     if fmt is None or fmt.type == "text":
         return None

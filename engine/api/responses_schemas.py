@@ -280,7 +280,7 @@ def to_request(body: ResponsesRequest) -> wire.GenerateRequest:
             raise BadRequest(f"'include[{i}]': {inc!r} is not available from Shoal.",
                              param=f"include[{i}]")
     fmt = body.text.format if body.text else None
-    constraint = None
+    constraint: wire.Constraint | None = None
     if fmt is not None and fmt.type == "json_object":
         constraint = {"json_schema": {"type": "object"}}
     elif fmt is not None and fmt.type == "json_schema":

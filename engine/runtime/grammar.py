@@ -1,4 +1,4 @@
-"""Constrained decoding: a JSON schema (or Lark grammar) enforced token by token.
+"""Constrained decoding: a JSON schema enforced token by token.
 
 llguidance was chosen over outlines-core and xgrammar: it installs from PyPI as one small
 wheel (xgrammar pulls in torch), compiles schemas lazily instead of building a whole-vocabulary
@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from engine.errors import BadRequest
+from engine.protocol import Constraint
 
 
 @functools.lru_cache(maxsize=4)
@@ -25,18 +26,16 @@ def _ll_tokenizer(tokenizer: Any) -> Any:
     return llguidance.hf.from_tokenizer(hf, eos_token=eos[0])
 
 
-def grammar_for(constraint: dict[str, Any]) -> str:
-    """llguidance grammar text for {"json_schema": {...}} or {"lark": "..."}."""
+def grammar_for(constraint: Constraint) -> str:
+    """llguidance grammar text for a constraint's JSON schema."""
     from llguidance import LLMatcher
 
-    if "lark" in constraint:
-        return LLMatcher.grammar_from_lark(constraint["lark"])
-    schema = constraint.get("json_schema") or {"type": "object"}
+    schema = constraint["json_schema"] or {"type": "object"}
     return LLMatcher.grammar_from_json_schema(json.dumps(schema),
                                               defaults={"whitespace_flexible": False})
 
 
-def check_constraint(constraint: dict[str, Any], tokenizer: Any,
+def check_constraint(constraint: Constraint, tokenizer: Any,
                      param: str = "response_format") -> None:
     """BadRequest naming `param` when llguidance can't compile the grammar."""
     from llguidance import LLMatcher
@@ -54,7 +53,7 @@ class GrammarProcessor:
     """An mlx-lm logits processor: every token but those the grammar allows next gets -inf.
     Once the grammar is complete only end-of-sequence is allowed."""
 
-    def __init__(self, constraint: dict[str, Any], tokenizer: Any):
+    def __init__(self, constraint: Constraint, tokenizer: Any):
         from llguidance import LLMatcher
 
         self._tok = _ll_tokenizer(tokenizer)

@@ -15,6 +15,7 @@ from typing import Any
 from engine.errors import BadRequest, ContextTooLong
 from engine.protocol import (
     Accepted,
+    Constraint,
     Delta,
     Done,
     GenerateRequest,
@@ -126,14 +127,14 @@ def _encode(tokenizer: Any, text: str, ctx_len: int | None, **kw: Any) -> list[i
 
 
 def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
-            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, dict[str, Any] | None]:
+            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, Constraint | None]:
     """(prompt tokens, prompt text, splitter, constraint) for a request. Given the context
     length, a prompt that certainly exceeds it is refused before it is tokenized whole."""
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     harmony = hasattr(tokenizer, "get_vocab") and is_harmony(tokenizer)
     native = bool(tools) and (harmony or bool(getattr(tokenizer, "has_tool_calling", False)))
     forced = tools is not None and req.tool_choice != "auto"
-    constraint = None
+    constraint: Constraint | None = None
     if req.messages is None:  # a raw prompt: no template, no markers
         prompt = req.prompt if isinstance(req.prompt, list) else \
             _encode(tokenizer, req.prompt or "", ctx_len)

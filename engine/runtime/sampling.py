@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.protocol import SamplingRequest
+    from engine.protocol import Constraint, SamplingRequest
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,14 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
-    constraint: dict[str, Any] | None = None  # {"json_schema": ...} or {"lark": ...}
+    constraint: Constraint | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     speculative: bool | None = None  # None: as the node is set
     draft_tokens: int | None = None  # the most guesses per pass (None: the node's)
 
     @classmethod
     def of(cls, asked: SamplingRequest, max_tokens: int,
-           constraint: dict[str, Any] | None) -> Sampling:
+           constraint: Constraint | None) -> Sampling:
         """What the client asked, defaults where it didn't, for a prompt that leaves
         `max_tokens` of the context."""
         d = cls()
