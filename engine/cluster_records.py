@@ -26,6 +26,7 @@ from engine.records import (
     Record,
     SpeedInfo,
 )
+from engine.runtime.distributed import DistConfig
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,12 @@ class RankPorts(Record):
 
 @dataclass(frozen=True)
 class RankStart(Record):
-    """POST /shoal/peer/start: run rank config["rank"] of an instance `owner` runs."""
+    """POST /shoal/peer/start: run rank config.rank of an instance `owner` runs."""
+    singles = {"config": DistConfig}
     instance: str
     model: str
     owner: str  # the owner's URL, told when the rank fails
-    config: dict[str, Any]  # engine.runtime.distributed.DistConfig's JSON
+    config: DistConfig
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
 from engine.protocol import Exited, Fatal, Loading, Message
 from engine.records import ENDED, FollowerInfo, InstanceState, LoadReport
-from engine.runtime.distributed import DistConfig
 
 KEEP_ENDED = 4  # ended ranks remembered, for their reasons
 
@@ -59,7 +58,7 @@ class Followers:
 
     async def start(self, body: RankStart) -> None:
         inst_id, model, owner = body.instance, body.model, body.owner
-        cfg = DistConfig.from_dict(body.config if isinstance(body.config, dict) else {})
+        cfg = body.config
         path = self.node.resolve(model)
         old = self._by_id.pop(inst_id, None)
         if old and old.worker:

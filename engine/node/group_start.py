@@ -58,7 +58,7 @@ async def start_ranks(node: Node, peers: Peers, host: str, inst: Instance, path:
     async def follower(i: int, r: Rank) -> None:
         assert r.url is not None
         try:
-            start = RankStart(inst.id, inst.model, owner, replace(base, rank=i).to_dict())
+            start = RankStart(inst.id, inst.model, owner, replace(base, rank=i))
             await peers.call(r.url, "POST", "/shoal/peer/start", start.to_json(), timeout=30)
         except Exception as e:
             raise blame(r, e) from e

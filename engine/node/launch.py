@@ -21,7 +21,7 @@ from engine.cluster.probes import PlatformReport
 from engine.cluster_records import RankPorts
 from engine.errors import BadRequest, InsufficientMemory
 from engine.node.peers import Peers
-from engine.node.planning import best_placement, plan_from_cluster
+from engine.node.planning import PlanInputs, best_placement, plan_from_cluster
 from engine.placement.families import strategy_refusal
 from engine.placement.planner import Placement
 from engine.placement.validate import (
@@ -160,7 +160,7 @@ def check_placement(config: dict[str, Any], strategy: str, ranks: list[Rank]) ->
         raise BadRequest(f"This placement can't run: {e}.", param="nodes") from None
 
 
-def first_choice(inputs: dict[str, Any], req: LaunchRequest, me: str) -> Placement:
+def first_choice(inputs: PlanInputs, req: LaunchRequest, me: str) -> Placement:
     """The placement a launch without nodes takes: the planner's best (rank 0 here where
     it can be), or InsufficientMemory with the planner's reasons."""
     report = plan_from_cluster(**inputs, context=req.context, model_name=req.model,
@@ -202,7 +202,7 @@ def resolve_ranks(req: LaunchRequest, me: tuple[str, str], peers: Peers) -> list
     return ranks
 
 
-def memory_check(inputs: dict[str, Any], req: LaunchRequest, strategy: str, ranks: list[Rank],
+def memory_check(inputs: PlanInputs, req: LaunchRequest, strategy: str, ranks: list[Rank],
                  chosen: Placement | None) -> tuple[str | None, int]:
     """Refuse a placement that would swap, with the numbers, unless forced (then the
     numbers come back as a warning). Also the lanes the planner predicts best. The
@@ -248,7 +248,7 @@ def write_config(home: Path, inst_id: str, cfg: DistConfig) -> Path:
     folder = home / "instances" / inst_id
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank{cfg.rank}.json"
-    path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    path.write_text(json.dumps(cfg.to_json(), indent=1))
     return path
 
 

@@ -60,7 +60,7 @@ class DistConfig:
     context_limit: int | None = None  # the user's limit below the model's context
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DistConfig:
+    def from_json(cls, d: dict[str, Any]) -> DistConfig:
         try:
             rank, world = int(d["rank"]), int(d["world"])
             backend, strategy = str(d.get("backend", "ring")), str(d["strategy"])
@@ -101,8 +101,8 @@ class DistConfig:
                    devices, d.get("coordinator"), max(0, prefix_tokens), lanes, kv_bits,
                    limit if limit and limit > 0 else None)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON the node writes (and from_dict reads back)."""
+    def to_json(self) -> dict[str, Any]:
+        """The JSON the node writes (and from_json reads back)."""
         return json.loads(json.dumps(asdict(self)))
 
     @classmethod
@@ -113,7 +113,7 @@ class DistConfig:
             raise BadDistConfig(f"Couldn't read the distributed config {path}: {e}") from e
         if not isinstance(data, dict):
             raise BadDistConfig(f"The distributed config {path} is not a JSON object.")
-        return cls.from_dict(data)
+        return cls.from_json(data)
 
     @property
     def successor(self) -> int:

@@ -49,7 +49,7 @@ def test_dist_config_round_trips_through_its_file_form():
                      layers=((0, 3), (3, 6)), timeout_s=120,
                      devices=((None, "rdma_en3"), ("rdma_en3", None)),
                      coordinator="10.0.0.1:1", prefix_cache_tokens=4096, lanes=2)
-    assert DistConfig.from_dict(cfg.to_dict()) == cfg
+    assert DistConfig.from_json(cfg.to_json()) == cfg
 
 
 def test_a_failure_on_a_node_names_it_for_the_app():

@@ -31,7 +31,7 @@ CONFIG = {"rank": 1, "world": 3, "backend": "ring", "strategy": "pipeline",
 
 
 def test_ring_config_becomes_mlx_hostfile_and_rank(tmp_path):
-    cfg = DistConfig.from_dict(CONFIG)
+    cfg = DistConfig.from_json(CONFIG)
     assert (cfg.predecessor, cfg.successor) == (0, 2)
     env = mlx_environment(cfg, tmp_path)
     assert env["MLX_RANK"] == "1"
@@ -42,14 +42,14 @@ def test_ring_config_becomes_mlx_hostfile_and_rank(tmp_path):
 def test_jaccl_config_writes_device_matrix_and_coordinator(tmp_path, backend, ring):
     devices = [[None, "rdma_en3", "rdma_en4"], ["rdma_en3", None, "rdma_en5"],
                ["rdma_en4", "rdma_en5", None]]
-    cfg = DistConfig.from_dict({**CONFIG, "backend": backend, "devices": devices,
+    cfg = DistConfig.from_json({**CONFIG, "backend": backend, "devices": devices,
                                 "coordinator": "10.0.0.1:7000"})
     env = mlx_environment(cfg, tmp_path)
     assert json.loads(Path(env["MLX_IBV_DEVICES"]).read_text()) == devices
     assert env["MLX_JACCL_COORDINATOR"] == "10.0.0.1:7000" and env["MLX_RANK"] == "1"
     assert ("MLX_JACCL_RING" in env) is ring
     with pytest.raises(BadDistConfig):  # a rank's own cell must be null
-        DistConfig.from_dict({**CONFIG, "backend": backend, "coordinator": "10.0.0.1:7000",
+        DistConfig.from_json({**CONFIG, "backend": backend, "coordinator": "10.0.0.1:7000",
                               "devices": [["x"] * 3] * 3})
 
 
@@ -60,7 +60,7 @@ def test_jaccl_config_writes_device_matrix_and_coordinator(tmp_path, backend, ri
 ])
 def test_bad_configs_are_refused_with_a_reason(change):
     with pytest.raises(BadDistConfig) as e:
-        DistConfig.from_dict({**CONFIG, **change})
+        DistConfig.from_json({**CONFIG, **change})
     assert e.value.message
 
 
@@ -202,7 +202,7 @@ def test_a_doorbell_waits_for_a_busy_neighbours_answer():
 
     with socket.create_server(("127.0.0.1", 0)) as srv:
         port = srv.getsockname()[1]
-        cfg = DistConfig.from_dict({**CONFIG, "rank": 0, "world": 2, "hosts": CONFIG["hosts"][:2],
+        cfg = DistConfig.from_json({**CONFIG, "rank": 0, "world": 2, "hosts": CONFIG["hosts"][:2],
                                     "layers": [[0, 3], [3, 6]], "timeout_s": 10,
                                     "bells": ["127.0.0.1:1", f"127.0.0.1:{port}"]})
         seen: list[int] = []
@@ -243,7 +243,7 @@ def test_a_doorbell_whose_neighbour_never_comes_gives_up_at_its_timeout():
         a.bind(("127.0.0.1", 0))
         b.bind(("127.0.0.1", 0))
         mine, theirs = (f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b))
-    cfg = DistConfig.from_dict({**CONFIG, "rank": 0, "world": 2, "hosts": CONFIG["hosts"][:2],
+    cfg = DistConfig.from_json({**CONFIG, "rank": 0, "world": 2, "hosts": CONFIG["hosts"][:2],
                                 "layers": [[0, 3], [3, 6]], "timeout_s": 2,
                                 "bells": [mine, theirs]})
     bell = Doorbell(cfg, on_lost=lambda *a: None, on_quit=lambda p: None)
