@@ -21,12 +21,19 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 log = logging.getLogger(__name__)
 
 MIN_TOKENS = 256  # shorter prompts prefill faster than a file loads
 EDGE = 64 * 1024
+
+
+class DiskEntry(TypedDict):
+    """One entry of index.json."""
+    tokens: list[int]  # the prompt whose cache the entry's file holds
+    bytes: int  # the file's size, to tell a whole file from one cut short
+    used: float  # when it last served (time.time()), for least-recently-used eviction
 
 
 def fingerprint(model: Path, kv_bits: int | None, share: str = "") -> str:
@@ -93,14 +100,14 @@ class DiskCache:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             self._warn(f"can't make the prefix cache folder {folder}: {e}")
-        self.index: dict[str, dict[str, Any]] = self._read_index()
+        self.index: dict[str, DiskEntry] = self._read_index()
 
     def _warn(self, why: str) -> None:
         if not self._warned:  # once: a full disk would say it at every request
             log.warning("prefix cache on disk: %s; going on without it", why)
             self._warned = True
 
-    def _read_index(self) -> dict[str, dict[str, Any]]:
+    def _read_index(self) -> dict[str, DiskEntry]:
         path = self.folder / "index.json"
         try:
             data = json.loads(path.read_text())
@@ -116,6 +123,7 @@ class DiskCache:
         for name, e in (data.items() if isinstance(data, dict) else ()):
             f = self.folder / f"{name}.safetensors"
             ok = isinstance(e, dict) and isinstance(e.get("tokens"), list) \
+                and isinstance(e.get("used"), int | float) \
                 and f.is_file() and f.stat().st_size == e.get("bytes")
             if ok:
                 index[name] = e
