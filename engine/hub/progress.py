@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
 from engine.hub.hfcache import RemoteFile
 from engine.records import DownloadProgress, FileProgress
@@ -35,25 +35,40 @@ class _Rate:
         return sum(n for _, n in self.samples) / max(span, 0.25)
 
 
+@dataclass
+class _File:
+    """Where one file's pull stands (snapshot() reports it as a FileProgress)."""
+    total: int
+    done: int = 0
+    state: str = "waiting"
+    source: str | None = None
+    rate: _Rate = field(default_factory=_Rate)
+
+    def eta(self, speed: float) -> float | None:
+        if self.state == "done":
+            return 0.0
+        return (self.total - self.done) / speed if speed > 0 else None
+
+
 class Tracker:
     """Thread-safe progress of one pull; calls back at most every `interval` seconds."""
 
     def __init__(self, repo_id: str, revision: str,
                  cb: Callable[[DownloadProgress], None] | None, interval: float = 0.2):
         self.repo_id, self.revision, self.cb, self.interval = repo_id, revision, cb, interval
-        self._files: dict[str, dict[str, Any]] = {}
+        self._files: dict[str, _File] = {}
         self._rate, self._lock, self._last = _Rate(), threading.Lock(), 0.0
 
     def add_files(self, files: Sequence[RemoteFile]) -> None:
         with self._lock:
             for f in files:
-                self._files.setdefault(f.path, {"done": 0, "total": f.size, "state": "waiting",
-                                                "source": None, "rate": _Rate()})
+                self._files.setdefault(f.path, _File(f.size))
 
     def start(self, path: str, done: int, source: str) -> None:
         """A file (re)starts from `done` bytes already on disk: not counted as speed."""
         with self._lock:
-            self._files[path].update(done=done, state="downloading", source=source)
+            e = self._files[path]
+            e.done, e.state, e.source = done, "downloading", source
         self.emit(force=True)
 
     def update(self, path: str, done: int, state: str | None = None,
@@ -61,18 +76,17 @@ class Tracker:
         now = time.monotonic()
         with self._lock:
             e = self._files[path]
-            if e["state"] == "downloading" and done > e["done"]:
-                e["rate"].add(now, done - e["done"])
-                self._rate.add(now, done - e["done"])
-            e.update(done=done, state=state or e["state"], source=source or e["source"])
+            if e.state == "downloading" and done > e.done:
+                e.rate.add(now, done - e.done)
+                self._rate.add(now, done - e.done)
+            e.done, e.state, e.source = done, state or e.state, source or e.source
         self.emit(force=state is not None)
 
     def snapshot(self) -> DownloadProgress:
         now = time.monotonic()
         with self._lock:
-            files = [FileProgress(p, e["done"], e["total"], e["state"], e["source"],
-                                  e["rate"].speed(now), _eta(e, e["rate"].speed(now)))
-                     for p, e in self._files.items()]
+            files = [FileProgress(p, e.done, e.total, e.state, e.source, e.rate.speed(now),
+                                  e.eta(e.rate.speed(now))) for p, e in self._files.items()]
             speed = self._rate.speed(now)
         done, total = sum(f.done for f in files), sum(f.total for f in files)
         return DownloadProgress(self.repo_id, self.revision, done, total, speed,
@@ -84,9 +98,3 @@ class Tracker:
             return
         self._last = now
         self.cb(self.snapshot())
-
-
-def _eta(e: dict[str, Any], speed: float) -> float | None:
-    if e["state"] == "done":
-        return 0.0
-    return (e["total"] - e["done"]) / speed if speed > 0 else None
