@@ -8,7 +8,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from engine.errors import BadRequest
 
@@ -17,12 +17,17 @@ log = logging.getLogger(__name__)
 MIN_CONTEXT = 256  # below this no chat template and answer fit
 
 
+class Settings(TypedDict, total=False):
+    """One model's entry in model_settings.json."""
+    context_limit: int
+
+
 class ModelSettings:
     def __init__(self, home: Path):
         self.path = home / "model_settings.json"
-        self._data: dict[str, dict[str, Any]] = self._read()
+        self._data: dict[str, Settings] = self._read()
 
-    def _read(self) -> dict[str, dict[str, Any]]:
+    def _read(self) -> dict[str, Settings]:
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
@@ -33,7 +38,8 @@ class ModelSettings:
         if not isinstance(data, dict):
             log.warning("ignoring %s: not a JSON object", self.path)
             return {}
-        return {k: v for k, v in data.items() if isinstance(v, dict)}
+        # kept as read (a newer version's keys too); context_limit() checks the value
+        return {k: cast(Settings, v) for k, v in data.items() if isinstance(v, dict)}
 
     def context_limit(self, model: str) -> int | None:
         v = self._data.get(model, {}).get("context_limit")
