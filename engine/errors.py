@@ -4,7 +4,20 @@ an OpenAI-shaped error body, the GUI once to a dialog."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+    node: NotRequired[str]  # Shoal's own: the cluster node to blame
+
+
+class ErrorBody(TypedDict):
+    """OpenAI's error body, which every Shoal route answers a failure with."""
+    error: ErrorDetail
 
 
 class ShoalError(Exception):
@@ -23,12 +36,13 @@ class ShoalError(Exception):
         if code is not None:
             self.code = code
 
-    def to_openai(self) -> dict[str, Any]:
-        """The OpenAI error body: {"error": {"message", "type", "param", "code"}}, with
-        "node" (its id) when a cluster node is to blame."""
-        body = {"message": self.message, "type": self.type, "param": self.param,
-                "code": self.code}
-        return {"error": {**body, **({"node": self.node} if self.node else {})}}
+    def to_openai(self) -> ErrorBody:
+        """The OpenAI error body, with "node" (its id) when a cluster node is to blame."""
+        detail: ErrorDetail = {"message": self.message, "type": self.type,
+                               "param": self.param, "code": self.code}
+        if self.node:
+            detail["node"] = self.node
+        return {"error": detail}
 
     @classmethod
     def from_openai(cls, body: dict[str, Any], status: int) -> ShoalError:

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.api import anthropic, ollama, openai_chat, openai_completions, openai_responses, openapi
-from engine.errors import ShoalError
+from engine.errors import ErrorBody, ShoalError
 
 routes: list[web.RouteDef] = [  # type: ignore[list-item]
     *openai_chat.routes, *openai_completions.routes, *openai_responses.routes,
@@ -16,7 +16,7 @@ routes: list[web.RouteDef] = [  # type: ignore[list-item]
 routes.append(web.get("/openapi.json", openapi.route(routes)))
 
 
-def error_body(path: str, e: ShoalError) -> dict[str, Any]:
+def error_body(path: str, e: ShoalError) -> ErrorBody | dict[str, Any]:
     """The error as the client on `path` expects it (Anthropic, Ollama, else OpenAI)."""
     if path.startswith("/v1/messages"):
         return anthropic.error_body(e)
