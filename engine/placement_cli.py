@@ -15,6 +15,8 @@ from typing import Any
 from engine import placement_profiles
 from engine.node.planning import (
     Layout,
+    PlanLink,
+    PlanNode,
     PlanReport,
     make_report,
     plan_from_cluster,
@@ -28,8 +30,7 @@ from engine.placement.tables import Assumptions
 from engine.placement.validate import PlacementError
 
 # (node infos, links, model config) for a model, as the local node reports them
-ClusterFetch = Callable[[str], tuple[Sequence[Mapping[str, Any]],
-                                     Sequence[Mapping[str, Any]], Mapping[str, Any]]]
+ClusterFetch = Callable[[str], tuple[Sequence[PlanNode], Sequence[PlanLink], Mapping[str, Any]]]
 
 
 def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:

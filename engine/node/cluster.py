@@ -40,7 +40,7 @@ from engine.node.launch import (
     resolve_ranks,
 )
 from engine.node.peers import Peers
-from engine.node.planning import cluster_view
+from engine.node.planning import ModelFacts, PlanInputs, cluster_view
 from engine.node.service import Node
 from engine.records import (
     ENDED,
@@ -100,17 +100,8 @@ class Cluster:
     def model_config(self, model: str) -> dict[str, Any]:
         return json.loads((self.node.resolve(model) / "config.json").read_text())
 
-    def model_facts(self, model: str) -> dict[str, Any]:
-        """plan_from_cluster's model inputs: config.json, the weights' bytes in memory and
-        the context, read from the checkpoint here."""
-        from engine.runtime.checkpoint import memory_bytes, model_context
-        path = self.node.resolve(model)
-        config = self.model_config(model)
-        return {"model_config": config, "weight_bytes": memory_bytes(path, config),
-                "model_context": self.node.model_settings.capped(model, model_context(config))}
-
     def plan_inputs(self, model: str, exclude: set[str] | frozenset[str] = frozenset()
-                    ) -> dict[str, Any]:
+                    ) -> PlanInputs:
         """plan_from_cluster's node_infos, links and model facts for `model` here, without
         the nodes in `exclude` (and, where any are excluded, unreachable peers)."""
         infos = self.plan_infos()
@@ -118,8 +109,16 @@ class Cluster:
             gone = exclude | {p.id for p in self.peers.all() if p.id and not p.reachable}
             infos = [i for i in infos if i.id not in gone]
         view = cluster_view(infos)
-        return {"node_infos": view["nodes"], "links": view["links"],
-                **self.model_facts(model)}
+        return {"node_infos": view["nodes"], "links": view["links"], **self.model_facts(model)}
+
+    def model_facts(self, model: str) -> ModelFacts:
+        """plan_from_cluster's model inputs: config.json, the weights' bytes in memory and
+        the context, read from the checkpoint here."""
+        from engine.runtime.checkpoint import memory_bytes, model_context
+        config = self.model_config(model)
+        return {"model_config": config,
+                "weight_bytes": memory_bytes(self.node.resolve(model), config),
+                "model_context": self.node.model_settings.capped(model, model_context(config))}
 
     def describe(self) -> ClusterInfo:
         """This node's part in distributed instances (GET /shoal/instances)."""

@@ -56,7 +56,7 @@ class Download:
         return DownloadInfo(self.id, self.repo, self.revision,
                             list(self.layers) if self.layers else None, self.state,
                             self.progress,
-                            ErrorInfo.from_json(self.error.to_openai()["error"])
+                            ErrorInfo(**self.error.to_openai()["error"])
                             if self.error else None,
                             self.path, self.started)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from engine import placement_profiles
 from engine.cluster_records import (
@@ -33,6 +33,59 @@ Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node",
 FALLBACK_LINK = "10gbe"  # between nodes whose link nobody has measured yet
 
 
+class PlanNode(TypedDict, total=False):
+    """A node as plan_from_cluster reads it: planner_node builds it from GET /shoal/node,
+    `shoal plan` reads it from a file (where only id and a memory figure are needed)."""
+    id: str
+    name: str | None
+    memory_usable_bytes: int | None  # the GPU working-set limit
+    memory_bytes: int | None  # RAM; Metal's default working set is assumed usable
+    chip: str | None  # e.g. "Apple M3 Ultra", to look up missing figures
+    gpu_cores: int
+    models: list[str]  # ids on disk
+    has_model: bool
+    rdma: bool
+    mlx_backend: str | None
+    memory_bandwidth_Bps: float  # a file's figures, over the chip's table
+    compute_flops: float
+    watts: float
+    # measured on the machine itself (engine/telemetry/calibrate.py), when known
+    measured_bandwidth_Bps: float | None
+    measured_flops: float | None
+    measured_attention_flops: float | None
+    measured_prefill_flops: dict[str, float] | None  # {hidden width: FLOP/s}
+    measured_watts: float | None
+    draft_bytes: int  # its draft model, which it loads beside a model it serves alone
+    draft_kv_per_token: float
+
+
+class PlanLink(TypedDict, total=False):
+    """A measured link between two nodes (rdma: a Thunderbolt RDMA one)."""
+    a: str
+    b: str
+    latency_s: float  # one way
+    bandwidth_Bps: float
+    rdma: bool
+
+
+class ClusterView(TypedDict):
+    nodes: list[PlanNode]
+    links: list[PlanLink]
+
+
+class ModelFacts(TypedDict):
+    """plan_from_cluster's model inputs, read from a checkpoint (Cluster.model_facts)."""
+    model_config: dict[str, Any]  # config.json
+    weight_bytes: int | None  # what the weights take in memory, where the checkpoint tells
+    model_context: int
+
+
+class PlanInputs(ModelFacts):
+    """plan_from_cluster's inputs for one model on the live cluster (Cluster.plan_inputs)."""
+    node_infos: list[PlanNode]
+    links: list[PlanLink]
+
+
 @dataclass(frozen=True)
 class PlanReport:
     model: ModelSpec
@@ -43,7 +96,7 @@ class PlanReport:
 
 
 # --- what nodes report, as the planner reads it ---------------------------------------
-def planner_node(info: NodeInfo) -> dict[str, Any]:
+def planner_node(info: NodeInfo) -> PlanNode:
     """One node's self-description (GET /shoal/node) as plan_from_cluster's node info."""
     machine = info.machine or MachineInfo()
     rdma = info.platform.rdma.enabled if info.platform else None
@@ -53,24 +106,22 @@ def planner_node(info: NodeInfo) -> dict[str, Any]:
             "memory_bytes": machine.memory.total_bytes, "chip": machine.chip,
             "models": info.models, "rdma": bool(rdma),
             "mlx_backend": machine.mlx_backend,
-            # measured on the machine itself (engine/telemetry/calibrate.py), when known
             "measured_bandwidth_Bps": speed.memory_bandwidth_Bps,
             "measured_flops": speed.compute_flops,
             "measured_attention_flops": speed.attention_flops,
             "measured_prefill_flops": speed.prefill_flops,
-            # its draft model, which it loads beside a model it serves alone
             "draft_bytes": draft.bytes, "draft_kv_per_token": draft.kv_per_token,
             # its power while it generated (RAPL, NVML, IOReport), when it has measured it
             "measured_watts": info.power.serving_watts if info.power else None}
 
 
-def cluster_view(infos: Sequence[NodeInfo]) -> dict[str, Any]:
+def cluster_view(infos: Sequence[NodeInfo]) -> ClusterView:
     """{"nodes", "links"} for the planner from node self-descriptions (the asking node
     first): each node's measured links, kept where both ends are among the nodes."""
-    links = []
+    links: list[PlanLink] = []
     for info in infos:
         for lk in info.links:
-            if lk.rtt_ms is not None and lk.bandwidth_MBps is not None:
+            if lk.to and lk.rtt_ms is not None and lk.bandwidth_MBps is not None:
                 links.append({"a": info.id, "b": lk.to,
                               "latency_s": lk.rtt_ms / 2000,  # one way
                               "bandwidth_Bps": lk.bandwidth_MBps * 1e6, "rdma": False})
@@ -104,21 +155,16 @@ def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[Lin
     return PlanReport(model, context, found, explain(model, nodes, links, context), notes)
 
 
-def plan_from_cluster(node_infos: Sequence[Mapping[str, Any]], model_config: Mapping[str, Any],
+def plan_from_cluster(node_infos: Sequence[PlanNode], model_config: Mapping[str, Any],
                       context: int | None = None,
-                      links: Sequence[Mapping[str, Any]] | None = None,
+                      links: Sequence[PlanLink] | None = None,
                       model_name: str | None = None, force: bool = False,
                       layout: Layout | None = None, weight_bytes: int | None = None,
                       model_context: int | None = None,
                       kv_bits: int | None = None, rank: str = "decode",
                       a: Assumptions = DEFAULT) -> PlanReport:
-    """Plan from what nodes report, as plain dicts.
-
-    node_infos: {"id", "name", "memory_usable_bytes" (the GPU working-set limit) or
-    "memory_bytes" (RAM; Metal's default working set is assumed usable), optional
-    "memory_bandwidth_Bps", "compute_flops", "chip" (e.g. "Apple M3 Ultra", to look up
-    missing figures), "has_model" or "models" (ids on disk), "rdma"}. links: {"a", "b", "latency_s",
-    "bandwidth_Bps", "rdma"} from the link probes; unmeasured pairs are assumed 10GbE.
+    """Plan from what nodes report (PlanNode) and their measured links (PlanLink; pairs
+    unmeasured are assumed 10GbE).
     model_config: the model's config.json; weight_bytes what its weights take in memory,
     model_context its context window, where the checkpoint on disk tells them; kv_bits the
     KV's quantization (8 or 4; None: 16 bits); rank "drafted" orders placements by
@@ -187,14 +233,15 @@ def quantizable(config: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _usable(info: Mapping[str, Any]) -> int:
+def _usable(info: PlanNode) -> int:
     """The memory a node's GPU may use, as it reported it (0: not yet)."""
-    return int(info.get("memory_usable_bytes") or (  # unreported: the probes' rule on a Mac
-        mac_gpu_budget(int(info["memory_bytes"]), None, None)[0]
-        if info.get("memory_bytes") else 0))
+    if usable := info.get("memory_usable_bytes"):
+        return int(usable)
+    ram = info.get("memory_bytes")  # unreported: the probes' rule on a Mac
+    return mac_gpu_budget(int(ram), None, None)[0] if ram else 0
 
 
-def _reports_memory(info: Mapping[str, Any], notes: list[str]) -> bool:
+def _reports_memory(info: PlanNode, notes: list[str]) -> bool:
     """Whether a peer has told its memory yet: one that just started hasn't, and is left
     out of the plan (with a note) rather than failing it."""
     if _usable(info):
@@ -204,7 +251,7 @@ def _reports_memory(info: Mapping[str, Any], notes: list[str]) -> bool:
     return False
 
 
-def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
+def _node_from_info(i: int, info: PlanNode, model_name: str | None,
                     notes: list[str]) -> NodeSpec:
     nid = str(info.get("id") or info.get("name") or f"node-{i}")
     name = str(info.get("name") or nid)
@@ -215,10 +262,10 @@ def _node_from_info(i: int, info: Mapping[str, Any], model_name: str | None,
                              f"started); ask again in a few seconds")
     bw = info.get("memory_bandwidth_Bps") or (prof or {}).get("memory_bandwidth_gbs", 0) * 1e9
     flops = info.get("compute_flops") or (prof or {}).get("fp16_tflops", 0) * 1e12
-    if info.get("measured_bandwidth_Bps"):  # measured figures are what a step really gets:
-        bw = info["measured_bandwidth_Bps"] / DEFAULT.bandwidth_efficiency  # undo the
-    if info.get("measured_flops"):  # efficiency factors the model applies to peak figures
-        flops = info["measured_flops"] / DEFAULT.compute_efficiency
+    if mbw := info.get("measured_bandwidth_Bps"):  # measured figures are what a step
+        bw = mbw / DEFAULT.bandwidth_efficiency  # really gets: undo the efficiency
+    if mflops := info.get("measured_flops"):  # factors the model applies to peak figures
+        flops = mflops / DEFAULT.compute_efficiency
     if not bw or not flops:
         bw, flops = bw or 100e9, flops or 2e12
         notes.append(f"{name}: no bandwidth/compute figures for chip {info.get('chip')!r}; "
