@@ -9,6 +9,19 @@ from aiohttp import web
 from engine import protocol as wire
 from engine.api import common
 from engine.api.backend import backend
+from engine.api.openai_bodies import (
+    AnthropicModel,
+    ChatCompletion,
+    Choice,
+    Chunk,
+    ChunkChoice,
+    ChunkDelta,
+    Head,
+    Message,
+    ModelCard,
+    ToolCallJSON,
+    Usage,
+)
 from engine.api.openai_schemas import ChatCompletionRequest, ChatMessage, choose_tool, constraint_of
 from engine.api.render import (
     SSE_KEEPALIVE,
@@ -28,7 +41,7 @@ from engine.records import TokenLogprob
 routes = web.RouteTableDef()
 
 
-def _model_card(m: Any) -> dict[str, Any]:
+def _model_card(m: Any) -> ModelCard:
     return {"id": m.id, "object": "model", "created": 0, "owned_by": "shoal",
             "shoal": {"source": m.source, "size_bytes": m.size_bytes, "layers": m.layers,
                       "quantization": m.quantization, "context_length": m.context_length}}
@@ -51,8 +64,8 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": cards})
 
 
-def _anthropic_card(card: dict[str, Any]) -> dict[str, Any]:
-    ctx = (card.get("shoal") or {}).get("context_length")
+def _anthropic_card(card: ModelCard) -> AnthropicModel:
+    ctx = card["shoal"].get("context_length")
     return {"type": "model", "id": card["id"], "display_name": card["id"],
             "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active",
             "max_input_tokens": ctx, "max_tokens": ctx}
@@ -140,7 +153,7 @@ def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
         thinking=thinking_of(body), sampling=sampling)
 
 
-def usage(done: wire.Done) -> dict[str, Any]:
+def usage(done: wire.Done) -> Usage:
     p, c = done.prompt_tokens, done.generation_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
             "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
@@ -154,9 +167,9 @@ def finish_of(done: wire.Done) -> str:
     return "stop" if done.finish_reason == "cancelled" else done.finish_reason
 
 
-def call_json(c: wire.ToolCall, index: int | None = None) -> dict[str, Any]:
-    d: dict[str, Any] = {"id": c.call_id, "type": "function",
-                         "function": {"name": c.name, "arguments": c.arguments}}
+def call_json(c: wire.ToolCall, index: int | None = None) -> ToolCallJSON:
+    d: ToolCallJSON = {"id": c.call_id, "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}}
     return d if index is None else {"index": index, **d}
 
 
@@ -173,14 +186,14 @@ class ChatRenderer:
     def __init__(self, body: ChatCompletionRequest, ctx: Context):
         self.ctx, self.logprobs = ctx, bool(body.logprobs)
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        self.base = {"id": ctx.ids("chatcmpl-"), "created": int(ctx.now()),
-                     "model": ctx.model}
+        self.base: Head = {"id": ctx.ids("chatcmpl-"), "created": int(ctx.now()),
+                           "model": ctx.model}
         self.ttft: float | None = None
         self.calls = 0
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None,
-               lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+    def _chunk(self, delta: ChunkDelta, finish: str | None = None,
+               lps: list[TokenLogprob] | None = None) -> Chunk:
+        c: ChunkChoice = {"index": 0, "delta": delta, "finish_reason": finish}
         if self.logprobs:
             c["logprobs"] = {"content": logprobs_json(lps), "refusal": None} if lps else None
         return {**self.base, "object": "chat.completion.chunk", "choices": [c]}
@@ -199,38 +212,40 @@ class ChatRenderer:
         if isinstance(ev, wire.Error):
             return [sse(error_of(ev).to_openai())]
         if isinstance(ev, wire.Delta):
-            key = "reasoning_content" if ev.kind == "reasoning" else "content"
-            return [sse(self._chunk({key: ev.text}, lps=ev.logprobs))]
+            delta: ChunkDelta = {"reasoning_content": ev.text} if ev.kind == "reasoning" \
+                else {"content": ev.text}
+            return [sse(self._chunk(delta, lps=ev.logprobs))]
         if isinstance(ev, wire.ToolCall):  # name first, then the arguments, as OpenAI
             first = call_json(ev, self.calls)
             first["function"] = {"name": ev.name, "arguments": ""}
-            rest = {"index": self.calls, "function": {"arguments": ev.arguments}}
+            rest: ToolCallJSON = {"index": self.calls, "function": {"arguments": ev.arguments}}
             self.calls += 1
             return [sse(self._chunk({"tool_calls": [first]})),
                     sse(self._chunk({"tool_calls": [rest]}))]
         if isinstance(ev, wire.Done):
-            out = [sse({**self._chunk({}, finish_of(ev), ev.logprobs),
-                        "shoal": speed(ev, self.ttft)})]
+            last = self._chunk({}, finish_of(ev), ev.logprobs)
+            last["shoal"] = speed(ev, self.ttft)
+            out = [sse(last)]
             if self.include_usage:
-                out.append(sse({**self.base, "object": "chat.completion.chunk",
-                                "choices": [], "usage": usage(ev),
-                                "shoal": speed(ev, self.ttft)}))
+                tail: Chunk = {**self.base, "object": "chat.completion.chunk", "choices": [],
+                               "usage": usage(ev), "shoal": speed(ev, self.ttft)}
+                out.append(sse(tail))
             return out
         return []
 
     def end(self) -> list[bytes]:
         return [sse("[DONE]")]
 
-    def answer(self, a: Answer) -> dict[str, Any]:
+    def answer(self, a: Answer) -> ChatCompletion:
         assert a.done is not None
-        msg: dict[str, Any] = {"role": "assistant",
-                               "content": a.content or (None if a.tool_calls else "")}
+        msg: Message = {"role": "assistant",
+                        "content": a.content or (None if a.tool_calls else "")}
         if a.reasoning:
             msg["reasoning_content"] = a.reasoning
         if a.tool_calls:
             msg["tool_calls"] = [call_json(c) for c in a.tool_calls]
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_of(a.done),
-                                  "message": msg, "logprobs": None}
+        choice: Choice = {"index": 0, "finish_reason": finish_of(a.done),
+                          "message": msg, "logprobs": None}
         if self.logprobs:
             choice["logprobs"] = {"content": logprobs_json(a.logprobs), "refusal": None}
         return {**self.base, "object": "chat.completion", "choices": [choice],

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from engine import protocol as wire
 from engine.api import common
+from engine.api.openai_bodies import Head, LegacyLogprobs, TextChoice, TextChunk
 from engine.api.openai_chat import finish_of, usage
 from engine.api.openai_schemas import MAX_TOKENS_LIMIT, SamplingFields, StreamOptions
 from engine.api.render import SSE_KEEPALIVE, Answer, Context, error_of, sse
@@ -56,7 +57,7 @@ def to_request(body: CompletionRequest) -> wire.GenerateRequest:
                                 sampling=body.sampling(body.max_tokens, body.logprobs))
 
 
-def legacy_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
+def legacy_logprobs(entries: list[TokenLogprob], offset: int) -> LegacyLogprobs:
     """The completions API's older shape: parallel lists."""
     offsets, at = [], offset
     for e in entries:
@@ -79,13 +80,18 @@ class CompletionRenderer:
 
     def __init__(self, body: CompletionRequest, ctx: Context):
         self.body = body
-        self.base = {"id": ctx.ids("cmpl-"), "object": "text_completion",
-                     "created": int(ctx.now()), "model": ctx.model}
+        self.base: Head = {"id": ctx.ids("cmpl-"), "created": int(ctx.now()),
+                           "model": ctx.model}
         self.echo = (ctx.prompt_text or "") if body.echo else ""
         self.at = len(self.echo)
 
-    def _send(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
-        return sse({**self.base, "choices": [choice] if choice else [], **extra})
+    def _body(self, choices: list[TextChoice]) -> TextChunk:
+        h = self.base  # the keys in OpenAI's order
+        return {"id": h["id"], "object": "text_completion", "created": h["created"],
+                "model": h["model"], "choices": choices}
+
+    def _send(self, choice: TextChoice) -> bytes:
+        return sse(self._body([choice]))
 
     def start(self) -> list[bytes]:
         return [self._send({"index": 0, "text": self.echo, "logprobs": None,
@@ -110,19 +116,22 @@ class CompletionRenderer:
                                    "finish_reason": finish}))
         opts = self.body.stream_options
         if isinstance(ev, wire.Done) and opts and opts.include_usage:
-            out.append(self._send(None, usage=usage(ev)))
+            tail = self._body([])
+            tail["usage"] = usage(ev)
+            out.append(sse(tail))
         return out
 
     def end(self) -> list[bytes]:
         return [sse("[DONE]")]
 
-    def answer(self, a: Answer) -> dict[str, Any]:
+    def answer(self, a: Answer) -> TextChunk:
         assert a.done is not None
         lps = legacy_logprobs(a.logprobs, len(self.echo)) \
             if self.body.logprobs is not None else None
-        return {**self.base, "choices": [{
-            "index": 0, "text": self.echo + a.content, "logprobs": lps,
-            "finish_reason": finish_of(a.done)}], "usage": usage(a.done)}
+        out = self._body([{"index": 0, "text": self.echo + a.content, "logprobs": lps,
+                           "finish_reason": finish_of(a.done)}])
+        out["usage"] = usage(a.done)
+        return out
 
 
 routes.post("/v1/completions")(handler(Endpoint(CompletionRequest, to_request,

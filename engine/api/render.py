@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from engine import protocol as wire
 from engine.errors import ShoalError
@@ -90,7 +90,7 @@ class Renderer(Protocol):
     def event(self, ev: wire.Event) -> list[bytes]: ...
     def keepalive(self) -> bytes: ...
     def end(self) -> list[bytes]: ...
-    def answer(self, a: Answer) -> dict[str, Any]: ...
+    def answer(self, a: Answer) -> Mapping[str, object]: ...  # the JSON body
 
 
 def render_stream(r: Renderer, events: Iterable[wire.Event]) -> bytes:
@@ -114,13 +114,26 @@ def sse_progress(p: wire.Progress) -> bytes:
     return f": shoal-progress {p.cached} {p.done} {p.total}\n\n".encode()
 
 
-def speed(done: wire.Done, ttft: float | None) -> dict[str, float]:
+class Speed(TypedDict):
+    """Shoal's figures on a finished answer (its "shoal" key, in every protocol)."""
+    ttft_s: float
+    prompt_tps: float
+    generation_tps: float
+    peak_memory_gb: float
+
+
+class Drafts(TypedDict):
+    drafted_tokens: int
+    accepted_tokens: int
+
+
+def speed(done: wire.Done, ttft: float | None) -> Speed:
     return {"ttft_s": round(ttft or 0.0, 4), "prompt_tps": round(done.prompt_tps, 2),
             "generation_tps": round(done.generation_tps, 2),
             "peak_memory_gb": round(done.peak_memory_gb, 3)}
 
 
-def drafts(done: wire.Done) -> dict[str, int]:
+def drafts(done: wire.Done) -> Drafts:
     """Shoal's extension to every API's usage: speculative decoding's guesses and how many
     of them the model kept (the answer is the same either way; only its speed differs)."""
     return {"drafted_tokens": done.drafted_tokens, "accepted_tokens": done.accepted_tokens}
