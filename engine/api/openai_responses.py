@@ -20,6 +20,16 @@ from engine.api.render import (
     logprobs_json,
     sse,
 )
+from engine.api.responses_bodies import (
+    CustomCallItem,
+    FunctionCallItem,
+    Item,
+    MessageItem,
+    OutputText,
+    ReasoningItem,
+    ReasoningText,
+    Response,
+)
 from engine.api.responses_schemas import (
     NamedTool,
     ResponsesRequest,
@@ -35,9 +45,8 @@ routes = web.RouteTableDef()
 
 
 def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
-              output: list[dict[str, Any]], done: wire.Done | None,
-              created: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
+              output: list[Item], done: wire.Done | None, created: int) -> Response:
+    out: Response = {
         "id": rid, "object": "response", "created_at": created, "status": status,
         "model": model, "output": output, "error": None, "incomplete_details": None,
         "instructions": body.instructions, "metadata": body.metadata or {},
@@ -65,19 +74,19 @@ def _envelope(body: ResponsesRequest, rid: str, model: str, status: str,
 
 
 def _message(iid: str, text: str, logprobs: list[TokenLogprob], status: str
-             ) -> dict[str, Any]:
+             ) -> MessageItem:
     return {"type": "message", "id": iid, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [],
                          "logprobs": logprobs_json(logprobs)}] if status == "completed" else []}
 
 
-def _reasoning(iid: str, text: str) -> dict[str, Any]:
+def _reasoning(iid: str, text: str) -> ReasoningItem:
     return {"type": "reasoning", "id": iid, "summary": [],
             "content": [{"type": "reasoning_text", "text": text}] if text else []}
 
 
 def _call(iid: str, c: wire.ToolCall, arguments: str, status: str,
-          names: ToolNames) -> dict[str, Any]:
+          names: ToolNames) -> FunctionCallItem | CustomCallItem:
     """A function_call item (naming its namespace), or a freeform tool's custom_tool_call."""
     name, namespace, freeform = names.call(c.name)
     if freeform:
@@ -88,9 +97,11 @@ def _call(iid: str, c: wire.ToolCall, arguments: str, status: str,
         return {"type": "custom_tool_call", "id": iid, "call_id": c.call_id, "name": name,
                 "input": text if isinstance(text, str) else json.dumps(text),
                 "status": status}
-    item = {"type": "function_call", "id": iid, "call_id": c.call_id, "name": name,
-            "arguments": arguments, "status": status}
-    return {**item, "namespace": namespace} if namespace else item
+    item: FunctionCallItem = {"type": "function_call", "id": iid, "call_id": c.call_id,
+                              "name": name, "arguments": arguments, "status": status}
+    if namespace:
+        item["namespace"] = namespace
+    return item
 
 
 @routes.get("/v1/responses/{rid}")
@@ -113,11 +124,11 @@ class ResponsesRenderer:
         self.body, self.ctx, self.names = body, ctx, flatten_tools(body.tools)
         self.rid, self.created = ctx.ids("resp_"), int(ctx.now())
         self.seq = 0
-        self.output: list[dict[str, Any]] = []
-        self.open_item: dict[str, Any] | None = None  # the message or reasoning item
+        self.output: list[Item] = []
+        self.open_item: MessageItem | ReasoningItem | None = None  # the one being streamed
         self.text = ""
 
-    def _env(self, status: str, done: wire.Done | None = None) -> dict[str, Any]:
+    def _env(self, status: str, done: wire.Done | None = None) -> Response:
         return _envelope(self.body, self.rid, self.ctx.model, status, self.output, done,
                          self.created)
 
@@ -131,12 +142,13 @@ class ResponsesRenderer:
             return []
         i, iid, text = len(self.output), self.open_item["id"], self.text
         if self.open_item["type"] == "message":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            part: OutputText = {"type": "output_text", "text": text, "annotations": [],
+                                "logprobs": []}
             out = [self._send("response.output_text.done", item_id=iid, output_index=i,
                               content_index=0, text=text, logprobs=[]),
                    self._send("response.content_part.done", item_id=iid, output_index=i,
                               content_index=0, part=part)]
-            item = _message(iid, text, [], "completed")
+            item: MessageItem | ReasoningItem = _message(iid, text, [], "completed")
         else:
             out = [self._send("response.reasoning_text.done", item_id=iid, output_index=i,
                               content_index=0, text=text)]
@@ -154,7 +166,8 @@ class ResponsesRenderer:
         i = len(self.output)
         out.append(self._send("response.output_item.added", output_index=i,
                               item=self.open_item))
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []} \
+        part: OutputText | ReasoningText = {
+            "type": "output_text", "text": "", "annotations": [], "logprobs": []} \
             if kind == "message" else {"type": "reasoning_text", "text": ""}
         out.append(self._send("response.content_part.added", item_id=iid, output_index=i,
                               content_index=0, part=part))
@@ -219,7 +232,7 @@ class ResponsesRenderer:
     def end(self) -> list[bytes]:
         return []
 
-    def answer(self, a: Answer) -> dict[str, Any]:
+    def answer(self, a: Answer) -> Response:
         if a.reasoning:
             self.output.append(_reasoning(self.ctx.ids("rs_"), a.reasoning))
         if a.content or not a.tool_calls:
