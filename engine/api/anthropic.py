@@ -3,11 +3,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from aiohttp import web
 
 from engine import protocol as wire
+from engine.api.anthropic_bodies import (
+    Block,
+    ErrorBody,
+    Message,
+    ThinkingBlock,
+    TokenCount,
+    ToolUseBlock,
+    Usage,
+)
 from engine.api.anthropic_schemas import (
     CountTokensRequest,
     MessagesRequest,
@@ -27,18 +36,18 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                429: "rate_limit_error", 503: "overloaded_error"}
 
 
-def error_body(e: ShoalError) -> dict[str, Any]:
+def error_body(e: ShoalError) -> ErrorBody:
     kind = ERROR_TYPES.get(e.status, "invalid_request_error" if e.status < 500
                            else "api_error")
     return {"type": "error", "error": {"type": kind, "message": e.message}}
 
 
-def _usage(done: wire.Done | None, prompt_tokens: int, cached: int = 0) -> dict[str, Any]:
+def _usage(done: wire.Done | None, prompt_tokens: int, cached: int = 0) -> Usage:
     """Anthropic counts prompt tokens read from the cache apart from input_tokens."""
     cached = done.cached_tokens if done else cached
-    out: dict[str, Any] = {"input_tokens": prompt_tokens - cached,
-                           "output_tokens": done.generation_tokens if done else 0,
-                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    out: Usage = {"input_tokens": prompt_tokens - cached,
+                  "output_tokens": done.generation_tokens if done else 0,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
     if done is not None:
         out["speculative"] = drafts(done)
     return out
@@ -67,7 +76,7 @@ class CountRenderer:
     def end(self) -> list[bytes]:
         return []
 
-    def answer(self, a: Answer) -> dict[str, Any]:
+    def answer(self, a: Answer) -> TokenCount:
         return {"input_tokens": self.ctx.prompt_tokens}
 
 
@@ -86,7 +95,7 @@ class MessagesRenderer:
         self.index = -1
         self.open_kind: str | None = None
 
-    def _send(self, kind: str, data: dict[str, Any]) -> bytes:
+    def _send(self, kind: str, data: Mapping[str, object]) -> bytes:
         return sse({"type": kind, **data}, event=kind)
 
     def start(self) -> list[bytes]:
@@ -100,7 +109,7 @@ class MessagesRenderer:
     def keepalive(self) -> bytes:
         return self._send("ping", {})
 
-    def _open(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+    def _open(self, kind: str, block: Block) -> list[bytes]:
         out = self._close()
         self.index += 1
         self.open_kind = kind
@@ -148,15 +157,18 @@ class MessagesRenderer:
     def end(self) -> list[bytes]:
         return []
 
-    def answer(self, a: Answer) -> dict[str, Any]:
+    def answer(self, a: Answer) -> Message:
         assert a.done is not None
-        content: list[dict[str, Any]] = []
+        content: list[Block] = []
         if a.reasoning:
-            content.append({"type": "thinking", "thinking": a.reasoning, "signature": ""})
+            think: ThinkingBlock = {"type": "thinking", "thinking": a.reasoning,
+                                    "signature": ""}
+            content.append(think)
         if a.content:
             content.append({"type": "text", "text": a.content})
-        content += [{"type": "tool_use", "id": c.call_id, "name": c.name,
-                     "input": tool_input(c)} for c in a.tool_calls]
+        calls: list[ToolUseBlock] = [{"type": "tool_use", "id": c.call_id, "name": c.name,
+                                      "input": tool_input(c)} for c in a.tool_calls]
+        content += calls
         return {"id": self.mid, "type": "message", "role": "assistant",
                 "model": self.ctx.model, "content": content,
                 "stop_reason": stop_reason(a.done), "stop_sequence": a.done.stop_sequence,
