@@ -13,6 +13,7 @@ from aiohttp import web
 from engine import protocol as wire
 from engine.api import common
 from engine.api.backend import backend
+from engine.api.ollama_bodies import Details, Entry, ErrorLine, Line, Message, Piece, ToolCall
 from engine.api.ollama_schemas import (
     DONE_REASONS,
     ChatRequest,
@@ -34,13 +35,13 @@ def _now(at: float | None = None) -> str:
     return t.isoformat().replace("+00:00", "Z")
 
 
-def _details(m: Any) -> dict[str, Any]:
+def _details(m: Any) -> Details:
     return {"parent_model": "", "format": "safetensors", "family": m.model_type,
             "families": [m.model_type], "parameter_size": "",
             "quantization_level": m.quantization}
 
 
-def _entry(m: Any) -> dict[str, Any]:
+def _entry(m: Any) -> Entry:
     mtime = datetime.fromtimestamp(Path(m.path).stat().st_mtime, UTC)
     return {"name": m.id, "model": m.id, "modified_at": mtime.isoformat(),
             "size": m.size_bytes, "digest": "", "details": _details(m)}
@@ -121,7 +122,7 @@ async def show(request: web.Request) -> web.Response:
 
 
 def _final(done: wire.Done, model: str, t0: float, now: float,
-           at: float | None = None) -> dict[str, Any]:
+           at: float | None = None) -> Line:
     run = done.prompt_tokens - done.cached_tokens  # prompt_tps counts the tokens run
     p_s = run / done.prompt_tps if done.prompt_tps else 0.0
     g_s = done.generation_tokens / done.generation_tps if done.generation_tps else 0.0
@@ -134,7 +135,7 @@ def _final(done: wire.Done, model: str, t0: float, now: float,
             "speculative": drafts(done)}
 
 
-def _call(c: wire.ToolCall) -> dict[str, Any]:
+def _call(c: wire.ToolCall) -> ToolCall:
     return {"id": c.call_id, "function": {"name": c.name,
                                           "arguments": json.loads(c.arguments or "{}")}}
 
@@ -152,20 +153,27 @@ class OllamaRenderer:
     def __init__(self, body: Any, ctx: Context, chat: bool):
         self.ctx, self.chat = ctx, chat
 
-    def _final(self, done: wire.Done) -> dict[str, Any]:
+    def _final(self, done: wire.Done) -> Line:
         return _final(done, self.ctx.model, self.ctx.t0, self.ctx.clock(), self.ctx.now())
 
-    def _line(self, piece: dict[str, Any], done: wire.Done | None = None) -> bytes:
-        obj = self._final(done) if done else {
+    def _line(self, piece: Piece, done: wire.Done | None = None) -> bytes:
+        obj: Line = self._final(done) if done else {
             "model": self.ctx.model, "created_at": _now(self.ctx.now()), "done": False}
-        if self.chat:  # (logprobs sit beside the message, as Ollama's ChatResponse reads them)
-            lps = piece.pop("logprobs", None)
-            obj["message"] = {"role": "assistant", "content": "", **piece}
-            if lps:
-                obj["logprobs"] = lps
+        if self.chat:
+            msg: Message = {"role": "assistant", "content": piece.get("content", "")}
+            if "thinking" in piece:
+                msg["thinking"] = piece["thinking"]
+            if "tool_calls" in piece:
+                msg["tool_calls"] = piece["tool_calls"]
+            obj["message"] = msg
         else:
-            obj["response"] = piece.pop("content", "")
-            obj.update(piece)
+            obj["response"] = piece.get("content", "")
+            if "thinking" in piece:
+                obj["thinking"] = piece["thinking"]
+            if "tool_calls" in piece:
+                obj["tool_calls"] = piece["tool_calls"]
+        if piece.get("logprobs"):  # beside the message, as Ollama's ChatResponse reads them
+            obj["logprobs"] = piece["logprobs"]
         return json.dumps(obj).encode() + b"\n"
 
     def start(self) -> list[bytes]:
@@ -176,12 +184,14 @@ class OllamaRenderer:
 
     def event(self, ev: wire.Event) -> list[bytes]:
         if isinstance(ev, wire.Error):
-            return [json.dumps({"error": ev.message}).encode() + b"\n"]
-        lp = {"logprobs": logprobs_json(ev.logprobs)} \
+            err: ErrorLine = {"error": ev.message}
+            return [json.dumps(err).encode() + b"\n"]
+        lp: Piece = {"logprobs": logprobs_json(ev.logprobs)} \
             if isinstance(ev, (wire.Delta, wire.Done)) and ev.logprobs else {}
         if isinstance(ev, wire.Delta):
-            key = "thinking" if ev.kind == "reasoning" else "content"
-            return [self._line({key: ev.text, **lp})]
+            piece: Piece = {"thinking": ev.text} if ev.kind == "reasoning" \
+                else {"content": ev.text}
+            return [self._line({**piece, **lp})]
         if isinstance(ev, wire.ToolCall):
             return [self._line({"tool_calls": [_call(ev)]})]
         if isinstance(ev, wire.Done):
@@ -191,11 +201,11 @@ class OllamaRenderer:
     def end(self) -> list[bytes]:
         return []
 
-    def answer(self, a: Answer) -> dict[str, Any]:
+    def answer(self, a: Answer) -> Line:
         assert a.done is not None
         out = self._final(a.done)
         if self.chat:
-            msg: dict[str, Any] = {"role": "assistant", "content": a.content}
+            msg: Message = {"role": "assistant", "content": a.content}
             if a.reasoning:
                 msg["thinking"] = a.reasoning
             if a.tool_calls:
@@ -233,9 +243,11 @@ async def _load_only(request: web.Request, model: str, chat: bool,
     else:
         await backend(request).load(model)
         reason = "load"
-    out: dict[str, Any] = {"model": model, "created_at": _now(), "done": True,
-                           "done_reason": reason}
-    out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+    out: Line = {"model": model, "created_at": _now(), "done": True, "done_reason": reason}
+    if chat:
+        out["message"] = {"role": "assistant", "content": ""}
+    else:
+        out["response"] = ""
     return web.json_response(out)
 
 

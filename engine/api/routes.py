@@ -3,11 +3,11 @@ the one mapping from the error tree to each protocol's error body."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from engine.api import anthropic, ollama, openai_chat, openai_completions, openai_responses, openapi
+from engine.api.anthropic_bodies import ErrorBody as AnthropicError
+from engine.api.ollama_bodies import ErrorLine
 from engine.errors import ErrorBody, ShoalError
 
 routes: list[web.RouteDef] = [  # type: ignore[list-item]
@@ -16,7 +16,7 @@ routes: list[web.RouteDef] = [  # type: ignore[list-item]
 routes.append(web.get("/openapi.json", openapi.route(routes)))
 
 
-def error_body(path: str, e: ShoalError) -> ErrorBody | dict[str, Any]:
+def error_body(path: str, e: ShoalError) -> ErrorBody | AnthropicError | ErrorLine:
     """The error as the client on `path` expects it (Anthropic, Ollama, else OpenAI)."""
     if path.startswith("/v1/messages"):
         return anthropic.error_body(e)
