@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.runtime.chunking import LARGEST, Chunker
 from engine.runtime.drafting import Drafting
-from engine.runtime.generate import ProgressFn, Record
+from engine.runtime.generate import ProgressFn, Record, decode_tps
 from engine.runtime.sampling import Sampling
 from engine.runtime.stops import StopMatcher, text_step
 
@@ -101,7 +101,7 @@ class Streams:
                 yield Record(text=text, token=token, finish_reason=finish,
                              prompt_tokens=len(prompt), generation_tokens=n,
                              prompt_tps=(len(prompt) - job.cached) / max(first - tic, 1e-9),
-                             generation_tps=(n - 1) / (now - first) if n > 1 else 0.0,
+                             generation_tps=decode_tps(n, now - first),
                              peak_memory_gb=_peak_gb(), logprob=lp[0], top_logprobs=lp[1],
                              stop_sequence=stops.matched if hit else None,
                              cached_tokens=job.cached, drafted_tokens=job.drafted,

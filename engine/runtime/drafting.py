@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.runtime.generate import ProgressFn, Record, cache_holds
+from engine.runtime.generate import ProgressFn, Record, cache_holds, decode_tps
 from engine.runtime.sampling import Sampling
 from engine.runtime.speculative import (
     DEFAULT_DRAFT,
@@ -156,7 +156,7 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
                 yield Record(text=text, token=token, finish_reason=finish,
                              prompt_tokens=len(prompt), generation_tokens=n,
                              prompt_tps=(len(prompt) - cached) / max(first - tic, 1e-9),
-                             generation_tps=(n - 1) / (now - first) if n > 1 else 0.0,
+                             generation_tps=decode_tps(n, now - first),
                              peak_memory_gb=float(mx.get_peak_memory() / 1e9),
                              logprob=lpv[0], top_logprobs=lpv[1],
                              stop_sequence=stops.matched if hit else None,

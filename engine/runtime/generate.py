@@ -35,6 +35,14 @@ class Record:
     accepted_tokens: int = 0  # of them, those the model agreed with
 
 
+def decode_tps(tokens: int, since_first: float) -> float:
+    """Decode speed as every path reports it: the tokens after the first over the time
+    since the first came (the first token's time is the prefill's). mlx-lm counts the
+    first one too, which overstates short answers: a second token 0.1 s after the first
+    is 10 tokens/s, not 20."""
+    return (tokens - 1) / since_first if tokens > 1 and since_first > 0 else 0.0
+
+
 def build_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
     """Token ids for a chat, through the model's own chat template."""
     if getattr(tokenizer, "has_chat_template", False):
@@ -123,6 +131,12 @@ def _record(r: Any, text: str, finish: str | None,
             cached: int, matched: str | None = None) -> Record:
     return Record(text=text, token=int(r.token), finish_reason=finish,
                   prompt_tokens=n_prompt, generation_tokens=int(r.generation_tokens),
-                  prompt_tps=float(r.prompt_tps), generation_tps=float(r.generation_tps),
+                  prompt_tps=float(r.prompt_tps), generation_tps=_decode_tps(r),
                   peak_memory_gb=float(r.peak_memory), logprob=lp[0], top_logprobs=lp[1],
                   stop_sequence=matched, cached_tokens=cached)
+
+
+def _decode_tps(r: Any) -> float:
+    """decode_tps from mlx-lm's figure, (tokens so far) / (time since the first)."""
+    n, tps = int(r.generation_tokens), float(r.generation_tps)
+    return decode_tps(n, n / tps) if tps > 0 else 0.0

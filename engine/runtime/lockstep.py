@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from engine.runtime.distributed import DistConfig, Watchdog
 from engine.runtime.doorbell import END, Doorbell
-from engine.runtime.generate import Record
+from engine.runtime.generate import Record, decode_tps
 from engine.runtime.sampling import Sampling
 from engine.runtime.stops import StopMatcher, text_step
 
@@ -245,7 +245,7 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
             yield Record(text=text, token=token, finish_reason=finish,
                          prompt_tokens=len(prompt), generation_tokens=n + 1,
                          prompt_tps=prompt_tps,
-                         generation_tps=(n + 1) / (time.perf_counter() - tic),
+                         generation_tps=decode_tps(n + 1, time.perf_counter() - tic),
                          peak_memory_gb=mx.get_peak_memory() / 1e9, logprob=lp[0],
                          top_logprobs=lp[1], stop_sequence=stops.matched if hit else None,
                          cached_tokens=getattr(runner, "cached", 0))
