@@ -6,6 +6,7 @@ The HTTP API, the chat window, the CLI and the benchmark all consume this one st
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,13 +92,16 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
         if cancel is not None and cancel.is_set() and done < total:
             raise _Cancelled
 
-    last = None
+    last, first = None, 0.0
     try:
         for r in stream_generate(model, tokenizer, mx.array(prompt[cached:]),
                                  max_tokens=sampling.max_tokens, sampler=sampler,
                                  logits_processors=processors, prompt_cache=cache,
                                  prompt_progress_callback=prefilled):
             last = r
+            now = time.perf_counter()
+            first = first or now  # mlx-lm's own figure counts the first token too
+            tps = decode_tps(int(r.generation_tokens), now - first)
             fed.append(int(r.token))
             lp = token_logprobs(r.logprobs, r.token, sampling.logprobs)
             text, hit = stops.feed(r.text)
@@ -108,9 +112,9 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
                 finish = "cancelled"
             if finish is not None:
                 text += "" if hit else stops.flush()
-                yield _record(r, text, finish, lp, len(prompt), cached, stops.matched)
+                yield _record(r, text, finish, lp, len(prompt), cached, tps, stops.matched)
                 return
-            yield _record(r, text, None, lp, len(prompt), cached)
+            yield _record(r, text, None, lp, len(prompt), cached, tps)
         if last is None:  # stream_generate always yields; keep the one-finish promise
             yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0)
     except _Cancelled:  # left during the prefill: nothing was generated
@@ -128,15 +132,9 @@ def cache_holds(cache: list[Any], n: int) -> bool:
 
 def _record(r: Any, text: str, finish: str | None,
             lp: tuple[float | None, tuple[tuple[int, float], ...]], n_prompt: int,
-            cached: int, matched: str | None = None) -> Record:
+            cached: int, tps: float, matched: str | None = None) -> Record:
     return Record(text=text, token=int(r.token), finish_reason=finish,
                   prompt_tokens=n_prompt, generation_tokens=int(r.generation_tokens),
-                  prompt_tps=float(r.prompt_tps), generation_tps=_decode_tps(r),
+                  prompt_tps=float(r.prompt_tps), generation_tps=tps,
                   peak_memory_gb=float(r.peak_memory), logprob=lp[0], top_logprobs=lp[1],
                   stop_sequence=matched, cached_tokens=cached)
-
-
-def _decode_tps(r: Any) -> float:
-    """decode_tps from mlx-lm's figure, (tokens so far) / (time since the first)."""
-    n, tps = int(r.generation_tokens), float(r.generation_tps)
-    return decode_tps(n, n / tps) if tps > 0 else 0.0

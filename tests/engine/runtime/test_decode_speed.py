@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from engine.runtime.generate import decode_tps
+from engine.runtime.generate import build_prompt, decode_tps
 from tests.tiny import make_tiny_model
 
 TOKENS = 4  # counting the first token too would read 4/3 of the stopwatch's figure
@@ -49,8 +49,7 @@ def stopwatch(answers: Callable[[], Iterator[Any]]) -> float:
 
 
 def prompt(tok: Any) -> list[int]:
-    return tok.apply_chat_template([{"role": "user", "content": "how fast?"}],
-                                   add_generation_prompt=True)
+    return build_prompt(tok, [{"role": "user", "content": "how fast?"}])
 
 
 def test_one_request_alone(loaded):
