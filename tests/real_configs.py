@@ -1,4 +1,4 @@
-"""Tiny models from the real published config.json files in shared/reference/model-configs:
+"""Tiny models from the real published config.json files in tests/fixtures/model-configs:
 only the sizes shrink (width, layers keeping their pattern, experts, heads, vocabulary, MLA
 ranks, RoPE lists sized by the head width); every other field stays as published: rope
 scaling, wrappers, layer types, MTP fields and quantization blocks.
@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG_DIR = next((p for p in (ROOT.parent / "shared" / "reference" / "model-configs",
-                               ROOT / "tests" / "fixtures" / "model-configs") if p.is_dir()),
-                  ROOT / "tests" / "fixtures" / "model-configs")
+CONFIG_DIR = ROOT / "tests" / "fixtures" / "model-configs"  # README.md there: each file's source
 
 WIDTH, HEADS, HEAD_DIM = 64, 4, 16
 # field → tiny value (only where the published value is a positive number)
