@@ -142,11 +142,16 @@ def _cmd_chat(a: argparse.Namespace) -> int:
 
 
 def _cmd_connect(a: argparse.Namespace) -> int:
-    from engine.connect import KEY_ENV, render, target, write
+    from engine.connect import KEY_ENV, render, target, write_config
     t = target(a.url, a.model, os.environ.get(KEY_ENV))
     if a.write:
-        path = write(a.agent, t, Path.home())
-        print(f"Wrote {a.agent}'s settings for {t.model} at {t.url} to {path}.")
+        w = write_config(a.agent, t, Path.home())
+        if not w.changed:
+            print(f"{w.path} already has {a.agent}'s settings for {t.model} at {t.url}; "
+                  "nothing changed.")
+        else:
+            kept = f"; the file as it was is kept as {w.backup.name}" if w.backup else ""
+            print(f"Wrote {a.agent}'s settings for {t.model} at {t.url} to {w.path}{kept}.")
         return 0
     sys.stdout.write(render(a.agent, t))
     return 0

@@ -1,5 +1,6 @@
 """Settings that point a coding agent at a node: `shoal connect claude|codex|opencode|
-continue` prints them (or, with --write, writes them into the agent's own config file).
+continue` prints them (or, with --write, sets them in the agent's own config file, keeping
+the user's other settings and comments: see engine.connect_files).
 
 Each agent gets the node's address, the model for every tier it has, the model's real
 context window and when to compact (so it neither overruns the window nor compacts a
@@ -13,7 +14,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.connect_files import Written
 
 AGENTS = ("claude", "codex", "opencode", "continue")
 KEY_ENV = "SHOAL_API_KEY"
@@ -112,28 +116,61 @@ def _shell(v: str) -> str:
 
 
 def write(agent: str, t: Target, home: Path) -> Path:
-    """Write (merging with what is there) the agent's config file; its path."""
+    """Set the agent's settings in its config file (see write_config); the file's path."""
+    return write_config(agent, t, home).path
+
+
+def write_config(agent: str, t: Target, home: Path) -> Written:
+    """Set Shoal's settings in the agent's own config file and nothing else of it: the
+    user's other settings, comments and layout stay, the file as it was is kept beside it
+    as NAME.<date>.bak, and a file that can't be parsed is left alone (ConfigFileError)."""
+    from engine.connect_files import update
     path = config_path(agent, home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if agent == "claude":
-        settings = json.loads(path.read_text()) if path.is_file() else {}
-        env = claude_env(t)
-        if t.needs_key:  # the key stays in the environment: the helper reads it there
-            env.pop("ANTHROPIC_AUTH_TOKEN")
-            settings["apiKeyHelper"] = f"printenv {KEY_ENV}"
-        settings["env"] = {**settings.get("env", {}), **env}
-        path.write_text(json.dumps(settings, indent=2) + "\n")
-    elif agent == "opencode":
-        current = json.loads(path.read_text()) if path.is_file() else {}
-        fresh = opencode_json(t)
-        providers = {**current.get("provider", {}), **fresh["provider"]}
-        path.write_text(json.dumps({**current, **fresh, "provider": providers}, indent=2))
-    else:
-        new: str = codex_toml(t) if agent == "codex" else continue_yaml(t)
-        if path.is_file() and path.read_text() != new:  # a file of the user's: kept aside
-            path.with_name(path.name + ".bak").write_text(path.read_text())
-        path.write_text(new)
-    return path
+    if agent == "opencode" and path.with_suffix(".jsonc").is_file():
+        path = path.with_suffix(".jsonc")  # OpenCode reads it last, so its settings win
+    kind = {"claude": "JSON", "codex": "TOML", "opencode": "JSONC", "continue": "YAML"}
+    edit = {"claude": _claude_settings, "codex": _codex_config,
+            "opencode": _opencode_config, "continue": _continue_config}[agent]
+    return update(path, kind[agent], lambda text: edit(text, t))
+
+
+def _claude_settings(text: str | None, t: Target) -> str:
+    from engine import connect_jsonc as jsonc
+    env, helper = claude_env(t), f"printenv {KEY_ENV}"
+    if t.needs_key:  # the key stays in the environment: the helper reads it there
+        env.pop("ANTHROPIC_AUTH_TOKEN")
+    if text is None or not text.strip():
+        return json.dumps({**({"apiKeyHelper": helper} if t.needs_key else {}), "env": env},
+                          indent=2) + "\n"
+    text = jsonc.merge(text, ["env"], env)
+    if t.needs_key:  # a token left there would be sent to the node instead
+        text = jsonc.remove(text, ["env", "ANTHROPIC_AUTH_TOKEN"])
+        return jsonc.set_value(text, ["apiKeyHelper"], helper)
+    if jsonc.loads(text).get("apiKeyHelper") == helper:  # ours, for a node with a key
+        text = jsonc.remove(text, ["apiKeyHelper"])
+    return text
+
+
+def _opencode_config(text: str | None, t: Target) -> str:
+    from engine import connect_jsonc as jsonc
+    if text is None or not text.strip():
+        return json.dumps(opencode_json(t), indent=2) + "\n"
+    return jsonc.merge(text, [], opencode_json(t))
+
+
+def _codex_config(text: str | None, t: Target) -> str:
+    from engine.connect_files import merge_toml
+    if text is None or not text.strip():
+        return codex_toml(t)
+    drop = [] if t.needs_key else [("model_providers", "shoal", "env_key")]
+    return merge_toml(text, codex_toml(t), drop)
+
+
+def _continue_config(text: str | None, t: Target) -> str:
+    from engine.connect_files import merge_yaml_list
+    if text is None or not text.strip():
+        return continue_yaml(t)
+    return merge_yaml_list(text, continue_yaml(t), "models", by="name")
 
 
 def target(url: str, model: str | None, key: str | None) -> Target:

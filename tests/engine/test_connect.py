@@ -73,7 +73,8 @@ def test_writing_keeps_the_users_other_settings(tmp_path, target):
     codex.parent.mkdir(parents=True)
     codex.write_text('model = "gpt-5"\n')
     connect.write("codex", target, tmp_path)
-    assert codex.with_name("config.toml.bak").read_text() == 'model = "gpt-5"\n'
+    [backup] = codex.parent.glob("config.toml.*.bak")  # dated: see test_connect_files.py
+    assert backup.read_text() == 'model = "gpt-5"\n'
 
 
 def test_the_command_reads_the_model_and_window_from_a_running_node(tiny_node, capsys):
