@@ -48,11 +48,19 @@ def _cmd_node(a: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"shoal node: --unload-after: {e}.", file=sys.stderr)
         return 2
+    try:
+        api_key = secret_arg("--api-key", a.api_key, a.api_key_file, "SHOAL_API_KEY",
+                             "set SHOAL_API_KEY or use --api-key-file PATH instead")
+        secret = secret_arg("--secret", a.secret, a.secret_file, "SHOAL_SECRET",
+                            "set SHOAL_SECRET, use --secret-file PATH, or store it once "
+                            "with `shoal secret set -` (it reads stdin)")
+    except ValueError as e:
+        print(f"shoal node: {e}.", file=sys.stderr)
+        return 2
     _setup_logging(home, "node", a.verbose)
     asyncio.run(run_node(NodeConfig(
-        host=a.host, port=a.port, home=home, model=a.model,
-        api_key=a.api_key or os.environ.get("SHOAL_API_KEY"), peers=a.peer,
-        secret=a.secret or os.environ.get("SHOAL_SECRET"), cluster_host=a.cluster_host,
+        host=a.host, port=a.port, home=home, model=a.model, api_key=api_key, peers=a.peer,
+        secret=secret, cluster_host=a.cluster_host,
         cluster_port=a.cluster_port, mdns=a.mdns == "on",
         mdns_interfaces=a.mdns_interface, cors_origins=a.cors_origin or [
             o for o in os.environ.get("SHOAL_CORS_ORIGINS", "").split(",") if o.strip()],
@@ -97,19 +105,80 @@ def _cmd_models_import(a: argparse.Namespace) -> int:
     return 0
 
 
+def secret_arg(flag: str, value: str | None, file: str | None, env: str,
+               safer: str) -> str | None:
+    """A secret for `flag`: from its file (`flag`-file), from the command line (with a
+    warning that `ps` shows it to every user, and `safer` ways), else from the environment
+    variable `env`; None where none is given. ValueError for a file it can't read."""
+    if file is not None:
+        return read_secret_file(file, f"{flag}-file")
+    if value:
+        print(f"shoal: warning: {flag}'s value is visible to every user of this machine "
+              f"(in `ps`); {safer}.", file=sys.stderr)
+        return value
+    return os.environ.get(env) or None
+
+
+def read_secret_file(path: str, what: str) -> str:
+    """The first line of the file at `path`, stripped; ValueError, naming `what`, for a
+    missing, unreadable or empty file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline(65536)  # a secret, not a file's worth of text
+    except FileNotFoundError:
+        raise ValueError(f"{what}: there is no file {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{what}: could not read {path} "
+                         f"({getattr(e, 'strerror', None) or e})") from None
+    if not line.strip():
+        raise ValueError(f"{what}: the first line of {path} is empty; put the secret there")
+    return line.strip()
+
+
+def _secret_to_set(a: argparse.Namespace) -> str:
+    """What `shoal secret set` stores: from --file, stdin (`-`), the command line (with a
+    warning), or asked for on a terminal."""
+    if a.file is not None:
+        if a.value:
+            raise ValueError("give the secret or --file, not both")
+        return read_secret_file(a.file, "--file")
+    if a.value == "-":
+        value = sys.stdin.readline(65536).strip()
+        if not value:
+            raise ValueError("nothing came on stdin: pipe the secret in, e.g. "
+                             "`shoal secret set - < FILE`")
+        return value
+    if a.value:
+        return secret_arg("the secret", a.value, None, "",
+                          "use `shoal secret set -` (stdin) or --file PATH instead") or ""
+    if sys.stdin.isatty():
+        import getpass
+        value = getpass.getpass("cluster secret: ").strip()
+        if value:
+            return value
+    raise ValueError("give the secret: `shoal secret set -` reads it from stdin, "
+                     "`shoal secret set --file PATH` from a file")
+
+
 def _cmd_secret(a: argparse.Namespace) -> int:
     from engine.cluster.auth import pairing_code
     from engine.cluster.secret import SecretStore, new_secret
     home = Path(a.home).expanduser() if a.home else default_home()
     store = SecretStore(home)
+    if a.action != "set" and (a.value or a.file):
+        print(f"shoal secret: `{a.action}` takes no secret; `shoal secret set` does.",
+              file=sys.stderr)
+        return 2
     if a.action == "set":
-        if not a.value:
-            raise ShoalError("Give the secret: shoal secret set SECRET")
-        store.set(a.value)
+        try:
+            store.set(_secret_to_set(a))
+        except ValueError as e:
+            print(f"shoal secret: {e}.", file=sys.stderr)
+            return 2
     elif a.action == "rotate":
         store.set(new_secret())
-        print("A new secret: give it to every node of the cluster (shoal secret set ...), "
-              "then restart them.")
+        print("A new secret: give it to every node of the cluster (shoal secret set -, "
+              "then paste it), then restart them.")
     value = store.ensure()
     print(f"cluster secret: {value}\npairing code:   {pairing_code(value)}\n"
           f"kept in:        {store.where}")
@@ -176,7 +245,14 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--home", default=argparse.SUPPRESS)
     n.add_argument("--model", help="model to load at start ('none' to load nothing; "
                    "default: the bundled SmolLM2, imported on first run)")
-    n.add_argument("--api-key", help="require this key (needed off loopback)")
+    key = n.add_mutually_exclusive_group()
+    key.add_argument("--api-key", metavar="KEY",
+                     help="require this key of API clients (needed off loopback); `ps` shows "
+                     "it to every user of the machine: prefer SHOAL_API_KEY or "
+                     "--api-key-file")
+    key.add_argument("--api-key-file", metavar="PATH",
+                     help="read the API key from the first line of this file (default: "
+                     "--api-key, else SHOAL_API_KEY)")
     n.add_argument("--speculative", choices=("on", "off"),
                    default=os.environ.get("SHOAL_SPECULATIVE", "on"),
                    help="speculative decoding: draft tokens and verify them in one pass, "
@@ -235,8 +311,14 @@ def parser() -> argparse.ArgumentParser:
                    "there; default all interfaces)")
     n.add_argument("--cluster-port", type=int, default=0,
                    help="port for other nodes (default: --port + 1)")
-    n.add_argument("--secret", help="the cluster secret to join (stored; default: the "
-                   "stored one, or a new cluster)")
+    secret = n.add_mutually_exclusive_group()
+    secret.add_argument("--secret", metavar="SECRET",
+                        help="the cluster secret to join (stored; default: SHOAL_SECRET, "
+                        "else the stored one, else a new cluster); `ps` shows it to every "
+                        "user of the machine: prefer SHOAL_SECRET, --secret-file, or "
+                        "storing it once with `shoal secret set -`")
+    secret.add_argument("--secret-file", metavar="PATH",
+                        help="read the cluster secret from the first line of this file")
     n.add_argument("--mdns", choices=["on", "off"], default=os.environ.get("SHOAL_MDNS", "on"),
                    help="find and announce nodes on the local network (default on)")
     n.add_argument("--mdns-interface", action="append", default=[], metavar="ADDRESS",
@@ -258,9 +340,16 @@ def parser() -> argparse.ArgumentParser:
     from engine.hub.cli_models import add_models_parsers
     add_models_parsers(m)
 
-    s = sub.add_parser("secret", help="show, set or rotate the cluster secret")
+    s = sub.add_parser("secret", help="show, set or rotate the cluster secret",
+                       description="Show, set or rotate the cluster secret (kept in the "
+                       "system keyring, else in a file only you can read). `set` reads it "
+                       "from stdin (`shoal secret set -`), a file (--file PATH) or asks for "
+                       "it; a value on the command line works too, but `ps` shows it to "
+                       "every user of the machine.")
     s.add_argument("action", choices=["show", "set", "rotate"], nargs="?", default="show")
-    s.add_argument("value", nargs="?")
+    s.add_argument("value", nargs="?", help="for set: - to read the secret from stdin")
+    s.add_argument("--file", metavar="PATH",
+                   help="for set: read the secret from the first line of this file")
     s.add_argument("--home", default=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_secret)
 
