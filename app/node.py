@@ -94,6 +94,9 @@ class LocalNode:
                     saved_drafting_env,
                 )
                 env |= saved_drafting_env(self.home)  # Settings → API: drafting
+                # the node keeps its whole log in node.log (rotated); this file, which
+                # can't rotate, gets only its warnings and errors
+                env.setdefault("SHOAL_CONSOLE_LOG", "warning")
                 cors = saved_cors_origins(self.home)  # Settings → API
                 if cors:
                     env["SHOAL_CORS_ORIGINS"] = ",".join(cors)

@@ -17,11 +17,8 @@ from engine.paths import default_home, ensure, logs_dir, models_dir
 
 
 def _setup_logging(home: Path | None, name: str, verbose: bool) -> None:
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if home is not None:
-        handlers.append(logging.FileHandler(ensure(logs_dir(home)) / f"{name}.log"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=handlers,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from engine.logs import setup
+    setup(ensure(logs_dir(home)) / f"{name}.log" if home is not None else None, verbose)
 
 
 def _cmd_node(a: argparse.Namespace) -> int:
@@ -61,6 +58,8 @@ def _cmd_node(a: argparse.Namespace) -> int:
     asyncio.run(run_node(NodeConfig(
         host=a.host, port=a.port, home=home, model=a.model, api_key=api_key, peers=a.peer,
         secret=secret, cluster_host=a.cluster_host,
+        cluster_tls=os.environ.get("SHOAL_CLUSTER_TLS", "on") != "off",
+        tls_cert=a.tls_cert, tls_key=a.tls_key,
         cluster_port=a.cluster_port, mdns=a.mdns == "on",
         mdns_interfaces=a.mdns_interface, cors_origins=a.cors_origin or [
             o for o in os.environ.get("SHOAL_CORS_ORIGINS", "").split(",") if o.strip()],
@@ -304,11 +303,18 @@ def parser() -> argparse.ArgumentParser:
                    "may reach the API by, e.g. a name in your DNS or a reverse proxy's; "
                    "repeatable; '*' for any (default: none, or SHOAL_ALLOWED_HOSTS, "
                    "comma-separated)")
+    n.add_argument("--tls-cert", metavar="FILE", default=os.environ.get("SHOAL_TLS_CERT"),
+                   help="serve the user API over HTTPS with this certificate (PEM; with "
+                   "--tls-key), for clients on other machines")
+    n.add_argument("--tls-key", metavar="FILE", default=os.environ.get("SHOAL_TLS_KEY"),
+                   help="the private key of --tls-cert (PEM)")
     n.add_argument("--max-body-mb", type=float, default=4.0, metavar="MB",
                    help="refuse request bodies over this size with a 413 (default 4)")
-    n.add_argument("--cluster-host", default=os.environ.get("SHOAL_CLUSTER_HOST", "0.0.0.0"),
-                   help="where other nodes reach this one (only signed requests are served "
-                   "there; default all interfaces)")
+    n.add_argument("--cluster-host", default=os.environ.get("SHOAL_CLUSTER_HOST", "auto"),
+                   help="the addresses (comma-separated) other nodes reach this one at; "
+                   "only members holding the cluster secret get through, over TLS. "
+                   "Default 'auto': this machine's private and link-local addresses "
+                   "(never a public one; give 0.0.0.0 to serve every interface)")
     n.add_argument("--cluster-port", type=int, default=0,
                    help="port for other nodes (default: --port + 1)")
     secret = n.add_mutually_exclusive_group()

@@ -35,12 +35,15 @@ class NodeProcess:
         self.port = port or free_port()
         self.cluster_port = cluster_port or free_port()
         self.url = f"http://{ip}:{self.port}"
-        self.cluster_url = f"http://{ip}:{self.cluster_port}"  # where peers reach it
+        self.cluster_url = f"https://{ip}:{self.cluster_port}"  # where peers reach it (TLS)
         self.log = home / "node-test.log"
         home.mkdir(parents=True, exist_ok=True)
         self._logf = self.log.open("ab")
         # Never the user's keyring: the secret lives in the test's home.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHOAL_KEYRING": "0", **(env or {})}
+        # The cluster secret goes by environment, as the app gives it: never in argv,
+        # where `ps` shows it to every user.
+        extra = _secret_to_env(extra, env)
         # In a network namespace `ip netns exec` execs the node: the pid is still the node's.
         prefix = ["ip", "netns", "exec", netns] if netns else []
         key = ["--api-key", api_key] if api_key else []  # off loopback the API needs one
@@ -115,6 +118,15 @@ class NodeProcess:
             pass
         self.proc.wait(10)
         self._logf.close()
+
+
+def _secret_to_env(args: tuple[str, ...], env: dict[str, str]) -> tuple[str, ...]:
+    out = list(args)
+    if "--secret" in out:
+        i = out.index("--secret")
+        env["SHOAL_SECRET"] = out[i + 1]
+        del out[i:i + 2]
+    return tuple(out)
 
 
 def home_with(tmp: Path, model_dir: Path) -> Path:

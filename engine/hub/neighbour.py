@@ -192,15 +192,12 @@ class NeighbourSource:
     async def _stream(self, url: str, repo_id: str, commit: str, f: RemoteFile, dest: Path,
                       on_progress: Callable[[int], None], cancel: threading.Event) -> bool:
         import aiohttp
-        from yarl import URL
         path = f"/shoal/peer/files/{repo_id}/{commit}/{quote(f.path)}"
         have = dest.stat().st_size if dest.exists() else 0
-        headers = self.peers.sign("GET", path)
-        if have:
-            headers["Range"] = f"bytes={have}-"
-        try:
-            async with self.peers.session.get(
-                    URL(url + path, encoded=True), headers=headers,
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        try:  # the peer's answer is signed and comes over the cluster's TLS (Peers.stream)
+            async with self.peers.stream(
+                    url, "GET", path, headers=headers,
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
                                                   sock_read=30)) as r:
                 if r.status == 404:

@@ -96,7 +96,8 @@ async def peer_prepare(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/peer/start")
 async def peer_start(request: web.Request) -> web.Response:
-    await _cluster(request).followers.start(await peer_body(request, RankStart))
+    await _cluster(request).followers.start(await peer_body(request, RankStart),
+                                            request["caller"].node)
     return web.json_response({"ok": True}, status=202)
 
 
@@ -129,3 +130,10 @@ async def peer_failed(request: web.Request) -> web.Response:
     await _cluster(request).peer_failed(str(body.get("instance")),
                                         str(body.get("reason") or "a rank failed"))
     return web.json_response({"ok": True})
+
+
+@routes.get("/shoal/peer/hello")
+async def hello(request: web.Request) -> web.Response:
+    """A member's first request, before it knows this node's id: the id, and nothing
+    else (its signed answer proves this node holds the secret)."""
+    return web.json_response({"id": _cluster(request).id})

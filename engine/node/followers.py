@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.cluster_records import FollowerState, RankPorts, RankPrepare, RankStart
 from engine.errors import ShoalError
-from engine.node.launch import fresh_ports, write_config
+from engine.node.launch import check_instance_id, fresh_ports, write_config
 from engine.node.peers import Peers
 from engine.node.service import Node
 from engine.node.worker_handle import WorkerHandle
@@ -28,6 +28,7 @@ class Follower:
     owner_url: str
     rank: int
     model: str
+    owner_id: str = ""  # the member that started it (as its signature proved)
     worker: WorkerHandle | None = None
     state: InstanceState = InstanceState.STARTING
     reason: str | None = None
@@ -53,17 +54,19 @@ class Followers:
 
     async def prepare(self, body: RankPrepare) -> RankPorts:
         """Check the model (the files this rank reads) and hand out two fresh ports."""
+        check_instance_id(body.instance)
         await self.node.check_model(self.node.resolve(body.model), all_files=False)
         return fresh_ports(body.host or self.host)
 
-    async def start(self, body: RankStart) -> None:
-        inst_id, model, owner = body.instance, body.model, body.owner
+    async def start(self, body: RankStart, owner_id: str = "") -> None:
+        """Start the rank `body` asks for, for member `owner_id` (who signed it)."""
+        inst_id, model, owner = check_instance_id(body.instance), body.model, body.owner
         cfg = body.config
         path = self.node.resolve(model)
         old = self._by_id.pop(inst_id, None)
         if old and old.worker:
             await old.worker.stop()
-        f = Follower(inst_id, owner, cfg.rank, model)
+        f = Follower(inst_id, owner, cfg.rank, model, owner_id=owner_id)
         ended = [k for k, v in self._by_id.items() if v.state in ENDED]
         for old_id in ended[:-KEEP_ENDED]:
             del self._by_id[old_id]
@@ -92,9 +95,15 @@ class Followers:
         elif isinstance(ev, Loading):
             f.progress = [ev.done, ev.total]
 
+    def owner(self, f: Follower) -> str:
+        """The URL this node knows the rank's owner by (its id first: the owner's own idea
+        of its address may not be the one this node reaches it at)."""
+        peer = self.peers.find(f.owner_id) if f.owner_id else None
+        return peer.url if peer is not None else self.peers.url_of(f.owner_url)
+
     async def _tell_owner(self, f: Follower) -> None:
         with contextlib.suppress(ShoalError):
-            await self.peers.call(f.owner_url, "POST", "/shoal/peer/failed",
+            await self.peers.call(self.owner(f), "POST", "/shoal/peer/failed",
                                   {"instance": f.instance,
                                    "reason": f"rank {f.rank} on node {self.name}: {f.reason}"},
                                   timeout=5)

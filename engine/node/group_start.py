@@ -53,7 +53,7 @@ async def start_ranks(node: Node, peers: Peers, host: str, inst: Instance, path:
         prefix_cache_tokens=default_budget(context), lanes=inst.lanes,
         kv_bits=inst.kv_bits,
         context_limit=node.model_settings.context_limit(inst.model))
-    owner = f"http://{host}:{node.port}"
+    owner = peers.url_of(f"{host}:{node.port}")
 
     async def follower(i: int, r: Rank) -> None:
         assert r.url is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -243,9 +244,21 @@ def rdma_matrix(ranks: list[Rank], backend: str,
     return [list(row) for row in m.matrix or []]
 
 
+INSTANCE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a launch makes 12 hex digits
+
+
+def check_instance_id(inst_id: object) -> str:
+    """An instance id from another node, before it names a file or a folder: a 400 for
+    anything but letters, digits, '-' and '_' (no path, no '..')."""
+    if not isinstance(inst_id, str) or not INSTANCE_ID.fullmatch(inst_id):
+        raise BadRequest(f"'instance' must be an instance id (letters, digits, - and _, "
+                         f"at most 64), not {str(inst_id)[:80]!r}.", param="instance")
+    return inst_id
+
+
 def write_config(home: Path, inst_id: str, cfg: DistConfig) -> Path:
     """The rank's config file, which its worker reads (engine/runtime/distributed.py)."""
-    folder = home / "instances" / inst_id
+    folder = home / "instances" / check_instance_id(inst_id)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank{cfg.rank}.json"
     path.write_text(json.dumps(cfg.to_json(), indent=1))

@@ -15,6 +15,7 @@ import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -22,11 +23,14 @@ from engine import __version__
 from engine.cluster.auth import Verifier
 from engine.cluster.discovery import Discovery
 from engine.cluster.secret import SecretStore
+from engine.cluster.tls import server_context, user_api_context
 from engine.errors import ShoalError
+from engine.logs import quiet_loop_errors
 from engine.net import is_loopback
 from engine.node.cluster import Cluster
 from engine.node.facts import NodeFacts
 from engine.node.identity import load_identity, regenerate_identity
+from engine.node.listen import Limits, Listener
 from engine.node.peers import Peers
 from engine.node.server import build_app
 from engine.node.service import Node
@@ -34,6 +38,10 @@ from engine.paths import ensure, logs_dir, models_dir
 from engine.records import DraftInfo
 
 log = logging.getLogger(__name__)
+KEEPALIVE_S = 15.0  # an idle connection, or one still sending a request's head, is closed
+USER_LIMITS = Limits(total=1024, per_client=256)  # the user API's connections
+CLUSTER_LIMITS = Limits(total=512, per_client=64)  # other nodes': polls, relays, files
+RESCAN_S = 10.0  # how often "auto" looks for new interfaces to serve the cluster on
 
 
 @dataclass
@@ -45,8 +53,11 @@ class NodeConfig:
     api_key: str | None = None
     peers: list[str] = field(default_factory=list)
     secret: str | None = None
-    cluster_host: str = "0.0.0.0"
+    cluster_host: str = "auto"  # auto: this machine's private addresses (cluster_hosts)
     cluster_port: int = 0  # 0: port + 1
+    cluster_tls: bool = True  # off only to measure what TLS costs (SHOAL_CLUSTER_TLS=off)
+    tls_cert: str | None = None  # the user API over TLS, with the user's own certificate
+    tls_key: str | None = None
     mdns: bool = True
     mdns_interfaces: list[str] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)  # browser origins allowed (CORS)
@@ -109,18 +120,15 @@ def check_bind(host: str, api_key: str | None) -> None:
                          "key with --api-key (or SHOAL_API_KEY), or use --host 127.0.0.1.")
 
 
-async def _listen(runner: web.AppRunner, host: str, port: int, what: str) -> None:
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except OSError as e:
-        raise ShoalError(f"Can't listen on {host}:{port} for the {what} ({e.strerror or e}). "
-                         "Another program (maybe another Shoal node) uses that port: stop "
-                         "it, or start this node with a free --port/--cluster-port.") from None
-
-
 async def run_node(cfg: NodeConfig) -> None:
     check_bind(cfg.host, cfg.api_key)
-    cport = cfg.cluster_port or _default_cluster_port(cfg.cluster_host, cfg.port + 1)
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise ShoalError("Give both --tls-cert and --tls-key to serve the API over TLS.")
+    loop = asyncio.get_running_loop()
+    quiet_loop_errors(loop)
+    more_descriptors()
+    cport = cfg.cluster_port or _default_cluster_port(
+        "0.0.0.0" if cfg.cluster_host == "auto" else cfg.cluster_host, cfg.port + 1)
     home = ensure(cfg.home)
     ensure(logs_dir(home))
     mdir = ensure(models_dir(home))
@@ -144,8 +152,11 @@ async def run_node(cfg: NodeConfig) -> None:
     secret = await asyncio.to_thread(store.ensure, cfg.secret)
     log.info("cluster secret kept in %s", store.where)
     me = _advertised(cfg.cluster_host, cfg.mdns_interfaces)
-    peers = Peers(home, cfg.peers, secret, ident.id)
-    peers.self_url = f"http://{me}:{cport}"
+    if not cfg.cluster_tls:
+        log.warning("TLS between nodes is OFF (SHOAL_CLUSTER_TLS=off): prompts and answers "
+                    "cross the network in clear. Use this only to measure what TLS costs.")
+    peers = Peers(home, cfg.peers, secret, ident.id, tls=cfg.cluster_tls)
+    peers.self_url = peers.url_of(f"{me}:{cport}")
     cluster = Cluster(node, ident.id, ident.name, peers, me)
     cluster.healer.enabled = cfg.heal
     node.heal_hint, node.heal_note = cluster.healer.hint, cluster.healer.note
@@ -175,27 +186,48 @@ async def run_node(cfg: NodeConfig) -> None:
                 start_discovery()
     peers.on_same_id = same_id
 
-    app = build_app(node, cfg.api_key, cluster, Verifier(secret), cluster_port=cport,
+    app = build_app(node, cfg.api_key, cluster, Verifier(secret, lambda: cluster.id),
+                    cluster_port=cport,
                     cors_origins=cfg.cors_origins, host=cfg.host,
                     allowed_hosts=cfg.allowed_hosts, max_body_mb=cfg.max_body_mb)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # keep-alive also bounds how long a connection may take to send a request's head
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           keepalive_timeout=KEEPALIVE_S)
     await runner.setup()
+    server: Any = runner.server
+    user_tls = await asyncio.to_thread(user_api_context, cfg.tls_cert, cfg.tls_key) \
+        if cfg.tls_cert and cfg.tls_key else None
+    cluster_tls = await asyncio.to_thread(server_context, secret) if cfg.cluster_tls \
+        else None
+    listeners: list[Listener] = []
+
+    async def listen(host: str, port: int, ctx: Any, limits: Limits, what: str) -> None:
+        listener = Listener(server, host, port, ctx, limits, what)
+        await listener.start()
+        listeners.append(listener)
+
+    async def listen_cluster(hosts: list[str]) -> None:
+        for h in hosts:
+            if not any(x.host == h and x.port == cport for x in listeners):
+                await listen(h, cport, cluster_tls, CLUSTER_LIMITS, "cluster port")
     facts = NodeFacts(home, busy=node.generating)
     try:
         if importing:  # before the API answers: a model list read at once waits for it
             node.prepare_in_background(DEFAULT_MODEL_ID, "importing the default model",
                                        lambda: _default_model(mdir))
-        await _listen(runner, cfg.host, cfg.port, "API")
-        await _listen(runner, cfg.cluster_host, cport, "cluster port")
+        await listen(cfg.host, cfg.port, user_tls, USER_LIMITS, "API")
+        await listen_cluster(cluster_hosts(cfg.cluster_host, me))
+        if cfg.cluster_host == "auto":  # an interface that comes up later (a cable)
+            node.keep(asyncio.create_task(_rescan(listen_cluster, me)))
         await peers.start()
         cluster.facts = facts
         await facts.start()
         if cfg.mdns:
             await asyncio.to_thread(start_discovery)
-        log.info("node serving http://%s:%d/v1, cluster port %s:%d (home %s)", cfg.host,
-                 cfg.port, cfg.cluster_host, cport, home)
+        log.info("node serving %s://%s:%d/v1, cluster port %s on %s (home %s)",
+                 "https" if user_tls else "http", cfg.host, cfg.port, cport,
+                 ", ".join(x.host for x in listeners[1:]), home)
         stop: asyncio.Event = app["stop"]
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if default and not importing:
@@ -210,6 +242,8 @@ async def run_node(cfg: NodeConfig) -> None:
         await facts.close()
         await node.close()
         await peers.close()
+        for x in listeners:
+            x.close()
         await runner.cleanup()
 
 
@@ -228,10 +262,58 @@ def _default_cluster_port(host: str, wanted: int) -> int:
     return port
 
 
+def more_descriptors(want: int = 8192) -> None:
+    """Raise this process's open-file limit toward its hard limit (macOS starts apps at
+    256): the connection limits above need room beside the workers' pipes and files."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cap = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if soft < cap:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (cap, hard))
+    except (ImportError, ValueError, OSError) as e:  # not fatal: the limits still hold
+        log.info("the open-file limit stays as it is: %s", e)
+
+
+def cluster_hosts(setting: str, me: str) -> list[str]:
+    """Where the cluster port listens: the addresses given (comma-separated), or for
+    "auto" every address of this machine that isn't on the internet (private, link-local
+    such as a Thunderbolt bridge's, loopback, carrier-grade NAT as VPNs use) and the one
+    this node announces; never a public address it wasn't told to use."""
+    if setting != "auto":
+        return [h.strip() for h in setting.split(",") if h.strip()]
+    import ipaddress
+    out = ["127.0.0.1"]
+    try:
+        import ifaddr  # zeroconf's own dependency
+        adapters = ifaddr.get_adapters()
+    except Exception as e:  # noqa: BLE001 - an odd interface list is not fatal
+        log.warning("can't list this machine's interfaces (%s); the cluster port listens "
+                    "on %s only", e, me)
+        adapters = []
+    for a in adapters:
+        for ip in a.ips:
+            if isinstance(ip.ip, str) and not ipaddress.ip_address(ip.ip).is_global:
+                out.append(ip.ip)
+    if me not in out:
+        out.append(me)
+    return list(dict.fromkeys(out))
+
+
+async def _rescan(listen_cluster: Any, me: str) -> None:
+    while True:
+        await asyncio.sleep(RESCAN_S)
+        try:
+            await listen_cluster(await asyncio.to_thread(cluster_hosts, "auto", me))
+        except ShoalError as e:
+            log.warning("%s", e.message)
+
+
 def _advertised(host: str, interfaces: list[str]) -> str:
     """The address other nodes reach this one at (for MLX's ring and the doorbells)."""
-    if host not in ("0.0.0.0", "::", ""):
-        return "127.0.0.1" if host == "localhost" else host
+    if host not in ("0.0.0.0", "::", "", "auto"):
+        first = host.split(",")[0].strip()
+        return "127.0.0.1" if first == "localhost" else first
     if interfaces:
         return interfaces[0]
     try:  # the address of the interface that holds the default route

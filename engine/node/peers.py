@@ -1,20 +1,24 @@
-"""Known peers: addresses typed once (--peer) and remembered, polled every few seconds so a
-node that vanishes is noticed. Discovery and authentication come on top of this."""
+"""Known peers: addresses typed once (--peer), remembered, or heard over mDNS, polled every
+few seconds so a node that vanishes is noticed, and trusted only while each answer proves
+it holds the cluster secret."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
-from engine.cluster.auth import NotInCluster, sign
+from engine.cluster.auth import HELLO, NotInCluster, check_answer, check_body, sign
 from engine.errors import PeerUnreachable, ShoalError
 from engine.records import NodeInfo, PeerInfo, PeerLink
 
@@ -22,6 +26,8 @@ log = logging.getLogger(__name__)
 POLL_S = 2.0
 LINK_PROBE_S = 60.0  # re-measure each link this often
 PROBE_BYTES = 4 * 2**20
+MAX_ANSWER = 16 * 2**20  # the most a peer's JSON answer may hold
+CONNECTIONS, CONNECTIONS_PER_PEER = 256, 32  # open to peers at once (relayed streams too)
 
 
 def _major_minor(v: Any) -> tuple[str, ...]:
@@ -43,21 +49,21 @@ def incompatibility(info: NodeInfo) -> str | None:
     return None
 
 
-def normalize(addr: str) -> str:
-    """'host:port' or a URL → 'http://host:port'."""
+def normalize(addr: str, scheme: str = "https") -> str:
+    """'host:port' or a URL → 'SCHEME://host:port' (a node's cluster port speaks one)."""
     addr = addr.strip().rstrip("/")
-    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+    return f"{scheme}://{addr.split('://', 1)[-1]}"
 
 
 @dataclass(frozen=True)
 class Peer:
     url: str
     discovered: bool = False  # heard over mDNS (not remembered across restarts)
-    id: str | None = None
+    id: str | None = None  # as its signed answers say (never what mDNS or a stranger claims)
     name: str | None = None
     version: str | None = None
     reachable: bool = False
-    trusted: bool = False  # answers with our cluster secret
+    trusted: bool = False  # its answers prove it holds our cluster secret
     last_seen: float = 0.0
     error: str | None = None
     info: NodeInfo | None = None  # what it last said of itself (trusted peers only)
@@ -73,10 +79,16 @@ class Peer:
 
 
 class Peers:
+    """The peers this node knows, and the one way it talks to them: over TLS pinned to the
+    cluster's certificate (engine/cluster/tls.py), each request signed for the peer it
+    goes to and each answer checked for the cluster's signature (engine/cluster/auth.py).
+    A peer is trusted only while its answers prove it holds the secret."""
+
     def __init__(self, home: Path, addresses: list[str], secret: str = "",
-                 node_id: str = ""):
+                 node_id: str = "", tls: bool = True):
         self.secret = secret
         self.node_id = node_id
+        self.scheme = "https" if tls else "http"
         self.self_url = ""
         self.on_same_id: Any = None
         self._probing: set[str] = set()
@@ -84,10 +96,15 @@ class Peers:
         self._file = home / "peers.json"
         self._peers: dict[str, Peer] = {}
         for a in self._remembered() + addresses:
-            self._peers.setdefault(normalize(a), Peer(normalize(a)))
+            url = self.url_of(a)
+            self._peers.setdefault(url, Peer(url))
         self._save()
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
+
+    def url_of(self, addr: str) -> str:
+        """'host:port' or a URL → this cluster's URL for it (https unless TLS is off)."""
+        return normalize(addr, self.scheme)
 
     def _remembered(self) -> list[str]:
         try:
@@ -106,22 +123,22 @@ class Peers:
         os.replace(tmp, self._file)
 
     def add(self, addr: str) -> Peer:
-        url = normalize(addr)
+        url = self.url_of(addr)
         if url not in self._peers or self._peers[url].discovered:
             self._peers[url] = replace(self._peers.get(url) or Peer(url), discovered=False)
             self._save()
+            if self._session is not None:
+                asyncio.get_running_loop().create_task(self._poll(url))
         return self._peers[url]
 
     def add_discovered(self, url: str, node_id: str = "") -> None:
-        """A node heard over mDNS; thread-safe (zeroconf calls from its own thread)."""
+        """A node heard over mDNS; thread-safe (zeroconf calls from its own thread). What
+        it announces proves nothing: it is polled like any address, and trusted only once
+        its answers prove it holds the secret."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._add_discovered, normalize(url), node_id)
+            self._loop.call_soon_threadsafe(self._add_discovered, self.url_of(url))
 
-    def _add_discovered(self, url: str, node_id: str = "") -> None:
-        # A known node back at another address replaces its old entry (no ghost).
-        for old in [p for p in self._peers.values() if node_id and p.id == node_id
-                    and p.url != url and p.discovered]:
-            del self._peers[old.url]
+    def _add_discovered(self, url: str) -> None:
         if url not in self._peers and url != self.self_url:
             log.info("discovered node %s", url)
             self._peers[url] = Peer(url, discovered=True)
@@ -134,22 +151,18 @@ class Peers:
     def find(self, ref: str) -> Peer | None:
         """A peer by id, name or address."""
         for p in self._peers.values():
-            if ref in (p.id, p.name, p.url) or normalize(ref) == p.url:
+            if ref in (p.id, p.name, p.url) or self.url_of(ref) == p.url:
                 return p
         return None
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise PeerUnreachable("the node is not running")
-        return self._session
-
-    def sign(self, method: str, path: str, body: bytes = b"") -> dict[str, str]:
-        return sign(self.secret, self.node_id, method, path, body) if self.secret else {}
-
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._session = aiohttp.ClientSession()
+        ssl_ctx: Any = False
+        if self.scheme == "https":
+            from engine.cluster.tls import client_context
+            ssl_ctx = await asyncio.to_thread(client_context, self.secret)
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+            ssl=ssl_ctx, limit=CONNECTIONS, limit_per_host=CONNECTIONS_PER_PEER))
         self._task = asyncio.create_task(self._poll_forever())
 
     async def close(self) -> None:
@@ -164,8 +177,15 @@ class Peers:
             await asyncio.sleep(POLL_S)
 
     async def _poll(self, url: str) -> None:
-        peer = self._peers[url]
+        peer = self._peers.get(url)
+        if peer is None:
+            return
         try:
+            if peer.id is None:  # first contact: learn (and prove) its id
+                hello = await self.call(url, "GET", HELLO, timeout=POLL_S)
+                if not isinstance(hello, dict) or not isinstance(hello.get("id"), str):
+                    raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
+                peer = self._peers[url] = replace(peer, id=hello["id"])
             raw = await self.call(url, "GET", "/shoal/node", timeout=POLL_S)
             if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
                 raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
@@ -174,27 +194,39 @@ class Peers:
             except (TypeError, ValueError) as e:
                 raise PeerUnreachable(f"{url} described itself in a shape this node "
                                       f"can't read ({e}); update both nodes") from None
+            if info.id != peer.id:
+                raise NotInCluster(f"{url} described itself as node {info.id}, but "
+                                   f"signed as {peer.id}.")
             if info.id == self.node_id and self.on_same_id is not None:
                 self.on_same_id(url)  # a copied state folder: one side must change
                 return
             first = not peer.trusted
-            self._peers[url] = replace(peer, id=info.id, name=info.name,
-                                       version=info.version, reachable=True,
-                                       trusted=True, last_seen=time.monotonic(), error=None,
-                                       info=info, warning=incompatibility(info))
+            self._peers[url] = replace(peer, name=info.name, version=info.version,
+                                       reachable=True, trusted=True,
+                                       last_seen=time.monotonic(), error=None, info=info,
+                                       warning=incompatibility(info))
+            self._drop_moved(url, info.id)
             if first or time.monotonic() - (peer.link.at or 0) > LINK_PROBE_S:
                 self._probe_later(url)
         except NotInCluster as e:
             if peer.trusted or peer.error is None:
                 log.warning("peer %s is not in this cluster: %s", url, e.message)
+            # an id refused as another node's is learned again next time
             self._peers[url] = replace(peer, reachable=True, trusted=False, info=None,
                                        last_seen=time.monotonic(),
+                                       id=None if e.code == "wrong_node" else peer.id,
                                        error=f"not in this cluster: {e.message}")
         except ShoalError as e:
             if peer.reachable:
                 log.warning("peer %s is unreachable: %s", url, e.message)
             self._peers[url] = replace(peer, reachable=False, trusted=False,
                                        error=e.message)
+
+    def _drop_moved(self, url: str, node_id: str) -> None:
+        """A discovered node proven at a new address leaves no ghost at its old one."""
+        for old in [p for p in self._peers.values() if p.id == node_id and p.url != url
+                    and p.discovered and not p.reachable]:
+            del self._peers[old.url]
 
     def _probe_later(self, url: str) -> None:
         if url not in self._probing:
@@ -222,45 +254,104 @@ class Peers:
             self._probing.discard(url)
 
     async def _bulk(self, url: str, nbytes: int) -> int:
-        path = f"/shoal/peer/probe?bytes={nbytes}"
-        try:
-            async with self.session.get(url + path, headers=self.sign("GET", path),
-                                        timeout=aiohttp.ClientTimeout(total=30)) as r:
-                if r.status != 200:
-                    raise PeerUnreachable(f"{url} refused the bandwidth probe ({r.status})")
-                got = 0
+        async with self.stream(url, "GET", f"/shoal/peer/probe?bytes={nbytes}",
+                               timeout=aiohttp.ClientTimeout(total=30)) as r:
+            if r.status != 200:
+                raise PeerUnreachable(f"{url} refused the bandwidth probe ({r.status})")
+            got = 0
+            try:
                 async for chunk in r.content.iter_any():
                     got += len(chunk)
-                return got
-        except (TimeoutError, aiohttp.ClientError) as e:
-            raise PeerUnreachable(f"bandwidth probe to {url} failed: {e}") from None
+            except (TimeoutError, aiohttp.ClientError) as e:
+                raise PeerUnreachable(f"bandwidth probe to {url} failed: {e}") from None
+            return got
 
-    async def call(self, url: str, method: str, path: str, json_body: Any = None,
-                   timeout: float = 10.0) -> Any:
-        """One JSON request to a peer. Errors come back as ShoalError; a peer that answers
-        garbage or nothing is PeerUnreachable."""
+    # --- talking to a peer -----------------------------------------------------------------
+    def _signed(self, url: str, method: str, path: str, body: bytes) -> dict[str, str]:
+        """Headers that sign a request for the peer at `url` (for its proven id; only the
+        hello goes out before that is known)."""
+        peer = self._peers.get(url)
+        to = peer.id if peer is not None and peer.id else ""
+        return sign(self.secret, self.node_id, method, path, body, to=to)
+
+    def _check(self, url: str, sent: dict[str, str], r: aiohttp.ClientResponse) -> None:
+        """The answer's signature, bound to `sent` (its nonce) and both ids."""
+        peer = self._peers.get(url)
+        expect = peer.id if peer is not None and peer.id else ""
+        check_answer(self.secret, self.node_id, sent, r.status, r.headers, expect)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, url: str, method: str, path: str, body: bytes = b"",
+                     headers: dict[str, str] | None = None,
+                     timeout: aiohttp.ClientTimeout | None = None
+                     ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A request to a peer whose answer is read as it comes (a relayed stream, a file,
+        the bandwidth probe), once its head proves the cluster's secret. Failing to
+        connect is PeerUnreachable; a peer that can't prove itself is NotInCluster."""
         if self._session is None:
             raise PeerUnreachable("the node is not running")
-        raw = b"" if json_body is None else json.dumps(json_body).encode()
-        headers = {"Content-Type": "application/json",
-                   **self.sign(method, path, raw)}
+        sent = self._signed(url, method, path, body)
         try:
-            async with self._session.request(method, url + path, data=raw or None,
-                                             headers=headers,
-                                             timeout=aiohttp.ClientTimeout(total=timeout)
-                                             ) as r:
-                body = await r.read()
-                data = json.loads(body) if body else None
-                if r.status >= 400:
-                    err = data if isinstance(data, dict) else {}
-                    if (err.get("error") or {}).get("code") == NotInCluster.code:
-                        raise NotInCluster((err["error"].get("message") or "") +
-                                           f" ({url})")
-                    raise ShoalError.from_openai(err, r.status)
-                return data
-        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            async with self._session.request(
+                    method, URL(url + path, encoded=True), data=body or None,
+                    headers={**(headers or {}), **sent},
+                    timeout=timeout or aiohttp.ClientTimeout(total=None, sock_connect=10)
+                    ) as r:
+                self._check(url, sent, r)
+                yield r
+        except aiohttp.ClientConnectorCertificateError:
+            raise NotInCluster(f"{url} showed a certificate that isn't this cluster's: it "
+                               "holds another cluster secret (or isn't a Shoal node)."
+                               ) from None
+        except aiohttp.ClientSSLError as e:
+            raise NotInCluster(f"{url} doesn't speak this cluster's TLS ({e}): an older "
+                               "Shoal, or not a Shoal node.") from None
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise PeerUnreachable(f"The node at {url} did not answer {path}: "
                                   f"{e or type(e).__name__}") from None
+
+    async def call(self, url: str, method: str, path: str, json_body: Any = None,
+                   timeout: float = 10.0, max_bytes: int = MAX_ANSWER) -> Any:
+        """One JSON request to a peer, its answer read up to `max_bytes`. Errors come back
+        as ShoalError; a peer that answers garbage or nothing is PeerUnreachable, one that
+        can't prove it holds the secret NotInCluster."""
+        raw = b"" if json_body is None else json.dumps(json_body).encode()
+        async with self.stream(url, method, path, raw,
+                               {"Content-Type": "application/json"},
+                               aiohttp.ClientTimeout(total=timeout)) as r:
+            body = await _read_bounded(r, max_bytes, url, path)
+            check_body(r.headers, body)
+            try:
+                data = json.loads(body) if body else None
+            except ValueError:
+                raise PeerUnreachable(f"{url} answered {path} with something that isn't "
+                                      "JSON") from None
+            if r.status >= 400:
+                err = data if isinstance(data, dict) else {}
+                got = err.get("error")
+                detail: dict[str, Any] = got if isinstance(got, dict) else {}
+                if detail.get("code") in (NotInCluster.code, "wrong_node"):
+                    raise NotInCluster(f"{detail.get('message') or ''} ({url})",
+                                       code=detail.get("code"))
+                raise ShoalError.from_openai(err, r.status)
+            return data
+
+
+async def _read_bounded(r: aiohttp.ClientResponse, limit: int, url: str, path: str) -> bytes:
+    """The whole answer, refused past `limit` bytes (a peer can't fill this node's memory)."""
+    too_big = PeerUnreachable(f"{url} answered {path} with more than {limit} bytes")
+    if (r.content_length or 0) > limit:
+        raise too_big
+    out = bytearray()
+    try:
+        async for chunk in r.content.iter_chunked(1 << 16):
+            out += chunk
+            if len(out) > limit:
+                raise too_big
+    except (TimeoutError, aiohttp.ClientError) as e:
+        raise PeerUnreachable(f"{url} stopped answering {path}: {e or type(e).__name__}"
+                              ) from None
+    return bytes(out)
 
 
 def link_type(url: str) -> str:

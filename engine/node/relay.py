@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from engine.cluster.auth import NotInCluster
 from engine.errors import PeerUnreachable, ShoalError
 
 RELAY_CHECK_S = 1.0  # how often a relayed answer checks that its owner is still reachable
@@ -28,8 +29,9 @@ async def relay(request: web.Request, cluster: Any, model: str,
             return None
         # This node holds (or held, until a failure) a rank of the model's instance: its
         # owner answers, or says why not; never a second, local copy of the model.
-        owner, peer = held.owner_url, peers.find(held.owner_url)
-        if peer is None or not peer.reachable:
+        owner = cluster.followers.owner(held)
+        peer = peers.find(owner)
+        if peer is None or not peer.trusted:
             raise PeerUnreachable(
                 f"{model} runs here as a rank of a distributed instance whose owner "
                 f"({owner}) can't be reached. Launch it again once the nodes can reach "
@@ -39,11 +41,8 @@ async def relay(request: web.Request, cluster: Any, model: str,
 
     async def forward() -> None:
         nonlocal resp
-        async with peers.session.post(
-                owner + request.path, data=raw,
-                headers={"Content-Type": "application/json",
-                         **peers.sign("POST", request.path, raw)},
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as up:
+        async with peers.stream(owner, "POST", request.path, raw,
+                                {"Content-Type": "application/json"}) as up:
             resp = web.StreamResponse(status=up.status, headers={
                 "Content-Type": up.headers.get("Content-Type", "application/json")})
             await resp.prepare(request)
@@ -74,6 +73,9 @@ async def relay(request: web.Request, cluster: Any, model: str,
     except aiohttp.ClientError as e:
         raise PeerUnreachable(f"The node serving this model ({owner}) did not answer: "
                               f"{e}") from None
+    except NotInCluster as e:  # its answer didn't prove the secret: nothing of it passes
+        raise PeerUnreachable(f"The node serving this model ({owner}) could not prove it "
+                              f"is in this cluster: {e.message}") from None
     finally:
         task.cancel()
 

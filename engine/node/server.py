@@ -19,6 +19,7 @@ from engine.api.backend import BACKEND
 from engine.api.common import MAX_BODY_MB, too_large
 from engine.api.routes import error_body
 from engine.api.routes import routes as api_routes
+from engine.cluster.auth import NotInCluster
 from engine.errors import BadRequest, ShoalError, Unauthorized
 from engine.node.backend import NodeBackend
 from engine.node.incoming import json_object, require_local
@@ -27,6 +28,7 @@ from engine.node.service import Node
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BODY_READ_S = 60.0  # the most a request's body may take to arrive
 routes = web.RouteTableDef()
 
 
@@ -85,14 +87,27 @@ def refused(request: web.Request, status: int, reason: str, param: str | None) -
             reason[:300], client)
 
 
-def body_limit(max_body: int) -> Any:
+class BodyTimeout(BadRequest):
+    status = 408
+    code = "request_timeout"
+
+
+def body_limit(max_body: int, read_s: float = BODY_READ_S) -> Any:
     """Refuse a body whose Content-Length is over the limit before reading any of it
-    (a chunked one is stopped by aiohttp's client_max_size as it is read)."""
+    (a chunked one is stopped by aiohttp's client_max_size as it is read), and one that
+    takes longer than `read_s` to arrive (a client that trickles bytes holds a
+    connection); what is read is kept for the handler."""
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         size = request.content_length
         if size is not None and size > max_body:
             raise too_large(max_body, size)
+        if request.body_exists:
+            try:
+                await asyncio.wait_for(request.read(), read_s)
+            except TimeoutError:
+                raise BodyTimeout(f"The request body took longer than {read_s:.0f} s to "
+                                  "arrive; send it again on a faster link.") from None
         return await handler(request)
     return check
 
@@ -102,20 +117,29 @@ def is_peer_route(path: str) -> bool:
     return path == "/shoal/node" or path.startswith("/shoal/peer/")
 
 
+def on_cluster_port(request: web.Request, cluster_port: int) -> bool:
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    return bool(cluster_port and sock and sock[1] == cluster_port)
+
+
 def auth(api_key: str | None, verifier: Any = None, cluster_port: int = 0) -> Any:
+    """The cluster port serves only requests signed for this node by a member (and signs
+    its answers, sign_answers); the user API wants the API key where one is set, and
+    never serves the peer routes."""
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
+        if verifier is not None and on_cluster_port(request, cluster_port):
+            # raises NotInCluster: unsigned, another secret, stale, replayed, not for us
+            request["caller"] = verifier.verify(request.method, request.path_qs,
+                                                request.headers, await request.read())
+            return await handler(request)
         if path == "/health":
             return await handler(request)
-        signed = "X-Shoal-Signature" in request.headers
-        sock = request.transport.get_extra_info("sockname") if request.transport else None
-        on_cluster_port = bool(cluster_port and sock and sock[1] == cluster_port)
-        if verifier is not None and (signed or is_peer_route(path) or on_cluster_port):
-            # raises NotInCluster: unsigned, another secret, stale or replayed
-            verifier.verify(request.method, request.path_qs, dict(request.headers),
-                            await request.read())
-        elif api_key and not (request.method == "HEAD" and path == "/"):
+        if is_peer_route(path):
+            raise NotInCluster("Only other nodes of this cluster call this route, on the "
+                               "cluster port.")
+        if api_key and not (request.method == "HEAD" and path == "/"):
             # Bearer for OpenAI/Ollama clients, x-api-key for Anthropic's
             given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() \
                 or request.headers.get("x-api-key", "").strip()
@@ -124,6 +148,24 @@ def auth(api_key: str | None, verifier: Any = None, cluster_port: int = 0) -> An
                                    "'Authorization: Bearer <key>' (or 'x-api-key: <key>').")
         return await handler(request)
     return check
+
+
+def sign_answers(verifier: Any) -> Callable[[web.Request, web.StreamResponse],
+                                             Awaitable[None]]:
+    """An on_response_prepare hook: every answer to a member's request is signed, bound to
+    that request (engine/cluster/auth.py); a whole body's hash is in the signature, a
+    streamed one's integrity is TLS's."""
+    async def hook(request: web.Request, response: web.StreamResponse) -> None:
+        caller = request.get("caller")
+        if caller is None or verifier is None:
+            return
+        body: bytes | None = None  # streamed (a file, a relayed answer, the probe)
+        if isinstance(response, web.Response):
+            whole = response.body
+            body = b"" if whole is None else bytes(whole) \
+                if isinstance(whole, bytes | bytearray) else None
+        response.headers.update(verifier.answer_headers(caller, response.status, body))
+    return hook
 
 
 def _node(request: web.Request) -> Node:
@@ -217,6 +259,7 @@ def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
         cors.middleware(origins), auth(api_key, verifier, cluster_port)],
         client_max_size=max_body)
     app.on_response_prepare.append(cors.add_headers(origins))
+    app.on_response_prepare.append(sign_answers(verifier))
     app["max_body"] = max_body
     app["node"] = node
     app[BACKEND] = NodeBackend(node, cluster)

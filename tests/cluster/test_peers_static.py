@@ -1,5 +1,6 @@
-"""Peers typed once: remembered across restarts; a peer that answers garbage or nothing is
-shown as unreachable with the reason, never a crash; the user API needs a key off loopback."""
+"""Peers typed once: remembered across restarts; a peer that answers garbage is shown as not
+in this cluster, one that answers nothing as unreachable, with the reason, never a crash;
+the user API needs a key off loopback."""
 
 from __future__ import annotations
 
@@ -39,9 +40,12 @@ def test_peers_are_remembered_and_bad_peers_are_shown_unreachable(tmp_path):
             return {p["url"]: p for p in node.client._call("GET", "/shoal/peers")}
         wait_until(lambda: all(p["error"] for p in peers().values()), 15)
         for p in peers().values():
-            assert not p["reachable"] and not p["trusted"] and p["error"]
-        assert "not as a Shoal node" in peers()[f"http://{g}"]["error"] or \
-            "did not answer" in peers()[f"http://{g}"]["error"]
+            assert not p["trusted"] and p["error"]
+        for a in (s, nothing):
+            assert not peers()[f"https://{a}"]["reachable"]
+        # the garbage server answers, but not over the cluster's TLS: not a member
+        assert "not in this cluster" in peers()[f"https://{g}"]["error"]
+        assert "not a Shoal node" in peers()[f"https://{g}"]["error"]
         assert node.client.health().ok  # still serving
     finally:
         node.stop()
@@ -49,7 +53,7 @@ def test_peers_are_remembered_and_bad_peers_are_shown_unreachable(tmp_path):
     again = NodeProcess(tmp_path / "home", "none").wait_healthy()
     try:
         assert set(p["url"] for p in again.client._call("GET", "/shoal/peers")) == \
-            {f"http://{a}" for a in (g, s, nothing)}
+            {f"https://{a}" for a in (g, s, nothing)}
     finally:
         again.stop()
         garbage.shutdown()

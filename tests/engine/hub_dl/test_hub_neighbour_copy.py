@@ -12,9 +12,9 @@ import httpx
 import pytest
 from hub_models import BIG, SHARDED
 
-from engine.cluster.auth import sign
 from engine.hub.download import pull, repo_dir
 from engine.records import DownloadInfo
+from members import Member
 from nodes import NodeProcess, free_port
 from tests_support import wait_until
 
@@ -87,16 +87,16 @@ def test_the_peer_file_routes_need_the_cluster_secret_and_answer_ranges(hub, two
     nodes, _ = two_nodes
     commit = hub.repos[SHARDED].commit
     path = f"/shoal/peer/files/{SHARDED}/{commit}/config.json"
-    with httpx.Client(base_url=nodes[0].url) as c:
+    with httpx.Client(base_url=nodes[0].url) as c:  # the user API never serves them
         assert c.get(path).status_code == 401
         assert c.get("/shoal/peer/files-index").status_code == 401
-        r = c.get(path, headers={**sign(SECRET, "test", "GET", path), "Range": "bytes=10-"})
+    with Member(nodes[0].cluster_url, SECRET) as m:
+        r = m.send("GET", path, headers={**m.signed("GET", path), "Range": "bytes=10-"})
         data = hub.repos[SHARDED].files["config.json"].source.read_bytes()
         assert r.status_code == 206 and r.content == data[10:]
         bad = f"/shoal/peer/files/{SHARDED}/{commit}/..%2F..%2Frefs%2Fmain"
-        assert c.get(bad, headers=sign(SECRET, "test", "GET", bad)).status_code in (400, 404)
-        idx = "/shoal/peer/files-index"
-        listed = c.get(idx, headers=sign(SECRET, "test", "GET", idx)).json()
+        assert m.send("GET", bad).status_code in (400, 404)
+        listed = m.call("GET", "/shoal/peer/files-index").json()
     assert listed[0]["repo"] == SHARDED and listed[0]["revision"] == commit
     assert {f["path"] for f in listed[0]["files"]} == set(hub.repos[SHARDED].files)
 
