@@ -23,8 +23,22 @@ async def json_object(request: web.Request, usage: str | None = None,
     return body
 
 
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-IP",
+                 "X-Forwarded-Proto", "Via")
+
+
 def require_local(request: web.Request, doing: str) -> None:
-    """Unauthorized unless the client runs on this machine (a Unix socket counts)."""
-    peer = request.remote or ""
+    """Unauthorized unless the client runs on this machine: the socket's own peer (a Unix
+    socket counts; never what a header claims), and no sign of a proxy, since behind a
+    reverse proxy on this machine every client's socket is local."""
+    peer = ""
+    if request.transport is not None:
+        name = request.transport.get_extra_info("peername")
+        peer = str(name[0]) if isinstance(name, tuple | list) and name else ""
     if peer and not is_loopback(peer):
         raise Unauthorized(f"Only a client on this machine can {doing}.")
+    through = [h for h in PROXY_HEADERS if h in request.headers]
+    if through:
+        raise Unauthorized(f"Only a client on this machine can {doing}, and this request "
+                           f"came through a proxy ({through[0]} header): use the app or "
+                           "the shoal CLI on this machine itself.")
