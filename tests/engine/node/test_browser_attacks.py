@@ -150,3 +150,17 @@ def test_names_of_a_node_on_every_interface():
             "host.docker.internal"} <= everywhere  # and the address a request came in on
     assert "evil.example" not in everywhere
     assert host_names("192.168.1.5", []) == {"localhost", "127.0.0.1", "::1", "192.168.1.5"}
+
+
+@pytest.mark.parametrize("header", [{"X-Forwarded-For": "203.0.113.9"},
+                                    {"Forwarded": "for=203.0.113.9;proto=https"},
+                                    {"X-Real-IP": "203.0.113.9"}, {"Via": "1.1 caddy"}])
+def test_loopback_routes_refuse_what_came_through_a_proxy(node, header):
+    """A reverse proxy on this machine connects from 127.0.0.1 for every client: what it
+    forwards (Caddy adds X-Forwarded-For and Via itself; nginx as configured) may not
+    shut the node down or read the cluster secret. Without the headers it may."""
+    for path in ("/shoal/shutdown", "/shoal/settings/secret"):
+        r = httpx.post(node.url + path, json={}, headers=header)
+        assert "came through a proxy" in refused(r, 401)
+    assert alive(node)
+    assert httpx.post(node.url + "/shoal/settings/secret", json={}).status_code == 200
