@@ -8,6 +8,7 @@ launch, and its error names the node it came from."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -52,7 +53,8 @@ async def start_ranks(node: Node, peers: Peers, host: str, inst: Instance, path:
         # the prefix cache budget every rank shares (the planner counts it)
         prefix_cache_tokens=default_budget(context), lanes=inst.lanes,
         kv_bits=inst.kv_bits,
-        context_limit=node.model_settings.context_limit(inst.model))
+        context_limit=node.model_settings.context_limit(inst.model),
+        token=secrets.token_hex(16))
     owner = peers.url_of(f"{host}:{node.port}")
 
     async def follower(i: int, r: Rank) -> None:

@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from engine.api.openai_schemas import Strict
 from engine.cluster.probes import PlatformReport
+from engine.cluster.secret import write_private
 from engine.cluster_records import RankPorts
 from engine.errors import BadRequest, InsufficientMemory
 from engine.node.peers import Peers
@@ -261,7 +262,7 @@ def write_config(home: Path, inst_id: str, cfg: DistConfig) -> Path:
     folder = home / "instances" / check_instance_id(inst_id)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank{cfg.rank}.json"
-    path.write_text(json.dumps(cfg.to_json(), indent=1))
+    write_private(path, json.dumps(cfg.to_json(), indent=1))  # it holds the group's token
     return path
 
 

@@ -58,6 +58,9 @@ class DistConfig:
     lanes: int = 1  # micro-batches a batching pipeline keeps in flight (group_batch.py)
     kv_bits: int | None = None  # quantized KV on every rank (8 or 4; None: 16 bits)
     context_limit: int | None = None  # the user's limit below the model's context
+    # a random token the owner gives its ranks (over the cluster's TLS): a doorbell
+    # connection that doesn't show it isn't from the group
+    token: str = ""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DistConfig:
@@ -73,6 +76,7 @@ class DistConfig:
             lanes = int(d.get("lanes", 1))
             kv_bits = None if d.get("kv_bits") is None else int(d["kv_bits"])
             limit = None if d.get("context_limit") is None else int(d["context_limit"])
+            token = str(d.get("token") or "")
         except (KeyError, TypeError, ValueError) as e:
             raise BadDistConfig(f"The distributed config is incomplete or malformed ({e}).") from e
         if world < 2 or not 0 <= rank < world:
@@ -99,7 +103,7 @@ class DistConfig:
                                 f"most), and 1 for tensor; not {lanes}.")
         return cls(rank, world, backend, hosts, bells, strategy, layers, timeout,
                    devices, d.get("coordinator"), max(0, prefix_tokens), lanes, kv_bits,
-                   limit if limit and limit > 0 else None)
+                   limit if limit and limit > 0 else None, token)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON the node writes (and from_json reads back)."""
@@ -130,9 +134,10 @@ class DistConfig:
 
     @property
     def group_id(self) -> bytes:
-        """Same on every rank of one group, different between groups (checked at connect)."""
+        """Same on every rank of one group, different between groups, and unknown outside
+        it (the token): checked at connect."""
         return hashlib.sha256(json.dumps([self.hosts, self.bells, self.strategy,
-                                          self.layers]).encode()).digest()[:16]
+                                          self.layers, self.token]).encode()).digest()[:16]
 
 
 def check_layer_ranges(layers: tuple[tuple[int, int], ...], world: int,

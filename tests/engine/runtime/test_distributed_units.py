@@ -254,3 +254,37 @@ def test_a_doorbell_whose_neighbour_never_comes_gives_up_at_its_timeout():
     assert 1.9 < took < 4, took
     assert "rank 1" in e.value.message and theirs in e.value.message
     assert "within 2 s" in e.value.message
+
+
+def test_a_doorbell_admits_only_a_rank_of_its_own_group():
+    """Anyone on the network can connect to a rank's doorbell port. One who knows the
+    group's addresses, layers and ports but not the token its owner handed out over the
+    cluster's TLS is turned away ('X'); the real predecessor still gets in."""
+    import socket
+    import time
+
+    from engine.errors import PeerUnreachable
+    from engine.runtime.doorbell import Doorbell
+
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        bells = [f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b)]
+    shape = {**CONFIG, "world": 2, "hosts": CONFIG["hosts"][:2], "layers": [[0, 3], [3, 6]],
+             "timeout_s": 10, "bells": bells, "token": "f00d" * 8}
+    cfgs = [DistConfig.from_json({**shape, "rank": r}) for r in (0, 1)]
+    guess = DistConfig.from_json({**shape, "rank": 0, "token": ""})
+    assert guess.group_id != cfgs[0].group_id
+    bells_open = [Doorbell(c, on_lost=lambda *a: None, on_quit=lambda p: None)
+                  for c in cfgs]
+    t = threading.Thread(target=bells_open[1].open, daemon=True)
+    t.start()
+    stranger = Doorbell(guess, on_lost=lambda *a: None, on_quit=lambda p: None)
+    with pytest.raises(PeerUnreachable) as refused:
+        stranger._connect(time.monotonic() + 1.5)
+    assert "another group" in refused.value.message, refused.value.message
+    bells_open[0].open()  # the real rank 0 rings rank 1, and rank 1 rings it back
+    t.join(10)
+    assert not t.is_alive()
+    for bell in bells_open:
+        bell.quit()
