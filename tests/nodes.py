@@ -46,11 +46,12 @@ class NodeProcess:
         extra = _secret_to_env(extra, env)
         # In a network namespace `ip netns exec` execs the node: the pid is still the node's.
         prefix = ["ip", "netns", "exec", netns] if netns else []
-        key = ["--api-key", api_key] if api_key else []  # off loopback the API needs one
+        if api_key:  # off loopback the API needs one; by environment, as the app gives it
+            env["SHOAL_API_KEY"] = api_key
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "engine.cli", "node", "--host", ip,
              "--port", str(self.port), "--home", str(home), "--model", model,
-             "--cluster-host", ip, "--cluster-port", str(self.cluster_port), *key, *extra],
+             "--cluster-host", ip, "--cluster-port", str(self.cluster_port), *extra],
             cwd=ROOT, stdout=self._logf, stderr=subprocess.STDOUT, env=env,
             start_new_session=True)
         from engine.client import NodeClient

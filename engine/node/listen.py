@@ -61,6 +61,13 @@ class _Conn:
             self.sock.close()
 
 
+def _close_if_cancelled(sock: socket.socket) -> Callable[[asyncio.Task], None]:
+    def done(task: asyncio.Task) -> None:
+        if task.cancelled():
+            sock.close()
+    return done
+
+
 class Listener:
     """One listening address of one aiohttp server (`factory`, the runner's server),
     with `limits` on its connections and TLS where `ssl_ctx` is given."""
@@ -131,7 +138,7 @@ class Listener:
             self._conns.append(conn)
             conn.task = asyncio.create_task(self._serve(conn))
             # cancelled before it ran (evicted in the same burst), it never saw the socket
-            conn.task.add_done_callback(lambda t, s=sock: t.cancelled() and s.close())
+            conn.task.add_done_callback(_close_if_cancelled(sock))
 
     def _from(self, client: str) -> int:
         return sum(1 for c in self._conns if c.client == client)
