@@ -3,7 +3,8 @@ failed launch names the node and why, with the log one click away.
 
 Progress comes from the snapshots ClusterState already polls (polled faster while a
 launch runs): this node's runner reports layers loaded / total, the other nodes report
-their rank's state.
+their rank's state. Above the buttons, where the placement's machines share an Ethernet
+or Wi-Fi network, a note says what crosses it unencrypted (app/link_privacy.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.cluster_state import TOPOLOGY_EVERY_S, ClusterState
 from app.common import message_of
+from app.link_privacy import NOTE, detail, shared_links
 from app.logs import LogDialog
 from app.tasks import Tasks
 from engine.client import NodeClient
@@ -119,6 +121,18 @@ class LaunchPanel(QWidget):
         self.log_button = QPushButton("Show log")
         self.log_button.hide()
         self.log_button.clicked.connect(self.show_log)
+        # where the placement's machines share an Ethernet or Wi-Fi link: what crosses it
+        # unencrypted (app/link_privacy.py decides)
+        self.privacy = QLabel(NOTE)
+        self.privacy.setObjectName("linkPrivacy")
+        self.privacy.setWordWrap(True)
+        theme.set_role(self.privacy, "warning")
+        self.privacy_detail = QLabel()
+        self.privacy_detail.setObjectName("linkPrivacyDetail")
+        self.privacy_detail.setWordWrap(True)
+        theme.set_role(self.privacy_detail, "muted")
+        self.privacy.hide()
+        self.privacy_detail.hide()
         self.grid = QGridLayout()
         buttons = QHBoxLayout()
         buttons.addWidget(self.launch_button)
@@ -128,6 +142,8 @@ class LaunchPanel(QWidget):
         buttons.addWidget(self.log_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.privacy)
+        layout.addWidget(self.privacy_detail)
         layout.addLayout(buttons)
         heal = QHBoxLayout()
         heal.addWidget(self.heal_label, 1)
@@ -144,6 +160,7 @@ class LaunchPanel(QWidget):
         self.placement = (model, strategy, backend, ranks or []) if model else None
         self.kv_bits = kv_bits
         self._buttons()
+        self._show_privacy()
 
     def offer_anyway(self, model: str, strategy: str, backend: str,
                      ranks: list[tuple[str, tuple[int, int]]], reason: str,
@@ -153,6 +170,7 @@ class LaunchPanel(QWidget):
         self.placement = (model, strategy, backend, ranks)
         self.kv_bits = kv_bits
         self._buttons()
+        self._show_privacy()
         self.launch_button.setEnabled(False)
         self.force_button.show()
         self._set_headline("", f"{reason} {RISK}", error=True)
@@ -160,6 +178,16 @@ class LaunchPanel(QWidget):
     def _buttons(self) -> None:
         self.launch_button.setEnabled(self.placement is not None and self.launching is None)
         self.stop_button.setEnabled(self.launching is None and self.instance is not None)
+
+    def _show_privacy(self) -> None:
+        """The note, where the placement's machines are joined by a shared link."""
+        links = []
+        if self.placement is not None:
+            _model, _strategy, backend, ranks = self.placement
+            links = shared_links([nid for nid, _ in ranks], self.state.edges(), backend)
+        self.privacy_detail.setText(detail(links, self.state.node_name) if links else "")
+        self.privacy.setVisible(bool(links))
+        self.privacy_detail.setVisible(bool(links))
 
     def _set_headline(self, state: str, text: str, error: bool = False) -> None:
         self.state_text = state
@@ -261,6 +289,7 @@ class LaunchPanel(QWidget):
         self.start()
 
     def _follow(self) -> None:
+        self._show_privacy()  # a link measured, or typed by a cable, since
         self._show_healing()
         own = self.state.own_instance()
         heal, me = self.healing(), self.state.self_id
