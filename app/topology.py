@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.cluster_state import ClusterState
 from app.common import fmt_bytes
+from app.link_privacy import EDGE_HINT, is_private
 from app.snapshots import LinkEdge, MemoryBar, NodeCard
 
 CARD_W, CARD_H = 250.0, 142.0  # CARD_H: the tallest card (with a badge line)
@@ -205,7 +206,9 @@ class EdgeItem(QGraphicsLineItem):
         self.box.setBrush(base)
         self.box.setPen(QPen(pal.color(QPalette.ColorRole.Mid), 1))
         self.label.setBrush(theme.text(pal))
-        self.box.setToolTip("\n".join(edge.extra))  # why a cable carries no RDMA
+        # why a cable carries no RDMA; on a shared network, what crosses it unencrypted
+        hint = () if is_private(edge.type) else (EDGE_HINT,)
+        self.box.setToolTip("\n".join(edge.extra + hint))
         self.label.setText(edge.label)
         r = self.label.boundingRect()
         self.box.setRect(QRectF(-4, -2, r.width() + 8, r.height() + 4))

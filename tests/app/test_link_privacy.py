@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import QPoint, QRect, Qt
 
 from app.cluster_state import ClusterState
-from app.link_privacy import NOTE, detail, is_private, shared_links
+from app.link_privacy import EDGE_HINT, NOTE, detail, is_private, shared_links
 from app.placement import PlacementView
 from app.snapshots import LinkEdge
 from app.tasks import Tasks
@@ -209,6 +209,10 @@ def test_the_note_follows_the_placement_and_the_links(qtbot, views):
     qtbot.waitUntil(lambda: note.isVisible(), timeout=5000)
     assert more.text().startswith("studio and laptop are linked over Wi-Fi, mini and "
                                   "laptop over Wi-Fi. MLX")
+    # the topology's Wi-Fi link says so too, the cable doesn't
+    qtbot.waitUntil(lambda: len(topo.edges) == 3, timeout=5000)
+    assert EDGE_HINT in topo.edges[frozenset("ac")].box.toolTip()
+    assert EDGE_HINT not in topo.edges[frozenset("ab")].box.toolTip()
 
     # Refused for memory, it can still be launched anyway: the note stays.
     planner.refuse = InsufficientMemory("laptop needs 22 GB, has 12 GB")
