@@ -8,8 +8,6 @@ import sys
 import time
 import types
 
-import pytest
-
 from engine.cluster import secret as secret_mod
 from engine.cluster.auth import pairing_code
 from engine.cluster.secret import SecretStore
