@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 LINK_NAMES = {"thunderbolt-rdma": "Thunderbolt RDMA", "thunderbolt-ip": "Thunderbolt IP",
-              "ethernet": "Ethernet", "wifi": "Wi-Fi", "loopback": "Loopback"}
+              "ethernet": "Ethernet", "wifi": "Wi-Fi", "wi-fi": "Wi-Fi",
+              "thunderbolt": "Thunderbolt", "loopback": "Loopback", "network": "Network"}
 
 
 @dataclass(frozen=True)
