@@ -69,7 +69,7 @@ class NsNode:
     def __init__(self, ns: str, ip: str, home: Path):
         self.ns, self.ip, self.home = ns, ip, home
         self.url = f"http://{ip}:8421"
-        self.cluster_url = f"http://{ip}:8422"  # the peers' view of it
+        self.cluster_url = f"https://{ip}:8422"  # the peers' view of it (TLS)
         self.start()
 
     def start(self) -> None:
