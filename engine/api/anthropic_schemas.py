@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from engine import protocol as wire
-from engine.api.openai_schemas import Drafts, Loose, Strict
+from engine.api.openai_schemas import TOP_K_LIMIT, Drafts, Loose, Strict
 from engine.errors import BadRequest
 
 MAX_TOKENS_LIMIT = 1_000_000
@@ -172,7 +172,7 @@ class MessagesRequest(CountTokensRequest, Drafts):
     stop_sequences: list[str] | None = Field(default=None, max_length=16)
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=TOP_K_LIMIT)
 
 
 def _refuse_unrunnable(body: CountTokensRequest) -> None:

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from engine import protocol as wire
 from engine.api.common import tool_arguments
-from engine.api.openai_schemas import Drafts, Loose, Strict
+from engine.api.openai_schemas import TOP_K_LIMIT, Drafts, Loose, Strict
 from engine.errors import BadRequest
 
 
@@ -18,12 +18,12 @@ class Options(Drafts):
     num_predict: int | None = Field(default=None, ge=-2, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=TOP_K_LIMIT)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # Ollama's int
     stop: list[str] | None = Field(default=None, max_length=16)
     num_ctx: int | None = Field(default=None, ge=1)
     # llama.cpp runtime hints: threads, offload and memory mapping here are MLX's own

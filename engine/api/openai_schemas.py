@@ -4,6 +4,7 @@ client may send is either honoured here or listed as harmless (metadata, user, s
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -12,6 +13,10 @@ from engine.errors import BadRequest
 from engine.protocol import Constraint, SamplingRequest
 
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context window: a typo, not a request
+# logit_bias: each key indexes the logits; the worker checks it against the vocabulary
+TOKEN_ID = re.compile(r"[0-9]{1,10}")
+MAX_BIASED = 1024
+TOP_K_LIMIT = 1_000_000  # beyond any vocabulary: keeps every token
 Number = float
 
 
@@ -38,7 +43,7 @@ class Drafts(Strict):
 class SamplingFields(Drafts):
     temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0, le=1_000_000)
+    top_k: int | None = Field(default=None, ge=0, le=TOP_K_LIMIT)
     min_p: Number | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: Number | None = Field(default=None, gt=0.0, le=10.0)
     presence_penalty: Number | None = Field(default=None, ge=-2.0, le=2.0)
@@ -57,9 +62,12 @@ class SamplingFields(Drafts):
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and len(v) > MAX_BIASED:
+            raise ValueError(f"at most {MAX_BIASED} token ids may be biased, got {len(v)}")
         for k, b in (v or {}).items():
-            if not k.isdigit():
-                raise ValueError(f"keys are token ids, got {k!r}")
+            if not TOKEN_ID.fullmatch(k):  # not str.isdigit(): "²" and "٣" are digits too
+                raise ValueError("keys are token ids, whole numbers written in the digits "
+                                 f"0-9 (at most 10), got {k!r}")
             if not -100 <= b <= 100:
                 raise ValueError(f"biases are between -100 and 100, got {b}")
         return v
