@@ -136,13 +136,9 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
     forced = tools is not None and req.tool_choice != "auto"
     constraint: Constraint | None = None
     if req.messages is None:  # a raw prompt: no template, no markers
+        # (a token prompt's ids were checked before: the tokenizer decodes only u32)
         prompt = req.prompt if isinstance(req.prompt, list) else \
             _encode(tokenizer, req.prompt or "", ctx_len)
-        if isinstance(req.prompt, list):  # before decoding: the tokenizer takes only u32
-            vocab = int(getattr(tokenizer, "vocab_size", 0) or 0)
-            if any(not 0 <= t < max(vocab, len(tokenizer)) for t in prompt):
-                raise BadRequest("'prompt' holds token ids outside the vocabulary.",
-                                 param="prompt")
         text = req.prompt if isinstance(req.prompt, str) else tokenizer.decode(prompt)
         if req.suffix is not None:
             prompt = _fill_in_the_middle(tokenizer, prompt, req.suffix)
@@ -271,11 +267,18 @@ def _progress_emitter(rid: str, emit: Callable[[Message], None]
 
 def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int,
         gen: Callable[..., Iterator[Any]], cancel: threading.Event,
-        emit: Callable[[Message], None]) -> None:
-    """Serve one request, emitting Accepted, Delta/ToolCall…, Done (or raising ShoalError)."""
+        emit: Callable[[Message], None], limit: int | None = None) -> None:
+    """Serve one request, emitting Accepted, Delta/ToolCall…, Done (or raising ShoalError).
+    `limit`: one past the largest token id the model takes (engine/runtime/bounds.py);
+    every id the request carries is checked against it before anything indexes with it."""
+    from engine.runtime.bounds import check_prompt, check_request, token_limit
+
     s = req.sampling
+    limit = token_limit(model, tokenizer) if limit is None else limit
+    check_request(req, limit)
     ctx_len = min(ctx_len, s.context_limit or ctx_len)  # Ollama's num_ctx
     prompt, text, splitter, constraint = prepare(tokenizer, req, ctx_len)
+    check_prompt(prompt, limit, req)
     if len(prompt) >= ctx_len:
         raise too_long(str(len(prompt)), ctx_len)
     emit(Accepted(rid, len(prompt), text if req.messages is None else None))

@@ -145,6 +145,7 @@ def token_logprobs(logprobs: Any, token: int, top: int | None) -> LogProbs:
 
     lp = logprobs.reshape(-1)
     chosen = float(lp[token].item())
+    top = min(top, lp.size)  # a vocabulary smaller than k: all of it (kth must be in it)
     if top <= 0:
         return chosen, ()
     ids = mx.argpartition(-lp, kth=top - 1)[:top]

@@ -9,6 +9,7 @@ prints goes to stderr, which the node sends to a log file.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import queue
@@ -93,9 +94,11 @@ def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
     (`concurrent`; the node sends no more at once than the worker said it takes). `gen`
     replaces the one-process generator (rank 0 of a group); `on_request(id, active)` is
     told when each request starts and ends."""
+    from engine.runtime.bounds import token_limit
     from engine.runtime.generate import generate
 
     gen = gen or generate
+    limit = token_limit(model, tokenizer)  # every request's ids are checked against it
     commands: queue.Queue[Message | None] = queue.Queue()
     cancels: dict[str, threading.Event] = {}
     threading.Thread(target=read_commands, args=(commands, cancels), daemon=True).start()
@@ -107,20 +110,24 @@ def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
         if concurrent:
             threading.Thread(target=_serve_one, name=f"request-{cmd.id[:8]}", daemon=True,
                              args=(cmd, model, tokenizer, ctx_len, gen, cancels, emit,
-                                   on_request)).start()
+                                   on_request, limit)).start()
         else:
-            _serve_one(cmd, model, tokenizer, ctx_len, gen, cancels, emit, on_request)
+            _serve_one(cmd, model, tokenizer, ctx_len, gen, cancels, emit, on_request, limit)
 
 
 def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
                gen: Callable[..., Iterator[Any]], cancels: dict[str, threading.Event],
-               emit: Emitter, on_request: Callable[[str, bool], None]) -> None:
+               emit: Emitter, on_request: Callable[[str, bool], None],
+               limit: int | None = None) -> None:
     from engine.runtime.request import run
 
     rid = cmd.id
+    # the node names this id when the worker crashes: a crash's dump in the log sits
+    # after the line of each request it was serving
+    log.info("request %s started", rid)
     try:
         on_request(rid, True)
-        run(rid, cmd.request, model, tokenizer, ctx_len, gen, cancels[rid], emit)
+        run(rid, cmd.request, model, tokenizer, ctx_len, gen, cancels[rid], emit, limit)
     except ShoalError as e:
         emit(Error(rid, e.code, e.message, e.param, e.status))
     except (TypeError, ValueError, KeyError) as e:  # a request the checks let through
@@ -260,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.dist is not None and argv is None:
         _reexec_with_quiet_blas_threads()
+    # a native crash (a segfault, an abort in MLX) leaves every thread's Python stack in
+    # the worker's log (stderr), after the line of the request that was running
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     emit = Emitter(claim_stdout())
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")

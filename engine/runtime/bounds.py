@@ -1,0 +1,105 @@
+"""The token ids a request may carry, checked where the vocabulary is known: in the worker,
+when a request is admitted, before any of its ids indexes an array.
+
+A token id indexes the embedding (a prompt's ids), the logits (logit_bias: mlx-lm adds
+the bias with `logits.at[:, ids]`, unchecked, so an id past the end writes past the
+array or crashes the process) and the tokenizer's tables (decoding). So an id of this
+model is one all three have: 0 <= id < the least of the model's vocabulary and the
+tokenizer's length. Every path (one process, a batch, drafts, a group's rank 0) is
+served through engine.runtime.request.run, which checks here once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from engine.errors import BadRequest
+from engine.protocol import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+
+def model_vocab(model: Any) -> int | None:
+    """How many token ids the model's embedding and head take: its config's vocab_size
+    (mlx-lm builds both with it, and loads their weights strictly), the least where a
+    model holds several (a text model inside another); else its largest embedding's
+    rows; None where neither is found."""
+    import mlx.nn as nn
+
+    sizes: list[int] = []
+    rows: list[int] = []
+    for _, m in model.named_modules():
+        for args in (getattr(m, "args", None), getattr(m, "config", None)):
+            for holder in (args, _get(args, "text_config")):
+                v = _get(holder, "vocab_size")
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    sizes.append(v)
+        if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding)):
+            rows.append(int(m.weight.shape[0]))
+    if sizes:
+        return min(sizes)
+    return max(rows) if rows else None
+
+
+def _get(holder: Any, name: str) -> Any:
+    return holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
+
+
+def token_limit(model: Any, tokenizer: Any) -> int:
+    """One past the largest token id this model takes (see the module's docstring)."""
+    try:
+        known = len(tokenizer)
+    except TypeError:  # a tokenizer without a length: its vocabulary's size
+        known = 0
+    known = max(known, int(getattr(tokenizer, "vocab_size", 0) or 0))
+    vocab = model_vocab(model)
+    if vocab is None:
+        log.warning("can't tell this model's vocabulary size: token ids are checked "
+                    "against the tokenizer's %d alone", known)
+        return known
+    if known and known != vocab:
+        log.info("token ids: the model has %d, the tokenizer %d; requests may use the "
+                 "first %d", vocab, known, min(vocab, known))
+    return min(vocab, known) if known else vocab
+
+
+def not_a_token(what: str, token: int, limit: int) -> str:
+    return f"{what} {token} is not a token id of this model (0 to {limit - 1})."
+
+
+def check_request(req: GenerateRequest, limit: int) -> None:
+    """A 400 naming the field for any id the request carries that this model hasn't, and
+    for a bias that isn't a finite number (the API checked both; the pipe is re-checked
+    on the side that indexes with it)."""
+    for token, bias in req.sampling.logit_bias:
+        if not 0 <= token < limit:
+            raise BadRequest(not_a_token("'logit_bias' key", token, limit),
+                             param="logit_bias")
+        if not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise BadRequest(f"'logit_bias' for token {token} is {bias}: biases are "
+                             "between -100 and 100.", param="logit_bias")
+    if isinstance(req.prompt, list):  # before it is decoded: the tokenizer takes only u32
+        bad = _first_outside(req.prompt, limit)
+        if bad is not None:
+            raise BadRequest(not_a_token("'prompt' holds token id", bad, limit),
+                             param="prompt")
+
+
+def check_prompt(prompt: list[int], limit: int, req: GenerateRequest) -> None:
+    """The prompt as it will run (a text's encoding, fill-in-the-middle tokens added): a
+    tokenizer that knows more ids than the model has embeddings for must not reach them."""
+    bad = _first_outside(prompt, limit)
+    if bad is not None:
+        param = "messages" if req.messages is not None else "prompt"
+        raise BadRequest(f"'{param}' encodes to token id {bad}, which this model's "
+                         f"embedding doesn't have (its ids are 0 to {limit - 1}): its "
+                         "tokenizer knows more tokens than the model; leave out the "
+                         "special tokens it added.", param=param)
+
+
+def _first_outside(tokens: list[int], limit: int) -> int | None:
+    if not tokens or (0 <= min(tokens) and max(tokens) < limit):
+        return None
+    return next(t for t in tokens if not 0 <= t < limit)
