@@ -3,6 +3,8 @@ client reached through HF_ENDPOINT: model info (with file metadata), resolve wit
 X-Linked-Etag / X-Repo-Commit and Range, the Hub's auth and gating errors, search, and an
 optional CDN redirect for LFS files. Tests throttle it to a home-internet rate, drop
 connections on purpose, and read its byte counters to prove what was (not) fetched again.
+It can also turn hostile (`plant`, HubRepo.listed_sha): list and serve file paths, etags
+and a commit no real repository has, as a compromised mirror at HF_ENDPOINT could.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class HubFile:
     sha256: str
     git_sha1: str
     lfs: bool
+    listed_etag: str | None = None  # what the listing and headers claim, when not the hash
+
+    @property
+    def etag(self) -> str:
+        return self.listed_etag or (self.sha256 if self.lfs else self.git_sha1)
 
 
 @dataclass
@@ -41,6 +48,10 @@ class HubRepo:
     private: bool = False
     granted: set[str] | None = None  # users allowed into a gated repo (None: every user)
     owner: str | None = None
+    listed_sha: str | None = None  # the commit the listing claims, when not the real one
+
+    def revisions(self) -> tuple[str, ...]:
+        return ("main", self.commit, *([self.listed_sha] if self.listed_sha else []))
 
 
 def _git_sha1(data: bytes) -> str:
@@ -94,6 +105,16 @@ class HubServer:
         repo = HubRepo(repo_id, files, commit, gated, private, granted, owner)
         self.repos[repo_id] = repo
         return repo
+
+    def plant(self, repo_id: str, path: str, source: Path, *,
+              etag: str | None = None) -> HubFile:
+        """List and serve `source` as `path` of repo_id, whatever the path (../x, /abs,
+        a\\b): a hostile Hub. With `etag`, the listing and the headers claim that instead
+        of the file's hash."""
+        f = _describe_file(path, source)
+        f.listed_etag = etag
+        self.repos[repo_id].files[path] = f
+        return f
 
     def add_token(self, token: str, user: str = "tester") -> None:
         self.tokens[token] = user
@@ -275,7 +296,7 @@ class _Handler(BaseHTTPRequestHandler):
             repo = self._repo("/".join(parts[2:4]), user, head)
             if repo is not None:
                 rev = parts[5] if len(parts) == 6 and parts[4] == "revision" else "main"
-                if rev not in ("main", repo.commit):
+                if rev not in repo.revisions():
                     return self._error(404, f"Invalid rev id: {rev}", "RevisionNotFound",
                                        head)
                 self._json(_info(repo, blobs=query.get("blobs", "").lower() == "true"), head)
@@ -310,20 +331,20 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(403, f"Access to model {repo_id} is restricted and you are not "
                                "in the authorized list. Visit https://huggingface.co/"
                                f"{repo_id} to ask for access.", "GatedRepo", head)
-        if rev not in ("main", repo.commit):
+        if rev not in repo.revisions():
             return self._error(404, f"Invalid rev id: {rev}", "RevisionNotFound", head)
         f = repo.files.get(path)
         commit = {"X-Repo-Commit": repo.commit}
         if f is None:
             return self._error(404, "Entry not found", "EntryNotFound", head, commit)
         if f.lfs:
-            linked = {**commit, "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size)}
+            linked = {**commit, "X-Linked-Etag": f'"{f.etag}"', "X-Linked-Size": str(f.size)}
             if self.hub.cdn_url:
                 loc = f"{self.hub.cdn_url}/cdn/{f.sha256}?x-signed=1"
                 return self._send(302, b"", {**linked, "Location": loc,
                                              "ETag": f'"{f.git_sha1}"'}, head)
-            return self._file(repo, f, head, {**linked, "ETag": f'"{f.sha256}"'})
-        self._file(repo, f, head, {**commit, "ETag": f'"{f.git_sha1}"'})
+            return self._file(repo, f, head, {**linked, "ETag": f'"{f.etag}"'})
+        self._file(repo, f, head, {**commit, "ETag": f'"{f.etag}"'})
 
     def _cdn(self, sha256: str, head: bool) -> None:
         for repo in self.hub.repos.values():
@@ -398,12 +419,12 @@ def _info(repo: HubRepo, blobs: bool) -> dict[str, Any]:
     for f in repo.files.values():
         s: dict[str, Any] = {"rfilename": f.path}
         if blobs:
-            s.update(size=f.size, blobId=f.git_sha1)
+            s.update(size=f.size, blobId=f.listed_etag or f.git_sha1)
             if f.lfs:
-                s["lfs"] = {"size": f.size, "sha256": f.sha256, "pointerSize": 134}
+                s["lfs"] = {"size": f.size, "sha256": f.etag, "pointerSize": 134}
         siblings.append(s)
     return {"_id": repo.commit[:24], "id": repo.repo_id, "modelId": repo.repo_id,
-            "author": repo.repo_id.split("/")[0], "sha": repo.commit,
+            "author": repo.repo_id.split("/")[0], "sha": repo.listed_sha or repo.commit,
             "lastModified": "2025-01-01T00:00:00.000Z",
             "createdAt": "2025-01-01T00:00:00.000Z",
             "private": repo.private, "gated": repo.gated, "disabled": False,

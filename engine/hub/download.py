@@ -17,7 +17,6 @@ import fnmatch
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -31,7 +30,6 @@ from engine.hub.errors import (
     HubOffline,
     HubUnreachable,
     InsufficientDisk,
-    bad_repo_id,
     hub_error,
     not_mlx,
 )
@@ -39,13 +37,24 @@ from engine.hub.hfcache import (  # noqa: F401 (re-exported)
     Plan,
     RemoteFile,
     _adopt_partials,
+    blob_path,
     link_snapshot,
+    read_ref,
     repo_dir,
     verify_file,
     verify_snapshot,
     write_ref,
 )
 from engine.hub.local import default_hf_cache
+from engine.hub.names import (
+    bad_repo_id,
+    check_plan,
+    etag_problem,
+    path_problem,
+    repo_id_problem,
+    revision_problem,
+    shown,
+)
 from engine.hub.progress import Tracker
 from engine.hub.shards import SIDE_PATTERNS, files_for_layers
 from engine.records import DownloadProgress
@@ -55,15 +64,15 @@ DEFAULT_PATTERNS = ("model*.safetensors", *SIDE_PATTERNS)
 INDEX = "model.safetensors.index.json"
 RETRIES = 5  # attempts in a row that bring no new byte, before giving up
 BACKOFF_S = 0.25  # first wait after a drop; doubles up to 8 s
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 class Source(Protocol):
     """Somewhere other than the Hub that may have the files (a neighbour node)."""
     name: str
 
-    def plan(self, repo_id: str, revision: str) -> Plan | None: ...
+    def plan(self, repo_id: str, revision: str) -> Plan | None:
+        """Its file list for repo_id@revision, checked with engine.hub.names.check_plan
+        (UnsafeName naming the source), or None when it has none."""
 
     def fetch(self, repo_id: str, commit: str, f: RemoteFile, dest: Path,
               on_progress: Callable[[int], None], cancel: threading.Event) -> str | None:
@@ -82,10 +91,17 @@ def pull(repo_id: str, revision: str | None = None, cache_dir: Path | None = Non
     `layers=(start, end)`, only the weight files holding those layers. Sources (neighbour
     nodes) are tried before the Hub. A token of None means huggingface_hub's own (HF_TOKEN
     or `hf auth login`). Raises ShoalErrors that say what to do; Cancelled keeps the
-    finished bytes for the next pull."""
-    if not _REPO_ID.fullmatch(repo_id or "") or ".." in repo_id:
-        raise bad_repo_id(repo_id)
+    finished bytes for the next pull. Every name the Hub or a neighbour sends is checked
+    before anything is written (UnsafeName names the source and the name)."""
+    why = repo_id_problem(repo_id)
+    if why:
+        raise bad_repo_id(repo_id, why)
     revision = revision or "main"
+    why = revision_problem(revision)
+    if why:
+        raise BadRequest(f"The revision {shown(revision)} is not a branch, tag or commit "
+                         f"name ({why}). Leave it empty for the latest one.",
+                         param="revision")
     cache = Path(cache_dir) if cache_dir else default_hf_cache()
     hub = Hub(repo_id, endpoint, token)
     plan = _make_plan(hub, sources, repo_id, revision, cache, allow_patterns is None)
@@ -111,6 +127,10 @@ def missing_weights(snapshot: Path) -> list[str]:
     index = snapshot / INDEX
     if index.is_file():
         names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        bad = next((n for n in names if path_problem(n)), None)
+        if bad is not None:  # the index came from the Hub or a neighbour
+            raise CorruptModel(f"{INDEX} of this model names the weights file {shown(bad)}: "
+                               f"{path_problem(bad)}. Pull it again from the Hub.")
         return [n for n in names if not (snapshot / n).is_file()]
     return [] if any(snapshot.glob("model*.safetensors")) else ["model.safetensors"]
 
@@ -137,20 +157,26 @@ def _make_plan(hub: Hub, sources: Sequence[Source], repo_id: str, revision: str,
 
 def plan_from_cache(cache: Path, repo_id: str, revision: str) -> Plan | None:
     """What the cache already holds for repo_id@revision, as a Plan (blob names are
-    etags, so it can still be verified offline)."""
+    etags, so it can still be verified offline). Files the Hub could not have named
+    (by the rule of engine.hub.names) are left out."""
     repo = repo_dir(cache, repo_id)
-    ref = repo / "refs" / revision
-    commit = ref.read_text().strip() if ref.is_file() else revision
-    snap = repo / "snapshots" / commit
-    if not snap.is_dir():
+    commit = read_ref(repo, revision)
+    if commit is None or not (repo / "snapshots" / commit).is_dir():
         return None
+    snap = repo / "snapshots" / commit
+    blobs = (repo / "blobs").resolve()
     files = []
     for p in sorted(snap.rglob("*")):
         blob = p.resolve()
         if p.is_symlink() and blob.is_file():
-            files.append(RemoteFile(p.relative_to(snap).as_posix(), blob.stat().st_size,
-                                    blob.name))
-    return Plan(repo_id, revision, commit, tuple(files))
+            rel = p.relative_to(snap).as_posix()
+            if path_problem(rel) or etag_problem(blob.name) or blob.parent != blobs:
+                log.info("%s of %s in the cache is not a file the Hub could have named; "
+                         "left out", shown(rel), repo_id)
+                continue
+            files.append(RemoteFile(rel, blob.stat().st_size, blob.name))
+    return check_plan(Plan(repo_id, revision, commit, tuple(files)),
+                      "the Hugging Face cache")
 
 
 class Hub:
@@ -192,18 +218,23 @@ class Hub:
         if not info.sha:
             raise ShoalError(f"The Hub did not say which commit of {self.repo_id} it "
                              f"serves at {revision}; try again later.")
-        names = [s.rfilename for s in info.siblings or []]
-        if check_runnable:
-            _check_runnable(self.repo_id, names, (info.config or {}).get("model_type"))
         files = []
         for s in info.siblings or []:
             etag = s.lfs.sha256 if s.lfs else s.blob_id
             size = s.lfs.size if s.lfs else s.size
             if etag is None or size is None:
-                raise ShoalError(f"The Hub did not send the size and hash of {s.rfilename} "
-                                 f"in {self.repo_id}, so it can't be verified.")
-            files.append(RemoteFile(s.rfilename, int(size), etag))
-        return Plan(self.repo_id, revision, str(info.sha), tuple(files))
+                raise ShoalError(f"The Hub did not send the size and hash of "
+                                 f"{shown(s.rfilename)} in {self.repo_id}, so it can't be "
+                                 "verified.")
+            files.append(RemoteFile(s.rfilename, size, etag))
+        plan = check_plan(Plan(self.repo_id, revision, str(info.sha), tuple(files)),
+                          f"the Hub ({self.endpoint})",
+                          "No real repository has such a name: check HF_ENDPOINT, or try "
+                          "again later.")
+        if check_runnable:
+            _check_runnable(self.repo_id, [f.path for f in plan.files],
+                            (info.config or {}).get("model_type"))
+        return plan
 
     def fetch(self, repo_id: str, commit: str, f: RemoteFile, dest: Path,
               on_progress: Callable[[int], None], cancel: threading.Event) -> str:
@@ -308,7 +339,7 @@ class _Job:
     def _check_disk(self, files: list[RemoteFile]) -> None:
         need = 0
         for f in files:
-            blob = self.repo / "blobs" / f.etag
+            blob = blob_path(self.repo, f.etag)
             if not (blob.is_file() and blob.stat().st_size == f.size):
                 part = blob.with_name(f.etag + ".incomplete")
                 need += f.size - (part.stat().st_size if part.is_file() else 0)
@@ -326,10 +357,10 @@ class _Job:
         from huggingface_hub.utils import WeakFileLock
         if self.cancel.is_set():
             raise Cancelled(f"The download of {self.plan.repo_id} was cancelled.")
-        blob = self.repo / "blobs" / f.etag
-        lock = self.cache / ".locks" / self.repo.name / f"{f.etag}.lock"
+        (self.repo / "blobs").mkdir(parents=True, exist_ok=True)
+        blob = blob_path(self.repo, f.etag)
+        lock = self.cache / ".locks" / self.repo.name / f"{blob.name}.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
-        blob.parent.mkdir(parents=True, exist_ok=True)
         with WeakFileLock(lock):  # the lock hf_hub_download takes for this blob
             if self._cached(f, blob):
                 link_snapshot(self.repo, self.plan.commit, f.path, blob)

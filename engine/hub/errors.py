@@ -3,7 +3,7 @@ huggingface_hub's exceptions become messages that say what to do."""
 
 from __future__ import annotations
 
-from engine.errors import BadRequest, ModelNotFound, PeerUnreachable, ShoalError, UnsupportedModel
+from engine.errors import ModelNotFound, PeerUnreachable, ShoalError, UnsupportedModel
 
 TOKEN_HINT = ("create one at https://huggingface.co/settings/tokens and enter it with "
               "`shoal models login` (or in the app's settings)")
@@ -31,6 +31,14 @@ class HubUnreachable(PeerUnreachable):
 class HubOffline(ModelNotFound):
     """HF_HUB_OFFLINE is set and the files are not all in the cache."""
     code = "hub_offline"
+
+
+class UnsafeName(ShoalError):
+    """A name from the Hub or a neighbour (file path, revision, commit, etag) that could
+    reach outside its folder in the cache, or isn't the shape the Hub uses: the pull is
+    refused and nothing is written. The message names the source and the name."""
+    status = 502
+    code = "unsafe_name"
 
 
 class InsufficientDisk(ShoalError):
@@ -117,9 +125,3 @@ def not_mlx(repo_id: str, names: list[str]) -> UnsupportedModel:
                                 param="repo")
     return UnsupportedModel(f"{repo_id} has no safetensors weights{has}, so MLX can't load "
                             f"it. Try an MLX conversion instead: {hint}.", param="repo")
-
-
-def bad_repo_id(repo_id: str) -> BadRequest:
-    return BadRequest(f"'{repo_id}' is not a Hugging Face model id: write it as "
-                      "owner/name, for example mlx-community/Llama-3.2-1B-Instruct-4bit.",
-                      param="repo")

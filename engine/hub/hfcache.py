@@ -1,18 +1,22 @@
 """The Hugging Face cache layout (blobs/<etag>, snapshots/<commit>/<path> symlinks, refs/)
-and the checks that a file is the one the Hub describes."""
+and the checks that a file is the one the Hub describes. Every path into a repository's
+folder is made here, and checked here (engine.hub.names) after joining: the last line of
+defence behind the checks of each plan."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
-import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.hub import names
+from engine.hub.errors import UnsafeName
+from engine.hub.names import bad_repo_id
+
 log = logging.getLogger(__name__)
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,70 @@ def verify_snapshot(snapshot: Path) -> list[str]:
 
 
 def repo_dir(cache: Path, repo_id: str) -> Path:
+    """models--<owner>--<name>; BadRequest for anything but a Hugging Face repo id."""
+    why = names.repo_id_problem(repo_id)
+    if why:
+        raise bad_repo_id(repo_id, why)
     return Path(cache) / ("models--" + repo_id.replace("/", "--"))
+
+
+def inside(folder: Path, rel: str) -> Path:
+    """folder/rel, when rel is a safe relative path and the folder it lands in, with
+    links resolved, is `folder` or below it; UnsafeName otherwise."""
+    why = names.path_problem(rel)
+    if why is None:
+        base, parent = folder.resolve(), (folder / rel).parent.resolve()
+        if parent != base and base not in parent.parents:
+            why = "it leads out of its folder through a link"
+    if why:
+        raise UnsafeName(f"Refusing {names.shown(rel)} under {folder.name}/ in the "
+                         f"Hugging Face cache: {why}.")
+    return folder / rel
+
+
+def pointer_path(repo: Path, commit: str, path: str) -> Path:
+    """snapshots/<commit>/<path>, checked."""
+    why = names.commit_problem(commit)
+    if why:
+        raise UnsafeName(f"Refusing the snapshot {names.shown(commit)}: {why}.")
+    return inside(repo / "snapshots" / commit, path)
+
+
+def blob_path(repo: Path, etag: str) -> Path:
+    """blobs/<etag>, checked: an etag is a bare sha256 or git sha1."""
+    if not names.ETAG.fullmatch(etag):
+        raise UnsafeName(f"Refusing the blob {names.shown(etag)}: "
+                         f"{names.ETAG_RULE}.")
+    return inside(repo / "blobs", etag)
+
+
+def ref_path(repo: Path, revision: str) -> Path:
+    """refs/<revision>, checked."""
+    why = names.revision_problem(revision)
+    if why:
+        raise UnsafeName(f"Refusing the revision {names.shown(revision)}: {why}.")
+    return inside(repo / "refs", revision)
+
+
+def read_ref(repo: Path, revision: str) -> str | None:
+    """The commit refs/<revision> names (or revision itself, when it is a commit); None
+    when there is no such ref or it holds no commit."""
+    if names.COMMIT.fullmatch(revision):
+        return revision
+    try:
+        with open(ref_path(repo, revision), encoding="ascii", errors="replace") as f:
+            commit = f.read(64).strip()
+    except (OSError, UnsafeName):
+        return None
+    return commit if names.COMMIT.fullmatch(commit) else None
 
 
 def link_snapshot(repo: Path, commit: str, path: str, blob: Path) -> None:
     """snapshots/<commit>/<path> -> ../../blobs/<etag> (relative, as huggingface_hub)."""
-    pointer = repo / "snapshots" / commit / path
+    blob = blob_path(repo, blob.name)
+    pointer = pointer_path(repo, commit, path)
     pointer.parent.mkdir(parents=True, exist_ok=True)
+    inside(repo / "snapshots" / commit, path)  # again, now that its folders exist
     target = os.path.relpath(blob, pointer.parent)
     if pointer.is_symlink() and os.readlink(pointer) == target:
         return
@@ -79,9 +140,13 @@ def link_snapshot(repo: Path, commit: str, path: str, blob: Path) -> None:
 
 
 def write_ref(repo: Path, revision: str, commit: str) -> None:
-    if _COMMIT.fullmatch(revision):
+    if names.COMMIT.fullmatch(revision):
         return
-    ref = repo / "refs" / revision
+    why = names.commit_problem(commit)
+    if why:
+        raise UnsafeName(f"Refusing to point {names.shown(revision)} at "
+                         f"{names.shown(commit)}: {why}.")
+    ref = ref_path(repo, revision)
     ref.parent.mkdir(parents=True, exist_ok=True)
     if ref.is_file() and ref.read_text() == commit:
         return
