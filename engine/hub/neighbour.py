@@ -5,6 +5,10 @@ sizes and hashes) and the safe way from a request to a blob. Fetching side: a do
 Source (see engine.hub.download) that copies a file from the peer with the fastest link,
 signed with the cluster secret; the download job then checks its hash and commits it into
 the cache exactly where huggingface_hub would, falling back to the Hub.
+
+A peer's names are input from another machine: the fetching side refuses a plan with any
+name engine.hub.names refuses, and the serving side lists and serves only names that pass
+the same rule.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,12 +24,13 @@ from typing import Any
 from urllib.parse import quote
 
 from engine.errors import Cancelled, PeerUnreachable, ShoalError
-from engine.hub.hfcache import Plan, RemoteFile, repo_dir
+from engine.hub import names
+from engine.hub.errors import UnsafeName
+from engine.hub.hfcache import Plan, RemoteFile, pointer_path, read_ref, repo_dir
 from engine.records import Record
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
-_NAME = re.compile(r"[\w][\w.-]*")
 
 
 @dataclass(frozen=True)
@@ -50,27 +54,34 @@ class CachedRevision(Record):
 
 def cache_index(cache: Path, repo_id: str | None = None) -> list[CachedRevision]:
     """Every complete file in the cache, per repo and commit. Blob names are the Hub's
-    etags, so this reads no file contents."""
+    etags, so this reads no file contents. Only names a pull would accept are listed
+    (engine.hub.names): a repo, commit, ref, path or blob that breaks the rule is left
+    out. BadRequest for a repo_id that is no Hugging Face repo id."""
     out: list[CachedRevision] = []
     repos = [repo_dir(cache, repo_id)] if repo_id else sorted(Path(cache).glob("models--*"))
     for repo in repos:
         snaps = repo / "snapshots"
-        if not snaps.is_dir():
-            continue
         name = repo.name.removeprefix("models--").replace("--", "/", 1)
+        if names.repo_id_problem(name) or not snaps.is_dir():
+            continue
         refs: dict[str, list[str]] = {}
         for ref in (repo / "refs").rglob("*") if (repo / "refs").is_dir() else []:
-            if ref.is_file():
-                refs.setdefault(ref.read_text().strip(), []).append(
-                    ref.relative_to(repo / "refs").as_posix())
+            rel = ref.relative_to(repo / "refs").as_posix()
+            commit = read_ref(repo, rel) if ref.is_file() else None
+            if commit is not None and not names.COMMIT.fullmatch(rel):
+                refs.setdefault(commit, []).append(rel)
+        blobs = (repo / "blobs").resolve()
         for snap in sorted(p for p in snaps.iterdir() if p.is_dir()):
+            if names.commit_problem(snap.name):
+                continue
             files: list[CachedFile] = []
             for p in sorted(snap.rglob("*")):
                 blob = p.resolve()
-                if p.is_symlink() and blob.is_file() and blob.parent == repo / "blobs":
+                rel = p.relative_to(snap).as_posix()
+                if p.is_symlink() and blob.is_file() and blob.parent == blobs \
+                        and not names.path_problem(rel) and not names.etag_problem(blob.name):
                     etag = blob.name
-                    files.append(CachedFile(p.relative_to(snap).as_posix(),
-                                            blob.stat().st_size, etag,
+                    files.append(CachedFile(rel, blob.stat().st_size, etag,
                                             etag if len(etag) == 64 else None))
             out.append(CachedRevision(name, snap.name, refs.get(snap.name, []), files))
     return out
@@ -94,21 +105,20 @@ def read_index(got: Any) -> list[CachedRevision]:
 
 
 def cached_file(cache: Path, repo_id: str, revision: str, path: str) -> Path | None:
-    """The blob behind snapshots/<revision>/<path>, or None. Refuses anything that would
-    leave the repository's blobs folder (.., absolute paths, odd links)."""
-    parts = repo_id.split("/") + [revision] + path.split("/")
-    if any(not _NAME.fullmatch(p) or p.startswith("..") for p in parts) \
-            or len(repo_id.split("/")) != 2:
+    """The blob behind snapshots/<revision>/<path>, or None. Refuses (None) any name a
+    pull would refuse (engine.hub.names) and anything that would leave the repository's
+    blobs folder (odd links)."""
+    if names.repo_id_problem(repo_id) or names.revision_problem(revision) \
+            or names.path_problem(path):
         return None
     repo = repo_dir(cache, repo_id)
-    ref = repo / "refs" / revision
-    commit = ref.read_text().strip() if ref.is_file() else revision
-    pointer = repo / "snapshots" / commit / path
+    commit = read_ref(repo, revision)
     try:
-        blob = pointer.resolve(strict=True)
-    except (OSError, RuntimeError):
+        blob = pointer_path(repo, commit or "", path).resolve(strict=True)
+    except (OSError, RuntimeError, UnsafeName):
         return None
-    return blob if blob.parent == (repo / "blobs").resolve() and blob.is_file() else None
+    ok = blob.parent == (repo / "blobs").resolve() and not names.etag_problem(blob.name)
+    return blob if ok and blob.is_file() else None
 
 
 class NeighbourSource:
@@ -160,31 +170,41 @@ class NeighbourSource:
 
     # --- Source ------------------------------------------------------------------------
     def plan(self, repo_id: str, revision: str) -> Plan | None:
-        """The file list of the peer with the most files of repo_id@revision."""
+        """The file list of the peer with the most files of repo_id@revision. Checked as
+        a whole (engine.hub.names.check_plan): UnsafeName naming the peer and the name
+        for a path, commit or etag that could reach outside the cache."""
         best: CachedRevision | None = None
-        for entries in self._entries(repo_id).values():
+        best_url = ""
+        for url, entries in self._entries(repo_id).items():
             for e in entries:
                 if revision in (e.revision, *e.refs) and \
                         (best is None or len(e.files) > len(best.files)):
-                    best = e
+                    best, best_url = e, url
         if best is None:
             return None
         files = tuple(RemoteFile(f.path, f.size, f.etag) for f in best.files)
-        return Plan(repo_id, revision, best.revision, files)
+        return names.check_plan(
+            Plan(repo_id, revision, best.revision, files), self._who(best_url),
+            "If that machine is yours, check what runs on it; if not, change the cluster "
+            "secret on your nodes to shut it out.")
+
+    def _who(self, url: str) -> str:
+        name = next((p.name for p in self.peers.all() if p.url == url and p.name), None)
+        return f"peer {name} ({url})" if name else f"peer {url}"
 
     def fetch(self, repo_id: str, commit: str, f: RemoteFile, dest: Path,
               on_progress: Callable[[int], None], cancel: threading.Event) -> str | None:
-        names = {p.url: p.name or p.url for p in self._peers()}
+        who = {p.url: p.name or p.url for p in self._peers()}
         for url, entries in self._entries(repo_id).items():
             has = any(e.revision == commit and any(
-                x.path == f.path and x.etag == f.etag for x in e.files)
-                for e in entries)
-            if not has or url not in names:
+                x.path == f.path and names.normalize_etag(x.etag) == f.etag
+                for x in e.files) for e in entries)
+            if not has or url not in who:
                 continue
             try:
                 if self._run(self._stream(url, repo_id, commit, f, dest, on_progress,
                                           cancel), cancel):
-                    return f"peer {names[url]}"
+                    return f"peer {who[url]}"
             except PeerUnreachable as e:
                 log.warning("copying %s from %s failed: %s", f.path, url, e.message)
         return None
