@@ -103,14 +103,19 @@ def remove_model(models_dir: Path, model_id: str) -> int:
     (a half-downloaded repository too). Returns the bytes freed."""
     import shutil
 
-    from engine.errors import ModelNotFound
+    from engine.errors import BadRequest, ModelNotFound
     from engine.hub.download import repo_dir
     from engine.hub.local import default_hf_cache, find_local_model
+    from engine.hub.names import model_id_problem, repo_id_problem, shown
+    why = model_id_problem(model_id)
+    if why:
+        raise BadRequest(f"'model' is not a model name ({shown(model_id, 40)}): {why}.",
+                         param="model")
     found = find_local_model(Path(models_dir), model_id)
     target: Path | None = None
     if found is not None and found.source == "shoal":
         target = found.path
-    elif model_id.count("/") == 1 and ".." not in model_id:
+    elif not repo_id_problem(model_id):
         target = repo_dir(default_hf_cache(), model_id)
     if target is None or not target.is_dir():
         raise ModelNotFound(f"There is no model '{model_id}' on this machine. See "

@@ -69,11 +69,12 @@ def list_local_models(models_dir: Path, hf_cache: Path | None = None) -> list[Lo
 
 def find_local_model(models_dir: Path, model_id: str,
                      hf_cache: Path | None = None) -> LocalModel | None:
-    """The local model with this id (a Shoal folder first, then the HF cache), or None."""
-    parts = model_id.split("/")
-    if not model_id or any(p in ("", ".", "..") or p.startswith(".") for p in parts) \
-            or len(parts) > 2 or "\\" in model_id:
+    """The local model with this id (a Shoal folder first, then the HF cache), or None;
+    None at once for an id no model can have (engine.hub.names.model_id_problem)."""
+    from engine.hub.names import model_id_problem
+    if model_id_problem(model_id):
         return None
+    parts = model_id.split("/")
     if len(parts) == 1 and (Path(models_dir) / model_id).is_dir():
         model = _describe(Path(models_dir) / model_id, model_id, "shoal")
         if model is not None:
@@ -90,13 +91,12 @@ def _repo_id(folder_name: str) -> str:
 
 def _snapshot(repo: Path) -> Path | None:
     """The snapshot refs/main points at, else the newest one."""
+    from engine.hub.hfcache import read_ref
     snapshots = repo / "snapshots"
-    ref = repo / "refs" / "main"
     try:
-        if ref.is_file():
-            rev = ref.read_text().strip()
-            if rev and (snapshots / rev).is_dir():
-                return snapshots / rev
+        rev = read_ref(repo, "main")  # a commit hash, never a path
+        if rev and (snapshots / rev).is_dir():
+            return snapshots / rev
         candidates = [p for p in snapshots.iterdir() if p.is_dir()] if snapshots.is_dir() else []
     except OSError as e:
         log.info("skipping %s: %s", repo, e)
@@ -108,11 +108,13 @@ def _snapshot(repo: Path) -> Path | None:
 
 
 def why_unusable(folder: Path) -> str | None:
-    """Why a folder in the models folder isn't listed as a model (None if it is one)."""
+    """Why a folder in the models folder isn't listed as a model (None if it is one),
+    naming files from the folder's own name on: the answer may go to a client, which
+    has no business knowing where the models folder is."""
     try:
         _read(folder)
     except (OSError, ValueError) as e:
-        return str(e)
+        return str(e).replace(str(folder), folder.name)
     return None
 
 

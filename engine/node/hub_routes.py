@@ -134,10 +134,13 @@ def _downloads(request: web.Request) -> Downloads:
 @peer_routes.get("/shoal/peer/files-index")
 async def files_index(request: web.Request) -> web.Response:
     from engine.hub.local import default_hf_cache
+    from engine.hub.names import repo_id_problem
     from engine.hub.neighbour import cache_index
     repo = request.query.get("repo") or None
-    if repo is not None and repo.count("/") != 1:
-        raise BadRequest("repo must be owner/name", param="repo")
+    why = repo_id_problem(repo) if repo is not None else None
+    if why:
+        raise BadRequest(f"repo must be a Hugging Face repo id (owner/name): {why}.",
+                         param="repo")
     held = await asyncio.to_thread(cache_index, default_hf_cache(), repo)
     return web.json_response([r.to_json() for r in held])
 
@@ -151,7 +154,9 @@ async def peer_file(request: web.Request) -> web.StreamResponse:
     blob = await asyncio.to_thread(cached_file, default_hf_cache(), repo, m["revision"],
                                    m["path"])
     if blob is None:
-        raise ModelNotFound(f"This node has no {m['path']} of {repo}@{m['revision']}.")
+        from engine.hub.names import shown
+        raise ModelNotFound(f"This node has no {shown(m['path'])} of {shown(repo)} at "
+                            f"{shown(m['revision'])}.")
     # FileResponse answers Range requests (206) itself, with sendfile
     return web.FileResponse(blob, headers={"X-Linked-Etag": blob.name,
                                            "Cache-Control": "no-store"})
@@ -263,7 +268,16 @@ async def start_pull(request: web.Request) -> web.Response:
         layers = (layers[0], layers[1])
     if not isinstance(revision, str):
         raise BadRequest("revision must be a string", param="revision")
-    d, new = _downloads(request).start(request, body["repo"].strip(), revision, layers)
+    from engine.hub.names import bad_repo_id, repo_id_problem, revision_problem, shown
+    repo = body["repo"].strip()
+    why = repo_id_problem(repo)
+    if why:  # checked here too, so the answer is a 400 and not a failed download
+        raise bad_repo_id(repo, why)
+    why = revision_problem(revision)
+    if why:
+        raise BadRequest(f"The revision {shown(revision)} is not a branch, tag or commit "
+                         f"name: {why}.", param="revision")
+    d, new = _downloads(request).start(request, repo, revision, layers)
     return web.json_response(d.info().to_json(), status=202 if new else 200)
 
 
@@ -286,7 +300,7 @@ async def model_settings(request: web.Request) -> web.Response:
     """{"context_limit": N | null}: serve the model with less context than it declares
     (less KV memory). The listings and the planner use it at once; a loaded model gets it
     when it next loads."""
-    model_id = request.match_info["id"]
+    model_id = _model_id(request)
     node = request.app["node"]
     body = await json_object(request, "Send {\"context_limit\": TOKENS or null}.",
                              "context_limit")
@@ -309,7 +323,7 @@ async def model_settings(request: web.Request) -> web.Response:
 
 @routes.delete("/shoal/models/{id:.+}")
 async def remove_model(request: web.Request) -> web.Response:
-    model_id = request.match_info["id"]
+    model_id = _model_id(request)
     node = request.app["node"]
     if getattr(node.runner, "model", None) == model_id:
         raise Busy(f"{model_id} is loaded on this node: unload it first.")
@@ -319,6 +333,17 @@ async def remove_model(request: web.Request) -> web.Response:
     from engine.hub.catalog import remove_model as remove
     freed = await asyncio.to_thread(remove, node.models_dir, model_id)
     return web.json_response({"deleted": model_id, "freed_bytes": freed})
+
+
+def _model_id(request: web.Request) -> str:
+    """The {id} of a /shoal/models/{id} route; BadRequest for one no model can have."""
+    from engine.hub.names import model_id_problem, shown
+    model_id = request.match_info["id"]
+    why = model_id_problem(model_id)
+    if why:
+        raise BadRequest(f"'model' is not a model name ({shown(model_id, 40)}): {why}.",
+                         param="model")
+    return model_id
 
 
 async def _token(request: web.Request) -> str | None:

@@ -120,7 +120,16 @@ class Node:
                 if m.context_length else m for m in list_local_models(self.models_dir)]
 
     def resolve(self, model_id: str) -> Path:
+        """The folder of the model `model_id` on this node. BadRequest (param "model")
+        for an id no model can have (too long, control characters, a path), checked
+        before it touches the disk; ModelNotFound with the models here otherwise."""
+        from engine.errors import BadRequest
         from engine.hub.local import find_local_model, why_unusable
+        from engine.hub.names import model_id_problem, shown
+        why = model_id_problem(model_id)
+        if why:
+            raise BadRequest(f"'model' is not a model name ({shown(model_id, 40)}): {why}. "
+                             "GET /v1/models lists the models here.", param="model")
         found = find_local_model(self.models_dir, model_id)
         folder = self.models_dir / model_id
         if found is None and "/" not in model_id and not model_id.startswith(".") \
