@@ -41,6 +41,11 @@ _SCALAR_FORMATS: dict[int, str] = {
     0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d",
 }
 _STRING, _ARRAY = 8, 9
+# Bounds on metadata a real file never comes near (the biggest arrays are vocabularies of
+# a few hundred thousand tokens): a crafted header is refused before it costs a deep
+# recursion or gigabytes of Python objects.
+MAX_ARRAY_DEPTH = 8
+MAX_ARRAY_ITEMS = 1 << 24  # in one array, and in all of a file's arrays together
 
 
 def ggml_type_name(type_id: int) -> str:
@@ -105,6 +110,7 @@ class _Cursor:
 
     def __init__(self, buf: mmap.mmap | bytes, path: Path):
         self.buf, self.pos, self.path = buf, 0, path
+        self.items = 0  # array items read so far, against MAX_ARRAY_ITEMS
 
     def _need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > len(self.buf):
@@ -127,20 +133,31 @@ class _Cursor:
         # Some vocabularies hold invalid UTF-8 pieces; keep them readable rather than fail.
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, what: str) -> Any:
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype in _SCALAR_FORMATS:
             return self.unpack(_SCALAR_FORMATS[vtype], what)[0]
         if vtype == _STRING:
             return self.string(what)
         if vtype == _ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise CorruptModel(f"{self.path.name} is corrupt: {what} nests arrays more "
+                                   f"than {MAX_ARRAY_DEPTH} deep. Download the file again, "
+                                   "or get it from another source.")
             (itype, count) = self.unpack("IQ", what)
+            self.items += count
+            if count > MAX_ARRAY_ITEMS or self.items > MAX_ARRAY_ITEMS:
+                raise CorruptModel(f"{self.path.name} is corrupt: {what} holds an array of "
+                                   f"{count} items (a file's arrays hold at most "
+                                   f"{MAX_ARRAY_ITEMS} together).")
             if itype in _SCALAR_FORMATS:
                 fmt = _SCALAR_FORMATS[itype]
                 self._need(count * struct.calcsize(fmt), what)
                 return list(self.unpack(f"{count}{fmt}", what))
-            # Every item takes at least 8 bytes (a string length); bound count before looping.
-            self._need(count * 8 if itype == _STRING else 0, what)
-            return [self.value(itype, what) for _ in range(count)]
+            # Every item takes at least 8 bytes (a string length) or 12 (an array's type
+            # and count); bound count before looping.
+            self._need(count * (12 if itype == _ARRAY else 8 if itype == _STRING else 0),
+                       what)
+            return [self.value(itype, what, depth + 1) for _ in range(count)]
         raise CorruptModel(f"{self.path.name} is corrupt: unknown metadata value type "
                            f"{vtype} in {what}.")
 

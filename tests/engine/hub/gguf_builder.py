@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,24 @@ def _str(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
+@dataclass(frozen=True)
+class Raw:
+    """A metadata value written as given: its GGUF value type and bytes (crafted headers)."""
+    vtype: int
+    body: bytes
+
+
+def nested_arrays(depth: int) -> Raw:
+    """An array of an array of ... `depth` arrays deep, an empty int32 array innermost."""
+    body = struct.pack("<IQ", 5, 0)
+    for _ in range(depth - 1):
+        body = struct.pack("<IQ", 9, 1) + body
+    return Raw(9, body)
+
+
 def _value(v: Any) -> tuple[int, bytes]:
+    if isinstance(v, Raw):
+        return v.vtype, v.body
     if isinstance(v, bool):
         return 7, struct.pack("<?", v)
     if isinstance(v, int):

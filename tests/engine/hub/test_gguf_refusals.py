@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,9 @@ from gguf_builder import (
     IQ2_XS,
     Q4_K,
     Q8_0,
+    Raw,
     gguf_metadata,
+    nested_arrays,
     tiny_config,
     tiny_gguf_tensors,
     tiny_hf_weights,
@@ -24,7 +28,9 @@ from gguf_builder import (
 import engine.hub.gguf as gguf_module
 from engine.errors import BadRequest, CorruptModel, ShoalError, UnsupportedModel
 from engine.hub.gguf import import_gguf
-from engine.hub.gguf_reader import read_header
+from engine.hub.gguf_reader import MAX_ARRAY_DEPTH, MAX_ARRAY_ITEMS, read_header
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -194,3 +200,44 @@ def test_moe_with_sigmoid_routing_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModel, match="moe.gguf routes experts with gating function 2"):
         import_gguf(path, tmp_path / "models")
     _assert_nothing_written(tmp_path / "models")
+
+
+def test_deeply_nested_metadata_arrays_are_refused_naming_the_key(tmp_path: Path,
+                                                                  tiny: tuple) -> None:
+    """10,000 arrays inside each other were a RecursionError that ended the import."""
+    config, tensors = tiny
+    meta = gguf_metadata(config) | {"general.evil": nested_arrays(10_000)}
+    path = write_gguf(tmp_path / "deep.gguf", meta, tensors)
+    with pytest.raises(CorruptModel, match=r"^deep.gguf is corrupt: metadata general.evil "
+                       f"nests arrays more than {MAX_ARRAY_DEPTH} deep"):
+        import_gguf(path, tmp_path / "models")
+    _assert_nothing_written(tmp_path / "models")
+    r = subprocess.run([sys.executable, "-m", "app.cli", "models", "import", str(path),
+                        "--home", str(tmp_path / "home")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "deep.gguf is corrupt: metadata general.evil nests arrays" in r.stderr
+
+
+def test_nesting_a_real_file_could_use_is_read(tmp_path: Path, tiny: tuple) -> None:
+    config, tensors = tiny
+    meta = gguf_metadata(config) | {"general.nested": nested_arrays(MAX_ARRAY_DEPTH)}
+    header = read_header(write_gguf(tmp_path / "ok.gguf", meta, tensors))
+    value = header.get("general.nested")
+    for _ in range(MAX_ARRAY_DEPTH - 1):
+        value = value[0]
+    assert value == []
+
+
+@pytest.mark.parametrize("itype,count", [(9, MAX_ARRAY_ITEMS + 1), (9, 2**40),
+                                         (7, MAX_ARRAY_ITEMS + 1), (8, 2**62)])
+def test_arrays_longer_than_any_real_file_holds_are_refused(tmp_path: Path, tiny: tuple,
+                                                           itype: int, count: int) -> None:
+    """A count the file's bytes can't hold, or beyond the bound, is refused before the
+    reader loops or builds the list (bools take one byte: a big file could hold them)."""
+    config, tensors = tiny
+    raw = Raw(9, struct.pack("<IQ", itype, count) + bytes(64))
+    path = write_gguf(tmp_path / "long.gguf", gguf_metadata(config) | {"general.long": raw},
+                      tensors)
+    with pytest.raises(CorruptModel, match="long.gguf is .*general.long"):
+        read_header(path)
