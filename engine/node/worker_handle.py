@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import signal
 import socket
 import sys
 import uuid
@@ -136,17 +137,35 @@ class WorkerHandle:
             if q is not None:
                 q.put_nowait(ev)
         code = await self._proc.wait()
-        self.dead_reason = self.dead_reason or (
-            f"The worker for {self.model_id} exited unexpectedly (exit code {code}); "
-            f"its log is {self.log_path} on {socket.gethostname()}."  # the message may
-            # reach a client of another node; a group's rank is not restarted by a request
-            + ("" if self.dist_config else " The next request starts a new one."))
+        if not self.dead_reason:
+            self.dead_reason = self._exit_reason(code)
+            log.error("%s", self.dead_reason)
         failure = WorkerFailed(self.dead_reason)
         if self._ready and not self._ready.done():
             self._ready.set_exception(failure)
         for rid, q in self._queues.items():
             q.put_nowait(Error(rid, failure.code, failure.message, None, failure.status))
         self._on_event(Exited(code, self.dead_reason))
+
+    def _exit_reason(self, code: int) -> str:
+        """What the clients of the requests in flight are told when the worker ends on its
+        own: the signal that ended it and the ids of those requests, which its log names
+        (a crash's dump follows the line of the request it was serving)."""
+        how = f" (exit code {code})"
+        if code < 0:
+            name = _signal_name(-code)
+            how = f": it was killed ({name})" if -code in KILLED else f": it crashed ({name})"
+        serving = list(self._queues)
+        if serving:
+            shown = ", ".join(serving[:SHOWN_IDS])
+            more = f" and {len(serving) - SHOWN_IDS} more" if len(serving) > SHOWN_IDS else ""
+            how += f" while serving request{'s' if len(serving) > 1 else ''} {shown}{more}"
+        elif code < 0:
+            how += " with no request in flight"
+        return (f"The worker for {self.model_id} exited unexpectedly{how}; its log is "
+                f"{self.log_path} on {socket.gethostname()}."  # the message may reach
+                # a client of another node; a group's rank is not restarted by a request
+                + ("" if self.dist_config else " The next request starts a new one."))
 
     def _send(self, cmd: Message) -> None:
         if not self.alive or not self._proc or not self._proc.stdin:
@@ -263,6 +282,16 @@ class WorkerHandle:
 
 
 CANCEL_GRACE_S = 15.0
+SHOWN_IDS = 8  # request ids named in a crash's message; the rest are counted
+KILLED = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT}  # sent, not a fault of its own
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
 GROUP_LOST = ("peer_lost", "group_failed")  # a request failed because its group broke
 
 
