@@ -304,8 +304,9 @@ class Peers:
                                "holds another cluster secret (or isn't a Shoal node)."
                                ) from None
         except aiohttp.ClientSSLError as e:
-            raise NotInCluster(f"{url} doesn't speak this cluster's TLS ({e}): an older "
-                               "Shoal, or not a Shoal node.") from None
+            log.debug("TLS with %s failed: %s", url, e)
+            raise NotInCluster(f"{url} doesn't speak this cluster's TLS: an older Shoal, "
+                               "or not a Shoal node.") from None
         except (TimeoutError, aiohttp.ClientError) as e:
             raise PeerUnreachable(f"The node at {url} did not answer {path}: "
                                   f"{e or type(e).__name__}") from None
