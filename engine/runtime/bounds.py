@@ -28,6 +28,10 @@ def model_vocab(model: Any) -> int | None:
     rows; None where neither is found."""
     import mlx.nn as nn
 
+    if not hasattr(model, "named_modules"):  # a pipeline rank's Stage: the model it slices
+        model = getattr(model, "model", None)
+        if not hasattr(model, "named_modules"):
+            return None
     sizes: list[int] = []
     rows: list[int] = []
     for _, m in model.named_modules():
@@ -54,7 +58,11 @@ def token_limit(model: Any, tokenizer: Any) -> int:
     except TypeError:  # a tokenizer without a length: its vocabulary's size
         known = 0
     known = max(known, int(getattr(tokenizer, "vocab_size", 0) or 0))
-    vocab = model_vocab(model)
+    try:
+        vocab = model_vocab(model)
+    except Exception:  # a model built in a way not foreseen here must still serve
+        log.exception("reading the model's vocabulary size failed")
+        vocab = None
     if vocab is None:
         log.warning("can't tell this model's vocabulary size: token ids are checked "
                     "against the tokenizer's %d alone", known)

@@ -54,6 +54,7 @@ def test_a_text_model_inside_another_and_a_model_without_a_config():
             self.wte, self.wpe = nn.Embedding(500, 4), nn.Embedding(64, 4)
 
     assert model_vocab(Wrapper()) == 77
+    assert model_vocab(SimpleNamespace(model=Wrapper())) == 77  # a pipeline rank's Stage
     assert model_vocab(Bare()) == 500
     assert model_vocab(nn.Linear(2, 2)) is None
 
