@@ -3,7 +3,9 @@ cluster secret and does what an attacker would. It answers a node's polls as a S
 would (a made-up id, a made-up ready instance of any model it is told to claim), offers a
 hostile file plan to pulls, answers chat requests with its own text, and records every
 request it receives (so a test can see whether a prompt ever reached it, and has captured
-requests to replay). It serves plain HTTP, or TLS with a certificate of its own.
+requests to replay). It serves plain HTTP, or TLS with a certificate of its own. Given the
+secret (HOSTILE_SECRET), it is a member gone bad instead: it speaks the cluster's TLS and
+signs its answers, and still serves hostile file plans.
 
 Run: python tests/hostile_peer.py PORT RECORD_FILE [--tls] [--claim MODEL ...]
 Tests use HostilePeer below, which starts it and always stops it."""
@@ -26,10 +28,10 @@ STOLEN = "the stranger's own answer"
 EVIL_INDEX_REVISION = "a" * 40
 
 
-def node_info(claims: list[str], port: int) -> dict:
+def node_info(claims: list[str], node_id: str = "stranger-node") -> dict:
     """What a real node answers to GET /shoal/node, made up: it claims a ready instance of
     every model in `claims`, so a node that believes it would relay those models' chats."""
-    return {"id": "stranger-node", "name": "stranger", "version": "0.1.0",
+    return {"id": node_id, "name": "stranger", "version": "0.1.0",
             "mlx_version": None, "state": "idle", "models": claims, "links": [],
             "instances": [{"id": f"evil{i:08d}", "model": m, "strategy": "pipeline",
                            "state": "ready", "reason": None,
@@ -47,8 +49,14 @@ def hostile_index(repo: str) -> list[dict]:
              "files": files}]
 
 
-def serve(port: int, record: Path, tls: bool, claims: list[str]) -> None:
+def serve(port: int, record: Path, tls: bool, claims: list[str], secret: str = "") -> None:
     from aiohttp import web
+
+    verifier = None
+    if secret:  # a member gone bad: it proves the secret like any member
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from engine.cluster.auth import Verifier
+        verifier = Verifier(secret, "evil-member")
 
     def keep(request: web.Request, body: bytes) -> None:
         with record.open("a") as f:
@@ -59,9 +67,18 @@ def serve(port: int, record: Path, tls: bool, claims: list[str]) -> None:
     async def any_route(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         keep(request, body)
+        resp = answer(request)
+        if verifier is not None:
+            caller = verifier.verify(request.method, request.path_qs, request.headers, body)
+            whole = resp.body if isinstance(resp.body, bytes) else b""
+            resp.headers.update(verifier.answer_headers(caller, resp.status, whole))
+        return resp
+
+    def answer(request: web.Request) -> web.Response:
         path = request.path
         if path in ("/shoal/node", "/shoal/peer/hello"):
-            return web.json_response(node_info(claims, port))
+            return web.json_response(node_info(claims, "evil-member" if secret
+                                               else "stranger-node"))
         if path == "/shoal/peer/files-index":
             return web.json_response(hostile_index(request.query.get("repo", "")))
         if path.startswith("/shoal/peer/files/"):
@@ -79,7 +96,10 @@ def serve(port: int, record: Path, tls: bool, claims: list[str]) -> None:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", any_route)
     ctx = None
-    if tls:  # a certificate of its own: self-signed, as any stranger can make
+    if secret:
+        from engine.cluster.tls import server_context
+        ctx = server_context(secret)
+    elif tls:  # a certificate of its own: self-signed, as any stranger can make
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         with tempfile.TemporaryDirectory() as d:
             cert, key = own_certificate(Path(d))
@@ -113,7 +133,8 @@ def own_certificate(folder: Path) -> tuple[str, str]:
 class HostilePeer:
     """The stranger as a child process on a free loopback port."""
 
-    def __init__(self, folder: Path, tls: bool = False, claims: tuple[str, ...] = ()):
+    def __init__(self, folder: Path, tls: bool = False, claims: tuple[str, ...] = (),
+                 secret: str = ""):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -123,7 +144,8 @@ class HostilePeer:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, str(self.port), str(self.record),
              *(["--tls"] if tls else []), *(a for m in claims for a in ("--claim", m))],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, "HOSTILE_SECRET": secret})  # never argv
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -152,4 +174,4 @@ if __name__ == "__main__":
     p.add_argument("--tls", action="store_true")
     p.add_argument("--claim", action="append", default=[])
     a = p.parse_args()
-    serve(a.port, a.record, a.tls, a.claim)
+    serve(a.port, a.record, a.tls, a.claim, os.environ.get("HOSTILE_SECRET", ""))

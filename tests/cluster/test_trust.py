@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -195,3 +196,41 @@ def test_verifier_of_a_node_follows_its_id():
     v = Verifier("s", lambda: ids[0])
     ids[0] = "new"
     assert v.verify("GET", "/x", sign("s", "a", "GET", "/x", to="new"), b"").node == "a"
+
+
+def test_a_member_gone_bad_cant_write_outside_the_model_cache(tmp_path, tiny_model_dir):
+    """A peer that holds the secret (so it is trusted, as members are) offers, with the Hub
+    unreachable, a file plan whose paths, commit and etags walk out of the cache. Before,
+    the pull linked them where the peer said (a sitecustomize.py outside the cache ran the
+    attacker's code at the next Python start). Now the plan is refused whole, naming the
+    peer, and nothing is written."""
+    cache = tmp_path / "hf-cache"
+    evil = HostilePeer(tmp_path, secret="the-secret")
+    a = NodeProcess(home_with(tmp_path / "a", tiny_model_dir), "none", "--secret",
+                    "the-secret", env={"HF_ENDPOINT": "http://127.0.0.1:9",
+                                       "HF_HUB_CACHE": str(cache)})
+    outside = [Path("/tmp/shoal-pwned"), Path("/tmp/shoal-pwned-abs"),
+               Path("/tmp/shoal-etag")]
+    for p in outside:
+        p.unlink(missing_ok=True)
+    try:
+        a.wait_healthy()
+        httpx.post(a.url + "/shoal/peers", json={"address": evil.address}, timeout=10)
+        wait_until(lambda: any(p["trusted"] for p in _peers(a).values()), 15)
+        d = a.client.hub_pull("evil/model")
+
+        def ended() -> bool:
+            nonlocal d
+            d = next(x for x in a.client.hub_downloads() if x.id == d.id)
+            return d.state != "running"
+        wait_until(ended, 30)
+        assert d.state == "failed" and d.error is not None
+        assert evil.address in d.error.message and "Nothing was written" in d.error.message
+        assert not any(p.exists() or p.is_symlink() for p in outside)
+        written = [p for p in cache.rglob("*") if p.is_file() or p.is_symlink()] \
+            if cache.exists() else []
+        assert written == []
+        assert not any(g["path"].startswith("/shoal/peer/files/") for g in evil.received())
+    finally:
+        a.stop()
+        evil.stop()
