@@ -73,26 +73,22 @@ def token_limit(model: Any, tokenizer: Any) -> int:
     return min(vocab, known) if known else vocab
 
 
-def not_a_token(what: str, token: int, limit: int) -> str:
-    return f"{what} {token} is not a token id of this model (0 to {limit - 1})."
-
-
 def check_request(req: GenerateRequest, limit: int) -> None:
     """A 400 naming the field for any id the request carries that this model hasn't, and
     for a bias that isn't a finite number (the API checked both; the pipe is re-checked
     on the side that indexes with it)."""
     for token, bias in req.sampling.logit_bias:
         if not 0 <= token < limit:
-            raise BadRequest(not_a_token("'logit_bias' key", token, limit),
-                             param="logit_bias")
+            raise BadRequest(f"'logit_bias' key {token} is not a token id of this model "
+                             f"(0 to {limit - 1}).", param="logit_bias")
         if not math.isfinite(bias) or not -100 <= bias <= 100:
             raise BadRequest(f"'logit_bias' for token {token} is {bias}: biases are "
                              "between -100 and 100.", param="logit_bias")
     if isinstance(req.prompt, list):  # before it is decoded: the tokenizer takes only u32
         bad = _first_outside(req.prompt, limit)
         if bad is not None:
-            raise BadRequest(not_a_token("'prompt' holds token id", bad, limit),
-                             param="prompt")
+            raise BadRequest(f"'prompt' holds {bad}, which is not a token id of this model "
+                             f"(0 to {limit - 1}).", param="prompt")
 
 
 def check_prompt(prompt: list[int], limit: int, req: GenerateRequest) -> None:
