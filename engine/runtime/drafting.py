@@ -47,6 +47,7 @@ class Drafting:
     max_draft: int = DEFAULT_DRAFT
     governor: Governor = field(default_factory=Governor)  # for one sequence at a time
     governors: dict[int, Governor] = field(default_factory=dict)  # for batches, by size
+    limit: int | None = None  # a draft model's guesses stay below it (ModelDraft)
 
     def __post_init__(self) -> None:
         self.governor.max_draft = self.max_draft
@@ -64,7 +65,9 @@ class Drafting:
         return "draft model" if self.draft_model is not None else "prompt lookup"
 
     def drafter(self) -> Drafter:
-        return ModelDraft(self.draft_model) if self.draft_model is not None else PromptLookup()
+        if self.draft_model is None:
+            return PromptLookup()
+        return ModelDraft(self.draft_model, limit=self.limit)
 
     def wanted(self, sampling: Sampling) -> bool:
         """Whether this request drafts (before the cache is known)."""

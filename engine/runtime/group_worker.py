@@ -46,11 +46,11 @@ def _follow_stdin(quit_group: Callable[[], None]) -> None:
 
 def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
              serve: Callable[..., None], streams: int = 1,
-             drafting: Callable[[Any], Any] | None = None,
+             drafting: Callable[[Any, Any], Any] | None = None,
              disk: tuple[Path | None, int] = (None, 0),
              memory_limit: int | None = None) -> int:
-    """One rank of a group. `drafting` makes rank 0's Drafting from the model's tokenizer
-    (loading the draft model, if the node has one): rank 0 drafts for the whole group.
+    """One rank of a group. `drafting` makes rank 0's Drafting from the tokenizer and the
+    model (loading the draft model, if the node has one): rank 0 drafts for the whole group.
     `disk`: the folder and size of this node's prefix cache on disk (engine/runtime/
     group_disk.py); `memory_limit`: the node's cap for admission, in bytes."""
     import mlx.core as mx
@@ -113,7 +113,7 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         drafts = None
         if cfg.rank == 0 and streams > 1 and drafting is not None:
             try:  # before the others wait on rank 0 (asleep, on the doorbell)
-                drafts = drafting(tokenizer)
+                drafts = drafting(tokenizer, model)
             except Exception as e:  # a draft model that can't load or can't serve this one
                 log.exception("the draft model can't be used")
                 fatal("draft_refused", f"Couldn't use the draft model: {e}")

@@ -66,12 +66,14 @@ def feed(model: Any, cache: list[Any], tokens: list[int]) -> None:
 
 class ModelDraft:
     """Drafts with a small model sharing the target's tokenizer: its own KV cache, fed
-    what the context holds, then k greedy steps. The next call trims what was refused."""
+    what the context holds, then k greedy steps. The next call trims what was refused.
+    `limit`: token ids both models take (their vocabularies may be padded differently):
+    a guess is always below it, and a context holding an id past it gets no guesses."""
 
-    def __init__(self, model: Any, chunk: int = 512):
+    def __init__(self, model: Any, chunk: int = 512, limit: int | None = None):
         from mlx_lm.models.cache import make_prompt_cache
 
-        self.model, self.chunk = model, chunk
+        self.model, self.chunk, self.limit = model, chunk, limit
         self.cache = make_prompt_cache(model)
         self.fed: list[int] = []  # the tokens whose KV the draft cache holds
 
@@ -89,6 +91,8 @@ class ModelDraft:
             trim_prompt_cache(self.cache, len(self.fed) - same)
             del self.fed[same:]
         todo = context[same:]
+        if self.limit is not None and max(todo, default=0) >= self.limit:
+            return []  # an id the draft model may not have: never embedded past its end
         while len(todo) > 1:
             part = todo[:min(self.chunk, len(todo) - 1)]
             feed(self.model, self.cache, part)
@@ -96,7 +100,7 @@ class ModelDraft:
             todo = todo[len(part):]
         out: list[int] = []
         for _ in range(k):
-            logits = self.model(mx.array(todo)[None], cache=self.cache)[:, -1, :]
+            logits = self.model(mx.array(todo)[None], cache=self.cache)[:, -1, :self.limit]
             self.fed += todo
             best: Any = mx.argmax(logits, axis=-1).item()
             todo = [int(best)]

@@ -206,9 +206,11 @@ def disk_tier(args: argparse.Namespace, model: Any) -> Any:
                      can_trim_prompt_cache(make_prompt_cache(model)))
 
 
-def load_drafting(args: argparse.Namespace, tokenizer: Any) -> Any:
+def load_drafting(args: argparse.Namespace, tokenizer: Any, target: Any = None) -> Any:
     """The worker's drafting as its flags say; a draft model that can't serve this target
-    (another vocabulary) is refused, naming both."""
+    (another vocabulary) is refused, naming both. Its guesses stay within the token ids
+    both it and the `target` model take."""
+    from engine.runtime.bounds import model_vocab, token_limit
     from engine.runtime.drafting import Drafting
     from engine.runtime.load import load_model
     from engine.runtime.speculative import check_draft
@@ -217,8 +219,10 @@ def load_drafting(args: argparse.Namespace, tokenizer: Any) -> Any:
         return Drafting(enabled=args.speculative == "on", max_draft=args.draft_tokens)
     draft, draft_tok, _ = load_model(Path(args.draft_model), lambda done, total: None)
     check_draft(tokenizer, draft_tok, args.model_id, Path(args.draft_model).name)
+    limits = [model_vocab(draft), token_limit(target, tokenizer) if target is not None else None]
     return Drafting(enabled=args.speculative == "on", draft_model=draft,
-                    max_draft=args.draft_tokens)
+                    max_draft=args.draft_tokens,
+                    limit=min((n for n in limits if n), default=None))
 
 
 def _reexec_with_quiet_blas_threads() -> None:
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = default_budget(ctx) if args.prefix_cache_tokens is None \
         else max(0, args.prefix_cache_tokens)
     try:
-        drafting = load_drafting(args, tokenizer)
+        drafting = load_drafting(args, tokenizer, model)
     except ShoalError as e:
         emit(Fatal(e.code, e.message))
         return 1

@@ -130,3 +130,15 @@ def test_top_logprobs_past_a_tiny_vocabulary_give_all_of_it():
     lp = mx.log(mx.softmax(mx.array([[1.0, 3.0, 2.0]]), axis=-1))
     chosen, top = token_logprobs(lp, 1, 20)
     assert [t for t, _ in top] == [1, 2, 0] and chosen == top[0][1]
+
+
+def test_a_draft_model_guesses_only_ids_both_models_take(loaded):
+    """A draft model padded wider than the target never guesses past the target's ids,
+    and one narrower than a context's ids is never fed them (no guesses instead)."""
+    from engine.runtime.speculative import ModelDraft
+
+    wide, narrow = loaded[300][0], loaded[200][0]
+    context = list(range(40, 60)) * 3
+    guesses = ModelDraft(wide, limit=120).propose(context, 16)
+    assert len(guesses) == 16 and max(guesses) < 120
+    assert ModelDraft(narrow, limit=200).propose([5, 6, 250, 7], 4) == []
