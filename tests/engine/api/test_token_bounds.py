@@ -51,8 +51,9 @@ def post(node: NodeProcess, path: str, body: dict) -> httpx.Response:
     return httpx.post(node.url + path, json={"model": MODEL, **body}, timeout=60)
 
 
-def attack(node: NodeProcess, key: str, route: str = "/v1/chat/completions") -> None:
-    body = {"max_tokens": 2, "logit_bias": {key: 5}}
+def attack(node: NodeProcess, key: str, route: str = "/v1/chat/completions",
+           stream: bool = False) -> None:
+    body = {"max_tokens": 2, "logit_bias": {key: 5}, "stream": stream}
     body |= {"messages": HELLO} if "chat" in route else {"prompt": "Once"}
     r = post(node, route, body)
     assert r.status_code == 400, (key, r.text)
@@ -70,11 +71,12 @@ def answers(node: NodeProcess) -> None:
     assert r.json()["usage"]["completion_tokens"] == 3
 
 
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
-def test_the_attack_is_a_400_naming_logit_bias_and_the_worker_lives(node, route):
+def test_the_attack_is_a_400_naming_logit_bias_and_the_worker_lives(node, route, stream):
     pid = worker_pid(node)
     for key in [*map(str, NUMERIC), *OTHER]:
-        attack(node, key, route)
+        attack(node, key, route, stream)
     assert worker_pid(node) == pid
     answers(node)
 
