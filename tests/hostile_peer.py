@@ -102,32 +102,10 @@ def serve(port: int, record: Path, tls: bool, claims: list[str], secret: str = "
     elif tls:  # a certificate of its own: self-signed, as any stranger can make
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         with tempfile.TemporaryDirectory() as d:
-            cert, key = own_certificate(Path(d))
+            from certs import self_signed
+            cert, key = self_signed(Path(d), "Shoal cluster")
             ctx.load_cert_chain(cert, key)
     web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, print=None)
-
-
-def own_certificate(folder: Path) -> tuple[str, str]:
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Shoal cluster")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=30))
-            .sign(key, hashes.SHA256()))
-    (folder / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "k.pem").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    return str(folder / "c.pem"), str(folder / "k.pem")
 
 
 class HostilePeer:

@@ -3,8 +3,6 @@ HTTPS with the user's certificate and nothing in clear; half a pair is refused a
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import subprocess
 import sys
@@ -12,36 +10,13 @@ import sys
 import httpx
 import pytest
 
+from certs import self_signed
 from nodes import ROOT, NodeProcess
 from tests_support import wait_until
 
 
-def _certificate(folder):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "shoal.test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=30))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(key, hashes.SHA256()))
-    c, k = folder / "cert.pem", folder / "key.pem"
-    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                    serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
-    return c, k
-
-
 def test_the_user_api_serves_https_with_the_users_certificate(tmp_path):
-    cert, key = _certificate(tmp_path)
+    cert, key = self_signed(tmp_path, ip="127.0.0.1")
     node = NodeProcess(tmp_path / "home", "none", "--tls-cert", str(cert),
                        "--tls-key", str(key))
     https = node.url.replace("http://", "https://")
@@ -62,7 +37,7 @@ def test_the_user_api_serves_https_with_the_users_certificate(tmp_path):
 
 
 def test_half_a_certificate_pair_is_refused_at_start(tmp_path):
-    cert, _ = _certificate(tmp_path)
+    cert, _ = self_signed(tmp_path)
     r = subprocess.run([sys.executable, "-m", "engine.cli", "node", "--home",
                         str(tmp_path / "home"), "--model", "none", "--port", "0",
                         "--tls-cert", str(cert)], cwd=ROOT, capture_output=True,
