@@ -70,6 +70,12 @@ class SamplingFields(Drafts):
                                  f"0-9 (at most 10), got {k!r}")
             if not -100 <= b <= 100:
                 raise ValueError(f"biases are between -100 and 100, got {b}")
+        seen: dict[int, str] = {}
+        for k in v or {}:  # "7" and "007" would bias the same token twice
+            if int(k) in seen:
+                raise ValueError(f"token id {int(k)} is given twice ({seen[int(k)]!r} and "
+                                 f"{k!r})")
+            seen[int(k)] = k
         return v
 
     def sampling(self, max_tokens: int | None, logprobs: int | None = None,
