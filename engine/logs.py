@@ -14,8 +14,8 @@ BACKUPS = 3  # node.log.1 .. node.log.3 are kept
 
 
 class OncePerSecond(logging.Filter):
-    """Passes the first record of each kind (logger, level, message template) per
-    `every` seconds; the next one that passes says how many were held back."""
+    """Passes the first warning or error of each kind (logger, level, message template)
+    per `every` seconds; the next one that passes says how many were held back."""
 
     def __init__(self, every: float = 1.0):
         super().__init__()
@@ -31,6 +31,8 @@ class OncePerSecond(logging.Filter):
         return passed
 
     def _decide(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:  # a request's own line is never held back
+            return True
         key = (record.name, record.levelno, str(record.msg))
         now = time.monotonic()
         last, held = self._last.get(key, (-self.every, 0))

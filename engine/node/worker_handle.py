@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import Overloaded, ShoalError, WorkerFailed
+from engine.logs import rotate_if_big
 from engine.protocol import (
     TERMINAL,
     Cancel,
@@ -84,6 +85,7 @@ class WorkerHandle:
     async def start(self, timeout: float = 600.0) -> Ready:
         """Spawn the worker and wait until its model is loaded. Returns the ready event."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        rotate_if_big(self.log_path)  # the worker writes it itself: rotated between runs
         logf = self.log_path.open("ab")
         try:
             self._proc = await asyncio.create_subprocess_exec(

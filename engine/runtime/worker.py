@@ -277,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     emit = Emitter(claim_stdout())
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
+    from engine.logs import OncePerSecond
+    for h in logging.getLogger().handlers:  # a warning repeated in a flood: once a second
+        h.addFilter(OncePerSecond())
     if args.dist is not None:
         from functools import partial
 

@@ -12,6 +12,7 @@ from engine.logs import OncePerSecond, rotate_if_big, rotating_file
 def test_a_repeated_message_is_written_once_a_second_with_a_count(tmp_path):
     log = logging.getLogger("test.flood")
     log.propagate = False
+    log.setLevel(logging.INFO)
     handlers = [logging.FileHandler(tmp_path / "a.log"), logging.FileHandler(tmp_path / "b.log")]
     limit = OncePerSecond(every=0.3)
     for h in handlers:
@@ -20,6 +21,7 @@ def test_a_repeated_message_is_written_once_a_second_with_a_count(tmp_path):
     try:
         for i in range(5000):
             log.warning("refused a connection from %s", f"10.0.0.{i % 250}")
+            log.info("request %d started", i)  # below warnings: never held back
         log.warning("something else")
         time.sleep(0.35)
         log.warning("refused a connection from %s", "10.0.0.1")
@@ -29,6 +31,9 @@ def test_a_repeated_message_is_written_once_a_second_with_a_count(tmp_path):
             h.close()
     for name in ("a.log", "b.log"):  # every handler sees the same records
         lines = (tmp_path / name).read_text().splitlines()
+        started = [x for x in lines if x.startswith("request ")]
+        assert len(started) == 5000
+        lines = [x for x in lines if not x.startswith("request ")]
         assert lines[0] == "refused a connection from 10.0.0.0"
         assert lines[1] == "something else"
         assert lines[2].startswith("refused a connection from 10.0.0.1 (and 4999 more like it")
