@@ -24,7 +24,7 @@ NOTE = ("Between these machines the model's working data crosses your network "
 EDGE_HINT = ("A model spread over these two machines passes its working data over this "
              "link unencrypted (MLX can't encrypt it); prompts and answers between Shoal "
              "nodes are encrypted.")
-SPOKEN = {"network": "a network", "wi-fi": "Wi-Fi"}  # beside LINK_NAMES
+SPOKEN = {"network": "a network"}  # in a sentence, before LINK_NAMES (a label's "Network")
 
 
 def is_private(link_type: str | None) -> bool:
@@ -56,7 +56,7 @@ def link_name(link_type: str | None) -> str:
     """The link as a sentence names it ("Ethernet", "Wi-Fi", "a network")."""
     if link_type is None:
         return "a network (not measured yet)"
-    return LINK_NAMES.get(link_type) or SPOKEN.get(link_type) or link_type
+    return SPOKEN.get(link_type) or LINK_NAMES.get(link_type) or link_type
 
 
 def detail(links: Sequence[tuple[str, str, str | None]],

@@ -176,27 +176,38 @@ class Peers:
             await asyncio.gather(*(self._poll(p.url) for p in self.all()))
             await asyncio.sleep(POLL_S)
 
+    async def _describe(self, url: str, peer: Peer) -> tuple[Peer, NodeInfo]:
+        """The peer's own description, its id learned (and proven) first if need be."""
+        if peer.id is None:  # first contact: learn (and prove) its id
+            hello = await self.call(url, "GET", HELLO, timeout=POLL_S)
+            if not isinstance(hello, dict) or not isinstance(hello.get("id"), str):
+                raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
+            peer = self._peers[url] = replace(peer, id=hello["id"])
+        raw = await self.call(url, "GET", "/shoal/node", timeout=POLL_S)
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
+        try:
+            info: NodeInfo = NodeInfo.from_json(raw)
+        except (TypeError, ValueError) as e:
+            raise PeerUnreachable(f"{url} described itself in a shape this node "
+                                  f"can't read ({e}); update both nodes") from None
+        if info.id != peer.id:
+            raise NotInCluster(f"{url} described itself as node {info.id}, but signed as "
+                               f"{peer.id}.", code="wrong_node")
+        return peer, info
+
     async def _poll(self, url: str) -> None:
         peer = self._peers.get(url)
         if peer is None:
             return
         try:
-            if peer.id is None:  # first contact: learn (and prove) its id
-                hello = await self.call(url, "GET", HELLO, timeout=POLL_S)
-                if not isinstance(hello, dict) or not isinstance(hello.get("id"), str):
-                    raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
-                peer = self._peers[url] = replace(peer, id=hello["id"])
-            raw = await self.call(url, "GET", "/shoal/node", timeout=POLL_S)
-            if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
-                raise PeerUnreachable(f"{url} answered, but not as a Shoal node")
             try:
-                info: NodeInfo = NodeInfo.from_json(raw)
-            except (TypeError, ValueError) as e:
-                raise PeerUnreachable(f"{url} described itself in a shape this node "
-                                      f"can't read ({e}); update both nodes") from None
-            if info.id != peer.id:
-                raise NotInCluster(f"{url} described itself as node {info.id}, but "
-                                   f"signed as {peer.id}.")
+                peer, info = await self._describe(url, peer)
+            except NotInCluster as e:
+                if e.code != "wrong_node" or peer.id is None:
+                    raise
+                # it took a new id (a copied state folder, resolved): learn it at once
+                peer, info = await self._describe(url, replace(peer, id=None))
             if info.id == self.node_id and self.on_same_id is not None:
                 self.on_same_id(url)  # a copied state folder: one side must change
                 return
