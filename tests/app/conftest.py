@@ -120,3 +120,24 @@ def port_holder(port: int):
     the port)."""
     with socket.create_server(("127.0.0.1", port)) as holder:
         yield holder
+
+
+@pytest.fixture
+def views(qtbot, planner):
+    """The placement and topology views over a stand-in planner (each test file's
+    `planner` fixture): (cluster state, placement view, topology view, planner)."""
+    from app.cluster_state import ClusterState
+    from app.placement import PlacementView
+    from app.tasks import Tasks
+    from app.topology import TopologyView
+
+    tasks = Tasks()
+    state = planner.state = ClusterState(tasks, planner)
+    place = PlacementView(planner, tasks, state)
+    topo = TopologyView(state)
+    for w in (place, topo):
+        qtbot.addWidget(w)
+        w.resize(1000, 700)
+        w.show()
+    yield state, place, topo, planner
+    assert tasks.wait(10000)

@@ -6,10 +6,6 @@ does (its figures depend on whether the node's speed is known)."""
 
 import pytest
 
-from app.cluster_state import ClusterState
-from app.placement import PlacementView
-from app.tasks import Tasks
-from app.topology import TopologyView
 from engine.cluster_records import PlanInfo, TopologyInfo
 from engine.records import ModelCard, ModelFacts
 
@@ -51,18 +47,8 @@ class Planner:
 
 
 @pytest.fixture
-def views(qtbot):
-    tasks = Tasks()
-    client = Planner()
-    state = client.state = ClusterState(tasks, client)
-    place = PlacementView(client, tasks, state)
-    topo = TopologyView(state)
-    for w in (place, topo):
-        qtbot.addWidget(w)
-        w.resize(1000, 700)
-        w.show()
-    yield state, place, topo, client
-    assert tasks.wait(10000)
+def planner():
+    return Planner()  # the placement and topology views over it: tests/app/conftest.py
 
 
 def ready(state, model=MODEL):

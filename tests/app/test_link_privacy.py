@@ -7,12 +7,8 @@ over the nodes asked for."""
 import pytest
 from PySide6.QtCore import QPoint, QRect, Qt
 
-from app.cluster_state import ClusterState
 from app.link_privacy import EDGE_HINT, NOTE, detail, is_private, shared_links
-from app.placement import PlacementView
 from app.snapshots import LinkEdge
-from app.tasks import Tasks
-from app.topology import TopologyView
 from engine.cluster_records import PlanInfo, TopologyInfo
 from engine.errors import BadRequest, InsufficientMemory
 from engine.records import ModelCard, ModelFacts
@@ -157,18 +153,8 @@ def ranks_of(view):
 
 
 @pytest.fixture
-def views(qtbot):
-    tasks = Tasks()
-    client = Planner()
-    state = client.state = ClusterState(tasks, client)
-    place = PlacementView(client, tasks, state)
-    topo = TopologyView(state)
-    for w in (place, topo):
-        qtbot.addWidget(w)
-        w.resize(1000, 700)
-        w.show()
-    yield state, place, topo, client
-    assert tasks.wait(10000)
+def planner():
+    return Planner()  # the placement and topology views over it: tests/app/conftest.py
 
 
 def test_the_note_follows_the_placement_and_the_links(qtbot, views):
