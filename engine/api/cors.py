@@ -86,15 +86,21 @@ def host_names(listen_host: str, extra: Iterable[str]) -> frozenset[str]:
     return frozenset(names)
 
 
+def arrived_on(request: web.Request, port: int) -> bool:
+    """Whether the request came in on this node's listener at `port` (the cluster port)."""
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    return bool(port and sock and sock[1] == port)
+
+
 def guard(origins: frozenset[str], hosts: frozenset[str],
           cluster_port: int = 0) -> Callable[..., Awaitable[web.StreamResponse]]:
     """The browser rules above, for requests on the user API (the cluster port serves
     only signed requests, which no page can make, and is left to the auth middleware)."""
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        sock = request.transport.get_extra_info("sockname") if request.transport else None
-        if cluster_port and sock and sock[1] == cluster_port:
+        if arrived_on(request, cluster_port):
             return await handler(request)
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
         host = request.headers.get("Host")
         if host is not None and "*" not in hosts:
             name = host_name(host)

@@ -86,8 +86,8 @@ class Listener:
         try:
             infos = socket.getaddrinfo(self.host or None, self.port, type=socket.SOCK_STREAM,
                                        flags=socket.AI_PASSIVE)
-            for family, kind, proto, _, addr in dict.fromkeys(
-                    (i[0], i[1], i[2], None, i[4]) for i in infos):
+            for family, kind, proto, addr in dict.fromkeys(
+                    (f, k, p, a) for f, k, p, _, a in infos):
                 s = socket.socket(family, kind, proto)
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 if family == socket.AF_INET6:
@@ -104,11 +104,6 @@ class Listener:
                 "port: stop it, or start this node with a free --port/--cluster-port."
             ) from None
         self._tasks = [asyncio.create_task(self._accept(s)) for s in self._socks]
-
-    @property
-    def open(self) -> int:
-        self._conns = [c for c in self._conns if not c.closed]
-        return len(self._conns)
 
     def close(self) -> None:
         for t in self._tasks:
@@ -144,19 +139,23 @@ class Listener:
         return sum(1 for c in self._conns if c.client == client)
 
     def _make_room(self, client: str) -> bool:
-        """Whether a new connection from `client` fits, closing an idle one if need be."""
-        for over, mine in ((lambda: self._from(client) >= self.limits.per_client, True),
-                           (lambda: self.open >= self.limits.total, False)):
-            self._conns = [c for c in self._conns if not c.closed]
-            if not over():
-                continue
-            idle = [c for c in self._conns if c.idle and (c.client == client or not mine)]
-            if not idle:
-                return False
-            oldest = min(idle, key=lambda c: c.since)
-            oldest.close()
-            self._conns.remove(oldest)
-            self.evicted += 1
+        """Whether a new connection from `client` fits, closing an idle one if need be:
+        first one of the client's own at its cap, then any at the listener's."""
+        self._conns = [c for c in self._conns if not c.closed]
+        mine = [c for c in self._conns if c.client == client]
+        if len(mine) >= self.limits.per_client and not self._evict(mine):
+            return False
+        return len(self._conns) < self.limits.total or self._evict(self._conns)
+
+    def _evict(self, among: list[_Conn]) -> bool:
+        """Close the oldest idle connection of `among`; False when none is idle."""
+        idle = [c for c in among if c.idle]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c.since)
+        oldest.close()
+        self._conns.remove(oldest)
+        self.evicted += 1
         return True
 
     async def _serve(self, conn: _Conn) -> None:

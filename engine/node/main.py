@@ -167,7 +167,7 @@ async def run_node(cfg: NodeConfig) -> None:
     def start_discovery() -> None:
         nonlocal discovery
         discovery = Discovery(ident.id, ident.name, me, cport, __version__,
-                              lambda url, fields: peers.add_discovered(url, fields["id"]),
+                              lambda url, fields: peers.add_discovered(url),
                               cfg.mdns_interfaces or None)
         try:
             discovery.start()

@@ -131,7 +131,7 @@ class Peers:
                 asyncio.get_running_loop().create_task(self._poll(url))
         return self._peers[url]
 
-    def add_discovered(self, url: str, node_id: str = "") -> None:
+    def add_discovered(self, url: str) -> None:
         """A node heard over mDNS; thread-safe (zeroconf calls from its own thread). What
         it announces proves nothing: it is polled like any address, and trusted only once
         its answers prove it holds the secret."""

@@ -117,11 +117,6 @@ def is_peer_route(path: str) -> bool:
     return path == "/shoal/node" or path.startswith("/shoal/peer/")
 
 
-def on_cluster_port(request: web.Request, cluster_port: int) -> bool:
-    sock = request.transport.get_extra_info("sockname") if request.transport else None
-    return bool(cluster_port and sock and sock[1] == cluster_port)
-
-
 def auth(api_key: str | None, verifier: Any = None, cluster_port: int = 0) -> Any:
     """The cluster port serves only requests signed for this node by a member (and signs
     its answers, sign_answers); the user API wants the API key where one is set, and
@@ -129,7 +124,7 @@ def auth(api_key: str | None, verifier: Any = None, cluster_port: int = 0) -> An
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if verifier is not None and on_cluster_port(request, cluster_port):
+        if verifier is not None and cors.arrived_on(request, cluster_port):
             # raises NotInCluster: unsigned, another secret, stale, replayed, not for us
             request["caller"] = verifier.verify(request.method, request.path_qs,
                                                 request.headers, await request.read())
