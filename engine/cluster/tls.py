@@ -54,17 +54,6 @@ def cluster_certificate(secret: str) -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), seed
 
 
-def fingerprint(secret: str) -> str:
-    """The SHA-256 of the cluster's certificate (what `openssl s_client` shows)."""
-    import hashlib
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-    pem, _ = cluster_certificate(secret)
-    der = x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
-    return hashlib.sha256(der).hexdigest()
-
-
 def _load_identity(ctx: ssl.SSLContext, secret: str) -> None:
     """Give `ctx` the cluster's certificate and key. Python's ssl loads a key only from a
     file, so it goes through one encrypted under a one-time password that never leaves
