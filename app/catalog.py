@@ -112,48 +112,57 @@ def downloaded(entry: CatalogModel) -> bool:
     return any(x.source != "peer" for x in entry.local)
 
 
-def _room(card: NodeCard) -> int:
-    return card.memory.free + card.memory.planned if card.memory else 0
+WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def machines(n: int, words: bool = False) -> str:
+    """'1 machine', '2 machines' (or 'two machines', for sentences)."""
+    count = WORDS[n] if words and 0 <= n < len(WORDS) else str(n)
+    return f"{count} machine{'' if n == 1 else 's'}"
 
 
 def fit_badge(entry: CatalogModel, cards: list[NodeCard]) -> Badge:
-    """Fits this machine / needs N machines / too large, and why, as a badge."""
+    """Fits this machine / needs N machines / too large, and why, as a badge. It counts
+    the memory Shoal may use on each machine (MemoryBar.usable), not what is free this
+    second, so it doesn't flip as other programs' memory moves."""
     size = entry.size_bytes
     if entry.fit_basis == "planner" and entry.fits is False:
         return Badge("error", "too large", entry.fit_reason or
                      "The planner finds no placement that fits.")
     me = next((c for c in cards if c.is_self and c.memory), None)
-    if not size or me is None:
+    if not size or me is None or me.memory is None:
         return Badge("plain", "size unknown" if not size else "fit unknown",
                      "The node hasn't said how large it is" if not size else
                      "This machine's memory isn't known yet")
     need = int(size * HEADROOM)
-    here = _room(me)
+    here = me.memory.usable
     basis = ("the planner's check" if entry.fit_basis == "planner" else
              "an estimate from its size: planning it checks exactly")
     if need <= here:
-        return Badge("ok", "fits this machine",
-                     f"Needs about {fmt_bytes(need)}; {fmt_bytes(here)} free here ({basis}).")
-    others = sorted((_room(c) for c in cards if c.usable and not c.is_self and c.memory),
-                    reverse=True)
+        return Badge("ok", "fits this machine", f"Needs about {fmt_bytes(need)}; this "
+                     f"machine may use {fmt_bytes(here)} ({basis}).")
+    others = sorted(((c.memory.usable, c.name) for c in cards
+                     if c.usable and not c.is_self and c.memory), reverse=True)
     total, n = here, 1
-    for room in others:
+    for room, _name in others:
         if total >= need:
             break
         total, n = total + room, n + 1
+    largest, name = max([(here, me.name), *others])
+    said = (f"Needs about {fmt_bytes(need)}; the largest machine ({name}) may use "
+            f"{fmt_bytes(largest)}; ")
     if total >= need:
-        return Badge("warning", f"needs {n} machines",
-                     f"Needs about {fmt_bytes(need)}: more than the {fmt_bytes(here)} free "
-                     f"here, but {n} of your machines have it together ({basis}).")
-    usable = me.memory.total - me.memory.others if me.memory else 0
-    machines = math.ceil(need / usable) if usable > 0 else MOST_MACHINES + 1
-    if machines <= MOST_MACHINES:
-        return Badge("warning", f"needs {machines} machines",
-                     f"Needs about {fmt_bytes(need)}: about {machines} machines like this one "
-                     f"({fmt_bytes(usable)} each for Shoal). Add machines in Topology.")
+        return Badge("warning", f"needs {machines(n)}",
+                     f"{said}{machines(n, words=True)} together may use {fmt_bytes(total)} "
+                     f"({basis}).")
+    like = math.ceil(need / here) if here > 0 else MOST_MACHINES + 1
+    if like <= MOST_MACHINES:
+        return Badge("warning", f"needs {machines(like)}",
+                     f"{said}your {machines(n, words=True)} together may use "
+                     f"{fmt_bytes(total)}: it takes about {machines(like)} like this one "
+                     f"({fmt_bytes(here)} each for Shoal). Add machines in Topology.")
     return Badge("error", "too large",
-                 f"Needs about {fmt_bytes(need)}: more than {MOST_MACHINES} machines like "
-                 "this one.")
+                 f"{said}more than {MOST_MACHINES} machines like this one couldn't hold it.")
 
 
 def _bits(entry: CatalogModel) -> float:

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.placement.gpu_memory import mac_gpu_budget
+
 LINK_NAMES = {"thunderbolt-rdma": "Thunderbolt RDMA", "thunderbolt-ip": "Thunderbolt IP",
               "ethernet": "Ethernet", "wifi": "Wi-Fi", "wi-fi": "Wi-Fi",
               "thunderbolt": "Thunderbolt", "loopback": "Loopback", "network": "Network"}
@@ -23,6 +25,7 @@ class MemoryBar:
     free: int
     overflow: int = 0  # planned beyond what is available
     rule: str = ""  # how the OS figure was read (e.g. "MemAvailable from /proc/meminfo")
+    usable: int = 0  # what Shoal may use here: steady, unlike free (see usable_memory)
 
 
 @dataclass(frozen=True)
@@ -96,18 +99,34 @@ def platform_warnings(node: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def moves(rule: str) -> bool:
+    """Whether a node's available figure is what the OS has free now (Linux), which moves
+    with other programs, rather than a budget (Metal's working set, a wired limit, the
+    user's --memory-limit)."""
+    return not rule.startswith("--memory-limit") and ("MemAvailable" in rule or
+                                                      "MemFree" in rule)
+
+
+def usable_memory(total: int, available: int, rule: str) -> int:
+    """What Shoal may use on a machine, steady while other programs come and go: the
+    node's budget; where the node reports only what is free now, the planner's rule for
+    a machine known by its RAM alone (engine.placement.gpu_memory)."""
+    return mac_gpu_budget(total, None, None)[0] if moves(rule) else available
+
+
 def memory_bar(node: Mapping[str, Any], shoal: int = 0, planned: int = 0) -> MemoryBar | None:
     mem = ((node.get("machine") or {}).get("memory") or {})
     total, available = mem.get("total_bytes"), mem.get("available_bytes")
     if not isinstance(total, int) or total <= 0:
         return None
     available = min(available if isinstance(available, int) else total, total)
+    rule = str(mem.get("rule") or "")
     used = total - available
     shoal = min(max(shoal, 0), used)
     fits = min(max(planned, 0), available)
     return MemoryBar(total=total, others=used - shoal, shoal=shoal, planned=fits,
                      free=available - fits, overflow=max(planned - available, 0),
-                     rule=str(mem.get("rule") or ""))
+                     rule=rule, usable=usable_memory(total, available, rule))
 
 
 def node_cards(topology: Mapping[str, Any], shoal_use: Mapping[str, int] | None = None,
@@ -122,6 +141,10 @@ def node_cards(topology: Mapping[str, Any], shoal_use: Mapping[str, int] | None 
         if names.count(name) > 1 and node.get("id"):
             name = f"{name} · {str(node['id'])[:4]}"
         kind, detail = _kind(node)
+        if kind == "offline":  # what it last said is no longer true: keep who it is
+            node = {k: node.get(k) for k in ("id", "url", "name", "version")
+                    if node.get(k) is not None} | {"machine": {
+                        k: v for k, v in (node.get("machine") or {}).items() if k != "memory"}}
         machine = node.get("machine") or {}
         os_text = " ".join(str(x) for x in (machine.get("os_name"), machine.get("os_version"))
                            if x) or None
@@ -147,7 +170,8 @@ def node_cards(topology: Mapping[str, Any], shoal_use: Mapping[str, int] | None 
 def link_edges(topology: Mapping[str, Any]) -> list[LinkEdge]:
     """One edge per pair of nodes that measured a link (either side's measurement) or share a
     Thunderbolt cable; a cable types the edge (Thunderbolt RDMA or Thunderbolt IP)."""
-    known = {str(n.get("id")) for n in topology.get("nodes") or [] if n.get("id")}
+    known = {str(n.get("id")) for n in topology.get("nodes") or []
+             if n.get("id") and (n.get("self") or n.get("reachable"))}  # gone: no links
     seen: dict[frozenset[str], LinkEdge] = {}
     for lk in topology.get("links") or []:
         a, b = str(lk.get("from")), str(lk.get("to"))
@@ -177,9 +201,11 @@ def link_edges(topology: Mapping[str, Any]) -> list[LinkEdge]:
 
 
 def running_instances(topology: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Instances any node reports as starting or ready (each once)."""
+    """Instances any node that answers reports as starting or ready (each once)."""
     found: dict[str, dict[str, Any]] = {}
     for n in topology.get("nodes") or []:
+        if not (n.get("self") or n.get("reachable")):
+            continue  # what a node that left last said runs
         for inst in n.get("instances") or []:
             if inst.get("state") in ("starting", "ready") and inst.get("id"):
                 found.setdefault(str(inst["id"]), inst)
@@ -187,9 +213,9 @@ def running_instances(topology: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def fit_label(size_bytes: int | None, cards: list[NodeCard]) -> str:
-    """Whether a model's weights fit in what the usable nodes have free: on one node,
+    """Whether a model's weights fit in what Shoal may use on the usable nodes: on one node,
     only across the cluster, or not at all (the planner has the exact answer)."""
-    free = [c.memory.free + c.memory.planned for c in cards if c.usable and c.memory]
+    free = [c.memory.usable for c in cards if c.usable and c.memory]
     if not size_bytes or not free:
         return "?"
     need = size_bytes * 1.1  # weights plus a little for the cache and activations

@@ -4,7 +4,7 @@ machine, what a model is good at, and the filters."""
 
 from dataclasses import replace
 
-from app.catalog import Badge, family_of, fit_badge, group, matches, tags_of
+from app.catalog import Badge, family_of, fit_badge, group, machines, matches, tags_of
 from app.snapshots import node_cards
 from engine.records import CatalogModel, FilesAt
 
@@ -44,12 +44,15 @@ def test_families_come_from_the_name():
 
 def test_fit_badge_this_machine_n_machines_too_large():
     here = fit_badge(entry("Qwen3 8B", 4.6), cards(20, 30))
-    assert here == Badge("ok", "fits this machine", here.tip) and "free here" in here.tip
+    assert here == Badge("ok", "fits this machine", here.tip)
+    assert here.tip.startswith("Needs about 5.3 GB; this machine may use 20.0 GB")
     two = fit_badge(entry("Qwen3 32B", 30), cards(20, 30, 10))
     assert two.kind == "warning" and two.text == "needs 2 machines"
+    assert two.tip.startswith("Needs about 34.5 GB; the largest machine (node-1) may use "
+                              "30.0 GB; two machines together may use 50.0 GB")
     # More than the cluster has: how many machines like this one it would take.
-    four = fit_badge(entry("Llama 3.3 70B", 150), cards(20))
-    assert four.text.startswith("needs ") and four.text.endswith(" machines")
+    nine = fit_badge(entry("Llama 3.3 70B", 150), cards(20))
+    assert nine.text == "needs 9 machines" and "Add machines in Topology" in nine.tip
     huge = fit_badge(entry("Kimi K2", 5000), cards(20))
     assert huge.kind == "error" and huge.text == "too large"
     # The planner's own verdict, with its reason, wins over the estimate.
@@ -57,6 +60,32 @@ def test_fit_badge_this_machine_n_machines_too_large():
                               fit_reason="node-0 needs 9 GB, has 2 GB"), cards(60))
     assert planned == Badge("error", "too large", "node-0 needs 9 GB, has 2 GB")
     assert fit_badge(entry("X", 0), cards(20)).text == "size unknown"
+
+
+def linux(total_gb, available_gb, name="box", me=True):
+    return {"id": name, "name": name, "self": me, "reachable": True, "trusted": True,
+            "machine": {"memory": {"total_bytes": total_gb * GB,
+                                   "available_bytes": available_gb * GB,
+                                   "rule": "MemAvailable from /proc/meminfo"}}}
+
+
+def test_the_badge_holds_still_while_other_programs_come_and_go():
+    # A 64 GB Linux box reports what is free this second; Shoal may use 84% of its RAM
+    # (the planner's rule for a machine known by its RAM), whatever other programs hold.
+    model = entry("Qwen3 32B", 30)
+    badges = {fit_badge(model, node_cards({"nodes": [linux(64, free)]}))
+              for free in (60, 31, 12)}
+    (badge,) = badges
+    assert badge.text == "fits this machine" and "may use 53.8 GB" in badge.tip
+
+
+def test_plurals_are_right():
+    # A 46 GB model, a 16 GB machine here and a 64 GB one beside it: both, "2 machines".
+    two = fit_badge(entry("Big", 40), node_cards({"nodes": [
+        linux(16, 1), linux(64, 10, "mini", me=False)]}))
+    assert two.text == "needs 2 machines"
+    assert machines(1) == "1 machine" and machines(2) == "2 machines"
+    assert machines(1, words=True) == "one machine"
 
 
 def test_the_best_quantization_of_a_size_for_this_machine_is_marked():

@@ -5,7 +5,7 @@ platform's fixes are shown (the snapshot is shaped like a real /shoal/topology a
 import pytest
 
 from app.cluster_state import ClusterState
-from app.snapshots import fit_label, link_edges, memory_bar, node_cards
+from app.snapshots import fit_label, link_edges, memory_bar, node_cards, running_instances
 from app.tasks import Tasks
 from app.topology import TopologyView
 from engine.client import NodeClient
@@ -114,6 +114,19 @@ def test_a_thunderbolt_4_mac_with_rdma_enabled_is_not_offered_for_jaccl():
     assert card.rdma is False and card.warnings == (f"RDMA: {tb4}",)
     ready = {**node, "platform": platform(rdma_enabled=True)}
     assert node_cards({"nodes": [ready]})[0].rdma is True
+
+
+def test_a_node_that_left_keeps_nothing_it_last_said():
+    # The node's peer list keeps what a peer last said of itself; none of it is true now.
+    gone = {**TOPOLOGY["nodes"][1], "reachable": False, "error": "not answering",
+            "state": "generating", "power": {"watts": 30.0},
+            "instances": [{"id": "i1", "state": "ready", "model": "m"}]}
+    topo = {**TOPOLOGY, "nodes": [TOPOLOGY["nodes"][0], gone]}
+    (_, card) = node_cards(topo, shoal_use={"bbbb2222": 9 * GB},
+                           planned={"bbbb2222": 5 * GB})
+    assert card.kind == "offline" and card.name == "mini" and card.chip == "Apple M4 Pro"
+    assert (card.memory, card.state, card.watts, card.models) == (None, None, None, ())
+    assert link_edges(topo) == [] and running_instances(topo) == []
 
 
 def test_fit_label():
