@@ -1,6 +1,7 @@
 """The cluster as the views see it: the latest /shoal/topology and /shoal/status snapshots,
 plus two overlays on the memory bars (what Shoal's running model uses, what the selected
-placement would add). Views listen to `changed`, emitted at most every ~80 ms.
+placement would add, once the user has seen that placement). Views listen to `changed`,
+emitted at most every ~80 ms.
 
 What Shoal uses on each node is the planner's prediction for the running placement: the
 node reports its machine's memory, not its worker's, and the prediction is what the
@@ -12,7 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QTimer, Signal
+from PySide6.QtWidgets import QWidget
 
 from app.polling import Poller
 from app.snapshots import LinkEdge, NodeCard, link_edges, node_cards, running_instances
@@ -35,6 +37,8 @@ class ClusterState(QObject):
         self.topology: dict[str, Any] = {"nodes": [], "links": []}
         self.error: str | None = None  # why the topology is unknown (node gone, old node)
         self.planned: dict[str, int] = {}
+        self._plan_view: QWidget | None = None  # where plans are made (the Placement tab)
+        self._plan_seen = True
         self.shoal_use: dict[str, int] = {}
         self._use_key: str | None = None  # which running model shoal_use describes
         self.poller = Poller(tasks, client.base_url, lambda c: c.topology().to_json(), interval,
@@ -75,12 +79,34 @@ class ClusterState(QObject):
 
     def set_planned(self, per_node: dict[str, int]) -> None:
         if per_node != self.planned:
+            if not self.planned:  # a new plan: seen if made where the user looks
+                self._plan_seen = self._plan_view is None or self._plan_view.isVisible()
             self.planned = dict(per_node)
             self._touch()
 
+    def watch_plan_view(self, view: QWidget) -> None:
+        """Planned memory shows only for a plan the user has seen: one made while `view`
+        (where plans are made) was on screen, or shown since; not the plan the app makes
+        by itself at start-up."""
+        self._plan_view = view
+        self._plan_seen = view.isVisible()
+        view.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's
+        if watched is self._plan_view and event.type() == QEvent.Type.Show \
+                and not self._plan_seen:
+            self._plan_seen = True
+            self._touch()
+        return False
+
     # --- derived values -------------------------------------------------------------------
+    @property
+    def shown_plan(self) -> dict[str, int]:
+        """What the memory bars show as planned: the plan on screen, else nothing."""
+        return self.planned if self._plan_seen else {}
+
     def cards(self) -> list[NodeCard]:
-        return node_cards(self.topology, self.shoal_use, self.planned)
+        return node_cards(self.topology, self.shoal_use, self.shown_plan)
 
     def edges(self) -> list[LinkEdge]:
         return link_edges(self.topology)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPalette, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPainter, QPalette, QPen
 from PySide6.QtWidgets import (
     QGraphicsItem,
     QGraphicsLineItem,
@@ -80,7 +80,9 @@ class NodeCardItem(QGraphicsObject):
             self.prepareGeometryChange()  # a badge line more or less
         self.card = card
         self.setOpacity(0.55 if card.kind == "offline" else 1.0)
-        tip = [card.name, *(x for x in (card.url, card.detail) if x), *card.warnings]
+        # every line in full: a card elides what doesn't fit its width
+        tip = [*(x for x in self.lines() if x), *(x for x in (card.url,) if x),
+               *card.warnings]
         if card.memory and card.memory.rule:
             tip.append(f"Memory: {card.memory.rule}")
         self.setToolTip("\n".join(tip))
@@ -100,7 +102,9 @@ class NodeCardItem(QGraphicsObject):
             out.append(f"{BADGES[c.kind]}: {c.detail}" if c.detail else BADGES[c.kind])
         out.append(c.chip or "chip unknown")
         out.append(c.os or "")
-        out.append(memory_legend(c.memory) if c.memory else "memory unknown")
+        out.append(memory_legend(c.memory) if c.memory else
+                   "no figures while it is offline" if c.kind == "offline" else
+                   "memory unknown")
         status = []
         if c.state:
             status.append(c.state)
@@ -115,6 +119,24 @@ class NodeCardItem(QGraphicsObject):
         out.append(" · ".join(status))
         return out
 
+    @staticmethod
+    def fonts(base: QFont) -> tuple[QFont, QFont]:
+        """The title's font and the body's, from the view's."""
+        title = QFont(base)
+        title.setBold(True)
+        title.setPointSizeF(max(title.pointSizeF(), 9.0) + 1)
+        body = QFont(title)
+        body.setBold(False)
+        body.setPointSizeF(title.pointSizeF() - 2)
+        return title, body
+
+    def drawn_lines(self, base: QFont) -> list[str]:
+        """The lines as painted in `base`'s fonts: elided ("…") where too wide."""
+        title, body = self.fonts(base)
+        width = int(CARD_W - 20)
+        return [QFontMetrics(title if i == 0 else body).elidedText(
+            text, Qt.TextElideMode.ElideRight, width) for i, text in enumerate(self.lines())]
+
     def paint(self, painter: QPainter, option, widget=None) -> None:  # noqa: ANN001
         c = self.card
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
@@ -128,25 +150,18 @@ class NodeCardItem(QGraphicsObject):
                                       pal))
         painter.drawRoundedRect(QRectF(0, 0, CARD_W, self.height()), 10, 10)
 
-        lines = self.lines()
-        title = QFont(painter.font())
-        title.setBold(True)
-        title.setPointSizeF(max(title.pointSizeF(), 9.0) + 1)
+        lines = self.drawn_lines(painter.font())
+        title, body = self.fonts(painter.font())
         painter.setFont(title)
         painter.setPen(theme.text(pal))
         painter.drawText(QRectF(10, 6, CARD_W - 20, 20), Qt.AlignmentFlag.AlignLeft,
                          lines[0])
-        body = QFont(painter.font())
-        body.setBold(False)
-        body.setPointSizeF(title.pointSizeF() - 2)
         painter.setFont(body)
         y = 28.0
         for i, text in enumerate(lines[1:-2]):
             painter.setPen(border_colour(c.kind, pal) if (i == 0 and c.kind != "ok")
                            else theme.muted(pal))
-            painter.drawText(QRectF(10, y, CARD_W - 20, 18), Qt.AlignmentFlag.AlignLeft,
-                             painter.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight,
-                                                              int(CARD_W - 20)))
+            painter.drawText(QRectF(10, y, CARD_W - 20, 18), Qt.AlignmentFlag.AlignLeft, text)
             y += 17
         y += 5
         self._paint_bar(painter, QRectF(10, y, CARD_W - 20, 14))
@@ -154,9 +169,7 @@ class NodeCardItem(QGraphicsObject):
         painter.setPen(theme.muted(pal))
         for text in lines[-2:]:
             y += 17
-            painter.drawText(QRectF(10, y, CARD_W - 20, 18), Qt.AlignmentFlag.AlignLeft,
-                             painter.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight,
-                                                              int(CARD_W - 20)))
+            painter.drawText(QRectF(10, y, CARD_W - 20, 18), Qt.AlignmentFlag.AlignLeft, text)
 
     def _paint_bar(self, painter: QPainter, r: QRectF) -> None:
         bar = self.card.memory

@@ -3,6 +3,7 @@ or on another version look different, memory bars add up, links are labelled, an
 platform's fixes are shown (the snapshot is shaped like a real /shoal/topology answer)."""
 
 import pytest
+from PySide6.QtWidgets import QWidget
 
 from app.cluster_state import ClusterState
 from app.snapshots import fit_label, link_edges, memory_bar, node_cards, running_instances
@@ -170,3 +171,49 @@ def test_topology_view_draws_the_snapshot(qtbot, state):
     state.set_topology({"nodes": TOPOLOGY["nodes"][:1], "links": []})
     qtbot.waitUntil(lambda: list(view.cards) == ["aaaa1111"])
     assert view.edges == {}
+
+
+def test_planned_shows_only_for_the_plan_the_user_has_seen(qtbot, state):
+    view = TopologyView(state)
+    qtbot.addWidget(view)
+    view.show()
+    placement = QWidget()  # stands in for the Placement tab, not on screen at first
+    qtbot.addWidget(placement)
+    state.watch_plan_view(placement)
+    state.set_topology(TOPOLOGY)
+    qtbot.waitUntil(lambda: len(view.cards) == 5)
+
+    def studio():
+        return view.cards["aaaa1111"].lines()[-2]
+
+    # The app plans the first model by itself at start-up: nobody looked at that plan.
+    with qtbot.waitSignal(state.changed):
+        state.set_planned({"aaaa1111": 100 * GB})
+    assert studio() == "42.0 GB of 192.0 GB used"
+    placement.show()  # the user opens Placement: the plan is on screen
+    qtbot.waitUntil(lambda: studio() == "42.0 GB used + 100.0 GB planned of 192.0 GB")
+    state.set_planned({})  # launched, or nothing fits: nothing planned
+    qtbot.waitUntil(lambda: studio() == "42.0 GB of 192.0 GB used")
+
+
+def test_card_text_that_does_not_fit_is_in_its_tooltip(qtbot, state):
+    long_os = {**machine(64 * GB, 40 * GB), "os_name": "Ubuntu 22.04.4 LTS",
+               "os_version": "6.8.0-1015-azure-fde #17~22.04.1-Ubuntu SMP"}
+    reason = ("The connection to 10.0.0.5:8422 was refused: Shoal on this machine isn't "
+              "running, or a firewall blocks the port")
+    nodes = [{**TOPOLOGY["nodes"][0], "machine": long_os},
+             {**TOPOLOGY["nodes"][4], "error": reason}]
+    view = TopologyView(state)
+    qtbot.addWidget(view)
+    view.resize(1366, 768)
+    view.show()
+    state.set_topology({"nodes": nodes, "links": []})
+    qtbot.waitUntil(lambda: len(view.cards) == 2)
+    elided = 0
+    for card in view.cards.values():
+        for full, drawn in zip(card.lines(), card.drawn_lines(view.scene.font())):
+            if drawn != full:
+                elided += 1
+                assert drawn.endswith("…") and full in card.toolTip()
+    assert elided >= 2  # the OS line and the offline reason are too long for a card
+    assert f"Offline: {reason}" in view.cards["eeee5555"].toolTip()
