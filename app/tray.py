@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from PySide6.QtCore import QObject, QPointF, Qt, Signal
+from PySide6.QtCore import QObject, QPointF, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QColor, QGuiApplication, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
@@ -21,6 +21,7 @@ from app.common import fmt_tps
 from app.theme import GREY, STATES
 
 COLOURS = STATES  # grey for anything without a colour of its own (stopped, starting, ...)
+LIVE_FOR_MS = 3000  # a live speed not updated for this long is no longer "now"
 
 
 def state_colour(state: str | None) -> QColor:
@@ -72,6 +73,9 @@ class Tray(QObject):
         self.downloading = False
         self.speed: float | None = None  # decode tokens/s: live while a reply streams
         self.live = False
+        self.last_speed: float | None = None  # the last finished reply's, for after a live one
+        self._live_timer = QTimer(self, singleShot=True, interval=LIVE_FOR_MS)
+        self._live_timer.timeout.connect(self.end_live)
         self.watts: float | None = None  # the cluster's, when any node measures it
         self.download: str | None = None  # e.g. "Downloading Qwen3-4B-4bit: 42%"
         self.api_url: str | None = None
@@ -114,6 +118,11 @@ class Tray(QObject):
 
     def set_status(self, status: dict[str, Any]) -> None:
         """Follow the node's status (connect to StatusMonitor.changed)."""
+        if status.get("model") != self.status.get("model"):
+            self.speed = self.last_speed = None  # another model's figure, or none runs
+            self.live = False
+        elif self.live and status.get("state") not in ("generating", None):
+            self._live_timer.start()  # the node is done: "now" ends unless tokens come
         self.status = status
         self._show()
 
@@ -123,14 +132,25 @@ class Tray(QObject):
 
     def set_speed(self, stats: dict[str, Any]) -> None:
         """The last reply's figures (ChatPane.reply_finished)."""
-        self.speed = stats.get("generation_tps")
+        self.speed = self.last_speed = stats.get("generation_tps")
         self.live = False
+        self._live_timer.stop()
         self._show()
 
     def set_live_speed(self, tokens: int, seconds: float) -> None:
-        """A reply streaming now (ChatPane.reply_progress): its tokens/s so far."""
+        """A reply streaming now (ChatPane.reply_progress): its tokens/s so far. Without
+        a new figure for LIVE_FOR_MS it is no longer shown as "now"."""
         if seconds > 0.2 and tokens > 1:
             self.speed, self.live = (tokens - 1) / seconds, True
+            self._live_timer.start()
+            self._show()
+
+    def end_live(self) -> None:
+        """Nothing streams now (a reply stopped, failed or went quiet): the live figure
+        goes; the last finished reply's speed stays."""
+        self._live_timer.stop()
+        if self.live:
+            self.speed, self.live = self.last_speed, False
             self._show()
 
     def set_watts(self, watts: float | None) -> None:

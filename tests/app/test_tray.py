@@ -76,3 +76,33 @@ def test_a_model_unloaded_for_want_of_use_is_named(qapp):
     assert not tray.stop_action.isEnabled()
     tray.set_status({"state": "idle", "runner": {"type": "Idle", "unloaded": None}})
     assert tray.model_action.text() == "No model running"
+
+
+def test_a_live_speed_stops_saying_now_when_the_reply_ends(qapp, qtbot, monkeypatch):
+    monkeypatch.setattr("app.tray.LIVE_FOR_MS", 300)
+    tray = Tray(available=False)
+    tray.set_status({"state": "generating", "model": "tiny",
+                     "runner": {"type": "Ready", "model": "tiny"}})
+    tray.set_speed({"generation_tps": 41.25})
+    tray.set_live_speed(22, 2.0)
+    assert tray.model_action.text() == "Model: tiny · 10.5 tokens/s now"
+    # Stop: no more tokens, no finished reply; the node goes idle.
+    tray.set_status({"state": "idle", "model": "tiny",
+                     "runner": {"type": "Ready", "model": "tiny"}})
+    qtbot.waitUntil(lambda: "now" not in tray.model_action.text(), timeout=3000)
+    assert tray.model_action.text() == "Model: tiny · 41.2 tokens/s"  # the last finished
+
+    tray.set_live_speed(22, 2.0)
+    tray.end_live()  # the chat says so at once (ChatPane.reply_ended)
+    assert tray.model_action.text() == "Model: tiny · 41.2 tokens/s"
+
+
+def test_another_model_has_no_speed_yet(qapp):
+    tray = Tray(available=False)
+    tray.set_status({"state": "idle", "model": "tiny",
+                     "runner": {"type": "Ready", "model": "tiny"}})
+    tray.set_speed({"generation_tps": 41.25})
+    tray.set_status({"state": "idle", "model": None, "runner": {"type": "Idle"}})
+    tray.set_status({"state": "idle", "model": "other",
+                     "runner": {"type": "Ready", "model": "other"}})
+    assert tray.model_action.text() == "Model: other"
