@@ -4,6 +4,7 @@ step reports as it ends; a failed step names what broke and the rest are skipped
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -39,14 +40,28 @@ def _import_mlx(state: State) -> str:
     return f"MLX {getattr(mx, '__version__', '?')} from {Path(mlx.__path__[0])}"
 
 
+def _gpu_expected() -> bool:
+    """Apple silicon: MLX must run on the GPU (a CPU fallback would be a broken bundle)."""
+    return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
 def _evaluate(state: State) -> str:
+    import numpy as np
     mx = state.mx
-    a = mx.arange(1, 5, dtype=mx.float32)
-    total = (a * a).sum()
-    mx.eval(total)  # on Metal this is where a missing mlx.metallib shows
-    if float(total.item()) != 30.0:
-        raise RuntimeError(f"1²+2²+3²+4² came out as {total.item()}, not 30")
-    return f"1²+2²+3²+4² = 30 on {mx.default_device()}"
+    device = mx.default_device()
+    if _gpu_expected() and device.type != mx.gpu:
+        raise RuntimeError(f"MLX's default device is {device}, not this Mac's GPU "
+                           f"(Metal available: {mx.metal.is_available()})")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 32), dtype=np.float32)
+    b = rng.standard_normal((32, 48), dtype=np.float32)
+    product = mx.matmul(mx.array(a), mx.array(b))
+    mx.eval(product)  # on Metal the first kernel loads mlx.metallib: a missing one fails here
+    got, want = np.array(product), a @ b
+    off = float(np.abs(got - want).max())
+    if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+        raise RuntimeError(f"a 64x32 by 32x48 matmul on {device} is off numpy's by up to {off:.3g}")
+    return f"64x32 by 32x48 matmul on {device} matches numpy (largest difference {off:.1g})"
 
 
 def _load(state: State) -> str:
@@ -82,8 +97,21 @@ def _hint(error: BaseException) -> str:
     if error.__cause__ is not None:  # MLX's extension hides the real reason here
         text += f" ({type(error.__cause__).__name__}: {error.__cause__})"
     if "metallib" in text:
-        text += " (mlx.metallib must sit in mlx/lib beside libmlx; rebuild with packaging/build)"
+        text += (" (MLX looks for mlx.metallib beside the libmlx it loaded: "
+                 f"{_metallib_places()}; rebuild with packaging/build)")
     return text
+
+
+def _metallib_places() -> str:
+    """Where mlx.metallib is and isn't: mlx/lib, and in the app the top-level folder, where
+    PyInstaller links libmlx too."""
+    import mlx
+    folders = [Path(mlx.__path__[0]) / "lib"]
+    top = getattr(sys, "_MEIPASS", None)
+    if top is not None:
+        folders.insert(0, Path(top))
+    files = [f / "mlx.metallib" for f in folders]
+    return ", ".join(f"{f} {'is there' if f.is_file() else 'is missing'}" for f in files)
 
 
 def run(home: Path) -> Iterator[Step]:
