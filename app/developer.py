@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.codeblock import CopyButton
 from app.common import buddy
+from app.sentences import ErrorNote, explain
 from engine.records import RequestInfo
 
 AGENTS = (("claude", "Claude Code"), ("codex", "Codex CLI"), ("opencode", "OpenCode"),
@@ -48,11 +49,15 @@ def node_log_readable() -> bool:
 
 
 def node_record(e: RequestInfo) -> dict[str, Any]:
-    """A /shoal/requests entry as a row of the log."""
-    outcome = e.reason or ("answered" if e.status < 400 else "refused")
+    """A /shoal/requests entry as a row of the log: a refusal's reason in a person's
+    words, the node's own kept as its detail."""
+    outcome, detail = ("answered" if e.status < 400 else "refused"), ""
+    if e.reason:
+        explained = explain(e.reason)
+        outcome, detail = explained.sentence, explained.detail
     return {"at": e.at, "client": e.client, "route": f"{e.method} {e.path}".strip(),
             "status": str(e.status or ""), "ok": e.status < 400, "outcome": outcome,
-            "seconds": e.seconds}
+            "detail": detail, "seconds": e.seconds}
 
 
 def settings_text(agent: str, url: str, model: str, context: int, needs_key: bool) -> str:
@@ -122,6 +127,9 @@ class DeveloperPanel(QWidget):
         header.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
         self.log_table.verticalHeader().hide()
         self.log_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.log_table.currentCellChanged.connect(lambda row, *_: self._show_failure(row))
+        self.failure = ErrorNote()  # the chosen failed request's reason, details a click away
+        self.failure.hide()
         note = QLabel("Every client's requests to the node, with the reason of each one "
                       "it refused." if self.poller is not None else
                       "Requests made from this app. Other clients' requests, and every "
@@ -156,6 +164,7 @@ class DeveloperPanel(QWidget):
         layout.addLayout(head)
         layout.addWidget(note)
         layout.addWidget(self.log_table, 1)
+        layout.addWidget(self.failure)
         self.refresh()
 
     @staticmethod
@@ -228,9 +237,23 @@ class DeveloperPanel(QWidget):
             item = QTableWidgetItem(text)
             if j == 4 and not record.get("ok", True):
                 item.setForeground(theme.colour("error"))
+                item.setToolTip(str(record.get("outcome") or ""))
+                item.setData(Qt.ItemDataRole.UserRole, str(record.get("detail") or ""))
             t.setItem(0, j, item)
         while t.rowCount() > LOG_ROWS:
             t.removeRow(t.rowCount() - 1)
+
+    def _show_failure(self, row: int) -> None:
+        """The chosen request, if it failed: its reason, with the node's words behind
+        Details."""
+        item = self.log_table.item(row, 4) if row >= 0 else None
+        detail = item.data(Qt.ItemDataRole.UserRole) if item is not None else None
+        if detail is None:
+            self.failure.hide()
+            return
+        when = self.log_table.item(row, 0).text()
+        self.failure.set_text(f"At {when}: {item.toolTip()}", detail)
+        self.failure.show()
 
     def show_log(self) -> None:
         if self.logs_dir is None:

@@ -1,7 +1,7 @@
 """Errors in a person's words. One table maps every error code a node sends (and the three
 ways reaching a node fails) to a sentence: what happened, to which machine, what Shoal does
 about it and what the user can do. The node's own technical text (errno, route, log path,
-rank) is kept apart as the detail, one click away (ErrorNote)."""
+rank) is kept apart as the detail, one click away (ErrorNote, the widget views show it in)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+
+from app import theme
 from engine.errors import ShoalError
 
 
@@ -68,18 +73,18 @@ SENTENCES: dict[str, Entry] = {
         fallback="The copy of {model} on {machine} doesn't match the placement."),
     # --- reaching a node at all -------------------------------------------------------------
     "connection_refused": Entry(
-        "Shoal's node on {machine} isn't running, so nothing answered.",
-        "It keeps trying.",
+        "Can't reach the node on {machine}: it isn't running.",
+        "Shoal keeps trying.",
         "Open Shoal on {machine}.",
         here_doing="Shoal starts its node again.",
         here_todo="Try again in a few seconds; if it keeps failing, Details has the reason."),
     "connection_reset": Entry(
-        "The connection to {machine} broke off before the answer was complete.",
+        "The connection to the node on {machine} broke off before the answer was complete.",
         "Nothing was kept of the unfinished answer.",
         "Send your message again.",
         here_doing="Shoal checks its node and starts it again if it stopped."),
     "timeout": Entry(
-        "{machine} took too long to answer.",
+        "The node on {machine} took too long to answer.",
         "Shoal gave up on this request; the machine may be busy or asleep.",
         "Try again; if it keeps happening, check {machine} and its network.",
         here_doing="Shoal checks its node and starts it again if it stopped."),
@@ -98,7 +103,7 @@ SENTENCES: dict[str, Entry] = {
     "invalid_api_key": Entry(
         "The API key was missing or wrong.", "",
         "Use the key shown in Settings → API (or set SHOAL_API_KEY)."),
-    "cancelled": Entry("Stopped, as asked.", fallback="Stopped, as asked."),
+    "cancelled": Entry(SAID, fallback="Stopped, as asked."),
     "not_found": Entry(SAID, fallback="That item doesn't exist on {machine}.",
                        todo="Check its name."),
     # --- models -------------------------------------------------------------------------
@@ -114,9 +119,9 @@ SENTENCES: dict[str, Entry] = {
     "insufficient_memory": Entry(
         SAID, todo="Choose a smaller model, a shorter context or more machines, or close "
         "other programs on {machine}.",
-        fallback="{machine} hasn't enough memory for {model}."),
+        fallback="There isn't enough memory on {machine} for {model}."),
     "busy": Entry(SAID, todo="Try again when it has finished.",
-                  fallback="{machine} is busy with another task."),
+                  fallback="The node on {machine} is busy with another task."),
     "overloaded": Entry(
         SAID, "Requests wait their turn for a while before giving up.",
         "Try again shortly.", fallback="{model} on {machine} is answering as many requests "
@@ -147,14 +152,14 @@ SENTENCES: dict[str, Entry] = {
                          "Download the model from another source.",
                          fallback="A file name in this download is unsafe."),
     "insufficient_disk": Entry(SAID, todo="Free some disk space on {machine}, then try "
-                               "again.", fallback="{machine} hasn't enough disk space."),
+                               "again.", fallback="There isn't enough disk space on {machine}."),
     # --- who may talk to whom -----------------------------------------------------------
     "not_in_cluster": Entry(
-        "{machine} isn't part of this cluster: it holds another cluster secret.",
+        "Shoal on {machine} isn't part of this cluster: it holds another cluster secret.",
         "Shoal sends it nothing and takes nothing from it.",
         "Pair it in Settings → Cluster if it is one of your machines."),
     "wrong_node": Entry(
-        "{machine} answered under another identity than the one Shoal knows.",
+        "The node on {machine} answered under another identity than the one Shoal knows.",
         "Shoal ignores it until it proves itself again.",
         "Restart Shoal on {machine}; if this keeps happening, Details has the reason."),
     "forbidden": Entry(SAID, todo="Check Settings → API.",
@@ -175,7 +180,8 @@ SENTENCES: dict[str, Entry] = {
 TRANSPORT = ("connection_refused", "connection_reset", "timeout")
 
 HERE = "this computer"
-SOMEWHERE = "another machine in the cluster"
+SOMEWHERE = "another machine"
+GENERIC = (HERE, SOMEWHERE, "the model")
 NODE_ID = re.compile(r"\b[0-9a-f]{12}\b")
 # What the app's own client says when the node it talks to can't be reached.
 CLIENT_WORDS = ("Can't reach the node at", "The node closed the stream",
@@ -197,7 +203,7 @@ def explain(error: BaseException | str | Mapping[str, Any],
     here = machine == HERE
     fill = {"machine": machine, "model": _model(raw), "how": _how(code, raw),
             "message": ""}
-    said = entry.what == SAID
+    said = SAID in entry.what
     if said:
         fill["message"] = _clean(raw, names).rstrip(".")
     what = entry.what if fill["message"] or not said else entry.fallback
@@ -205,8 +211,7 @@ def explain(error: BaseException | str | Mapping[str, Any],
         entry = SENTENCES["unexpected"]
         what = entry.what
     parts = [what.format(**fill)]
-    if said and fill["message"] and names_machine(error, raw) \
-            and machine not in fill["message"]:
+    if names_machine(error, raw) and machine not in parts[0]:
         parts.append(f"This happened on {machine}.")
     # The node's own "Shoal is …" sentence is truer than the table's: it knows the case.
     doing = _doing_said(raw, names) or (entry.here_doing if here and entry.here_doing
@@ -216,7 +221,8 @@ def explain(error: BaseException | str | Mapping[str, Any],
     if not (said and _already_says_what_to_do(fill["message"])) \
             and not re.search(r"\b(retry|try again)\b", doing, re.I):
         parts.append(todo)
-    return Explained(_join(parts), _detail(error, raw, code, from_text), code)
+    names_kept = tuple(n for n in (machine, fill["model"]) if n not in GENERIC)
+    return Explained(_join(parts, names_kept), _detail(error, raw, code, from_text), code)
 
 
 def names_machine(error: BaseException, raw: str) -> bool:
@@ -285,8 +291,19 @@ def _code(error: BaseException, raw: str) -> str:
         if found and (code is None or _from_client(error, raw)):
             return found
     if code is None and isinstance(error, ShoalError):
+        for pattern, guess in TEXT_CODES:  # the node's status carries text, no code
+            if re.search(pattern, raw):
+                return guess
         return "unknown"
     return str(code or "unknown")
+
+
+TEXT_CODES = ((r"The worker for .+ (exited|produced nothing)|[Tt]he worker stalled",
+               "worker_failed"),
+              (r"lost rank \d+|of the model's group shut down", "peer_lost"),
+              (r"\b(is|are) (truncated or )?(damaged|corrupt)\b", "corrupt_model"))
+# Codes about another machine: with none named, the blame is not this computer's.
+ABOUT_A_PEER = ("peer_unreachable", "peer_lost", "not_in_cluster", "wrong_node")
 
 
 def _from_client(error: BaseException, raw: str) -> bool:
@@ -328,7 +345,7 @@ def _machine(error: BaseException, raw: str, code: str, names: Mapping[str, str]
         host = found.group(1) or found.group(3)
         port = found.group(2) or found.group(4)
         return names.get(f"{host}:{port}", SOMEWHERE if host in LOOPBACK else host)
-    return HERE
+    return SOMEWHERE if code in ABOUT_A_PEER else HERE
 
 
 MODEL_PATTERNS = (r"The worker for (\S+) exited", r"Loading (\S+) took",
@@ -371,7 +388,7 @@ TECHNICAL = re.compile(r"Errno|/shoal|/v1|SIG[A-Z]+|exit code|https?://|\.log\b|
 CLEANING = (
     (re.compile(r"[;,]?\s*(?:its log is|see) \S+(?: on [\w.-]+)?(?=[.;]|$)"), ""),
     (re.compile(r"\s*\[Errno \d+\][^.;)]*"), ""),
-    (re.compile(r"\s*(?:at\s+)?https?://\S+?(?=[\s:;,)]|$)"), ""),
+    (re.compile(r"\s*(?:at\s+)?https?://[\w.\-\[\]]+(?::\d+)?(?:/[^\s;,)]*)?"), ""),
     (re.compile(r"\s*\b(?:GET|POST|DELETE|PUT) /\S*"), ""),
     (re.compile(r"(?<![\w.])/(?:v1|shoal)/\S*"), ""),
     (re.compile(r" while serving requests? [0-9a-f, ]+(?: and \d+ more)?"), ""),
@@ -415,7 +432,7 @@ def _already_says_what_to_do(message: str) -> bool:
                           r"shorten|send|wait|pair|check|add|open|remove)\b", message, re.I))
 
 
-def _join(parts: list[str]) -> str:
+def _join(parts: list[str], keep: tuple[str, ...]) -> str:
     """The sentences in order, each once (the node's text may already say what the table
     adds)."""
     seen: list[str] = []
@@ -426,7 +443,7 @@ def _join(parts: list[str]) -> str:
             if not key or any(key in s for s in seen):
                 continue
             seen.append(key)
-            if sentence.startswith(("the ", "this ", "another ")):
+            if not sentence.startswith(keep):  # names keep their case
                 sentence = sentence[0].upper() + sentence[1:]
             out.append(sentence if sentence.endswith((".", "!", "?")) else sentence + ".")
     return " ".join(out)
@@ -443,3 +460,60 @@ def _detail(error: BaseException, raw: str, code: str, from_text: bool) -> str:
     for cause in _chain(error)[1:]:
         lines.append(f"{type(cause).__name__}: {cause}")
     return "\n".join(dict.fromkeys(line for line in lines if line))
+
+
+class ErrorNote(QWidget):
+    """A sentence, and a Details toggle that reveals the technical text below it; both
+    selectable, so they can be copied into a bug report."""
+
+    def __init__(self, parent: QWidget | None = None, role: str | None = "error"):
+        super().__init__(parent)
+        self.text = QLabel()
+        self.text.setWordWrap(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        theme.set_role(self.text, role)
+        self.details_button = QToolButton()
+        self.details_button.setText("Details")
+        self.details_button.setCheckable(True)
+        self.details_button.setAccessibleName("Show the technical details")
+        self.details_button.toggled.connect(self._toggle)
+        self.detail = QLabel()
+        self.detail.setWordWrap(True)
+        self.detail.setTextFormat(Qt.TextFormat.PlainText)
+        self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                            | Qt.TextInteractionFlag.TextSelectableByKeyboard)
+        self.detail.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.detail.setAccessibleName("Technical details")
+        theme.set_role(self.detail, "muted")
+        self.detail.hide()
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.text, 1)
+        row.addWidget(self.details_button, 0, Qt.AlignmentFlag.AlignTop)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addLayout(row)
+        layout.addWidget(self.detail)
+        self.set_text("", "")
+
+    def show_error(self, error: BaseException | str, names: Mapping[str, str] | None = None,
+                   prefix: str = "") -> Explained:
+        """Show `error` in a person's words (after `prefix`, e.g. "Couldn't load m: ")."""
+        explained = explain(error, names)
+        self.set_text(prefix + explained.sentence, explained.detail)
+        return explained
+
+    def set_text(self, sentence: str, detail: str = "") -> None:
+        self.text.setText(sentence)
+        self.detail.setText(detail)
+        self.details_button.setVisible(bool(detail))
+        if not detail:
+            self.details_button.setChecked(False)
+        self.detail.setVisible(bool(detail) and self.details_button.isChecked())
+
+    def clear(self) -> None:
+        self.set_text("", "")
+
+    def _toggle(self, shown: bool) -> None:
+        self.detail.setVisible(shown and bool(self.detail.text()))

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import QLabel, QWidget
+from PySide6.QtWidgets import QWidget
 
+from app import theme
+from app.sentences import ErrorNote, explain
 from app.tasks import StreamTask, Tasks
 from engine.client import NodeClient
 from engine.errors import ShoalError
@@ -85,15 +87,26 @@ class StatusMonitor(QObject):
 
     def set_local(self, status: dict[str, Any]) -> None:
         """Show a state the node can't report itself (starting, or failed to start)."""
-        self.status = status
-        self.changed.emit(status)
+        self.status = in_words(status)
+        self.changed.emit(self.status)
 
     def _on_items(self, items: list[dict[str, Any]]) -> None:
         self.set_local(items[-1])  # only the newest snapshot matters
 
     def _on_error(self, error: BaseException) -> None:
         log.error("Status polling stopped: %s", error)
-        self.set_local({"state": "unreachable", "error": str(error)})
+        explained = explain(error)
+        self.set_local({"state": "unreachable", "error": explained.sentence,
+                        "error_detail": explained.detail})
+
+
+def in_words(status: dict[str, Any]) -> dict[str, Any]:
+    """`status` with its error as a sentence a person reads ("error") and the node's own
+    text kept for the Details click ("error_detail")."""
+    if not status.get("error") or "error_detail" in status:
+        return status
+    explained = explain(str(status["error"]))
+    return {**status, "error": explained.sentence, "error_detail": explained.detail}
 
 
 def describe(status: dict[str, Any]) -> str:
@@ -113,14 +126,17 @@ def describe(status: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-class StatusLabel(QLabel):
-    """The status bar's text; follows a StatusMonitor."""
+class StatusLabel(ErrorNote):
+    """The status bar's text (the label named "nodeStatus"), with the technical detail of
+    an error one click away; follows a StatusMonitor."""
 
     def __init__(self, monitor: StatusMonitor, parent: QWidget | None = None):
-        super().__init__(describe(monitor.status), parent)
-        self.setObjectName("nodeStatus")
+        super().__init__(parent, role=None)
+        self.text.setObjectName("nodeStatus")
         monitor.changed.connect(self._show)
+        self._show(monitor.status)
 
     def _show(self, status: dict[str, Any]) -> None:
-        self.setText(describe(status))
-        self.setToolTip(str(status.get("error") or ""))
+        self.set_text(describe(status), str(status.get("error_detail") or ""))
+        theme.set_role(self.text, "error" if status.get("error") else None)
+        self.text.setToolTip(str(status.get("error") or ""))
