@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from shoalpack import icons, linux, meta
+from shoalpack import icons, linux, meta, mlxlib
 
 ROOT = meta.ROOT
 BUILD, DIST = ROOT / "build", ROOT / "dist"
@@ -39,6 +39,15 @@ def pyinstaller() -> None:
                     str(SPEC)], check=True, cwd=ROOT)
 
 
+def check_mlx(folder: Path) -> None:
+    """Stop before signing a bundle whose MLX would find no GPU kernels (see mlxlib)."""
+    lonely = mlxlib.unmatched(folder)
+    if lonely:
+        names = ", ".join(str(p.relative_to(folder)) for p in lonely)
+        raise SystemExit(f"{mlxlib.METALLIB} is not beside {names} in {folder.name}: MLX "
+                         "loaded from there would fail to load its GPU kernels (shoal.spec)")
+
+
 def self_test() -> None:
     """Run the frozen app's --self-test with a throwaway home, as a user's first launch."""
     home = BUILD / "selftest-home"
@@ -53,8 +62,10 @@ def main() -> int:
     icons.make_icons(BUILD / "icons")
     say(f"building {meta.NAME} {version} with PyInstaller (a few minutes)")
     pyinstaller()
+    folder = DIST / (f"{meta.NAME}.app" if MAC else meta.NAME)
+    check_mlx(folder)
     if MAC:
-        product = DIST / f"{meta.NAME}.app"
+        product = folder
         if os.environ.get("SHOAL_SIGN_IDENTITY"):
             say("signing, notarizing, stapling and making the DMG")
             subprocess.run([sys.executable, str(ROOT / "packaging" / "macos" / "sign"),
@@ -70,7 +81,6 @@ def main() -> int:
         say("packing the archive")
         product = linux.pack(DIST / meta.NAME, DIST / linux.archive_name(version))
     took = time.monotonic() - t0
-    folder = DIST / (f"{meta.NAME}.app" if MAC else meta.NAME)
     print(f"built {product.relative_to(ROOT)}: {size_of(product) / 2**20:.0f} MiB "
           f"({folder.name} unpacked {size_of(folder) / 2**20:.0f} MiB) in {took:.0f} s",
           flush=True)
