@@ -7,6 +7,7 @@ message instead of broken buttons; a machine offline gets one calm line."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
@@ -17,10 +18,8 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMenu,
-    QProgressBar,
+    QMessageBox,
     QPushButton,
-    QTableWidget,
-    QTableWidgetItem,
     QToolButton,
     QTreeWidget,
     QTreeWidgetItem,
@@ -31,7 +30,8 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.catalog import FILTERS, Badge, Variant, group, matches
 from app.cluster_state import ClusterState
-from app.common import fmt_bytes, fmt_eta, fmt_rate, message_of, route_missing
+from app.common import fmt_bytes, message_of, route_missing
+from app.downloads import DownloadsPanel
 from app.polling import Poller
 from app.tasks import Tasks
 from engine.client import NodeClient
@@ -98,6 +98,7 @@ class ModelsView(QWidget):
         self.downloads: list[DownloadInfo] = []
         self.hub_available: bool | None = None  # unknown until the node answers
         self.offline = False
+        self.notice: str | None = None  # what the user's last action did, before the count
         self.downloading = False
         self.chat_after: dict[str, str] = {}  # download id -> model to chat with when done
         self.items: dict[str, QTreeWidgetItem] = {}
@@ -109,8 +110,8 @@ class ModelsView(QWidget):
         self.search_edit.setAccessibleName("Search models")
         self.search_edit.setClearButtonEnabled(True)
         self.search_edit.textChanged.connect(lambda _t: self._apply_filters())
-        self.search_edit.returnPressed.connect(self.search)
-        self.search_button = _button("Search the Hub", self.search)
+        self.search_edit.returnPressed.connect(self._user_search)
+        self.search_button = _button("Search the Hub", self._user_search)
         self.filter_boxes: dict[str, QCheckBox] = {}
         filters = QHBoxLayout()
         filters.addWidget(QLabel("Show only:"))
@@ -133,18 +134,11 @@ class ModelsView(QWidget):
         for col in (1, 2, 3):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         self.tree.setUniformRowHeights(False)
-        self.downloads_table = QTableWidget(0, 6)
-        self.downloads_table.setAccessibleName("Downloads")
-        self.downloads_table.setHorizontalHeaderLabels(["Download", "Progress", "Speed", "ETA",
-                                                        "State", ""])
-        dh = self.downloads_table.horizontalHeader()
-        dh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        dh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        self.downloads_table.verticalHeader().hide()
-        self.downloads_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.downloads_table.setMaximumHeight(130)
-        self.downloads_label = QLabel("Downloads")
-        theme.set_role(self.downloads_label, "section")
+        self.downloads_panel = DownloadsPanel()
+        self.downloads_panel.cancel_requested.connect(self.cancel)
+        self.downloads_panel.retry_requested.connect(self._retry)
+        self.retry_chat: set[str] = set()  # failed "Download and chat": chat after a retry
+        self.delete_box: QMessageBox | None = None  # the confirmation on screen, if any
         search = QHBoxLayout()
         search.addWidget(self.search_edit, 1)
         search.addWidget(self.search_button)
@@ -153,10 +147,7 @@ class ModelsView(QWidget):
         layout.addLayout(filters)
         layout.addWidget(self.hub_message)
         layout.addWidget(self.tree, 1)
-        layout.addWidget(self.downloads_label)
-        layout.addWidget(self.downloads_table)
-        self.downloads_label.hide()
-        self.downloads_table.hide()
+        layout.addWidget(self.downloads_panel)
 
         self.poller = Poller(tasks, client.base_url, lambda c: c.hub_downloads(),
                              DOWNLOADS_IDLE_S, api_key=api_key, parent=self)
@@ -201,6 +192,10 @@ class ModelsView(QWidget):
             self._fill_tree()
 
     # --- the list ---------------------------------------------------------------------------
+    def _user_search(self) -> None:
+        self.notice = None  # the user moved on: what they did before is old news
+        self.search()
+
     def search(self) -> None:
         q = self.search_edit.text().strip()
         if self.hub_available is False:
@@ -223,7 +218,7 @@ class ModelsView(QWidget):
         self.hub_available = False
         self.hub_message.setText(NO_HUB)
         theme.set_role(self.hub_message, "warning")
-        for w in (self.search_button, self.downloads_table):
+        for w in (self.search_button, self.downloads_panel):
             w.setEnabled(False)
         self.poller.stop()
         self._fill_local(self.local)
@@ -340,7 +335,8 @@ class ModelsView(QWidget):
         total = len(self.items)
         count = f"{shown} of {total} models" if shown != total else f"{total} models"
         theme.set_role(self.hub_message, "muted")
-        self.hub_message.setText(f"{count}. {OFFLINE}" if self.offline else f"{count}.")
+        text = f"{count}. {OFFLINE}" if self.offline else f"{count}."
+        self.hub_message.setText(f"{self.notice} {text}" if self.notice else text)
 
     def _refit(self) -> None:
         """Badges follow the cluster (nodes come and go, memory frees up)."""
@@ -358,13 +354,42 @@ class ModelsView(QWidget):
                     self.tree.setItemWidget(item, 3, self._actions(v))
 
     def delete(self, model: str) -> None:
+        """Ask first, with the model's size: deleting can't be undone."""
+        size = self._size_of(model)
+        place = "this Mac" if sys.platform == "darwin" else "this computer"
+        box = QMessageBox(QMessageBox.Icon.Warning, "Delete model",
+                          f"Delete {model.split('/')[-1]}"
+                          + (f" ({fmt_bytes(size)})" if size else "")
+                          + f"? This removes the files from {place}.",
+                          QMessageBox.StandardButton.Cancel, self)
+        box.addButton("Delete", QMessageBox.ButtonRole.DestructiveRole)
+        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.buttonClicked.connect(lambda b: self._confirmed(
+            model, box.buttonRole(b) == QMessageBox.ButtonRole.DestructiveRole))
+        box.rejected.connect(lambda: self._confirmed(model, False))  # Esc, or closed
+        self.delete_box = box
+        box.open()
+
+    def _size_of(self, model: str) -> int | None:
+        entry = next((e for e in self.catalog if e.id == model), None)
+        card = next((m for m in self.local if m.id == model), None)
+        return (entry.size_bytes if entry else None) or (card.shoal.size_bytes if card
+                                                           else None)
+
+    def _confirmed(self, model: str, yes: bool) -> None:
+        self.delete_box = None
+        if yes:
+            self._delete(model)
+
+    def _delete(self, model: str) -> None:
         def failed(e: BaseException) -> None:
             self.hub_message.setText("Deleting models needs a newer node." if route_missing(e)
                                      else f"Couldn't delete {model}: {message_of(e)}")
 
         def done(r: RemovedInfo) -> None:
-            self.hub_message.setText(f"Deleted {model} ({fmt_bytes(r.freed_bytes)} "
-                                     "freed).")
+            self.notice = f"Deleted {model} ({fmt_bytes(r.freed_bytes)} freed)."
+            self.hub_message.setText(self.notice)
             self.refresh()
         self.tasks.run(self.client.remove_model, model, on_done=done, on_error=failed,
                        owner=self)
@@ -400,42 +425,18 @@ class ModelsView(QWidget):
                 self.refresh()  # a finished download is a new local model
         self.download_progress.emit(self._progress_line(running))
         for d in downloads:
-            did = d.id
-            if did in self.chat_after and d.state in ("done", "failed", "cancelled"):
-                repo = self.chat_after.pop(did)
+            if d.id in self.chat_after and d.state in ("done", "failed", "cancelled"):
+                repo = self.chat_after.pop(d.id)
                 if d.state == "done":
                     self.chat_requested.emit(repo)
-        t = self.downloads_table
-        t.setVisible(bool(self.downloads))
-        self.downloads_label.setVisible(bool(self.downloads))
-        t.setRowCount(len(self.downloads))
-        for i, d in enumerate(self.downloads):
-            p = d.progress
-            done, total = (p.done, p.total) if p else (0, 0)
-            bar = t.cellWidget(i, 1)
-            if not isinstance(bar, QProgressBar):
-                bar = QProgressBar()
-                bar.setRange(0, 1000)
-                t.setCellWidget(i, 1, bar)
-            bar.setValue(int(1000 * done / total) if total else 0)
-            bar.setFormat(f"{fmt_bytes(done)} / {fmt_bytes(total)}" if total else "starting")
-            bar.setAccessibleName(f"{d.repo}: {bar.format()}")
-            state = str(d.state)
-            if d.error:
-                state += f": {d.error.message}"
-            t.setItem(i, 0, QTableWidgetItem(d.repo))
-            t.setItem(i, 2, QTableWidgetItem(fmt_rate(p.speed_Bps if p else None)))
-            t.setItem(i, 3, QTableWidgetItem(fmt_eta(p.eta_s if p else None)))
-            t.setItem(i, 4, QTableWidgetItem(state))
-            did = d.id
-            cancel = t.cellWidget(i, 5)
-            if d.state != "running":
-                t.removeCellWidget(i, 5)
-            elif cancel is None or cancel.property("download") != did:
-                cancel = _button("Cancel", lambda _c=False, x=did: self.cancel(x),
-                                 f"Cancel the download of {d.repo}")
-                cancel.setProperty("download", did)
-                t.setCellWidget(i, 5, cancel)
+                else:
+                    self.retry_chat.add(repo)
+        self.downloads_panel.set_downloads(downloads)
+
+    def _retry(self, repo: str) -> None:
+        chat = repo in self.retry_chat
+        self.retry_chat.discard(repo)
+        self.pull(repo, chat=chat)
 
     @staticmethod
     def _progress_line(running: list[DownloadInfo]) -> str | None:
