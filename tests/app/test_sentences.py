@@ -222,3 +222,28 @@ def test_the_note_reveals_its_details_on_a_click(qtbot):
     assert not note.detail.isVisible()
     note.set_text("All good.")
     assert not note.details_button.isVisible()
+
+
+def test_the_developer_log_gives_a_refusal_in_words_and_the_node_s_behind_details(qtbot):
+    from app.developer import DeveloperPanel
+    from engine.records import RequestInfo
+    panel = DeveloperPanel("http://127.0.0.1:1", None)
+    qtbot.addWidget(panel)
+    panel.show()
+    reason = ("The worker for tiny-llama exited unexpectedly: it was killed (SIGKILL) while "
+              "serving request 3f2a9c; its log is /home/me/.shoal/logs/worker.log on box.")
+    panel._node_log([
+        RequestInfo(at=1.0, method="POST", path="/v1/chat/completions", status=500,
+                    seconds=0.4, client="curl", reason=reason),
+        RequestInfo(at=2.0, method="GET", path="/v1/models", status=200, seconds=0.01,
+                    client="curl")])
+    failed = panel.log_table.item(1, 4)
+    assert failed.text().startswith("tiny-llama stopped on this computer")
+    assert "SIGKILL" not in failed.text() and ".log" not in failed.text()
+    assert not panel.failure.isVisible()
+    panel.log_table.setCurrentCell(1, 0)
+    assert panel.failure.isVisible() and "tiny-llama stopped" in panel.failure.text.text()
+    qtbot.mouseClick(panel.failure.details_button, Qt.MouseButton.LeftButton)
+    assert "SIGKILL" in panel.failure.detail.text()
+    panel.log_table.setCurrentCell(0, 0)  # an answered request has nothing to explain
+    assert not panel.failure.isVisible()

@@ -6,7 +6,7 @@ the Developer panel and the tray's additions."""
 import pytest
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QAccessible, QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QAbstractButton, QApplication, QWidget
+from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel, QWidget
 
 from app import theme
 from app.main import ShoalApp
@@ -190,6 +190,18 @@ def test_developer_panel_gives_address_model_and_agent_settings(qtbot, shoal, po
     qtbot.waitUntil(lambda: dev.log_table.rowCount() == 1, timeout=10000)
     assert dev.log_table.item(0, 2).text() == "POST /v1/chat/completions"
     assert "Can't reach the node" in dev.log_table.item(0, 4).text()
+
+
+def test_the_status_bar_says_in_words_that_the_node_is_down(qtbot, shoal):
+    text = shoal.window.statusBar().findChild(QLabel, "nodeStatus")
+    shoal.monitor.start()  # polls a port where nothing answers
+    qtbot.waitUntil(lambda: "Can't reach the node on this computer" in text.text(),
+                    timeout=10000)
+    assert "Errno" not in text.text() and "127.0.0.1" not in text.text()
+    note = text.parentWidget()
+    assert note.details_button.isVisible() and not note.detail.isVisible()
+    qtbot.mouseClick(note.details_button, Qt.MouseButton.LeftButton)
+    assert note.detail.isVisible() and "Connection refused" in note.detail.text()
 
 
 def test_tray_copies_the_api_url_and_shows_live_figures(qtbot, shoal, port):
