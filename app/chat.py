@@ -2,8 +2,10 @@
 settings, messages and prompt on the right.
 
 Every node call goes through Tasks, so the GUI thread never waits on the network; every
-failure (unknown model, node gone, busy) is shown inline next to what caused it. A model
-spread over several nodes is chatted with exactly like a local one (same API).
+failure (unknown model, node gone, busy) is shown inline next to what caused it, with Try
+again. A model spread over several machines is chatted with exactly like a local one.
+Nothing is lost by one key or click: a deleted conversation can be brought back for a
+while, and a message sent while a reply streams waits its turn.
 """
 
 from __future__ import annotations
@@ -12,15 +14,15 @@ import logging
 import time
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QComboBox,
     QDoubleSpinBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
+    QProgressBar,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -31,8 +33,11 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.common import buddy
 from app.common import message_of as _message_of
-from app.conversations import Conversation, ConversationStore, Message
+from app.conversations import Conversation, ConversationStore, Message, continued
 from app.messages import MessageView, PromptEdit
+from app.model_picker import ModelPicker, progress_of
+from app.notice import NoticeBar
+from app.snapshots import NodeCard
 from app.status import BUSY, runner_text
 from app.tasks import StreamTask, Tasks
 from engine.client import ChatDelta, NodeClient
@@ -44,12 +49,15 @@ NODE_DEFAULT = "node default"
 DEFAULT_MAX_TOKENS = 1024  # long enough for most answers; a runaway stops, Continue goes on
 CONTINUE_PROMPT = ("Continue exactly where your last answer stopped, without repeating "
                    "anything or saying that you continue.")
+UNDO_MS = 10_000  # how long a deleted conversation can be brought back
+DOWN = ("starting", "unreachable", "stopped")  # the node doesn't answer (app/status.py)
 
 
 class ChatPane(QWidget):
     """Chat with the local node. `chat_params` go with every request (max_tokens, ...);
     the sampling boxes edit it. reply_finished(stats), reply_progress(tokens, seconds)
-    and reply_ended() feed the charts and the tray; request_done(record) the request log."""
+    and reply_ended() feed the charts and the tray; request_done(record) the request log.
+    node_lost(reason) and node_back() are for the app that restarts its own node."""
 
     reply_finished = Signal(dict)
     reply_progress = Signal(int, float)
@@ -64,6 +72,11 @@ class ChatPane(QWidget):
         self.node_status: dict[str, Any] = {}
         self._stream: StreamTask | None = None
         self._stream_conv: Conversation | None = None
+        self._stream_reply: Message | None = None
+        self._queued: tuple[Conversation, str] | None = None  # sent when the reply ends
+        self._deleted: tuple[Conversation, int] | None = None  # what Undo brings back
+        self._retry: Message | None = None  # a failed reply to send again once the node answers
+        self._lost: str | None = None  # why the app's node went, while it restarts
         self._build()
         self._fill_conversations()
         if store.warning:
@@ -93,12 +106,13 @@ class ChatPane(QWidget):
         row.addWidget(self.new_button)
         row.addWidget(self.delete_button)
         lv.addLayout(row)
+        self.undo_bar = NoticeBar("undoDelete")
+        lv.addWidget(self.undo_bar)
 
-        self.model_picker = QComboBox()
-        self.model_picker.setEditable(True)  # a model id or path not in the list is allowed
+        self.model_picker = ModelPicker()
         self.model_picker.setMinimumContentsLength(16)
         self.model_picker.setSizeAdjustPolicy(
-            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            ModelPicker.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.model_picker.lineEdit().setPlaceholderText("Choose a model")
         self.model_picker.setAccessibleName("Model")
         self.model_picker.setToolTip("The model to chat with (Ctrl+L)")
@@ -106,6 +120,11 @@ class ChatPane(QWidget):
         self.model_state = QLabel()
         self.model_state.setObjectName("modelState")
         theme.set_role(self.model_state, "muted")
+        self.load_bar = QProgressBar()
+        self.load_bar.setAccessibleName("Loading the model")
+        self.load_bar.setMaximumWidth(120)
+        self.load_bar.setTextVisible(False)
+        self.load_bar.hide()
         self.system_edit = QLineEdit()
         self.system_edit.setPlaceholderText("System prompt for this conversation (optional)")
         self.system_edit.setAccessibleName("System prompt")
@@ -123,6 +142,8 @@ class ChatPane(QWidget):
         self.error_label.hide()
         self.view = MessageView()
         self.view.continue_requested.connect(self.continue_reply)
+        self.view.retry_requested.connect(self.try_again)
+        self.queued_bar = NoticeBar("queued")
         self.prompt = PromptEdit()
         self.prompt.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line)")
         self.prompt.setAccessibleName("Message")
@@ -150,6 +171,7 @@ class ChatPane(QWidget):
         top.addWidget(buddy("&Model:", self.model_picker))
         top.addWidget(self.model_picker, 1)
         top.addWidget(self.model_state)
+        top.addWidget(self.load_bar)
         rv.addLayout(top)
         rv.addWidget(self.system_edit)
         sampling = QHBoxLayout()
@@ -161,6 +183,7 @@ class ChatPane(QWidget):
         rv.addLayout(sampling)
         rv.addWidget(self.error_label)
         rv.addWidget(self.view, 1)
+        rv.addWidget(self.queued_bar)
         bottom = QHBoxLayout()
         bottom.addWidget(self.prompt, 1)
         buttons = QVBoxLayout()
@@ -178,11 +201,13 @@ class ChatPane(QWidget):
         splitter.setChildrenCollapsible(False)
         left.setMinimumWidth(140)
         QVBoxLayout(self).addWidget(splitter)
-        # Tab goes through the pane in reading order (the splitter's own order is not it).
+        # Tab goes through the pane in reading order (the splitter's own order is not it);
+        # each message's buttons are off it (the conversation's arrow keys reach them).
         order = [self.conversation_list, self.new_button, self.delete_button,
-                 self.model_picker, self.system_edit, self.temperature, self.top_p,
-                 self.max_tokens, self.view, self.prompt, self.send_button,
-                 self.stop_button, self.regenerate_button]
+                 self.undo_bar.button, self.model_picker, self.system_edit,
+                 self.temperature, self.top_p, self.max_tokens, self.view,
+                 self.queued_bar.button, self.prompt, self.send_button, self.stop_button,
+                 self.regenerate_button]
         for a, b in zip(order, order[1:]):
             QWidget.setTabOrder(a, b)
 
@@ -227,10 +252,11 @@ class ChatPane(QWidget):
                            f"Couldn't list models: {_message_of(e)}"), owner=self)
 
     def _fill_models(self, models: list[ModelCard]) -> None:
-        text = self.model_picker.currentText()
-        self.model_picker.clear()
-        self.model_picker.addItems([m.id for m in models])
-        self.model_picker.setCurrentText(text)
+        self.model_picker.set_models(models)
+
+    def set_cards(self, cards: list[NodeCard]) -> None:
+        """The cluster's machines, for whether each model fits (the picker's badges)."""
+        self.model_picker.set_cards(cards)
 
     def load_model(self, name: str) -> None:
         """Ask the node to load `name` (the user picked it); failures show inline."""
@@ -244,17 +270,30 @@ class ChatPane(QWidget):
     def set_node_status(self, status: dict[str, Any]) -> None:
         """Follow the node: its model, what it is doing before it can answer (in the
         pane and in a reply that waits), and its error inline (e.g. a failed load)."""
+        was_down = self.node_status.get("state") in DOWN
         self.node_status = status
         model = status.get("model")
         if model and not self.model_picker.lineEdit().hasFocus():
             self.model_picker.setCurrentText(str(model))
+        self.model_picker.set_status(status)
         runner = status.get("runner") or {}
         busy = runner_text(runner)
         self.model_state.setText(busy[:1].upper() + busy[1:] + "…" if busy else "")
         self.model_state.setVisible(bool(busy))
+        progress = progress_of(runner)
+        self.load_bar.setVisible(progress is not None)
+        if progress is not None:
+            self.load_bar.setRange(0, progress[1])
+            self.load_bar.setValue(progress[0])
         if status.get("state") == "error" and status.get("error"):
             self.show_error(str(status["error"]))
         self._follow_wait(runner)
+        if was_down and status.get("state") not in DOWN:
+            self.node_back()
+
+    def focus_home(self) -> None:
+        """Where the keyboard goes when the Chat tab is shown (Ctrl+1): the message box."""
+        self.prompt.setFocus(Qt.FocusReason.ShortcutFocusReason)
 
     def focus_model_picker(self) -> None:
         """Ctrl+L: straight to the model list."""
@@ -298,6 +337,8 @@ class ChatPane(QWidget):
         return conv
 
     def delete_conversation(self) -> None:
+        """Delete the conversation on screen; Undo in the bar below the list brings it
+        back for UNDO_MS."""
         conv = self.current()
         if conv is None:
             return
@@ -307,6 +348,20 @@ class ChatPane(QWidget):
         self.store.delete(conv.id)
         rest = self.store.conversations
         self._select(rest[min(index, len(rest) - 1)] if rest else None)
+        self._save()
+        self._deleted = (conv, index)
+        title = conv.title if len(conv.title) <= 40 else conv.title[:39] + "…"
+        self.undo_bar.show_notice(f"Deleted “{title}”.", "Undo", self.undo_delete, UNDO_MS)
+
+    def undo_delete(self) -> None:
+        """Bring the last deleted conversation back, where it was."""
+        if self._deleted is None:
+            return
+        conv, index = self._deleted
+        self._deleted = None
+        self.undo_bar.dismiss()
+        self.store.restore(conv, index)
+        self._select(conv)
         self._save()
 
     def _save(self) -> None:
@@ -322,12 +377,22 @@ class ChatPane(QWidget):
         return self._stream is not None
 
     def send(self) -> None:
-        """Send the prompt box's text and stream the answer into a new reply."""
+        """Send the prompt box's text and stream the answer into a new reply; while a
+        reply streams, the text waits its turn (queued) instead."""
         text = self.prompt.toPlainText().strip()
-        if not text or self.streaming:
+        if not text:
             return
+        self.prompt.clear()
+        self.prompt.setFocus()
+        if self.streaming:
+            self._queue(text)
+            return
+        self._send_text(self.current() or self.new_conversation(), text)
+
+    def _send_text(self, conv: Conversation, text: str) -> None:
         self.clear_error()
-        conv = self.current() or self.new_conversation()
+        if conv is not self.current():
+            self._select(conv)
         if self.system_edit.text() != conv.system:
             conv.system = self.system_edit.text()
         if not any(m.role == "user" for m in conv.messages):
@@ -335,8 +400,43 @@ class ChatPane(QWidget):
             self.conversation_list.currentItem().setText(conv.title)
         conv.messages.append(Message("user", text))
         self.view.add(conv.messages[-1])
-        self.prompt.clear()
         self._answer(conv)
+
+    # --- a message sent while a reply streams ---------------------------------------------
+    def _queue(self, text: str) -> None:
+        conv = self._stream_conv or self.current() or self.new_conversation()
+        if self._queued is not None:  # a second message joins the first
+            text = f"{self._queued[1]}\n\n{text}"
+        self._queued = (conv, text)
+        short = text if len(text) <= 60 else text[:59] + "…"
+        self.queued_bar.show_notice(f"Queued: “{short}” is sent when this reply ends.",
+                                    "Cancel", self._unqueue)
+
+    def _unqueue(self) -> None:
+        """Cancel: the queued text goes back into the message box."""
+        if self._queued is None:
+            return
+        text = self._queued[1]
+        self._queued = None
+        self.queued_bar.dismiss()
+        rest = self.prompt.toPlainText()
+        self.prompt.setPlainText(text + (f"\n{rest}" if rest else ""))
+        self.prompt.setFocus()
+
+    def _send_queued(self, failed: bool) -> None:
+        if self._queued is None:
+            return
+        conv, text = self._queued
+        if failed or self.store.get(conv.id) is None:
+            self._unqueue()
+            self.queued_bar.show_notice(
+                "Your queued message wasn't sent: the reply before it "
+                + ("failed." if failed else "was deleted.")
+                + " It is back in the message box.", timeout_ms=UNDO_MS)
+            return
+        self._queued = None
+        self.queued_bar.dismiss()
+        self._send_text(conv, text)
 
     def regenerate(self) -> None:
         """Drop the last reply and answer the last message again (with the current model,
@@ -352,7 +452,8 @@ class ChatPane(QWidget):
             self._answer(conv)
 
     def continue_reply(self, reply: Message) -> None:
-        """A reply that stopped at the answer length goes on in the same bubble."""
+        """A reply that stopped early (the answer length, or Stop) goes on in the same
+        bubble, joined on cleanly (app.conversations.continued)."""
         conv = self.current()
         if (conv is None or self.streaming or not conv.messages
                 or conv.messages[-1] is not reply):
@@ -362,20 +463,65 @@ class ChatPane(QWidget):
         # go on, and what it says is added to the reply (the request is not shown).
         history = conv.history() + [{"role": "user", "content": CONTINUE_PROMPT}]
         done = int(reply.stats.get("completion_tokens") or 0)
-        for key in ("finish_reason", "generation_tps", "wait_s", "ttft_s", "load_s"):
+        for key in ("finish_reason", "generation_tps", "wait_s", "ttft_s", "load_s",
+                    "stopped"):
             reply.stats.pop(key, None)
         reply.stats["_earlier_tokens"] = done
-        self._stream_reply(conv, reply, history)
+        reply.stats["_before"] = reply.content
+        reply.stats["_more"] = ""
+        self._start(conv, reply, history)
+
+    def try_again(self, reply: Message) -> None:
+        """A failed reply is answered again, once Shoal's node answers (at once when it
+        does now)."""
+        conv = next((c for c in self.store.conversations if reply in c.messages), None)
+        if conv is None or conv.messages[-1] is not reply or self.streaming:
+            return
+        if self.node_status.get("state") in DOWN:
+            self._retry = reply
+            self._show_wait(reply, "Waiting for Shoal's node to answer; your message is "
+                            "sent again then…")
+            return
+        self._retry = None
+        conv.messages.pop()
+        if conv is self.current():
+            self.view.show_conversation(conv)
+        else:
+            self._select(conv)
+        self._answer(conv)
+
+    def node_lost(self, reason: str) -> None:
+        """The app's own node stopped and the app restarts it: the reply streaming now
+        fails with `reason` (a sentence, e.g. "Shoal's node stopped; Shoal is starting
+        it again.") and offers Try again, which waits for node_back()."""
+        self._lost = reason
+        self.node_status = {**self.node_status, "state": "unreachable"}
+        if self._stream is not None and self._stream_reply is not None:
+            stream, reply = self._stream, self._stream_reply
+            stream.cancel()
+            self._fail(reply, None)
+
+    def node_back(self) -> None:
+        """The node answers again: the model list is read again, and a Try again that
+        waited is sent."""
+        self._lost = None
+        if self.node_status.get("state") in DOWN:
+            self.node_status = {**self.node_status, "state": "idle"}
+        self.refresh_models()
+        reply, self._retry = self._retry, None
+        if reply is not None:
+            self._show_wait(reply, None)
+            self.try_again(reply)
 
     def _answer(self, conv: Conversation) -> None:
         history = conv.history()
         reply = Message("assistant", "")
         conv.messages.append(reply)
         self.view.add(reply)
-        self._stream_reply(conv, reply, history)
+        self._start(conv, reply, history)
 
-    def _stream_reply(self, conv: Conversation, reply: Message,
-                      history: list[dict[str, str]]) -> None:
+    def _start(self, conv: Conversation, reply: Message,
+               history: list[dict[str, str]]) -> None:
         model = self.model_picker.currentText().strip() or None
         conv.model = model or conv.model
         params = dict(self.chat_params)
@@ -386,23 +532,26 @@ class ChatPane(QWidget):
             reply.stats["model"] = model
         if (self.node_status.get("runner") or {}).get("type") in BUSY:
             reply.stats["_loading_since"] = started
-        self._stream_conv = conv
+        self._stream_conv, self._stream_reply = conv, reply
         client = self.client  # the worker must hold no widget (see app/tasks.py)
-        self._stream = self.tasks.stream(
+        stream = self.tasks.stream(
             lambda: client.chat(history, model=model, **params),
             on_items=lambda deltas: self._on_deltas(reply, deltas, started),
-            on_done=lambda: self._finish(reply),
-            on_error=lambda e: self._fail(reply, e), owner=self)
+            on_done=lambda: self._ended(stream, reply),
+            on_error=lambda e: self._ended(stream, reply, e), owner=self)
+        self._stream = stream
         self._set_streaming(True)
-        self._show_wait(reply, "Waiting for the node…")
+        self._show_wait(reply, "Sending your message…")
 
     def stop(self) -> None:
         """Stop the reply: nothing more is shown; the worker closes the stream at the next
         token, which makes the node stop. Send comes back once the stream has closed."""
         if self._stream is None or self._stream.cancelled.is_set():
             return
+        reply = self._stream_reply
+        if reply is None:
+            return
         self._stream.cancel()
-        reply = self._stream_conv.messages[-1]
         reply.stats["stopped"] = True
         self._show_wait(reply, None)
         self.view.refresh(reply)
@@ -425,10 +574,8 @@ class ChatPane(QWidget):
     # --- what a reply waits for -----------------------------------------------------------
     def _waiting_reply(self) -> Message | None:
         """The streaming reply while it has no text yet."""
-        if self._stream is None or self._stream_conv is None:
-            return None
-        reply = self._stream_conv.messages[-1]
-        return None if "_first_at" in reply.stats else reply
+        reply = self._stream_reply if self._stream is not None else None
+        return None if reply is None or "_first_at" in reply.stats else reply
 
     def _show_wait(self, reply: Message, text: str | None) -> None:
         w = self.view.widget_of(reply)
@@ -466,7 +613,12 @@ class ChatPane(QWidget):
                 self._show_wait(reply, None)
             if d.text:
                 reply.stats["_pieces"] = reply.stats.get("_pieces", 0) + 1
-            reply.content += d.text
+                reply.stats["_last_at"] = time.monotonic()
+            if "_before" in reply.stats:  # Continue: joined on cleanly, not glued
+                reply.stats["_more"] += d.text
+                reply.content = continued(reply.stats["_before"], reply.stats["_more"])
+            else:
+                reply.content += d.text
             reply.reasoning += d.reasoning  # kept apart from what is sent back to the model
             for key in ("ttft_s", "generation_tps", "prompt_tps"):
                 if key in d.shoal:
@@ -482,30 +634,57 @@ class ChatPane(QWidget):
                 reply.stats["accepted_tokens"] = spec.get("accepted_tokens")
             if d.finish_reason:
                 reply.stats["finish_reason"] = d.finish_reason
+        speed = _speed(reply.stats)
+        if speed is not None:
+            reply.stats["_live_tps"] = speed  # under the reply while it streams
         self.view.refresh(reply)
         if reply.stats.get("_pieces"):
             self.reply_progress.emit(int(reply.stats["_pieces"]),
                                      time.monotonic() - reply.stats["_first_at"])
 
+    def _ended(self, stream: StreamTask, reply: Message,
+               error: BaseException | None = None) -> None:
+        if stream is not self._stream:
+            return  # already ended (node_lost failed it)
+        if error is None:
+            self._finish(reply)
+        else:
+            self._fail(reply, error)
+
     def _finish(self, reply: Message) -> None:
         stopped = self._stream is not None and self._stream.cancelled.is_set()
         self._stream = None
-        started, wall = reply.stats.get("_started"), reply.stats.get("_wall")
-        unsent = bool(reply.stats.get("_unsent"))
-        for key in [k for k in reply.stats if k.startswith("_")]:  # bookkeeping, not figures
-            reply.stats.pop(key)
+        self._stream_reply = None
+        s = reply.stats
+        started, wall = s.get("_started"), s.get("_wall")
+        unsent = bool(s.get("_unsent"))
+        if s.get("generation_tps") is None and reply.error is None:
+            # Stopped: the node sends no figures, so the speed is what the app measured.
+            s["generation_tps"] = _speed(s, till=s.get("_last_at"))
+            if s.get("completion_tokens") is None and s.get("_pieces"):
+                s["completion_tokens"] = int(s.get("_earlier_tokens") or 0) + s["_pieces"]
+        for key in [k for k in s if k.startswith("_")]:  # bookkeeping, not figures
+            s.pop(key)
+        if s.get("generation_tps") is None:
+            s.pop("generation_tps", None)
         self._show_wait(reply, None)
         self._set_streaming(False)
         self.view.refresh(reply)
         self._save()
         self.reply_ended.emit()
-        if reply.stats.get("generation_tps") is not None:
-            self.reply_finished.emit(dict(reply.stats))
+        if s.get("generation_tps") is not None:
+            self.reply_finished.emit(dict(s))
         self.request_done.emit(self._request_record(reply, started, wall, stopped, unsent))
+        if self._queued is not None:  # after this reply's own signals
+            failed = reply.error is not None
+            QTimer.singleShot(0, self, lambda: self._send_queued(failed))
 
-    def _fail(self, reply: Message, error: BaseException) -> None:
-        log.info("Chat failed: %s", error)
-        reply.error = _message_of(error)
+    def _fail(self, reply: Message, error: BaseException | None) -> None:
+        log.info("Chat failed: %s", error or self._lost)
+        if error is None:  # node_lost: the app's words for why its node went
+            reply.error = f"{self._lost} Try again sends your message once it answers."
+        else:
+            reply.error = _message_of(error)
         reply.stats["_unsent"] = isinstance(error, PeerUnreachable)  # never reached the node
         self._finish(reply)
 
@@ -526,3 +705,11 @@ class ChatPane(QWidget):
                 "client": "Shoal chat", "model": s.get("model"), "ok": reply.error is None,
                 "outcome": outcome, "seconds": took,
                 "reached": not unsent}
+
+
+def _speed(stats: dict[str, Any], till: float | None = None) -> float | None:
+    """Tokens per second since the first token (None until there is enough to say): the
+    first piece came at _first_at, so the pieces after it are what was generated."""
+    pieces, first = int(stats.get("_pieces") or 0), stats.get("_first_at")
+    seconds = (till if till is not None else time.monotonic()) - first if first else 0.0
+    return (pieces - 1) / seconds if pieces > 1 and seconds > 0.2 else None

@@ -1,10 +1,14 @@
 """Widgets that show a conversation: one bubble per message (markdown prose, highlighted
 code blocks, a folded reasoning section, what the reply is waiting for, its figures,
-Continue when it stopped at the length limit), the column they sit in, the prompt box."""
+Continue when it stopped early, Try again when it failed), the column they sit in, the
+prompt box.
+
+Per-message buttons are out of the Tab chain (Tab goes from the conversation to the
+message box); with the conversation focused, the arrow keys walk its buttons."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QKeyEvent
@@ -42,6 +46,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         parts.append("Stopped at the length limit")
     if stats.get("generation_tps") is not None:
         parts.append(f"{stats['generation_tps']:.1f} tokens/s")
+    elif stats.get("_live_tps") is not None:  # still streaming: the speed so far
+        parts.append(f"{stats['_live_tps']:.1f} tokens/s so far")
     wait = stats.get("wait_s", stats.get("ttft_s"))
     if wait is not None:
         text = f"first token after {wait:.2f} s"
@@ -51,6 +57,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         parts.append(text)
     if stats.get("completion_tokens") is not None:
         parts.append(f"{stats['completion_tokens']} tokens")
+    elif stats.get("_live_tps") is not None and stats.get("_pieces"):
+        parts.append(f"{stats['_pieces']} tokens so far")
     if stats.get("cached_tokens"):
         parts.append(f"{stats['cached_tokens']} tokens cached")
     if stats.get("drafted_tokens"):  # speculative decoding ran: how well it guessed
@@ -91,11 +99,23 @@ class ProseLabel(QLabel):
             self.setText(to_html(self.source))  # link colours follow the palette
 
 
+W = TypeVar("W", bound=QWidget)
+
+
+def _off_tab_chain(button: W) -> W:
+    """A per-message button: clicked with the mouse, reached with the arrow keys (the
+    conversation's), never with Tab, and a click leaves the focus where it was."""
+    button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+    return button
+
+
 class MessageWidget(QFrame):
     """One message: its prose and code blocks, the reasoning folded away, the figures,
-    the error if it failed, Copy, and Continue when it stopped at the length limit."""
+    the error if it failed (with Try again), Copy, and Continue when it stopped early
+    (the length limit, or Stop)."""
 
     continue_requested = Signal(object)  # the Message
+    retry_requested = Signal(object)  # a failed reply, to be answered again
 
     def __init__(self, message: Message, parent: QWidget | None = None):
         super().__init__(parent)
@@ -113,6 +133,7 @@ class MessageWidget(QFrame):
         self.copy_button = CopyButton(lambda: self.message.content,
                                       "your message" if message.role == "user" else "reply")
         self.copy_button.setAutoRaise(True)
+        _off_tab_chain(self.copy_button)
         head.addWidget(self.role_label)
         head.addStretch(1)
         head.addWidget(self.copy_button)
@@ -122,6 +143,7 @@ class MessageWidget(QFrame):
         self.reasoning_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.reasoning_button.setArrowType(Qt.ArrowType.RightArrow)
         self.reasoning_button.toggled.connect(self._fold)
+        _off_tab_chain(self.reasoning_button)
         self.reasoning_label = QLabel()
         self.reasoning_label.setTextFormat(Qt.TextFormat.PlainText)
         self.reasoning_label.setWordWrap(True)
@@ -145,14 +167,18 @@ class MessageWidget(QFrame):
         self.error_label.setObjectName("error")
         self.error_label.setWordWrap(True)
         theme.set_role(self.error_label, "error")
-        self.continue_button = QPushButton("Continue")
-        self.continue_button.setToolTip("The reply reached the answer length: ask for the "
-                                        "rest of it")
+        self.continue_button = _off_tab_chain(QPushButton("Continue"))
         self.continue_button.setAccessibleName("Continue the reply")
         self.continue_button.clicked.connect(lambda: self.continue_requested.emit(self.message))
+        self.retry_button = _off_tab_chain(QPushButton("Try again"))
+        self.retry_button.setAccessibleName("Try this reply again")
+        self.retry_button.setToolTip("Send the conversation again (once Shoal's node "
+                                     "answers)")
+        self.retry_button.clicked.connect(lambda: self.retry_requested.emit(self.message))
         foot = QHBoxLayout()
         foot.addWidget(self.stats_label, 1)
         foot.addWidget(self.continue_button)
+        foot.addWidget(self.retry_button)
         layout.addLayout(head)
         layout.addWidget(self.reasoning_button, 0, Qt.AlignmentFlag.AlignLeft)
         layout.addWidget(self.reasoning_label)
@@ -169,6 +195,13 @@ class MessageWidget(QFrame):
 
     def code_blocks(self) -> list[CodeBlock]:
         return [w for w in self.segments if isinstance(w, CodeBlock)]
+
+    def buttons(self) -> list[QWidget]:
+        """The message's buttons on screen, in reading order (what the arrows walk)."""
+        found = [self.copy_button, self.reasoning_button,
+                 *(b.copy_button for b in self.code_blocks()),
+                 self.continue_button, self.retry_button]
+        return [b for b in found if not b.isHidden() and b.isEnabled()]
 
     def set_pending(self, text: str | None) -> None:
         """What a reply without text yet is waiting for (loading, reading the prompt)."""
@@ -195,6 +228,9 @@ class MessageWidget(QFrame):
                 self._drop(i)
             if i == len(self.segments):
                 w = CodeBlock(part.info, self) if part.kind == "code" else ProseLabel(self)
+                if isinstance(w, CodeBlock):
+                    _off_tab_chain(w.copy_button)
+                    w.view.setFocusPolicy(Qt.FocusPolicy.ClickFocus)  # click to select
                 self.segments.append(w)
                 self.body.addWidget(w)
             w = self.segments[i]
@@ -211,9 +247,15 @@ class MessageWidget(QFrame):
         self.stats_label.setVisible(bool(stats))
         self.error_label.setText(m.error or "")
         self.error_label.setVisible(m.error is not None)
+        stopped = bool(m.stats.get("stopped"))
         self.continue_button.setVisible(
             m.role == "assistant" and not self.streaming and m.error is None
-            and m.stats.get("finish_reason") == "length" and not m.stats.get("stopped"))
+            and bool(m.content) and (stopped or m.stats.get("finish_reason") == "length"))
+        self.continue_button.setToolTip(
+            "You stopped the reply: ask for the rest of it" if stopped else
+            "The reply reached the answer length: ask for the rest of it")
+        self.retry_button.setVisible(
+            m.role == "assistant" and not self.streaming and m.error is not None)
         role = "Your message" if m.role == "user" else "Reply"
         self.setAccessibleName(role)
         self.setAccessibleDescription(self.text()[:DESCRIPTION_CHARS])
@@ -241,13 +283,17 @@ class MessageView(QScrollArea):
     """The messages of one conversation in a column of readable width; keeps the view
     pinned to the newest text."""
 
-    continue_requested = Signal(object)  # a Message that stopped at the length limit
+    continue_requested = Signal(object)  # a Message that stopped early
+    retry_requested = Signal(object)  # a failed reply
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self.setAccessibleName("Conversation")
+        self.setAccessibleDescription("Up and Down reach each message's buttons (Copy, "
+                                      "Continue, Try again)")
         self._inner = QWidget()
         self._column = QWidget()
         self._column.setMaximumWidth(READABLE_PX)
@@ -276,6 +322,7 @@ class MessageView(QScrollArea):
     def add(self, message: Message) -> MessageWidget:
         w = MessageWidget(message, self._column)
         w.continue_requested.connect(self.continue_requested)
+        w.retry_requested.connect(self.retry_requested)
         self._layout.insertWidget(self._layout.count() - 1, w)
         self._widgets[id(message)] = w
         self._scroll_to_end()
@@ -293,6 +340,45 @@ class MessageView(QScrollArea):
 
     def widgets(self) -> list[MessageWidget]:
         return list(self._widgets.values())
+
+    def buttons(self) -> list[QWidget]:
+        """Every message's buttons, oldest message first."""
+        return [b for w in self.widgets() for b in w.buttons()]
+
+    # --- keyboard: Up/Down walk the buttons, Tab leaves the conversation ------------------
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt's name
+        buttons = self.buttons()
+        if event.key() in (Qt.Key.Key_Up, Qt.Key.Key_Down) and buttons:
+            self._focus_button(buttons[-1 if event.key() == Qt.Key.Key_Up else 0])
+        else:
+            super().keyPressEvent(event)
+
+    def _focus_button(self, button: QWidget) -> None:
+        if button.property("_walked") is None:  # the buttons are off the Tab chain
+            button.setProperty("_walked", True)
+            button.installEventFilter(self)
+        button.setFocus(Qt.FocusReason.OtherFocusReason)
+        self.ensureWidgetVisible(button)
+
+    def eventFilter(self, watched: Any, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if event.type() != QEvent.Type.KeyPress or not isinstance(event, QKeyEvent):
+            return False
+        key, buttons = event.key(), self.buttons()
+        if watched not in buttons:
+            return False
+        i = buttons.index(watched)
+        if key in (Qt.Key.Key_Up, Qt.Key.Key_Left, Qt.Key.Key_Down, Qt.Key.Key_Right):
+            step = -1 if key in (Qt.Key.Key_Up, Qt.Key.Key_Left) else 1
+            self._focus_button(buttons[(i + step) % len(buttons)])
+        elif key in (Qt.Key.Key_Return, Qt.Key.Key_Enter, Qt.Key.Key_Space):
+            watched.click()
+        elif key in (Qt.Key.Key_Tab, Qt.Key.Key_Backtab, Qt.Key.Key_Escape):
+            self.setFocus(Qt.FocusReason.OtherFocusReason)  # back into the Tab chain here
+            if key != Qt.Key.Key_Escape:
+                self.focusNextPrevChild(key == Qt.Key.Key_Tab)
+        else:
+            return False
+        return True
 
     def _scroll_to_end(self) -> None:
         # After the layout has grown, not before.

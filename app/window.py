@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSettings, QSize, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QMainWindow, QStackedWidget, QTabWidget, QWidget
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QMainWindow,
+    QStackedWidget,
+    QTabWidget,
+    QWidget,
+)
 
 from app.settings import KEEP_IN_TRAY
 from app.startup import StartPage
@@ -15,6 +21,13 @@ from app.theme import APPEARANCE, MODES
 
 __all__ = ["KEEP_IN_TRAY", "MainWindow", "StartPage"]
 MINIMUM = QSize(900, 600)  # a small laptop's window, with room for the desktop's bars
+
+
+def tab_past_tables(view: QWidget) -> None:
+    """Tab moves from control to control; in a table or list the arrow keys move from
+    cell to cell (Qt's tables take Tab for their cells, so Tab walks every one)."""
+    for table in view.findChildren(QAbstractItemView):
+        table.setTabKeyNavigation(False)
 
 
 class MainWindow(QMainWindow):
@@ -41,6 +54,7 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.setAccessibleName("Views")
+        self.tabs.currentChanged.connect(self._tab_shown)
         self.pages.addWidget(self.tabs)
         self.setCentralWidget(self.pages)
         self.statusBar().addWidget(StatusLabel(monitor), 1)
@@ -115,6 +129,7 @@ class MainWindow(QMainWindow):
     def add_view(self, title: str, view: QWidget) -> None:
         """A tab, reached with Ctrl+1, Ctrl+2, ... in order (and from the View menu)."""
         self.views[title] = view
+        tab_past_tables(view)
         self.tabs.addTab(view, title)
         n = len(self.views)
         action = QAction(title, self)
@@ -125,9 +140,20 @@ class MainWindow(QMainWindow):
         self.views_menu.insertAction(first_separator, action)
         self.view_actions.append(action)
 
+    def _tab_shown(self, _index: int) -> None:
+        view = self.tabs.currentWidget()
+        if view is not None:
+            tab_past_tables(view)  # tables the view made since it was added
+
     def show_view(self, title: str) -> None:
-        self.tabs.setCurrentWidget(self.views[title])
+        """Show a tab, the keyboard in its first place (a view's focus_home, e.g. the
+        chat's message box), not wherever it last was (a Copy button)."""
+        view = self.views[title]
+        self.tabs.setCurrentWidget(view)
         self.pages.setCurrentWidget(self.tabs)
+        home = getattr(view, "focus_home", None)
+        if callable(home):
+            home()
 
     def show_start_page(self) -> None:
         self.pages.setCurrentWidget(self.start_page)
