@@ -82,6 +82,9 @@ def fake_app(tmp_path: Path) -> Path:
     (c / "Resources/mlx/lib").mkdir(parents=True)
     (c / "Resources/mlx/lib/mlx.metallib").write_bytes(b"MTLB" + b"\0" * 60)  # not code
     (c / "Frameworks/mlx/lib/mlx.metallib").symlink_to("../../../Resources/mlx/lib/mlx.metallib")
+    # the top-level links macOS loads libmlx through, and the spec's metallib beside it
+    (c / "Frameworks/libmlx.dylib").symlink_to("mlx/lib/libmlx.dylib")
+    (c / "Frameworks/mlx.metallib").symlink_to("mlx/lib/mlx.metallib")
     (c / "Frameworks/PySide6/Qt/lib/QtCore.framework/QtCore").symlink_to("Versions/A/QtCore")
     (c / "Frameworks/PySide6/Qt/lib/QtCore.framework/Versions/Current").symlink_to("A")
     (c / "Info.plist").write_bytes(plist.dumps("0.1.0", "14.0"))
