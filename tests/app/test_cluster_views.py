@@ -79,11 +79,18 @@ def test_topology_follows_a_node_that_starts_and_stops(qtbot, views, tmp_path, t
         qtbot.waitUntil(lambda: "Added" in dialog.peer_message.text(), timeout=10000)
         qtbot.waitUntil(lambda: card_kinds(view).get(idc) == "ok", timeout=15000)
         assert len(view.cards) == 3
+        qtbot.waitUntil(lambda: any(idc in key for key in view.edges), timeout=15000)
+        assert view.cards[idc].card.memory is not None
     finally:
         c.stop()
-    # ... and when its process is gone, its card goes offline (it stays remembered).
+    # ... and when its process is gone, its card goes offline (it stays remembered), with
+    # none of what it last said: no memory bar, no state, no link.
     qtbot.waitUntil(lambda: card_kinds(view).get(idc) == "offline", timeout=15000)
-    assert not view.cards[idc].card.usable and view.cards[idc].opacity() < 1
+    gone = view.cards[idc]
+    assert not gone.card.usable and gone.opacity() < 1
+    assert gone.card.memory is None and gone.card.state is None
+    assert "no figures while it is offline" in gone.lines()
+    assert not any(idc in key for key in view.edges)
     assert card_kinds(view)[idb] == "ok"
 
 
