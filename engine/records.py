@@ -159,7 +159,8 @@ class HealInfo(Record):
     state "placing" (re-planning and launching on the nodes left), "serving" (running
     there), "doesnt_fit" (nothing fits on them: `message` says what is missing), "failed"
     (the new launch failed) or "off" (healing turned off); `back` once every lost node is
-    reachable again, when `original` (the launch body it ran with) can be launched again."""
+    reachable again, when `original` (the launch body it ran with) can be launched again.
+    `message` is a sentence with machine names; `detail` the technical reason behind it."""
     model: str
     state: str
     message: str
@@ -167,6 +168,11 @@ class HealInfo(Record):
     original: dict[str, Any] = field(default_factory=dict)
     back: bool = False
     seconds: float | None = None  # from the loss to serving again
+    lost_names: list[str] = field(default_factory=list)  # the lost machines, by name
+    on: list[str] = field(default_factory=list)  # machines it is placed (or runs) on, by name
+    estimate_s: float | None = None  # how long placing it again should take
+    left: bool = False  # a lost node said it was leaving (shut down), not cut off or killed
+    detail: str = ""  # what the nodes reported, for a "Details" click
 
 
 @dataclass(frozen=True)

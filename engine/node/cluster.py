@@ -29,13 +29,14 @@ from engine.node.group_start import WATCH_S, follower_state, peer_record, start_
 from engine.node.launch import (
     Instance,
     LaunchRequest,
-    NodeRef,
     Rank,
     check_placement,
     choose_lanes,
     first_choice,
+    handed_over,
     host_of,
     memory_check,
+    planned_request,
     rdma_matrix,
     resolve_ranks,
 )
@@ -91,6 +92,14 @@ class Cluster:
                         [m.id for m in self.node.local_models()], self.links(),
                         machine=facts.machine, speed=facts.speed,
                         platform=facts.platform, power=facts.power, draft=self.draft)
+
+    def name_of(self, node_id: str) -> str:
+        """A node's machine name, for sentences a person reads (its address where it never
+        told its name)."""
+        if node_id == self.id:
+            return self.name
+        peer = self.peers.find(node_id)
+        return (peer.name or host_of(peer.url)) if peer is not None else "a machine that left"
 
     def plan_infos(self) -> list[NodeInfo]:
         """What the planner may use: this node first, then trusted compatible peers."""
@@ -156,19 +165,16 @@ class Cluster:
         if not req.nodes:  # the planner's first choice
             inputs = self.plan_inputs(req.model, exclude)
             chosen = first_choice(inputs, req, self.id)
-            strategy = "tensor" if chosen.strategy == "tensor" else "pipeline"
-            req = req.model_copy(update={"strategy": strategy, "backend": "ring",
-                                         "nodes": [NodeRef(node=r.node, layers=r.layers)
-                                                   for r in chosen.ranks]})
+            req = planned_request(req, chosen)
         ranks = resolve_ranks(req, (self.id, self.name), self.peers)
         if ranks[0].url is not None:  # rank 0 lives on its owner: hand the job over
-            nodes = [NodeRef(node="self")] if len(ranks) == 1 else [
-                n.model_copy(update={"node": r.node}) for n, r in zip(req.nodes, ranks)]
             return await peer_record(InstanceInfo, self.peers, ranks[0].url, "POST",
-                                     "/shoal/instances", req.body(nodes), timeout=900)
+                                     "/shoal/instances", handed_over(req, ranks),
+                                     timeout=900)
         path = self.node.resolve(req.model)
         await self.node.check_model(path, all_files=len(ranks) == 1 or req.strategy == "tensor")
         inputs = inputs or self.plan_inputs(req.model)  # config.json read once a launch
+        t0 = time.monotonic()
         if len(ranks) == 1:  # one node: a plain single-process model here
             memory_check(inputs, req, "pipeline", ranks, chosen)
             choose_lanes(req.lanes, "pipeline", [self.host], 1, 1)  # one process: one batch
@@ -210,6 +216,7 @@ class Cluster:
             await self._start_or_end(inst, path, inputs["model_context"])
         inst.state = InstanceState.READY
         inst.ready_once = True
+        inst.load_s = time.monotonic() - t0  # healing's estimate for placing it again
         inst.watch = asyncio.create_task(self._watch(inst))
         return replace(inst.info(), warning=warning) if warning else inst.info()
 
@@ -242,7 +249,7 @@ class Cluster:
                 reason = (w.dead_reason if w else None) or "rank 0 stopped"
                 await self._teardown(inst, reason)
                 return
-            for i, r in enumerate(inst.ranks):
+            for r in inst.ranks:
                 if r.url is None:
                     continue
                 try:
@@ -251,12 +258,12 @@ class Cluster:
                 except ShoalError:
                     # silent since its last answer, not since the first failed poll
                     if time.monotonic() - heard[r.url] >= GONE_S:
-                        await self._teardown(inst, f"node {r.node} (rank {i}) stopped "
+                        await self._teardown(inst, f"{self.name_of(r.node)} stopped "
                                              f"answering")
                         return
                     continue
                 if st.state != InstanceState.READY:
-                    await self._teardown(inst, f"rank {i} on node {r.node} "
+                    await self._teardown(inst, f"its part on {self.name_of(r.node)} "
                                          f"{st.state}: {st.reason}")
                     return
 

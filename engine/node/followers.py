@@ -19,6 +19,7 @@ from engine.protocol import Exited, Fatal, Loading, Message
 from engine.records import ENDED, FollowerInfo, InstanceState, LoadReport
 
 KEEP_ENDED = 4  # ended ranks remembered, for their reasons
+LEAVING = "the node is shutting down"  # a rank's reason while its node quits (healing reads it)
 
 
 @dataclass
@@ -105,7 +106,9 @@ class Followers:
         with contextlib.suppress(ShoalError):
             await self.peers.call(self.owner(f), "POST", "/shoal/peer/failed",
                                   {"instance": f.instance,
-                                   "reason": f"rank {f.rank} on node {self.name}: {f.reason}"},
+                                   "reason": f"{self.name} is shutting down"
+                                   if f.reason == LEAVING else
+                                   f"its part on {self.name} stopped: {f.reason}"},
                                   timeout=5)
 
     def state(self, inst_id: str) -> FollowerState:
@@ -125,5 +128,11 @@ class Followers:
                 await f.worker.stop()
 
     async def close(self) -> None:
+        """The node is quitting: owners hear it first, so they place their models again at
+        once instead of waiting for silence; GET /shoal/node says so while it finishes."""
+        live = [f for f in self._by_id.values() if f.state not in ENDED]
+        for f in live:
+            f.state, f.reason = InstanceState.STOPPED, LEAVING
+        await asyncio.gather(*(self._tell_owner(f) for f in live))
         for inst_id in list(self._by_id):
-            await self.stop(inst_id, "the node is shutting down")
+            await self.stop(inst_id, LEAVING)

@@ -1,25 +1,30 @@
 """Healing: an instance that loses a node is placed again on the nodes left.
 
 When a distributed instance fails for any reason but a stop or a new launch (a rank's
-process died, its node stopped answering, a link went silent), its owner hands it here.
-The nodes left are this one and every trusted peer that answers now (a killed node may
-still look reachable for a few seconds); the planner places the model on them as a launch
-without nodes would, and the owner launches it there. Where nothing fits, the message says
-what is missing. The requests in flight when the node went were failed by the group; the
-error they got says what happens next (`hint`). Once every lost node answers again, the
-original placement is offered (`HealInfo.back`): POST /shoal/instances with
-`HealInfo.original` runs it as before. `shoal node --no-heal` turns healing off.
+process died, its node stopped answering or said it was leaving, a link went silent), its
+owner hands it here. The nodes left are this one and every trusted peer that answers now
+and isn't shutting down (a killed node may still look reachable for a few seconds). The
+planner places the model on them as a launch without nodes would, whatever ran before (a
+hand split is planned afresh, never replayed: its ranges named a node that is gone), and
+the owner launches it there. Where nothing fits, the message says what is missing. The
+requests in flight when the node went were failed by the group; the error they got says
+what happens next (`hint`). Once every lost node answers again, the original placement is
+offered (`HealInfo.back`): launching `HealInfo.original` runs it as before. Messages name
+machines, never node ids or ranks; the nodes' own reason is kept as `detail`.
+`shoal node --no-heal` turns healing off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ShoalError
+from engine.node.followers import LEAVING
 from engine.records import HealInfo
 
 if TYPE_CHECKING:
@@ -29,6 +34,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 PROBE_S = 3.0  # a peer that doesn't answer within this is left out of the new placement
 BACK_EVERY_S = 5.0  # how often a lost node is looked for while the healed model runs
+GUESS_S = 30.0  # the estimate for a model whose load was never timed
+
+
+def estimate_s(inst: Instance, nodes_left: int) -> float:
+    """How long placing `inst` again should take: its last load, each node now holding a
+    bigger share (the shares load side by side), plus the planning; whole seconds."""
+    share = len(inst.ranks) / max(1, nodes_left)
+    return float(math.ceil(2 + (inst.load_s or GUESS_S) * max(1.0, share)))
+
+
+def joined(names: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 class Healer:
@@ -41,8 +59,11 @@ class Healer:
         """What a client whose request failed with its group is told happens next."""
         if not self.enabled:
             return None
-        return (f"Shoal is placing {model} again on the nodes that remain; retry in a "
-                f"minute (GET /shoal/instances says how it goes).")
+        inst = self.cluster.instance
+        about = (f" (about {estimate_s(inst, len(inst.ranks) - 1):.0f} s)"
+                 if inst is not None and inst.model == model else "")
+        return (f"Shoal is placing {model} again on the machines that remain{about}; send "
+                f"the request again then.")
 
     def note(self, model: str) -> str | None:
         """What a request for `model` is told while its failed instance heals (or can't)."""
@@ -50,8 +71,9 @@ class Healer:
         if info is None or info.model != model:
             return None
         if info.state == "placing":
-            return ("Shoal is placing it again on the nodes that remain; retry in a "
-                    "minute.")
+            about = f" (about {info.estimate_s:.0f} s)" if info.estimate_s else ""
+            return (f"Shoal is placing {model} again on the machines that remain{about}; "
+                    f"send the request again then.")
         return info.message if info.state in ("doesnt_fit", "failed") else None
 
     def start(self, inst: Instance, reason: str) -> None:
@@ -59,13 +81,16 @@ class Healer:
         original = {"model": inst.model, "strategy": inst.strategy, "backend": inst.backend,
                     "nodes": [{"node": r.node, **({"layers": list(r.layers)} if r.layers
                                                   else {})} for r in inst.ranks],
-                    "kv_bits": inst.kv_bits or 16}
+                    "kv_bits": inst.kv_bits or 16, **({"lanes": inst.lanes}
+                                                      if inst.lanes > 1 else {})}
         if not self.enabled:
-            self.info = HealInfo(inst.model, "off", f"{reason}. Healing is off (shoal node "
-                                 f"--no-heal): launch it again.", [], original)
+            self.info = HealInfo(inst.model, "off", f"{inst.model} stopped: {reason}. "
+                                 f"Healing is off on this machine (shoal node --no-heal): "
+                                 f"Launch it again.", [], original, detail=reason)
             return
-        self.info = HealInfo(inst.model, "placing", f"{reason}. Placing {inst.model} again "
-                             f"on the nodes that remain.", [], original)
+        self.info = HealInfo(inst.model, "placing", f"{inst.model} stopped. Shoal is "
+                             f"finding the machines that remain.", [], original,
+                             detail=reason)
         self.cancel()
         self._task = asyncio.create_task(self._heal(inst, reason, original))
 
@@ -81,74 +106,94 @@ class Healer:
 
     async def _heal(self, inst: Instance, reason: str, original: dict[str, Any]) -> None:
         t0 = time.monotonic()
-        alive = await self._answering([r.node for r in inst.ranks])
+        alive, leaving = await self._answering([r.node for r in inst.ranks])
         lost = [r.node for r in inst.ranks if r.node not in alive]
-        names = self._names(lost) or "a node"
-        self.info = replace(self.info or HealInfo(inst.model, "placing", ""), lost=lost)
+        left = bool(lost) and set(lost) <= leaving
+        gone = self._names(lost)
         # an RDMA group that broke with every node still there: the same nodes over TCP
         tcp = not lost and inst.backend != "ring"
+        remain = [self.cluster.id] + [p.id for p in self.cluster.peers.all()
+                                      if p.id and p.trusted and p.reachable
+                                      and p.id not in lost]
+        on = self._names([r.node for r in inst.ranks] if tcp else remain)
+        about = estimate_s(inst, len(on))
+        what = (f"{joined(gone)} {'left' if left else 'stopped answering'}" if lost else
+                "the machines running it together lost step with each other")
+        self.info = replace(self.info or HealInfo(inst.model, "placing", ""), lost=lost,
+                            lost_names=gone, on=on, estimate_s=about, left=left,
+                            message=f"{inst.model} stopped: {what}. Placing it again on "
+                                    f"{joined(on)}, about {about:.0f} s.")
         try:
-            await self.cluster.launch({**original, "backend": "ring"} if tcp else
-                                      {"model": inst.model, "kv_bits": inst.kv_bits or 16},
-                                      exclude=set(lost), healing=True)
+            placed = await self.cluster.launch({**original, "backend": "ring"} if tcp else
+                                               {"model": inst.model,
+                                                "kv_bits": inst.kv_bits or 16},
+                                               exclude=set(lost), healing=True)
         except ShoalError as e:
             state = "doesnt_fit" if e.code == "insufficient_memory" else "failed"
-            what = (f"{inst.model} doesn't fit on the nodes left without {names}: "
-                    f"{e.message}" if state == "doesnt_fit" else
-                    f"placing {inst.model} again failed: {e.message}")
-            log.warning("healing %s: %s", inst.model, what)
-            self.info = replace(self.info, state=state,
-                                message=f"{reason}. {what[0].upper()}{what[1:]}")
+            without = f" without {joined(gone)}" if gone else ""
+            said = (f"{inst.model} doesn't fit on {joined(on)}{without}, so it stays "
+                    f"stopped. Free memory there, or bring {joined(gone)} back and use "
+                    f"your own split again." if state == "doesnt_fit" and gone else
+                    f"{inst.model} doesn't fit on {joined(on)}, so it stays stopped."
+                    if state == "doesnt_fit" else
+                    f"Placing {inst.model} again on {joined(on)} failed, so it stays "
+                    f"stopped. Launch it again when the machines are ready.")
+            log.warning("healing %s: %s (%s)", inst.model, said, e.message)
+            self.info = replace(self.info, state=state, message=f"{what[0].upper()}"
+                                f"{what[1:]}. {said}", detail=f"{reason}; {e.message}")
         except Exception as e:  # anything else: say so, never leave "placing" forever
             log.exception("healing %s failed", inst.model)
-            self.info = replace(self.info, state="failed",
-                                message=f"{reason}. Placing {inst.model} again failed: {e}")
+            self.info = replace(self.info, state="failed", detail=f"{reason}; {e}",
+                                message=f"Placing {inst.model} again failed, so it stays "
+                                        f"stopped. Launch it again.")
         else:
             took = time.monotonic() - t0
-            log.warning("healed %s without %s in %.1f s", inst.model, names, took)
-            again = (f"{inst.model} runs again over the ring (TCP) on the same nodes; the "
-                     f"{inst.backend} (RDMA) group broke" if tcp else
-                     f"{inst.model} runs again without {names}" if lost else
-                     f"{inst.model} runs again, placed afresh on the nodes that answer")
-            self.info = replace(self.info, state="serving", seconds=round(took, 2),
-                                message=f"{reason}. {again} ({took:.0f} s after it was "
-                                        f"lost).")
+            on = self._names([r.node for r in placed.ranks])
+            log.warning("healed %s without %s in %.1f s", inst.model, joined(gone or ["-"]),
+                        took)
+            again = (f"{inst.model} runs again on the same machines, over the network (TCP):"
+                     f" their Thunderbolt (RDMA) group broke" if tcp else
+                     f"{inst.model} runs again without {joined(gone)}, on {joined(on)}"
+                     if lost else f"{inst.model} runs again on {joined(on)}")
+            self.info = replace(self.info, state="serving", seconds=round(took, 2), on=on,
+                                message=f"{again} ({took:.0f} s after it stopped).")
         await self._watch_for(lost)
 
     async def _watch_for(self, lost: list[str]) -> None:
         """Offer the original placement once every lost node answers again."""
         while lost and self.info is not None and not self.info.back:
             await asyncio.sleep(BACK_EVERY_S)
-            if set(lost) <= await self._answering(lost):
-                names = self._names(lost)
+            if set(lost) <= (await self._answering(lost))[0]:
+                names = joined(self._names(lost))
                 self.info = replace(self.info, back=True, message=(
-                    f"{names} {'is' if len(lost) == 1 else 'are'} back: launch the original "
-                    f"placement again to run as before."))
+                    f"{names} {'is' if len(lost) == 1 else 'are'} back: use your own split "
+                    f"to run {self.info.model} as before."))
                 log.info("healing: %s back", names)
 
-    async def _answering(self, ids: list[str]) -> set[str]:
-        """The nodes among `ids` that answer now (this one always does)."""
+    async def _answering(self, ids: list[str]) -> tuple[set[str], set[str]]:
+        """The nodes among `ids` that answer now and stay (this one always does), and
+        those that answered that they are shutting down."""
         c = self.cluster
 
-        async def probe(nid: str) -> str | None:
+        async def probe(nid: str) -> tuple[str, bool] | None:
             if nid == c.id:
-                return nid
+                return nid, False
             peer = c.peers.find(nid)
             if peer is None or not peer.trusted:
                 return None
             try:
-                await c.peers.call(peer.url, "GET", "/shoal/node", timeout=PROBE_S)
+                got = await c.peers.call(peer.url, "GET", "/shoal/node", timeout=PROBE_S)
             except ShoalError:
                 return None
-            return nid
-        return {x for x in await asyncio.gather(*(probe(n) for n in ids)) if x}
+            ranks = got.get("followers") if isinstance(got, dict) else None
+            return nid, any(isinstance(f, dict) and f.get("reason") == LEAVING
+                            for f in ranks or [])
+        answers = [x for x in await asyncio.gather(*(probe(n) for n in ids)) if x]
+        return {n for n, bye in answers if not bye}, {n for n, bye in answers if bye}
 
-    def _names(self, ids: list[str]) -> str:
-        names = []
-        for nid in ids:
-            peer = self.cluster.peers.find(nid)
-            names.append(f"node {peer.name or nid}" if peer else f"node {nid}")
-        return " and ".join(names)
+    def _names(self, ids: list[str]) -> list[str]:
+        """Each node's machine name (never its id, where a name is known)."""
+        return [self.cluster.name_of(nid) for nid in ids]
 
     async def close(self) -> None:
         task, self._task = self._task, None

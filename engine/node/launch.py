@@ -104,6 +104,7 @@ class Instance:
     watch: asyncio.Task | None = field(default=None, repr=False)
     ready_once: bool = False  # it served: a failure after that is healed, not a launch's
     warning: str | None = None  # what the user should know about how it runs
+    load_s: float | None = None  # how long its launch took, start to ready
 
     def info(self) -> InstanceInfo:
         return InstanceInfo(self.id, self.model, self.strategy, self.state, self.reason,
@@ -175,6 +176,22 @@ def first_choice(inputs: PlanInputs, req: LaunchRequest, me: str) -> Placement:
     return report.placements[best]
 
 
+def planned_request(req: LaunchRequest, chosen: Placement) -> LaunchRequest:
+    """A launch without nodes as the planner placed it: every rank with its layers, so
+    the body stays launchable on whichever node it is handed to."""
+    strategy = "tensor" if chosen.strategy == "tensor" else "pipeline"
+    return req.model_copy(update={"strategy": strategy, "backend": "ring",
+                                  "nodes": [NodeRef(node=r.node, layers=r.layers)
+                                            for r in chosen.ranks]})
+
+
+def handed_over(req: LaunchRequest, ranks: list[Rank]) -> dict[str, Any]:
+    """The body a launch whose rank 0 lives on another node is handed over with: each
+    node by its id, layers and all (that node checks it as this one did)."""
+    return req.body([n.model_copy(update={"node": r.node})
+                     for n, r in zip(req.nodes, ranks)])
+
+
 def resolve_ranks(req: LaunchRequest, me: tuple[str, str], peers: Peers) -> list[Rank]:
     """The nodes a launch names, each found as this node (`me`: its id and name) or among
     its trusted peers; a 400 names the entry that can't be used and why."""
@@ -197,7 +214,8 @@ def resolve_ranks(req: LaunchRequest, me: tuple[str, str], peers: Peers) -> list
             nid, url = peer.id, peer.url
         if any(r.node == nid for r in ranks):
             raise BadRequest(f"nodes[{i}]: node '{ref}' is listed twice.", param=where)
-        if req.strategy == "pipeline" and n.layers is None:
+        # one node alone holds every layer: there is nothing to split
+        if req.strategy == "pipeline" and n.layers is None and len(req.nodes) > 1:
             raise BadRequest(f"nodes[{i}] needs 'layers': [start, end] for pipeline.",
                              param=f"nodes[{i}].layers")
         ranks.append(Rank(nid, url, n.layers))

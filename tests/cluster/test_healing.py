@@ -88,7 +88,7 @@ def test_a_node_killed_under_load_and_the_model_is_placed_again_on_the_rest(
         t.join(30)
         assert failed and "error" in json.loads(failed[0]), failed
         message = json.loads(failed[0])["error"]["message"]
-        assert "placing tiny-llama again on the nodes that remain" in message, message
+        assert "placing tiny-llama again on the machines that remain" in message, message
 
         # served again through both nodes left, on both of them
         wait_until(lambda: healing(a).get("state") in ("serving", "doesnt_fit", "failed"),
