@@ -112,6 +112,9 @@ class DownloadsPanel(QWidget):
         if not isinstance(bar, QProgressBar):
             bar = QProgressBar()
             bar.setRange(0, 1000)
+            # room for the longest text it shows, or it wraps and clips
+            bar.setMinimumWidth(bar.fontMetrics().horizontalAdvance(
+                "Cancelled at 999.9 MB / 999.9 GB") + 24)
             t.setCellWidget(i, 1, bar)
         bar.setValue(int(1000 * done / total) if total else 0)
         sizes = f"{fmt_bytes(done)} / {fmt_bytes(total)}" if total else ""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPainter, QPalette, QPen
 from PySide6.QtWidgets import (
     QGraphicsItem,
@@ -99,7 +99,10 @@ class NodeCardItem(QGraphicsObject):
         c = self.card
         out = [c.name + ("  (this node)" if c.is_self else "")]
         if c.kind != "ok":
-            out.append(f"{BADGES[c.kind]}: {c.detail}" if c.detail else BADGES[c.kind])
+            badge = BADGES[c.kind]
+            said = c.detail and c.detail.lower().startswith(badge.lower())  # not twice
+            out.append(c.detail[:1].upper() + c.detail[1:] if c.detail and said else
+                       f"{badge}: {c.detail}" if c.detail else badge)
         out.append(c.chip or "chip unknown")
         out.append(c.os or "")
         out.append(memory_legend(c.memory) if c.memory else
@@ -285,6 +288,8 @@ class TopologyView(QWidget):
         self.state = state
         self.scene = QGraphicsScene(self)
         self.view = QGraphicsView(self.scene)
+        # the view shrinks when the problems below it appear: fit the cards again then
+        self.view.viewport().installEventFilter(self)
         self.view.setRenderHint(QPainter.RenderHint.Antialiasing)
         self.view.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.view.setAccessibleName("Machines and links")
@@ -403,9 +408,10 @@ class TopologyView(QWidget):
         self.view.scale(scale, scale)
         self.view.centerOn(rect.center())
 
-    def resizeEvent(self, event) -> None:  # noqa: ANN001, N802 - Qt's name
-        super().resizeEvent(event)
-        self._fit()
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's
+        if watched is self.view.viewport() and event.type() == QEvent.Type.Resize:
+            self._fit()
+        return False
 
     def showEvent(self, event) -> None:  # noqa: ANN001, N802 - Qt's name
         super().showEvent(event)

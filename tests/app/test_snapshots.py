@@ -201,14 +201,21 @@ def test_card_text_that_does_not_fit_is_in_its_tooltip(qtbot, state):
                "os_version": "6.8.0-1015-azure-fde #17~22.04.1-Ubuntu SMP"}
     reason = ("The connection to 10.0.0.5:8422 was refused: Shoal on this machine isn't "
               "running, or a firewall blocks the port")
-    nodes = [{**TOPOLOGY["nodes"][0], "machine": long_os},
+    nodes = [{**TOPOLOGY["nodes"][0], "machine": long_os}, *TOPOLOGY["nodes"][1:4],
              {**TOPOLOGY["nodes"][4], "error": reason}]
     view = TopologyView(state)
     qtbot.addWidget(view)
-    view.resize(1366, 768)
+    view.resize(1366 - 40, 768 - 140)  # the tab in a laptop's window
     view.show()
-    state.set_topology({"nodes": nodes, "links": []})
-    qtbot.waitUntil(lambda: len(view.cards) == 2)
+    state.set_topology({**TOPOLOGY, "nodes": nodes})
+    qtbot.waitUntil(lambda: len(view.cards) == 5)
+
+    def inside(card):  # the whole card within the view, fixes listed below it or not
+        return view.view.viewport().rect().contains(
+            view.view.mapFromScene(card.sceneBoundingRect()).boundingRect())
+
+    qtbot.waitUntil(lambda: view.problems.isVisible() and all(map(inside,
+                                                                   view.cards.values())))
     elided = 0
     for card in view.cards.values():
         for full, drawn in zip(card.lines(), card.drawn_lines(view.scene.font())):
@@ -216,4 +223,6 @@ def test_card_text_that_does_not_fit_is_in_its_tooltip(qtbot, state):
                 elided += 1
                 assert drawn.endswith("…") and full in card.toolTip()
     assert elided >= 2  # the OS line and the offline reason are too long for a card
+    assert view.cards["http://10.0.0.4:8422"].lines()[1] == ("Not in this cluster: the "
+                                                             "signature doesn't match")
     assert f"Offline: {reason}" in view.cards["eeee5555"].toolTip()
