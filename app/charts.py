@@ -4,8 +4,10 @@ tokens from the prefix cache. The time axis scrolls with the clock (10 frames a 
 while the view is on screen); data is re-plotted only when the figures changed.
 
 Charts of what no node measures (power, and so energy per token) are hidden, with one
-plain line that says why. The grid has two columns where there is room and one where
-there isn't; colours follow the palette."""
+plain line that says why; a chart with nothing yet says so ("No requests yet"). Legends
+sit below the plot, never over the newest points, and the time axis leaves room at the
+right for the marker of the reply streaming now. The grid has two columns where there is
+room and one where there isn't; colours follow the palette."""
 
 from __future__ import annotations
 
@@ -19,10 +21,19 @@ from app.metrics import Metrics, steps
 
 FRAME_MS = 100
 TWO_COLUMNS_PX = 960  # narrower than this, one chart a row
+RIGHT_ROOM = 0.04  # of the time window, right of "now": the live marker is drawn whole
+Y_PADDING = 0.12  # above and below the points, so the top one's marker isn't cut
 pg.setConfigOptions(antialias=True)
 
 
-def _plot(title: str, unit: str) -> pg.PlotWidget:
+class Legend(pg.LegendItem):
+    """A legend in its own row under the time axis (pyqtgraph's floats over the data)."""
+
+    def updateSize(self) -> None:  # noqa: N802 - pyqtgraph's name
+        self.updateGeometry()  # the plot's layout sizes it (not a fixed box at 0, 0)
+
+
+def _plot(title: str, unit: str, empty: str = "No requests yet") -> pg.PlotWidget:
     plot = pg.PlotWidget(axisItems={"bottom": pg.DateAxisItem()})
     plot.chart_title = title
     plot.setTitle(title)
@@ -32,10 +43,21 @@ def _plot(title: str, unit: str) -> pg.PlotWidget:
     plot.showGrid(x=True, y=True, alpha=0.25)
     plot.setMouseEnabled(x=False, y=False)
     plot.setMenuEnabled(False)
-    plot.addLegend(offset=(-10, 10))
-    plot.setMinimumHeight(170)
+    item = plot.getPlotItem()
+    item.legend = Legend(colCount=4)  # plots named later join it (pyqtgraph's own rule)
+    item.layout.addItem(item.legend, 4, 1)
+    item.getViewBox().setDefaultPadding(Y_PADDING)
+    plot.empty_label = pg.LabelItem(empty)  # shown while the chart has no points
+    plot.empty_label.setParentItem(item.getViewBox())
+    plot.empty_label.anchor(itemPos=(0.5, 0.5), parentPos=(0.5, 0.5))
+    plot.setMinimumHeight(190)
     plot.setMinimumWidth(300)
     return plot
+
+
+def _has_points(plot: pg.PlotWidget) -> bool:
+    return any(c.xData is not None and len(c.xData) for c in
+               plot.getPlotItem().listDataItems())
 
 
 def power_line(unavailable: dict[str, str]) -> tuple[str, str]:
@@ -55,10 +77,10 @@ class ChartsView(QWidget):
         self.metrics = metrics
         self.tps = _plot("Decode speed per request", "tokens/s")
         self.ttft = _plot("Time to first token per request", "s")
-        self.memory = _plot("Memory used per node", "GB")
-        self.power = _plot("Power", "W")
+        self.memory = _plot("Memory used per machine", "GB", "No readings yet")
+        self.power = _plot("Power", "W", "No readings yet")
         self.energy = _plot("Energy per token", "J/token")
-        self.streams = _plot("Requests on the node", "requests")
+        self.streams = _plot("Requests on the node", "requests", "No readings yet")
         self.cached = _plot("Tokens per request: from the prefix cache, drafts kept", "tokens")
         self.plots = [self.tps, self.ttft, self.memory, self.power, self.energy,
                       self.streams, self.cached]
@@ -144,6 +166,7 @@ class ChartsView(QWidget):
                 axis.setPen(fg)
                 axis.setTextPen(fg)
             self._legend_colour(p, fg)
+            p.empty_label.setText(p.empty_label.text, color=theme.muted(pal).name())
         points = {self.tps_curve: 0, self.ttft_curve: 3, self.energy_curve: 4,
                   self.cached_curve: 1, self.drafts_curve: 2}
         for curve, i in points.items():
@@ -194,8 +217,8 @@ class ChartsView(QWidget):
         if self._dirty:
             self._dirty = False
             self.redraw()
-        now = self.metrics.clock()
-        self.tps.setXRange(now - self.metrics.window_s, now, padding=0)
+        now, window = self.metrics.clock(), self.metrics.window_s
+        self.tps.setXRange(now - window, now + window * RIGHT_ROOM, padding=0)
 
     def set_predicted_energy(self, joules_per_token: float | None) -> None:
         """The planner's joules per token for the placement shown (None: not predicted,
@@ -233,6 +256,8 @@ class ChartsView(QWidget):
             self.power_note.setText(line)
             self.power_note.setToolTip(details)
         self.power_note.setVisible(bool(self.power_note.text()))
+        for p in self.plots:
+            p.empty_label.setVisible(not _has_points(p))
         self._reflow()
 
     def _node_curve(self, plot: pg.PlotWidget, kind: str, name: str,

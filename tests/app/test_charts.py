@@ -2,6 +2,8 @@
 memory and watts per node from the topology, joules per token, power "unavailable" with
 the reason, and a time axis that follows the clock."""
 
+import pyqtgraph as pg
+
 from app.charts import ChartsView
 from app.metrics import Metrics
 from app.snapshots import node_cards
@@ -68,8 +70,8 @@ def test_charts_follow_requests_and_nodes(qtbot):
     assert view.power_note.text() == "No power reading from mini, studio at the moment."
     assert "no RAPL counters" in view.power_note.toolTip()
     assert view.power.isVisibleTo(view)  # what was measured stays on the chart
-    low, high = view.tps.viewRange()[0]
-    assert abs(high - clock.now) < 1 and abs(high - low - 120) < 1
+    low, high = view.tps.viewRange()[0]  # the last 120 s, and a little room after now
+    assert abs(low - (clock.now - 120)) < 1 and 2 < high - clock.now < 10
 
     # Figures older than the window scroll out.
     clock.now += 200
@@ -143,3 +145,47 @@ def test_the_streaming_marker_goes_when_the_reply_stops(qtbot):
     metrics.end_live()  # Stop: no finished figures come, the marker goes all the same
     view.tick()
     assert view.live_curve.getData()[1] is None or len(view.live_curve.getData()[1]) == 0
+
+
+def test_legends_sit_below_the_plot_and_the_live_marker_is_whole(qtbot):
+    clock = Clock()
+    metrics = Metrics(window_s=120, clock=clock)
+    view = ChartsView(metrics)
+    qtbot.addWidget(view)
+    view.resize(900, 700)
+    view.show()
+    metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.2})
+    clock.now += 3
+    metrics.add_live(tokens=31, seconds=0.5)  # 60 tokens/s: the newest and highest point
+    view.tick()
+    box = view.tps.getPlotItem().getViewBox()
+
+    def settled():
+        legend = view.tps.getPlotItem().legend.sceneBoundingRect()
+        return legend.height() > 0 and legend.top() >= box.sceneBoundingRect().bottom()
+    qtbot.waitUntil(settled, timeout=3000)
+    for p in view.shown_plots():
+        legend = p.getPlotItem().legend
+        if legend.items:
+            assert not legend.sceneBoundingRect().intersects(
+                p.getPlotItem().getViewBox().sceneBoundingRect()), p.chart_title
+
+    def whole():  # the marker's centre at least half its 10 px from every edge
+        marker = box.mapViewToScene(pg.Point(clock.now, 60.0))
+        return box.sceneBoundingRect().adjusted(5, 5, -5, -5).contains(marker)
+    qtbot.waitUntil(whole, timeout=3000)
+
+
+def test_an_empty_chart_says_so(qtbot):
+    clock = Clock()
+    metrics = Metrics(window_s=120, clock=clock)
+    view = ChartsView(metrics)
+    qtbot.addWidget(view)
+    view.show()
+    view.tick()
+    assert view.tps.empty_label.isVisible() and view.tps.empty_label.text == "No requests yet"
+    assert view.memory.empty_label.text == "No readings yet"
+    metrics.add_request({"generation_tps": 40.0, "ttft_s": 0.2})
+    view.tick()
+    assert not view.tps.empty_label.isVisible() and not view.ttft.empty_label.isVisible()
+    assert view.memory.empty_label.isVisible()  # still nothing measured there
