@@ -4,7 +4,7 @@ says so at once, with its reason in a banner over the list (not in a cut-off col
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 import engine.hub.errors  # noqa: F401 - its codes (hub_unreachable, ...) rebuild their errors
 from app import theme
 from app.common import fmt_bytes, fmt_eta, fmt_rate, message_of
+from app.sentences import ErrorNote, explain
 from engine.errors import ShoalError
 from engine.records import DownloadInfo, ErrorInfo
 
@@ -28,11 +29,14 @@ STATE_TEXT = {"failed": "Failed", "cancelled": "Cancelled", "done": "Done"}
 BUTTONS = {"running": "Cancel", "failed": "Retry", "cancelled": "Resume"}
 
 
+def error_of(error: ErrorInfo) -> ShoalError:
+    """The node's error body as the error it stands for (HubUnreachable, ...)."""
+    return ShoalError.from_openai({"error": error.to_json()}, 0)
+
+
 def reason(error: ErrorInfo | None) -> str:
     """Why a download stopped, in the words the app uses for every error."""
-    if error is None:
-        return "the node didn't say why"
-    return message_of(ShoalError.from_openai({"error": error.to_json()}, 0))
+    return "the node didn't say why" if error is None else message_of(error_of(error))
 
 
 def name_of(repo: str) -> str:
@@ -51,17 +55,16 @@ class DownloadsPanel(QWidget):
         self.failed: DownloadInfo | None = None  # the one the banner is about
         self.label = QLabel("Downloads")
         theme.set_role(self.label, "section")
-        self.banner_text = QLabel()
+        self.note = ErrorNote(role="warning")  # the reason, its technical text a click away
+        self.banner_text = self.note.text
         self.banner_text.setObjectName("downloadProblem")
-        self.banner_text.setWordWrap(True)
-        theme.set_role(self.banner_text, "warning")
         self.retry_button = QPushButton("Retry")
         self.retry_button.clicked.connect(self._retry_failed)
         self.banner = QWidget()
         row = QHBoxLayout(self.banner)
         row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(self.banner_text, 1)
-        row.addWidget(self.retry_button)
+        row.addWidget(self.note, 1)
+        row.addWidget(self.retry_button, 0, Qt.AlignmentFlag.AlignTop)
         self.table = QTableWidget(0, 5)
         self.table.setAccessibleName("Downloads")
         self.table.setHorizontalHeaderLabels(["Download", "Progress", "Speed", "ETA", ""])
@@ -99,8 +102,14 @@ class DownloadsPanel(QWidget):
         self.banner.setVisible(bool(failed))
         if failed:
             more = f" ({len(failed) - 1} more failed: see below)" if len(failed) > 1 else ""
-            self.banner_text.setText(f"Couldn't download {name_of(failed[0].repo)}: "
-                                     f"{reason(failed[0].error)}{more}")
+            d = failed[0]
+            if d.error is None:
+                self.note.set_text(f"Couldn't download {name_of(d.repo)}: the node didn't "
+                                   f"say why.{more}")
+            else:
+                explained = explain(error_of(d.error))
+                self.note.set_text(f"Couldn't download {name_of(d.repo)}: "
+                                   f"{explained.sentence}{more}", explained.detail)
             self.retry_button.setAccessibleName(f"Retry the download of {failed[0].repo}")
 
     def _row(self, i: int, d: DownloadInfo) -> None:

@@ -151,6 +151,7 @@ def test_a_download_the_hub_cannot_serve_says_why_at_once_with_retry(
         # in view: the banner lies inside the window, above the list, and wraps
         top = panel.banner_text.mapTo(view, panel.banner_text.rect().bottomRight())
         assert view.rect().contains(top) and panel.banner_text.wordWrap()
+        assert panel.note.details_button.isVisible()  # the node's own text, a click away
 
         # Retry pulls again (through the real node), and says again why it failed.
         qtbot.mouseClick(panel.retry_button, Qt.MouseButton.LeftButton)
