@@ -180,8 +180,9 @@ SENTENCES: dict[str, Entry] = {
 TRANSPORT = ("connection_refused", "connection_reset", "timeout")
 
 HERE = "this computer"
-SOMEWHERE = "another machine"
-GENERIC = (HERE, SOMEWHERE, "the model")
+SOMEWHERE = "another machine"  # a node id the app has no name for
+ELSEWHERE = "another machine"  # a peer the error is about, unnamed
+GENERIC = (HERE, SOMEWHERE, ELSEWHERE, "the model")
 NODE_ID = re.compile(r"\b[0-9a-f]{12}\b")
 # What the app's own client says when the node it talks to can't be reached.
 CLIENT_WORDS = ("Can't reach the node at", "The node closed the stream",
@@ -205,13 +206,13 @@ def explain(error: BaseException | str | Mapping[str, Any],
             "message": ""}
     said = SAID in entry.what
     if said:
-        fill["message"] = _clean(raw, names).rstrip(".")
+        fill["message"] = _clean(raw, names, machine).rstrip(".")
     what = entry.what if fill["message"] or not said else entry.fallback
     if code == "unknown" and not isinstance(error, ShoalError):
         entry = SENTENCES["unexpected"]
         what = entry.what
     parts = [what.format(**fill)]
-    if names_machine(error, raw) and machine not in parts[0]:
+    if machine not in GENERIC and machine not in parts[0]:
         parts.append(f"This happened on {machine}.")
     # The node's own "Shoal is …" sentence is truer than the table's: it knows the case.
     doing = _doing_said(raw, names) or (entry.here_doing if here and entry.here_doing
@@ -225,13 +226,15 @@ def explain(error: BaseException | str | Mapping[str, Any],
     return Explained(_join(parts, names_kept), _detail(error, raw, code, from_text), code)
 
 
-def names_machine(error: BaseException, raw: str) -> bool:
-    """Does the error name a machine (a node id, or an address)?"""
-    return bool(getattr(error, "node", None)) or bool(NODE_ID.search(raw))
+# The machines' names as the app last saw them (node id or "host:port" -> name), for
+# message_of, whose ~24 callers have no names to pass; kept up to date by remember().
+KNOWN: dict[str, str] = {}
 
 
-def sentence_of(error: BaseException | str, names: Mapping[str, str] | None = None) -> str:
-    return explain(error, names).sentence
+def remember(names: Mapping[str, str]) -> None:
+    """Names for the machines the app knows (e.g. from each topology snapshot), so every
+    view's errors name machines rather than ids."""
+    KNOWN.update(names)
 
 
 # --- reading the error --------------------------------------------------------------------
@@ -325,7 +328,7 @@ def _machine(error: BaseException, raw: str, code: str, names: Mapping[str, str]
                      raw)
     if lost:
         where = lost.group(1) or lost.group(2)
-        return names.get(where, SOMEWHERE)
+        return names.get(where, ELSEWHERE)
     node = getattr(error, "node", None)
     if node:
         return names.get(node, SOMEWHERE)
@@ -344,8 +347,8 @@ def _machine(error: BaseException, raw: str, code: str, names: Mapping[str, str]
     if found:
         host = found.group(1) or found.group(3)
         port = found.group(2) or found.group(4)
-        return names.get(f"{host}:{port}", SOMEWHERE if host in LOOPBACK else host)
-    return SOMEWHERE if code in ABOUT_A_PEER else HERE
+        return names.get(f"{host}:{port}", ELSEWHERE if host in LOOPBACK else host)
+    return ELSEWHERE if code in ABOUT_A_PEER else HERE
 
 
 MODEL_PATTERNS = (r"The worker for (\S+) exited", r"Loading (\S+) took",
@@ -384,7 +387,8 @@ def _how(code: str, raw: str) -> str:
 
 
 # --- cleaning the node's words ------------------------------------------------------------
-TECHNICAL = re.compile(r"Errno|/shoal|/v1|SIG[A-Z]+|exit code|https?://|\.log\b|GET |POST ")
+TECHNICAL = re.compile(r"\(shoal |`shoal |Errno|/shoal|/v1|SIG[A-Z]+|exit code|https?://|"
+                       r"\.log\b|GET |POST ")
 CLEANING = (
     (re.compile(r"[;,]?\s*(?:its log is|see) \S+(?: on [\w.-]+)?(?=[.;]|$)"), ""),
     (re.compile(r"\s*\[Errno \d+\][^.;)]*"), ""),
@@ -398,14 +402,14 @@ CLEANING = (
 )
 
 
-def _clean(text: str, names: Mapping[str, str]) -> str:
+def _clean(text: str, names: Mapping[str, str], machine: str = HERE) -> str:
     """The node's message without internals: log paths, errno, addresses, routes, ranks,
     request ids; node ids become machine names, file paths their file name."""
     text = re.sub(r"\s*\([^()]*\)", lambda m: "" if TECHNICAL.search(m.group(0))
                   else m.group(0), text)
     for pattern, new in CLEANING:
         text = pattern.sub(new, text)
-    text = re.sub(r"\b[Rr]ank \d+ \(([^)]+)\)", lambda m: names.get(m.group(1), SOMEWHERE),
+    text = re.sub(r"\b[Rr]ank \d+ \(([^)]+)\)", lambda m: names.get(m.group(1), ELSEWHERE),
                   text)
     text = re.sub(r"\b[Rr]ank \d+ on node ([0-9a-f]{12})",
                   lambda m: names.get(m.group(1), SOMEWHERE), text)
@@ -414,7 +418,8 @@ def _clean(text: str, names: Mapping[str, str]) -> str:
                   text)
     text = NODE_ID.sub(lambda m: names.get(m.group(0), SOMEWHERE), text)
     text = re.sub(r"(?<![\w.~])(?:/[\w.@+-]+){2,}/([\w.@+-]+)", r"\1", text)
-    text = re.sub(r"\bthis node\b", HERE, text)
+    here = "that machine" if machine in (SOMEWHERE, ELSEWHERE) else machine
+    text = re.sub(r"\b[Tt]his node\b", here, text)  # the node that wrote it
     text = re.sub(r"\bnodes\b", "machines", text)
     text = re.sub(r"\s+([.,;:])", r"\1", re.sub(r"\s{2,}", " ", text))
     return re.sub(r"[;:,]\s*(?=[.]|$)", "", text).strip()
@@ -423,7 +428,7 @@ def _clean(text: str, names: Mapping[str, str]) -> str:
 def _doing_said(raw: str, names: Mapping[str, str]) -> str:
     """The node's own sentence on what Shoal is doing ("Shoal is placing it again …")."""
     m = re.search(r"Shoal is [^.]*(?:\([^)]*\))?[^.]*\.", raw)
-    return _clean(m.group(0), names) if m else ""
+    return _clean(m.group(0), names, HERE) if m else ""
 
 
 def _already_says_what_to_do(message: str) -> bool:

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from app import theme
-from app.sentences import ErrorNote, explain
+from app.sentences import ErrorNote, explain, remember
 from app.tasks import StreamTask, Tasks
 from engine.client import NodeClient
 from engine.errors import ShoalError
@@ -87,6 +87,9 @@ class StatusMonitor(QObject):
 
     def set_local(self, status: dict[str, Any]) -> None:
         """Show a state the node can't report itself (starting, or failed to start)."""
+        cluster = status.get("cluster") or {}
+        if cluster.get("id") and cluster.get("name"):  # errors name this machine by its name
+            remember({cluster["id"]: cluster["name"]})
         self.status = in_words(status)
         self.changed.emit(self.status)
 

@@ -247,3 +247,15 @@ def test_the_developer_log_gives_a_refusal_in_words_and_the_node_s_behind_detail
     assert "SIGKILL" in panel.failure.detail.text()
     panel.log_table.setCurrentCell(0, 0)  # an answered request has nothing to explain
     assert not panel.failure.isVisible()
+
+
+def test_every_view_names_the_machines_the_app_knows(monkeypatch):
+    from app import sentences
+    monkeypatch.setattr(sentences, "KNOWN", {})
+    monkeypatch.setattr("app.common.KNOWN", sentences.KNOWN)
+    error = ShoalError.from_openai({"error": {
+        "message": f"node {STUDIO}: The model 'tiny' is not on this node.",
+        "code": "model_not_found", "node": STUDIO}}, 502)
+    assert message_of(error).startswith("The model 'tiny' is not on that machine.")
+    sentences.remember({STUDIO: "studio"})  # as a status or topology snapshot tells it
+    assert message_of(error).startswith("The model 'tiny' is not on studio.")
