@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.sentences import KNOWN, explain
+from app.sentences import explain
 from engine.errors import ModelNotFound, ShoalError
 
 
 def message_of(error: BaseException) -> str:
     """What to show a user for an error from a background task: a sentence about their
     machines and models (app.sentences), the technical text left out."""
-    return explain(error, KNOWN).sentence
+    return explain(error).sentence
 
 
 def route_missing(error: BaseException) -> bool:

@@ -180,26 +180,37 @@ SENTENCES: dict[str, Entry] = {
 TRANSPORT = ("connection_refused", "connection_reset", "timeout")
 
 HERE = "this computer"
-SOMEWHERE = "another machine"  # a node id the app has no name for
-ELSEWHERE = "another machine"  # a peer the error is about, unnamed
-GENERIC = (HERE, SOMEWHERE, ELSEWHERE, "the model")
+ELSEWHERE = "another machine"  # a node the app has no name for
+GENERIC = (HERE, ELSEWHERE, "the model")
 NODE_ID = re.compile(r"\b[0-9a-f]{12}\b")
 # What the app's own client says when the node it talks to can't be reached.
 CLIENT_WORDS = ("Can't reach the node at", "The node closed the stream",
                 "Lost the node's event stream")
 
 
+# The machines' names as the app last saw them (node id or "host:port" -> name), for
+# message_of, whose ~24 callers have no names to pass; kept up to date by remember().
+KNOWN: dict[str, str] = {}
+
+
+def remember(names: Mapping[str, str]) -> None:
+    """Names for the machines the app knows (e.g. from each topology snapshot), so every
+    view's errors name machines rather than ids."""
+    KNOWN.update(names)
+
+
 def explain(error: BaseException | str | Mapping[str, Any],
             names: Mapping[str, str] | None = None) -> Explained:
     """The sentence a person reads for `error` (an exception, the node's error text, or
     its error body) and the technical detail behind it. `names` maps node ids (and
-    "host:port" addresses) to machine names, so the sentence names the right machine."""
-    names = names or {}
+    "host:port" addresses) to machine names, so the sentence names the right machine;
+    by default, the names the app has learnt (remember())."""
+    names = KNOWN if names is None else names
     from_text = isinstance(error, str)
     error = _as_error(error)
     raw = _message(error)
     code = _code(error, raw)
-    entry = SENTENCES.get(code or "", SENTENCES["unknown"])
+    entry = SENTENCES[code] if code in SENTENCES else SENTENCES["unknown"]
     machine = _machine(error, raw, code, names)
     here = machine == HERE
     fill = {"machine": machine, "model": _model(raw), "how": _how(code, raw),
@@ -208,9 +219,6 @@ def explain(error: BaseException | str | Mapping[str, Any],
     if said:
         fill["message"] = _clean(raw, names, machine).rstrip(".")
     what = entry.what if fill["message"] or not said else entry.fallback
-    if code == "unknown" and not isinstance(error, ShoalError):
-        entry = SENTENCES["unexpected"]
-        what = entry.what
     parts = [what.format(**fill)]
     if machine not in GENERIC and machine not in parts[0]:
         parts.append(f"This happened on {machine}.")
@@ -224,17 +232,6 @@ def explain(error: BaseException | str | Mapping[str, Any],
         parts.append(todo)
     names_kept = tuple(n for n in (machine, fill["model"]) if n not in GENERIC)
     return Explained(_join(parts, names_kept), _detail(error, raw, code, from_text), code)
-
-
-# The machines' names as the app last saw them (node id or "host:port" -> name), for
-# message_of, whose ~24 callers have no names to pass; kept up to date by remember().
-KNOWN: dict[str, str] = {}
-
-
-def remember(names: Mapping[str, str]) -> None:
-    """Names for the machines the app knows (e.g. from each topology snapshot), so every
-    view's errors name machines rather than ids."""
-    KNOWN.update(names)
 
 
 # --- reading the error --------------------------------------------------------------------
@@ -293,12 +290,14 @@ def _code(error: BaseException, raw: str) -> str:
         found = _transport(error, raw)
         if found and (code is None or _from_client(error, raw)):
             return found
-    if code is None and isinstance(error, ShoalError):
+    if not isinstance(error, ShoalError):
+        return "unexpected"  # the app's own bug, not the node's word
+    if code is None:
         for pattern, guess in TEXT_CODES:  # the node's status carries text, no code
             if re.search(pattern, raw):
                 return guess
         return "unknown"
-    return str(code or "unknown")
+    return str(code)
 
 
 TEXT_CODES = ((r"The worker for .+ (exited|produced nothing)|[Tt]he worker stalled",
@@ -331,9 +330,9 @@ def _machine(error: BaseException, raw: str, code: str, names: Mapping[str, str]
         return names.get(where, ELSEWHERE)
     node = getattr(error, "node", None)
     if node:
-        return names.get(node, SOMEWHERE)
+        return names.get(node, ELSEWHERE)
     for m in NODE_ID.finditer(raw):
-        return names.get(m.group(0), SOMEWHERE)
+        return names.get(m.group(0), ELSEWHERE)
     if code in TRANSPORT and _from_client(error, raw):
         found = ADDRESS.search(raw)
         if found is None:
@@ -412,13 +411,13 @@ def _clean(text: str, names: Mapping[str, str], machine: str = HERE) -> str:
     text = re.sub(r"\b[Rr]ank \d+ \(([^)]+)\)", lambda m: names.get(m.group(1), ELSEWHERE),
                   text)
     text = re.sub(r"\b[Rr]ank \d+ on node ([0-9a-f]{12})",
-                  lambda m: names.get(m.group(1), SOMEWHERE), text)
+                  lambda m: names.get(m.group(1), ELSEWHERE), text)
     text = re.sub(r"\b[Rr]ank \d+\b", "one machine of the group", text)
-    text = re.sub(r"\bnode ([0-9a-f]{12})\b", lambda m: names.get(m.group(1), SOMEWHERE),
+    text = re.sub(r"\bnode ([0-9a-f]{12})\b", lambda m: names.get(m.group(1), ELSEWHERE),
                   text)
-    text = NODE_ID.sub(lambda m: names.get(m.group(0), SOMEWHERE), text)
+    text = NODE_ID.sub(lambda m: names.get(m.group(0), ELSEWHERE), text)
     text = re.sub(r"(?<![\w.~])(?:/[\w.@+-]+){2,}/([\w.@+-]+)", r"\1", text)
-    here = "that machine" if machine in (SOMEWHERE, ELSEWHERE) else machine
+    here = "that machine" if machine == ELSEWHERE else machine
     text = re.sub(r"\b[Tt]his node\b", here, text)  # the node that wrote it
     text = re.sub(r"\bnodes\b", "machines", text)
     text = re.sub(r"\s+([.,;:])", r"\1", re.sub(r"\s{2,}", " ", text))

@@ -252,7 +252,6 @@ def test_the_developer_log_gives_a_refusal_in_words_and_the_node_s_behind_detail
 def test_every_view_names_the_machines_the_app_knows(monkeypatch):
     from app import sentences
     monkeypatch.setattr(sentences, "KNOWN", {})
-    monkeypatch.setattr("app.common.KNOWN", sentences.KNOWN)
     error = ShoalError.from_openai({"error": {
         "message": f"node {STUDIO}: The model 'tiny' is not on this node.",
         "code": "model_not_found", "node": STUDIO}}, 502)
