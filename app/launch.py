@@ -67,6 +67,22 @@ class NodeProgress(QWidget):
             self.bar.setValue(done)
 
 
+def machines(n: int) -> str:
+    return f"{n} machine{'s' if n != 1 else ''}"
+
+
+def spread(strategy: str | None, n: int) -> str:
+    """How a model runs, in plain words: "on 3 machines, split by layers"."""
+    if n <= 1:
+        return "on 1 machine"
+    how = "each layer shared between them" if strategy == "tensor" else "split by layers"
+    return f"on {machines(n)}, {how}"
+
+
+def joined(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 RISK = ("Launching anyway risks swapping, or on a Mac the machine freezing, while it "
         "loads; once it runs, requests that don't fit are refused.")
 
@@ -113,9 +129,9 @@ class LaunchPanel(QWidget):
         self.heal_label.setObjectName("healing")
         self.heal_label.setWordWrap(True)
         self.heal_label.hide()
-        self.restore_button = QPushButton("Run as before")
-        self.restore_button.setAccessibleName("Launch the placement that ran before the node "
-                                              "was lost")
+        self.restore_button = QPushButton("Use my split again")
+        self.restore_button.setAccessibleName("Launch the placement that ran before a "
+                                              "machine was lost")
         self.restore_button.hide()
         self.restore_button.clicked.connect(self.restore)
         self.log_button = QPushButton("Show log")
@@ -208,8 +224,7 @@ class LaunchPanel(QWidget):
         self.failed_node = None
         self.log_button.hide()
         self._make_rows([nid for nid, _ in ranks])
-        self._set_headline("Launching…", f"Launching {model} on {len(ranks)} "
-                           f"node{'s' if len(ranks) > 1 else ''}…")
+        self._set_headline("Launching…", f"Launching {model} {spread(strategy, len(ranks))}…")
         self.state.poller.interval = LAUNCH_POLL_S
         self.state.refresh()
         self._buttons()
@@ -232,8 +247,8 @@ class LaunchPanel(QWidget):
         self.state.poller.interval = TOPOLOGY_EVERY_S
         for row in self.rows.values():
             row.show_state("Loaded", 1, 1)
-        self._set_headline("Ready", f"Ready: {instance.model} runs on "
-                           f"{len(instance.ranks)} node(s) ({instance.strategy}). "
+        self._set_headline("Ready", f"Ready: {instance.model} runs "
+                           f"{spread(instance.strategy, len(instance.ranks))}. "
                            "Chat with it in the Chat tab.")
         self.state.set_planned({})  # what was planned is now in use
         self.state.refresh()
@@ -270,6 +285,7 @@ class LaunchPanel(QWidget):
         self.heal_label.setVisible(heal is not None)
         if heal is not None:
             self.heal_label.setText(heal.get("message") or "")
+            self.heal_label.setToolTip(heal.get("detail") or "")  # the nodes' own words
             theme.set_role(self.heal_label, "error-strong" if heal.get("state") in (
                 "doesnt_fit", "failed", "off") else "muted")
         self.restore_button.setVisible(bool(heal and heal.get("back") and heal.get("original"))
@@ -292,31 +308,29 @@ class LaunchPanel(QWidget):
         self._show_privacy()  # a link measured, or typed by a cable, since
         self._show_healing()
         own = self.state.own_instance()
-        heal, me = self.healing(), self.state.self_id
-        if self.launching is None and heal and heal.get("state") == "serving" and me \
+        heal = self.healing()
+        if self.launching is None and heal and heal.get("state") in ("placing", "serving") \
                 and (own is None or own.get("state") != "ready"):
-            # placed again on this node alone: it serves, with no instance to stop
-            if self.state_text != "Ready" or list(self.rows) != [me]:
-                self.instance = None
-                self._make_rows([me])
-                self.rows[me].show_state("Loaded", 1, 1)
-                self._set_headline("Ready", f"Running: {heal.get('model')} on this node, "
-                                   "without the node that was lost.")
-                self._buttons()
+            self._show_heal_rows(heal)
             return
         if self.launching is None:
             if own is not None and own.get("state") == "ready":
                 if self.instance is None or self.instance.get("id") != own.get("id"):
                     self.instance = own  # running before the app started, or after a relaunch
-                    self._make_rows([r["node"] for r in own.get("ranks") or []])
-                    for row in self.rows.values():
-                        row.show_state("Loaded", 1, 1)
-                    self._set_headline("Ready", f"Running: {own['model']} on "
-                                       f"{len(own.get('ranks') or [])} node(s).")
+                    ranks = [r["node"] for r in own.get("ranks") or []]
+                    self._make_rows(ranks)
+                    self._set_headline("Ready", f"Running: {own['model']} "
+                                       f"{spread(own.get('strategy'), len(ranks))}.")
+                for row in self.rows.values():
+                    row.show_state("Loaded", 1, 1)
+                self._mark_gone()
             elif self.instance is not None:
                 ended = self._ended(self.instance.get("id"))
                 if ended is not None:
                     self.instance = None
+                    for row in self.rows.values():
+                        row.show_state("Stopped", 0, 1)
+                    self._mark_gone()
                     if self.state_text == "Ready":
                         state, reason = ended
                         failed = state == "failed"
@@ -343,6 +357,46 @@ class LaunchPanel(QWidget):
                 row.show_state(f"Loading layers {done}/{total}" if total else
                                "Loading its layers…", done if total else None,
                                total or None)
+
+    def _show_heal_rows(self, heal: dict[str, Any]) -> None:
+        """The model placed again after a machine was lost: a row for each machine it is
+        placed on, and one for each lost machine, which no longer shows Loaded."""
+        on, lost = list(heal.get("on") or []), list(heal.get("lost") or [])
+        names = joined(heal.get("on_names") or [self.state.node_name(n) for n in on]
+                       or ["the machines that remain"])
+        gone = joined(heal.get("lost_names") or ["a machine"])
+        ids = on + [n for n in lost if n not in on]
+        if list(self.rows) != ids:
+            self.instance = None
+            self._make_rows(ids)
+        placing = heal.get("state") == "placing"
+        for nid in on:
+            if placing:
+                self.rows[nid].show_state("Placing again…", None, None)
+            else:
+                self.rows[nid].show_state("Loaded", 1, 1)
+        self._mark_gone()
+        if placing:
+            about = f", about {heal['estimate_s']:.0f} s" if heal.get("estimate_s") else ""
+            self._set_headline("Placing again", f"Placing {heal.get('model')} again on "
+                               f"{names}{about}.")
+        else:
+            self._set_headline("Ready", f"Running again without {gone}: "
+                               f"{heal.get('model')} on {names}.")
+        self._buttons()
+
+    def _mark_gone(self) -> None:
+        """Rows of machines that left or stopped answering say so, not Loaded."""
+        heal = self.healing() or {}
+        left = bool(heal.get("left")) and not heal.get("back")
+        lost = set() if heal.get("back") else set(heal.get("lost") or [])
+        here = {n.get("id") for n in self.state.topology.get("nodes") or []
+                if n.get("self") or n.get("reachable")}
+        for nid, row in self.rows.items():
+            if nid in lost:
+                row.show_state("Left" if left else "Not answering", 0, 1, failed=True)
+            elif here and nid not in here:
+                row.show_state("Not answering", 0, 1, failed=True)
 
     def _follower_state(self, node_id: str) -> tuple[str | None, list[int] | None]:
         """The node's rank state and [layers loaded, total], as it reports them."""

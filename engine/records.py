@@ -169,7 +169,8 @@ class HealInfo(Record):
     back: bool = False
     seconds: float | None = None  # from the loss to serving again
     lost_names: list[str] = field(default_factory=list)  # the lost machines, by name
-    on: list[str] = field(default_factory=list)  # machines it is placed (or runs) on, by name
+    on: list[str] = field(default_factory=list)  # node ids it is placed (or runs) on
+    on_names: list[str] = field(default_factory=list)  # the same machines, by name
     estimate_s: float | None = None  # how long placing it again should take
     left: bool = False  # a lost node said it was leaving (shut down), not cut off or killed
     detail: str = ""  # what the nodes reported, for a "Details" click

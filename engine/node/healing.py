@@ -115,12 +115,14 @@ class Healer:
         remain = [self.cluster.id] + [p.id for p in self.cluster.peers.all()
                                       if p.id and p.trusted and p.reachable
                                       and p.id not in lost]
-        on = self._names([r.node for r in inst.ranks] if tcp else remain)
+        on_ids = [r.node for r in inst.ranks] if tcp else remain
+        on = self._names(on_ids)
         about = estimate_s(inst, len(on))
         what = (f"{joined(gone)} {'left' if left else 'stopped answering'}" if lost else
                 "the machines running it together lost step with each other")
         self.info = replace(self.info or HealInfo(inst.model, "placing", ""), lost=lost,
-                            lost_names=gone, on=on, estimate_s=about, left=left,
+                            lost_names=gone, on=on_ids, on_names=on, estimate_s=about,
+                            left=left,
                             message=f"{inst.model} stopped: {what}. Placing it again on "
                                     f"{joined(on)}, about {about:.0f} s.")
         try:
@@ -148,14 +150,16 @@ class Healer:
                                         f"stopped. Launch it again.")
         else:
             took = time.monotonic() - t0
-            on = self._names([r.node for r in placed.ranks])
+            on_ids = [r.node for r in placed.ranks]
+            on = self._names(on_ids)
             log.warning("healed %s without %s in %.1f s", inst.model, joined(gone or ["-"]),
                         took)
-            again = (f"{inst.model} runs again on the same machines, over the network (TCP):"
-                     f" their Thunderbolt (RDMA) group broke" if tcp else
-                     f"{inst.model} runs again without {joined(gone)}, on {joined(on)}"
-                     if lost else f"{inst.model} runs again on {joined(on)}")
-            self.info = replace(self.info, state="serving", seconds=round(took, 2), on=on,
+            again = (f"{inst.model} is running again on the same machines, over the network "
+                     f"(TCP): their Thunderbolt (RDMA) group broke" if tcp else
+                     f"{inst.model} is running again without {joined(gone)}, on {joined(on)}"
+                     if lost else f"{inst.model} is running again on {joined(on)}")
+            self.info = replace(self.info, state="serving", seconds=round(took, 2),
+                                on=on_ids, on_names=on,
                                 message=f"{again} ({took:.0f} s after it stopped).")
         await self._watch_for(lost)
 

@@ -101,8 +101,8 @@ def test_a_hand_split_heals_after_a_kill_and_after_a_polite_quit(
         info = healed(a)
         assert info["state"] == "serving", info
         assert info["lost"] == [ids[2]] and info["lost_names"] == ["mac-c"]
-        assert info["on"] == ["mac-b"] and not info["left"], info
-        assert "runs again without mac-c, on mac-b" in info["message"], info
+        assert info["on_names"] == ["mac-b"] and not info["left"], info
+        assert "is running again without mac-c, on mac-b" in info["message"], info
         plain(info["message"], ids)
         wait_until(lambda: chat(b).status_code == 200, 30)
 
@@ -126,8 +126,8 @@ def test_a_hand_split_heals_after_a_kill_and_after_a_polite_quit(
         noticed = time.monotonic() - quit_at
         info = healed(a)
         assert info["state"] == "serving" and info["left"], info
-        assert info["on"] == ["mac-c"], info
-        assert "runs again without mac-b, on mac-c" in info["message"], info
+        assert info["on_names"] == ["mac-c"], info
+        assert "is running again without mac-b, on mac-c" in info["message"], info
         plain(info["message"], ids)
         wait_until(lambda: chat(c).status_code == 200, 30)
         print(f"\nhealing a hand split: mac-b's quit noticed in {noticed:.1f} s; served "
