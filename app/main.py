@@ -12,18 +12,20 @@ import sys
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QSettings, QTimer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QVBoxLayout, QWidget
 
 from app.chat import ChatPane
 from app.cluster_state import ClusterState
 from app.common import message_of
 from app.conversations import ConversationStore
 from app.developer import DeveloperPanel
+from app.keeper import NodeKeeper, Restarts
 from app.metrics import Metrics
 from app.models_view import ModelsView
 from app.node import LocalNode, NodeStartError
+from app.node_banner import NodeBanner
 from app.settings import SettingsDialog, node_settings
-from app.status import StatusMonitor
+from app.status import BUSY, StatusMonitor
 from app.tasks import Tasks
 from app.theme import APPEARANCE, Appearance
 from app.tray import Tray
@@ -41,7 +43,8 @@ class ShoalApp(QObject):
     def __init__(self, home: Path, port: int | None = None,
                  tray_available: bool | None = None,
                  node_command: list[str] | None = None, start_timeout: float = 60.0,
-                 status_interval: float = 1.0, topology_interval: float | None = None):
+                 status_interval: float = 1.0, topology_interval: float | None = None,
+                 hang_after: float = 5.0, crash_window: float = 60.0):
         super().__init__()
         self.home = ensure(Path(home))
         self.tasks = Tasks(self, max_threads=16)  # pollers each hold a thread
@@ -70,10 +73,26 @@ class ShoalApp(QObject):
         self._shut_down = False
         self._starting = True  # the start page shows until the model is ready
         self._models_key: tuple = ()  # what the model lists were last read for
+        # Keeping the node alive: what the banner and status bar say while it is down,
+        # and the model to load again once it is back.
+        self.keeper = NodeKeeper(self.node, self.tasks, Restarts(window=crash_window),
+                                 hang_after, self)
+        self.banner = NodeBanner(self.node.log_path)
+        self._add_banner()
+        self._node_note: dict | None = None
+        self._wanted_model: str | None = None
+        self._resume: str | None = None
+        self._resume_tries = 0
 
         self.monitor.changed.connect(self.tray.set_status)
         self.monitor.changed.connect(self.state.set_status)
         self.monitor.changed.connect(self._follow_start)
+        self.monitor.changed.connect(self._follow_node)
+        self.keeper.restarting.connect(self._node_restarting)
+        self.keeper.back.connect(self._node_back)
+        self.keeper.gave_up.connect(self._node_given_up)
+        self.keeper.lost.connect(self._node_lost)
+        self.banner.retry_requested.connect(self.keeper.try_again)
         self.metrics.changed.connect(lambda: self.tray.set_watts(self.metrics.cluster_watts_now()))
         self.state.poller.updated.connect(lambda _t: self.metrics.add_cards(self.state.cards()))
         self.state.changed.connect(self._summarise)
@@ -119,6 +138,97 @@ class ShoalApp(QObject):
         self.models_view.start()
         self.monitor.start()
         self.state.start()
+        self.keeper.watch()
+
+    # --- keeping the node alive -----------------------------------------------------------
+    def _add_banner(self) -> None:
+        """The banner goes above the pages, so the view the user was in stays in view."""
+        pages = self.window.takeCentralWidget()
+        holder = QWidget()
+        column = QVBoxLayout(holder)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        column.addWidget(self.banner)
+        column.addWidget(pages, 1)
+        self.window.setCentralWidget(holder)
+
+    def _note(self, status: dict) -> None:
+        """What the status bar, tray and views show while the node can't speak."""
+        self._node_note = status
+        self.monitor.set_local(status)
+
+    def _node_restarting(self, sentence: str) -> None:
+        self.banner.say(sentence, retry=False)
+        self._note({"state": "starting", "error": sentence})
+        if self._wanted_model:
+            self._resume, self._resume_tries = self._wanted_model, 0
+
+    def _node_back(self) -> None:
+        log.info("The local node answers again")
+        self.banner.hide()
+        if self.settings_dialog is not None:
+            self.settings_dialog.node_restarted()
+        self._node_note = None
+        # The poll says only what changed: read the status once, so what shows is now's.
+        client = self.node.client  # the worker holds no Qt object (app/tasks.py)
+        self.tasks.run(lambda: client.status().to_json(),
+                       on_done=self._status_now, on_error=lambda _e: None)
+        self._refresh_models()
+
+    def _status_now(self, status: dict) -> None:
+        if self._node_note is None and not self._shut_down:
+            self.monitor.set_local(status)
+
+    def _node_given_up(self, sentence: str) -> None:
+        self.banner.say(sentence, retry=True, error=True)
+        self._note({"state": "error", "error": sentence})
+
+    def _node_lost(self, sentence: str) -> None:
+        self.banner.say(sentence, retry=True, log=False, error=True)
+        self._note({"state": "unreachable", "error": sentence})
+
+    def _follow_node(self, status: dict) -> None:
+        """Keep the sentence about a node that is down in view (the status poll would
+        replace it with a bare 'not answering'); notice someone else's node coming back;
+        load the model it ran again once it is back."""
+        state = status.get("state")
+        note = self._node_note
+        if note is not None and status is not note:
+            if state == "unreachable":
+                QTimer.singleShot(0, lambda: self._node_note is note
+                                  and self.monitor.set_local(note))
+            elif state not in ("starting", None) and not self.keeper.busy \
+                    and note.get("state") == "unreachable":
+                self._node_note = None  # the other program's node answers again
+                self.banner.hide()
+                self.keeper.watch()
+            return
+        if state in ("idle", "loading", "generating") and not self.keeper.busy:
+            self._wanted_model = status.get("model")
+        self._resume_model(status)
+
+    def _resume_model(self, status: dict) -> None:
+        """After a restart: the node loads its default model by itself; any other model
+        the user had loaded is asked for again (twice at most, should the node's own
+        start-up load race ours)."""
+        wanted = self._resume
+        if wanted is None or status.get("state") != "idle" or \
+                (status.get("runner") or {}).get("type") in BUSY:
+            return
+        if status.get("model") == wanted or self._resume_tries >= 2:
+            self._resume = None
+            return
+        self._resume_tries += 1
+        log.info("Loading %s again after the node's restart", wanted)
+        self.tasks.run(self.node.client.load, wanted,
+                       on_error=lambda e: log.warning("Loading %s again failed: %s",
+                                                      wanted, message_of(e)))
+
+    def restart_node(self) -> None:
+        """Settings → Restart now: the node we started, with what was saved; the window
+        stays as it is."""
+        if self.node.started_by_us:
+            self.keeper.restart_now("to apply the new settings")
 
     def _follow_models(self, status: dict) -> None:
         """The chat's and placement's model lists follow what the node has: a first run's
@@ -251,6 +361,8 @@ class ShoalApp(QObject):
                 self.state.status.get("models_dir"), self.window)
             self.settings_dialog.finished.connect(self._settings_closed)
             self.settings_dialog.appearance_changed.connect(self.set_appearance)
+            self.settings_dialog.restart_requested.connect(self.restart_node)
+            self.settings_dialog.set_restartable(self.node.started_by_us)
         if tab:
             self.settings_dialog.show_tab(tab)
         self.settings_dialog.show()
@@ -282,6 +394,7 @@ class ShoalApp(QObject):
         if self._shut_down:
             return
         self._shut_down = True
+        self.keeper.close()
         self.monitor.stop()
         self.state.stop()
         if self.models_view is not None:

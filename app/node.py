@@ -49,8 +49,7 @@ class LocalNode:
                  api_key: str | None = None):
         self.home = Path(home)
         self.host, self.port = host, port  # host: where the node serves its API
-        # A node serving on every interface is reached on loopback from this machine.
-        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+        self.url = reach_url(host, port)
         self.command = command or node_command(host, port, self.home)
         self.api_key = api_key
         self.start_timeout = start_timeout
@@ -72,9 +71,11 @@ class LocalNode:
         except ShoalError:
             return False
 
-    def start(self) -> LocalNode:
+    def start(self, note: str = "") -> LocalNode:
         """Use the node answering at url, or start one and wait for /health. Raises
-        NodeStartError with the node's log tail when it exits or doesn't answer in time."""
+        NodeStartError with the node's log tail when it exits or doesn't answer in time.
+        With a `note` (a restart's reason) the log is kept and the note written under it,
+        so the end of the node that stopped stays readable."""
         if self._answers():
             log.info("Using the node already running at %s", self.url)
             return self
@@ -83,7 +84,11 @@ class LocalNode:
             if self._stopping.is_set():
                 raise NodeStartError("Shoal is quitting; the node was not started.")
             log.info("Starting the local node: %s", " ".join(self.command))
-            with open(self.log_path, "wb") as out:
+            with open(self.log_path, "ab" if note else "wb") as out:
+                if note:
+                    out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {note} ---\n"
+                              .encode())
+                    out.flush()
                 # Its own process group, so a stuck worker can be stopped with the node.
                 # The key goes by environment, not argv, so `ps` doesn't show it.
                 env = {**os.environ, **({"SHOAL_API_KEY": self.api_key} if self.api_key
@@ -124,9 +129,52 @@ class LocalNode:
     def _exit_reason(self, code: int) -> str:
         if _port_taken(self.host, self.port):
             return (f"Port {self.port} on {self.host} is in use by another program, so the "
-                    f"node couldn't start (exit code {code}). Quit that program, or start "
-                    f"Shoal with --port and a free port.")
-        return f"The node exited during start-up (exit code {code})."
+                    f"node couldn't start ({how_it_ended(code)}). Quit that program, or "
+                    f"start Shoal with --port and a free port.")
+        return f"The node stopped during start-up ({how_it_ended(code)})."
+
+    def restart(self, note: str, polite: bool = False) -> LocalNode:
+        """Stop what is left of the node we started (and its workers), then start it
+        again; `note` goes into its log. Blocks like start(). `polite`: a running node is
+        asked to shut down first (the user restarts it), as at quit."""
+        proc = self.proc
+        if polite and proc is not None and proc.poll() is None:
+            try:
+                with NodeClient(self.url, api_key=self.api_key, timeout=2.0) as c:
+                    c.shutdown()
+                proc.wait(timeout=5.0)
+            except (ShoalError, subprocess.TimeoutExpired) as e:
+                log.info("The node didn't stop when asked (%s); terminating it.", e)
+        self._reap(kill_after=3.0)
+        with self._lock:
+            self.proc = None  # whoever answers next may not be ours
+        return self.start(note)
+
+    def watch(self, stop: threading.Event, hang_after: float = 5.0,
+              gone_after: float = 2.0) -> str | None:
+        """Block until the node stops being there; returns how, in a few words ('killed
+        by signal 9', 'not answering for 5 s'), or None once `stop` is set. A node we
+        started is checked 4 times a second and counted dead when it exits or hasn't
+        answered /health for `hang_after` s (a busy node still answers); one we didn't
+        start is gone once it hasn't answered for `gone_after` s."""
+        proc = self.proc
+        silent_for = hang_after if proc is not None else gone_after
+        last_answer = next_probe = time.monotonic()
+        with NodeClient(self.url, timeout=1.0) as probe:
+            while not stop.wait(0.25):
+                if proc is not None and proc.poll() is not None:
+                    return how_it_ended(proc.returncode)
+                now = time.monotonic()
+                if now < next_probe:
+                    continue
+                next_probe = now + 1.0
+                try:
+                    probe.health()
+                    last_answer = time.monotonic()
+                except ShoalError:
+                    if time.monotonic() - last_answer >= silent_for:
+                        return f"not answering for {silent_for:.0f} s"
+        return None
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -171,6 +219,17 @@ class LocalNode:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass  # the usual case: nothing left
+
+
+def reach_url(host: str, port: int) -> str:
+    """Where this machine reaches a node serving on host:port (one serving on every
+    interface is reached on loopback)."""
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+
+
+def how_it_ended(code: int) -> str:
+    """'killed by signal 9' or 'exit code 1', from a Popen return code."""
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
 def _port_taken(host: str, port: int) -> bool:

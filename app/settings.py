@@ -187,9 +187,15 @@ def check_api(host: str, key: str) -> str | None:
     return None
 
 
+def wrappable(path: str) -> str:
+    """A path a word-wrapped label may break after its slashes (it has no spaces)."""
+    return path.replace("/", "/\u200b").replace("\\", "\\\u200b")
+
+
 # --- the dialog -----------------------------------------------------------------------------
 class SettingsDialog(QDialog):
     appearance_changed = Signal(str)  # "system" | "light" | "dark", applied at once
+    restart_requested = Signal()  # API → Restart now: the app restarts the node it started
 
     def __init__(self, home: Path, settings: QSettings, client: NodeClient, tasks: Tasks,
                  tray_available: bool, models_dir: str | None = None,
@@ -199,6 +205,7 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Shoal settings")
         self.resize(640, 440)
         self.secret_value: str | None = None
+        self.restartable = False  # the app started its node: Restart now can apply changes
         self.tabs = QTabWidget()
         self.tabs.addTab(self._cluster_tab(), "Cluster")
         self.tabs.addTab(self._api_tab(), "API")
@@ -211,6 +218,17 @@ class SettingsDialog(QDialog):
         layout.addWidget(buttons)
         self.load_secret()
         self.refresh_peers()
+
+    def set_restartable(self, on: bool) -> None:
+        """on: the app started its node, so saved API settings that keep its address,
+        port and key can be applied at once (Restart now)."""
+        self.restartable = on
+
+    def node_restarted(self) -> None:
+        if self.restart_button.isVisible():
+            self.restart_button.hide()
+            self.restart_button.setEnabled(True)
+            self.api_message.setText("Shoal's engine runs with these settings now.")
 
     def show_tab(self, title: str) -> None:
         for i in range(self.tabs.count()):
@@ -241,6 +259,16 @@ class SettingsDialog(QDialog):
             row.addWidget(w)
         self.peer_list = QListWidget()
         self.peer_list.setAccessibleName("Peers")
+        self.peer_list.setWordWrap(True)  # an address and a reason can be long
+        self.no_peers = QLabel("No peers yet: nodes on this network with the same secret "
+                               "appear by themselves; others can be added below.")
+        self.no_peers.setWordWrap(True)
+        theme.set_role(self.no_peers, "muted")
+        self.no_peers.hide()
+        peers = QVBoxLayout()
+        peers.setContentsMargins(0, 0, 0, 0)
+        peers.addWidget(self.peer_list)
+        peers.addWidget(self.no_peers)
         self.peer_edit = QLineEdit()
         self.peer_edit.setPlaceholderText("host:port of another node (its cluster port)")
         self.peer_edit.setAccessibleName("Address of a peer to add")
@@ -257,7 +285,7 @@ class SettingsDialog(QDialog):
         form = QFormLayout(tab)
         form.addRow("Cluster secret:", row)
         form.addRow("", self.secret_info)
-        form.addRow("Peers:", self.peer_list)
+        form.addRow("Peers:", peers)
         form.addRow("", add)
         form.addRow("", self.peer_message)
         return tab
@@ -272,7 +300,8 @@ class SettingsDialog(QDialog):
         self.secret_value = found["secret"]
         self.secret_edit.setText(found["secret"])
         self.secret_info.setText(
-            f"Pairing code {found.get('pairing', '?')}; kept in {found.get('where', '?')}. "
+            f"Pairing code {found.get('pairing', '?')}; kept in "
+            f"{wrappable(found.get('where', '?'))}. "
             "Every node of a cluster holds the same secret; a node reads it when it starts.")
 
     def _reveal(self, on: bool) -> None:
@@ -307,9 +336,8 @@ class SettingsDialog(QDialog):
             state = ("in the cluster" if p.trusted else
                      p.error or ("not answering" if not p.reachable else "?"))
             self.peer_list.addItem(f"{p.name or '?'} — {p.url} — {state}")
-        if not peers:
-            self.peer_list.addItem("No peers yet: nodes on this network with the same "
-                                   "secret appear by themselves, others can be added here.")
+        self.peer_list.setVisible(bool(peers))
+        self.no_peers.setVisible(not peers)
 
     def add_peer(self) -> None:
         address = self.peer_edit.text().strip()
@@ -332,7 +360,7 @@ class SettingsDialog(QDialog):
 
     # --- API ------------------------------------------------------------------------------
     def _api_tab(self) -> QWidget:
-        current = node_settings(self.settings)
+        current = self.opened = node_settings(self.settings)
         self.host_edit = QLineEdit(current.host)
         self.port_spin = QSpinBox()
         self.port_spin.setRange(1, 65535)
@@ -351,11 +379,20 @@ class SettingsDialog(QDialog):
         self.draft_edit = QLineEdit(current.draft_model)
         self.draft_edit.setPlaceholderText("none: drafts from the conversation itself (a "
                                            "smaller model of the same family, by id)")
-        self.api_message = QLabel("Applied the next time Shoal starts its node. The cluster "
+        self.api_message = QLabel("Shoal's engine uses these once it restarts. The cluster "
                                   "port (for other nodes) is this port + 1.")
         self.api_message.setWordWrap(True)
         save = QPushButton("Save")
         save.clicked.connect(self.save_api)
+        self.restart_button = QPushButton("Restart now")
+        self.restart_button.setToolTip("Restart Shoal's engine with these settings (a reply "
+                                       "being written stops)")
+        self.restart_button.clicked.connect(self._restart_now)
+        self.restart_button.hide()
+        buttons = QHBoxLayout()
+        buttons.addWidget(save)
+        buttons.addWidget(self.restart_button)
+        buttons.addStretch(1)
         tab = QWidget()
         form = QFormLayout(tab)
         form.addRow("Bind address:", self.host_edit)
@@ -365,7 +402,7 @@ class SettingsDialog(QDialog):
         form.addRow("Other host names:", self.hosts_edit)
         form.addRow("Speculative decoding:", self.spec_box)
         form.addRow("Draft model:", self.draft_edit)
-        form.addRow("", save)
+        form.addRow("", buttons)
         form.addRow("", self.api_message)
         return tab
 
@@ -392,10 +429,28 @@ class SettingsDialog(QDialog):
         self.settings.setValue(NODE_DRAFT, self.draft_edit.text().strip())
         self.settings.sync()
         theme.set_role(self.api_message, None)
-        kept = f" The key is kept in {where}." if key else ""
-        self.api_message.setText(f"Saved in {self.settings.fileName()}; applied the next "
-                                 f"time Shoal starts its node.{kept}")
+        kept = f" The key is kept in {wrappable(where)}." if key else ""
+        # The app reaches its engine by address, port and key: those wait for the next open.
+        was = self.opened
+        same_way_in = (host, self.port_spin.value(), key or None) == (was.host, was.port,
+                                                                      was.api_key)
+        self.restart_button.setVisible(self.restartable and same_way_in)
+        if self.restartable and same_way_in:
+            when = "Restart now applies them (a reply being written stops)."
+        elif self.restartable:
+            when = ("The app reaches its engine with the address, port and key, so these "
+                    "apply when you next open Shoal.")
+        else:
+            when = ("They apply when Shoal starts its own engine (the one running now was "
+                    "started by another program).")
+        self.api_message.setText(f"Saved. {when}{kept}")
+        self.api_message.setToolTip(f"Saved in {self.settings.fileName()}")
         return True
+
+    def _restart_now(self) -> None:
+        self.restart_button.setEnabled(False)
+        self.api_message.setText("Restarting Shoal's engine with these settings…")
+        self.restart_requested.emit()
 
     # --- models ---------------------------------------------------------------------------
     def _models_tab(self, models_dir: str | None) -> QWidget:
