@@ -42,8 +42,8 @@ from engine.records import ModelCard, ModelFacts
 
 log = logging.getLogger(__name__)
 DEBOUNCE_MS = 120
-STRATEGIES = (("pipeline", "Pipeline (layers split across nodes)"),
-              ("tensor", "Tensor (every layer split across nodes)"))
+STRATEGIES = (("pipeline", "Split by layers (each machine holds some of them)"),
+              ("tensor", "Share every layer (each machine holds part of each)"))
 BACKENDS = (("ring", "Ring (TCP)"), ("jaccl", "RDMA (jaccl, Thunderbolt 5)"))
 
 
@@ -116,7 +116,7 @@ class PlacementView(QWidget):
         self.backend_box.currentIndexChanged.connect(lambda _i: self.request(True))
         self.best_button = QPushButton("Planner's best")
         self.best_button.setToolTip("Ask the planner for the fastest placement that "
-                                    "includes this node")
+                                    "includes this machine")
         self.best_button.clicked.connect(self.best)
         self.rank_box = QComboBox()
         self.rank_box.addItem("for chat", "chat")
@@ -178,12 +178,12 @@ class PlacementView(QWidget):
         self.table.verticalHeader().hide()
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.setMaximumHeight(130)
-        self.table.setAccessibleName("Memory per node")
+        self.table.setAccessibleName("Memory per machine")
         self.launch = LaunchPanel(self.client, self.tasks, self.state, logs_dir)
 
         layout = QVBoxLayout(self)
         layout.addLayout(form)
-        layout.addWidget(QLabel("Drag the boundary between two nodes to move layers:"))
+        layout.addWidget(QLabel("Drag the boundary between two machines to move layers:"))
         layout.addWidget(self.strips)
         layout.addWidget(self.headline)
         layout.addWidget(self.ttft_label)
@@ -244,7 +244,8 @@ class PlacementView(QWidget):
             self.node_list.blockSignals(True)
             self.node_list.clear()
             for c in usable:
-                item = QListWidgetItem(c.name + ("  (this node, rank 0)" if c.is_self else ""))
+                item = QListWidgetItem(c.name + ("  (this machine: it answers the chat)"
+                                                  if c.is_self else ""))
                 item.setData(Qt.ItemDataRole.UserRole, c.id)
                 if c.is_self:  # the app's node holds rank 0 and serves the chat
                     item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsUserCheckable)
@@ -286,7 +287,7 @@ class PlacementView(QWidget):
         rdma = len(chosen) > 1 and all(c.rdma for c in chosen)
         item = self.backend_box.model().item(1)
         item.setEnabled(rdma)
-        item.setToolTip("" if rdma else "Needs every chosen node on Thunderbolt 5 with RDMA "
+        item.setToolTip("" if rdma else "Needs every chosen machine on Thunderbolt 5 with RDMA "
                         "enabled (see the topology view)")
         if not rdma and self.backend == "jaccl":
             self.backend_box.setCurrentIndex(0)
@@ -418,7 +419,7 @@ class PlacementView(QWidget):
                if (full := placement.get("decode_tps_full_context")) and
                abs(full - placement["decode_tps"]) > 0.01 * placement["decode_tps"] else "")
             + (f" · {fmt_tps(many)} tokens/s over {placement.get('streams')} streams"
-               + (f" in {lanes} lanes" if (lanes := placement.get("lanes") or 1)
+               + (f", {lanes} batches in flight" if (lanes := placement.get("lanes") or 1)
                   > 1 else "")
                if (many := placement.get("decode_tps_streams")) else "")
             + (f" · {fmt_tps(drafted)} tokens/s with drafts"

@@ -115,5 +115,14 @@ def test_a_placement_that_fits_only_with_8_bit_kv_offers_it(qtbot, tmp_path):
                         timeout=60000)
         assert view.launch.state_text == "Ready", view.launch.headline.text()
         assert view.launch.instance["kv_bits"] == 8
+        # what a person reads says machines and layers, not nodes, ranks or pipelines
+        words = [view.launch.headline.text(), view.node_list.item(0).text(),
+                 *(view.strategy_box.itemText(i) for i in range(view.strategy_box.count()))]
+        assert "Ready: wide-llama runs on 1 machine." in words[0], words
+        assert words[1].endswith("(this machine: it answers the chat)"), words
+        assert words[2].startswith("Split by layers"), words
+        for text in words:
+            assert not any(w in text.lower() for w in ("node", "rank", "pipeline", "lanes")), \
+                text
     finally:
         unfollow(node, tasks, state, monitor)
