@@ -10,9 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtGui import QFontDatabase, QResizeEvent
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QStatusBar,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app import theme
 from engine.errors import ShoalError
@@ -472,8 +479,10 @@ class ErrorNote(QWidget):
 
     def __init__(self, parent: QWidget | None = None, role: str | None = "error"):
         super().__init__(parent)
+        self._refit_due = False
         self.text = QLabel()
         self.text.setWordWrap(True)
+        self.text.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         theme.set_role(self.text, role)
         self.details_button = QToolButton()
@@ -493,12 +502,13 @@ class ErrorNote(QWidget):
         row = QHBoxLayout()
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.text, 1)
-        row.addWidget(self.details_button, 0, Qt.AlignmentFlag.AlignTop)
+        row.addWidget(self.details_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addLayout(row)
         layout.addWidget(self.detail)
+        layout.addStretch(1)  # a tall parent (a status bar) adds room below, not between
         self.set_text("", "")
 
     def show_error(self, error: BaseException | str, names: Mapping[str, str] | None = None,
@@ -515,9 +525,44 @@ class ErrorNote(QWidget):
         if not detail:
             self.details_button.setChecked(False)
         self.detail.setVisible(bool(detail) and self.details_button.isChecked())
+        self._fit()
 
     def clear(self) -> None:
         self.set_text("", "")
 
     def _toggle(self, shown: bool) -> None:
         self.detail.setVisible(shown and bool(self.detail.text()))
+        self._fit()
+
+    def _fit(self) -> None:
+        self.updateGeometry()
+        if self._in_status_bar() and not self._refit_due:
+            # A status bar sizes itself only when a widget is added: ask it again, after
+            # the layout pass this may be called from (re-forming it inside one crashes).
+            self._refit_due = True
+            QTimer.singleShot(0, self, self._refit)
+
+    def _refit(self) -> None:
+        self._refit_due = False
+        bar = self.parentWidget()
+        if isinstance(bar, QStatusBar) and self.sizeHint().height() != self.height():
+            bar.reformat()
+
+    # A status bar sizes its widgets by the height they want at their narrowest: there, the
+    # note says instead how tall it is at the width it has (and re-asks when that changes).
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt's name
+        return not self._in_status_bar() and super().hasHeightForWidth()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        hint = super().sizeHint()
+        if self._in_status_bar() and self.width() > hint.width():
+            return QSize(hint.width(), self.layout().totalHeightForWidth(self.width()))
+        return hint
+
+    def _in_status_bar(self) -> bool:
+        return isinstance(self.parentWidget(), QStatusBar)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self._fit()  # the height that fits the new width
