@@ -186,3 +186,59 @@ def test_drafting_settings_reach_the_node_the_app_starts(qtbot, dialog, home, tm
         env={**os.environ, **env, "SHOAL_KEYRING": "0"}, capture_output=True, text=True,
         timeout=60)
     assert out.returncode != 0 and "no-such-draft" in out.stdout + out.stderr
+
+
+class _Answers:
+    """A stand-in for the node's client: a secret kept in a long folder, no peers."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def cluster_secret(self, rotate: bool) -> dict:
+        return {"secret": "s" * 43, "pairing": "K7Q-2MX", "where": self.where}
+
+    def peers(self) -> list:
+        return []
+
+
+def lines(label) -> list[str]:
+    """The lines a word-wrapped label shows at its width."""
+    from PySide6.QtGui import QTextLayout, QTextOption
+    text, width = label.text(), label.contentsRect().width()
+    layout = QTextLayout(text, label.font())
+    option = QTextOption()
+    option.setWrapMode(QTextOption.WrapMode.WordWrap)
+    layout.setTextOption(option)
+    layout.beginLayout()
+    shown = []
+    while (line := layout.createLine()).isValid():
+        line.setLineWidth(width)
+        assert line.naturalTextWidth() <= width
+        shown.append(text[line.textStart():line.textStart() + line.textLength()])
+    layout.endLayout()
+    return shown
+
+
+def test_a_long_path_and_no_peers_read_whole_at_laptop_size(qtbot, home):
+    """At 1366x768 nothing is cut: the pairing line's folder breaks only after its
+    slashes (not inside a name) and an empty peer list is a sentence that wraps, not a
+    list row cut at the right."""
+    where = ("/home/alexandramontgomeryfitzwilliam/.local/share/shoalclusterstatekeptfor"
+             "thewholelaboratory/secrets/cluster.secret (readable only by you)")
+    tasks = Tasks()
+    settings = QSettings(str(home / "app.ini"), QSettings.Format.IniFormat)
+    d = SettingsDialog(home, settings, _Answers(where), tasks, tray_available=True)
+    qtbot.addWidget(d)
+    d.show()
+    qtbot.waitUntil(lambda: d.secret_value is not None and d.no_peers.isVisible())
+    assert d.minimumSizeHint().width() <= 1366 and d.width() <= 1366
+    for label in (d.secret_info, d.no_peers):
+        qtbot.waitUntil(lambda lb=label: lb.heightForWidth(lb.width()) <= lb.height())
+        shown = lines(label)
+        assert len(shown) > 1  # it wraps ...
+        for line in shown[:-1]:  # ... between words, or after a folder's slash
+            assert line.endswith((" ", "/\u200b")), shown
+    assert where in d.secret_info.text().replace("\u200b", "")
+    assert not d.peer_list.isVisible()
+    assert d.no_peers.text().startswith("No peers yet")
+    assert tasks.wait(5000)
