@@ -106,7 +106,8 @@ class ModelPicker(QComboBox):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setEditable(True)
-        self.setItemDelegate(_DetailDelegate(self))
+        self._delegate = _DetailDelegate(self)  # kept: Qt calls its Python override
+        self.setItemDelegate(self._delegate)
         self.models: list[ModelCard] = []
         self.status: dict[str, Any] = {}
         self.cards: list[NodeCard] = []

@@ -134,6 +134,32 @@ def test_shortcuts_for_new_chat_model_picker_stop_and_tabs(qtbot, shoal):
                                               win.stop_action)] == ["Ctrl+N", "Ctrl+L", "Esc"]
 
 
+def test_ctrl_1_lands_in_the_message_box_and_tab_leaves_tables(qtbot, shoal):
+    win, chat = shoal.window, shoal.chat
+    win.activateWindow()
+    qtbot.waitActive(win)
+    chat.prompt.setFocus()
+    qtbot.keyClicks(chat.prompt, "Anyone there?")
+    qtbot.keyClick(chat.prompt, Qt.Key.Key_Return)  # no node: the reply fails, Try again
+    qtbot.waitUntil(lambda: not chat.streaming, timeout=10000)
+    reply = chat.view.widgets()[-1]
+    chat.view.setFocus()
+    qtbot.keyClick(chat.view, Qt.Key.Key_Up)
+    assert reply.retry_button.hasFocus()  # where the keyboard was before leaving the tab
+    qtbot.keyClick(win, Qt.Key.Key_6, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyClick(win, Qt.Key.Key_1, Qt.KeyboardModifier.ControlModifier)
+    assert win.tabs.currentWidget() is chat and chat.prompt.hasFocus()
+
+    # The request log has a row of five cells: Tab leaves the table, not cell by cell.
+    win.show_view("Developer")
+    table = shoal.developer.log_table
+    qtbot.waitUntil(lambda: table.rowCount() > 0, timeout=5000)
+    table.setFocus()
+    table.setCurrentCell(0, 0)
+    qtbot.keyClick(table, Qt.Key.Key_Tab)
+    assert not table.hasFocus()
+
+
 def focusable(view: QWidget) -> list[QWidget]:
     return [w for w in view.findChildren(QWidget)
             if w.isVisibleTo(view) and w.isEnabled()
