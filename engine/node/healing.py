@@ -133,21 +133,21 @@ class Healer:
         except ShoalError as e:
             state = "doesnt_fit" if e.code == "insufficient_memory" else "failed"
             without = f" without {joined(gone)}" if gone else ""
-            said = (f"{inst.model} doesn't fit on {joined(on)}{without}, so it stays "
-                    f"stopped. Free memory there, or bring {joined(gone)} back and use "
-                    f"your own split again." if state == "doesnt_fit" and gone else
-                    f"{inst.model} doesn't fit on {joined(on)}, so it stays stopped."
+            said = (f"It doesn't fit on {joined(on)}{without}, so it stays stopped. Free "
+                    f"memory there, or bring {joined(gone)} back and use your own split "
+                    f"again." if state == "doesnt_fit" and gone else
+                    f"It doesn't fit on {joined(on)}, so it stays stopped."
                     if state == "doesnt_fit" else
-                    f"Placing {inst.model} again on {joined(on)} failed, so it stays "
-                    f"stopped. Launch it again when the machines are ready.")
+                    f"Placing it again on {joined(on)} failed, so it stays stopped. Launch "
+                    f"it again when the machines are ready.")
             log.warning("healing %s: %s (%s)", inst.model, said, e.message)
-            self.info = replace(self.info, state=state, message=f"{what[0].upper()}"
-                                f"{what[1:]}. {said}", detail=f"{reason}; {e.message}")
+            self.info = replace(self.info, state=state, message=f"{inst.model} stopped: "
+                                f"{what}. {said}", detail=f"{reason}; {e.message}")
         except Exception as e:  # anything else: say so, never leave "placing" forever
             log.exception("healing %s failed", inst.model)
             self.info = replace(self.info, state="failed", detail=f"{reason}; {e}",
-                                message=f"Placing {inst.model} again failed, so it stays "
-                                        f"stopped. Launch it again.")
+                                message=f"{inst.model} stopped: {what}. Placing it again "
+                                        f"failed, so it stays stopped. Launch it again.")
         else:
             took = time.monotonic() - t0
             on_ids = [r.node for r in placed.ranks]
