@@ -56,11 +56,11 @@ SENTENCES: dict[str, Entry] = {
         f"Send your message again. {LOG_HINT}"),
     "peer_lost": Entry(
         "{model} stopped: {machine}, which held part of it, left or stopped answering.",
-        "Shoal places it again on the machines that remain.",
+        "Shoal tries to place it again on the machines that remain.",
         "Send your message again in a minute."),
     "group_failed": Entry(
         "{model} stopped: the machines running it together lost step with each other.",
-        "Shoal places it again on the machines that remain.",
+        "Shoal tries to place it again on the machines that remain.",
         "Send your message again in a minute."),
     "generation_failed": Entry(
         "{model} failed while writing this answer on {machine}.",
@@ -71,7 +71,7 @@ SENTENCES: dict[str, Entry] = {
         f"Check that the model is complete (Models), or choose another. {LOG_HINT}"),
     "peer_unreachable": Entry(
         "Shoal can't reach {machine}{how}.",
-        "It keeps trying and uses {machine} again as soon as it answers.",
+        "Shoal keeps trying and uses {machine} again as soon as it answers.",
         "Check that {machine} is on, on the network and running Shoal."),
     "shard_mismatch": Entry(
         "The copy of {model} on {machine} doesn't match the placement: {message}.",
@@ -130,9 +130,8 @@ SENTENCES: dict[str, Entry] = {
     "busy": Entry(SAID, todo="Try again when it has finished.",
                   fallback="The node on {machine} is busy with another task."),
     "overloaded": Entry(
-        SAID, "Requests wait their turn for a while before giving up.",
-        "Try again shortly.", fallback="{model} on {machine} is answering as many requests "
-        "as it can."),
+        SAID, todo="Try again shortly.",
+        fallback="{model} on {machine} is answering as many requests as it can."),
     "kv_bits_refused": Entry(
         SAID, todo="Choose 16-bit KV cache in Settings, or another model.",
         fallback="This model's memory for the conversation can't be compressed."),
@@ -426,7 +425,7 @@ def _clean(text: str, names: Mapping[str, str], machine: str = HERE) -> str:
     text = re.sub(r"(?<![\w.~])(?:/[\w.@+-]+){2,}/([\w.@+-]+)", r"\1", text)
     here = "that machine" if machine == ELSEWHERE else machine
     text = re.sub(r"\b[Tt]his node\b", here, text)  # the node that wrote it
-    text = re.sub(r"\bnodes\b", "machines", text)
+    text = re.sub(r"\bnodes\b(?![\[.])", "machines", text)  # not a field: nodes[0].layers
     text = re.sub(r"\s+([.,;:])", r"\1", re.sub(r"\s{2,}", " ", text))
     return re.sub(r"[;:,]\s*(?=[.]|$)", "", text).strip()
 
@@ -454,7 +453,9 @@ def _join(parts: list[str], keep: tuple[str, ...]) -> str:
             if not key or any(key in s for s in seen):
                 continue
             seen.append(key)
-            if not sentence.startswith(keep):  # names keep their case
+            first = sentence.split(" ", 1)[0]
+            if re.fullmatch(r"[a-z][a-z']*[,:;]?", first) and not sentence.startswith(keep):
+                # a plain word: names and field paths keep their case
                 sentence = sentence[0].upper() + sentence[1:]
             out.append(sentence if sentence.endswith((".", "!", "?")) else sentence + ".")
     return " ".join(out)
