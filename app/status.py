@@ -51,9 +51,10 @@ def poll_status(url: str, stop: threading.Event, interval: float = 1.0,
         while not stop.is_set():
             try:
                 status = client.status().to_json()  # the app reads the snapshot's JSON
-            except ShoalError as e:
-                status = {"state": "unreachable", "model": None, "error": e.message,
-                          "version": None}
+            except ShoalError as e:  # explained here, where the cause (errno) is known
+                said = explain(e)
+                status = {"state": "unreachable", "model": None, "error": said.sentence,
+                          "error_detail": said.detail, "version": None}
             if status != last:
                 last = status
                 yield status
