@@ -174,6 +174,10 @@ class ShoalApp(QObject):
         self.tasks.run(lambda: client.status().to_json(),
                        on_done=self._status_now, on_error=lambda _e: None)
         self._refresh_models()
+        for view in (self.state, self.models_view, self.developer):  # now, not next poll
+            poller = getattr(view, "poller", None)
+            if poller is not None:
+                poller.poke()
 
     def _status_now(self, status: dict) -> None:
         if self._node_note is None and not self._shut_down:

@@ -12,8 +12,10 @@ import pytest
 from processes import running
 from PySide6.QtCore import Qt
 
+from app.keeper import Restarts
 from app.logs import LogDialog
 from app.main import ShoalApp
+from app.node import how_it_ended
 
 
 @pytest.fixture
@@ -95,6 +97,7 @@ def test_a_killed_node_is_started_again_and_the_app_carries_on(qtbot, make_app, 
     assert shoal.banner.log_button.isVisible()
 
     qtbot.waitUntil(lambda: bool(back), timeout=30000)
+    print(f"\nkilled → its node answers again: {back[0][0] - killed_at:.1f} s")
     assert shoal.node.proc is not old and running(shoal.node.proc.pid)
     assert not running(worker_pid)  # the dead node's worker went with it
     up(qtbot, shoal, "tiny-llama")  # the model it ran is loaded again
@@ -233,3 +236,22 @@ def test_restart_now_applies_saved_settings_and_keeps_the_window(qtbot, make_app
     assert dialog.save_api()
     assert not dialog.restart_button.isVisible()
     assert "apply when you next open Shoal" in dialog.api_message.text()
+
+
+def test_the_third_stop_within_a_minute_ends_the_restarts():
+    now = [0.0]
+    restarts = Restarts(clock=lambda: now[0])
+    assert restarts.record()  # 0 s: restart
+    now[0] = 30.0
+    assert restarts.record()  # 30 s: restart
+    now[0] = 59.0
+    assert not restarts.record()  # 59 s: the third within a minute
+    restarts.clear()  # Try again counts afresh
+    for t in (100.0, 140.0, 161.0):  # 100 s is more than a minute before 161 s
+        now[0] = t
+        assert restarts.record()
+
+
+def test_how_a_node_ended_in_a_few_words():
+    assert how_it_ended(-9) == "killed by signal 9"
+    assert how_it_ended(1) == "exit code 1"
