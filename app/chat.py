@@ -30,10 +30,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import theme
+from app import replies, theme
 from app.common import buddy
 from app.common import message_of as _message_of
-from app.conversations import Conversation, ConversationStore, Message, continued
+from app.conversations import Conversation, ConversationStore, Message
 from app.messages import MessageView, PromptEdit
 from app.model_picker import ModelPicker, progress_of
 from app.notice import NoticeBar
@@ -462,13 +462,7 @@ class ChatPane(QWidget):
         # The node has no "continue this message" for OpenAI chat: the model is asked to
         # go on, and what it says is added to the reply (the request is not shown).
         history = conv.history() + [{"role": "user", "content": CONTINUE_PROMPT}]
-        done = int(reply.stats.get("completion_tokens") or 0)
-        for key in ("finish_reason", "generation_tps", "wait_s", "ttft_s", "load_s",
-                    "stopped"):
-            reply.stats.pop(key, None)
-        reply.stats["_earlier_tokens"] = done
-        reply.stats["_before"] = reply.content
-        reply.stats["_more"] = ""
+        replies.go_on(reply)
         self._start(conv, reply, history)
 
     def try_again(self, reply: Message) -> None:
@@ -599,42 +593,10 @@ class ChatPane(QWidget):
 
     def _on_deltas(self, reply: Message, deltas: list[ChatDelta], started: float) -> None:
         for d in deltas:
-            if d.prefill is not None and "_first_at" not in reply.stats:
-                cached, done, total = d.prefill
-                self._show_wait(reply, f"Reading your message: {done:,}/{total:,} tokens"
-                                + (f" ({cached:,} from the cache)" if cached else "") + "…")
-            if (d.text or d.reasoning) and "_first_at" not in reply.stats:
-                now = time.monotonic()
-                reply.stats["_first_at"] = now
-                reply.stats["wait_s"] = now - started  # what the user waited, from Send
-                if "_loading_since" in reply.stats:
-                    end = reply.stats.get("_loaded_at", now)
-                    reply.stats["load_s"] = max(end - reply.stats["_loading_since"], 0.0)
-                self._show_wait(reply, None)
-            if d.text:
-                reply.stats["_pieces"] = reply.stats.get("_pieces", 0) + 1
-                reply.stats["_last_at"] = time.monotonic()
-            if "_before" in reply.stats:  # Continue: joined on cleanly, not glued
-                reply.stats["_more"] += d.text
-                reply.content = continued(reply.stats["_before"], reply.stats["_more"])
-            else:
-                reply.content += d.text
-            reply.reasoning += d.reasoning  # kept apart from what is sent back to the model
-            for key in ("ttft_s", "generation_tps", "prompt_tps"):
-                if key in d.shoal:
-                    reply.stats[key] = d.shoal[key]
-            if d.usage:
-                earlier = int(reply.stats.get("_earlier_tokens") or 0)
-                tokens = d.usage.get("completion_tokens")
-                reply.stats["completion_tokens"] = None if tokens is None else tokens + earlier
-                details = d.usage.get("prompt_tokens_details") or {}
-                reply.stats["cached_tokens"] = details.get("cached_tokens")
-                spec = d.usage.get("speculative") or {}
-                reply.stats["drafted_tokens"] = spec.get("drafted_tokens")
-                reply.stats["accepted_tokens"] = spec.get("accepted_tokens")
-            if d.finish_reason:
-                reply.stats["finish_reason"] = d.finish_reason
-        speed = _speed(reply.stats)
+            wait = replies.take(reply, d, started)
+            if wait is not None:
+                self._show_wait(reply, wait or None)
+        speed = replies.speed(reply.stats)
         if speed is not None:
             reply.stats["_live_tps"] = speed  # under the reply while it streams
         self.view.refresh(reply)
@@ -655,18 +617,8 @@ class ChatPane(QWidget):
         stopped = self._stream is not None and self._stream.cancelled.is_set()
         self._stream = None
         self._stream_reply = None
+        record = replies.close(reply, stopped)
         s = reply.stats
-        started, wall = s.get("_started"), s.get("_wall")
-        unsent = bool(s.get("_unsent"))
-        if s.get("generation_tps") is None and reply.error is None:
-            # Stopped: the node sends no figures, so the speed is what the app measured.
-            s["generation_tps"] = _speed(s, till=s.get("_last_at"))
-            if s.get("completion_tokens") is None and s.get("_pieces"):
-                s["completion_tokens"] = int(s.get("_earlier_tokens") or 0) + s["_pieces"]
-        for key in [k for k in s if k.startswith("_")]:  # bookkeeping, not figures
-            s.pop(key)
-        if s.get("generation_tps") is None:
-            s.pop("generation_tps", None)
         self._show_wait(reply, None)
         self._set_streaming(False)
         self.view.refresh(reply)
@@ -674,7 +626,7 @@ class ChatPane(QWidget):
         self.reply_ended.emit()
         if s.get("generation_tps") is not None:
             self.reply_finished.emit(dict(s))
-        self.request_done.emit(self._request_record(reply, started, wall, stopped, unsent))
+        self.request_done.emit(record)
         if self._queued is not None:  # after this reply's own signals
             failed = reply.error is not None
             QTimer.singleShot(0, self, lambda: self._send_queued(failed))
@@ -687,29 +639,3 @@ class ChatPane(QWidget):
             reply.error = _message_of(error)
         reply.stats["_unsent"] = isinstance(error, PeerUnreachable)  # never reached the node
         self._finish(reply)
-
-    @staticmethod
-    def _request_record(reply: Message, started: float | None, wall: float | None,
-                        stopped: bool, unsent: bool = False) -> dict[str, Any]:
-        """One line of the Developer panel's request log."""
-        took = time.monotonic() - started if started else None
-        s = reply.stats
-        if reply.error:
-            outcome = reply.error
-        elif stopped or s.get("stopped"):
-            outcome = "stopped by the user"
-        else:
-            tokens, why = s.get("completion_tokens", "?"), s.get("finish_reason") or "done"
-            outcome = f"{tokens} tokens, {why}"
-        return {"at": wall or time.time(), "route": "POST /v1/chat/completions",
-                "client": "Shoal chat", "model": s.get("model"), "ok": reply.error is None,
-                "outcome": outcome, "seconds": took,
-                "reached": not unsent}
-
-
-def _speed(stats: dict[str, Any], till: float | None = None) -> float | None:
-    """Tokens per second since the first token (None until there is enough to say): the
-    first piece came at _first_at, so the pieces after it are what was generated."""
-    pieces, first = int(stats.get("_pieces") or 0), stats.get("_first_at")
-    seconds = (till if till is not None else time.monotonic()) - first if first else 0.0
-    return (pieces - 1) / seconds if pieces > 1 and seconds > 0.2 else None
