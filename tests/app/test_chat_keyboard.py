@@ -8,8 +8,10 @@ from PySide6.QtWidgets import QApplication
 
 from app.codeblock import CodeView
 from app.conversations import ConversationStore, Message
-from tests.app.test_chat import dead_url, make_pane  # noqa: F401
+from tests.app import test_chat
 from tests.app.test_chat_recovery import Script
+
+make_pane, dead_url = test_chat.make_pane, test_chat.dead_url  # its fixtures
 
 
 def pane_with_a_reply(make_pane, home, url):

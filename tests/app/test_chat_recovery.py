@@ -15,8 +15,11 @@ from app.charts import ChartsView
 from app.conversations import ConversationStore, Message, continued
 from app.metrics import Metrics
 from engine.client import ChatDelta
-from tests.app.test_chat import dead_url, last_reply, make_pane, type_and_send  # noqa: F401
+from tests.app import test_chat
+from tests.app.test_chat import last_reply, type_and_send
 from tests.nodes import NodeProcess
+
+make_pane, dead_url = test_chat.make_pane, test_chat.dead_url  # its fixtures
 
 
 class Script:
