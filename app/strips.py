@@ -31,7 +31,7 @@ class LayerStrips(QWidget):
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setMinimumWidth(420)
-        self.setAccessibleName("Layers per node")
+        self.setAccessibleName("Layers per machine")
         self._resize_rows()
 
     # --- state ----------------------------------------------------------------------------

@@ -69,3 +69,13 @@ def test_failed_write_keeps_previous_file(home, monkeypatch):
         store.save()
     assert (home / "conversations.json").read_text() == before
     assert [p.name for p in home.iterdir()] == ["conversations.json"]  # no temp file left
+
+
+def test_a_deleted_conversation_is_restored_where_it_was(home):
+    store = ConversationStore(home)
+    a, b, c = store.new(), store.new(), store.new()
+    store.delete(b.id)
+    assert store.conversations == [c, a]
+    store.restore(b, 1)
+    store.restore(b, 0)  # twice is once
+    assert store.conversations == [c, b, a]
