@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSize, Qt, QTimer
@@ -179,6 +180,9 @@ SENTENCES: dict[str, Entry] = {
     # --- anything else ------------------------------------------------------------------
     "unknown": Entry(SAID, todo="Details has the node's own words.",
                      fallback="Something went wrong on {machine}."),
+    "file_error": Entry(
+        "Shoal couldn't use {how} on {machine}.", "",
+        "Check the free disk space and that the folder is yours, then try again."),
     "unexpected": Entry(
         "Something unexpected went wrong in Shoal on {machine}.", "",
         "Try again; if it happens again, Details has what to put in a bug report."),
@@ -219,7 +223,7 @@ def explain(error: BaseException | str | Mapping[str, Any],
     entry = SENTENCES[code] if code in SENTENCES else SENTENCES["unknown"]
     machine = _machine(error, raw, code, names)
     here = machine == HERE
-    fill = {"machine": machine, "model": _model(raw), "how": _how(code, raw),
+    fill = {"machine": machine, "model": _model(raw), "how": _how(code, raw, error),
             "message": ""}
     said = SAID in entry.what
     if said:
@@ -296,6 +300,8 @@ def _code(error: BaseException, raw: str) -> str:
         found = _transport(error, raw)
         if found and (code is None or _from_client(error, raw)):
             return found
+    if isinstance(error, OSError) and error.strerror:
+        return "file_error"  # the app's own files: a full disk, a folder not the user's
     if not isinstance(error, ShoalError):
         return "unexpected"  # the app's own bug, not the node's word
     if code is None:
@@ -370,8 +376,13 @@ def _model(raw: str) -> str:
     return "the model"
 
 
-def _how(code: str, raw: str) -> str:
-    """A few words on how it failed, where the node's text says."""
+def _how(code: str, raw: str, error: BaseException | None = None) -> str:
+    """A few words on how it failed, where the node's (or the system's) text says."""
+    if code == "file_error":
+        if not isinstance(error, OSError) or not error.strerror:
+            return "a file"
+        name = Path(str(error.filename)).name if error.filename else "a file"
+        return f"{name} ({str(error.strerror).lower()})"
     if code == "worker_failed":
         if "was killed" in raw:
             return " (it was stopped by the system, most often for want of memory)"

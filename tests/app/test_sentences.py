@@ -258,3 +258,14 @@ def test_every_view_names_the_machines_the_app_knows(monkeypatch):
     assert message_of(error).startswith("The model 'tiny' is not on that machine.")
     sentences.remember({STUDIO: "studio"})  # as a status or topology snapshot tells it
     assert message_of(error).startswith("The model 'tiny' is not on studio.")
+
+
+def test_a_file_the_app_cant_write_names_the_file_and_the_reason(tmp_path):
+    folder = tmp_path / "not-a-folder"
+    folder.write_text("")
+    with pytest.raises(OSError) as info:
+        (folder / "conversations.json").write_text("[]")
+    said = explain(info.value)
+    assert said.sentence.startswith("Shoal couldn't use conversations.json (not a directory) "
+                                    "on this computer.")
+    assert str(tmp_path) not in said.sentence and str(tmp_path) in said.detail
