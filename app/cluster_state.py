@@ -17,6 +17,7 @@ from PySide6.QtCore import QEvent, QObject, QTimer, Signal
 from PySide6.QtWidgets import QWidget
 
 from app.polling import Poller
+from app.sentences import remember
 from app.snapshots import LinkEdge, NodeCard, link_edges, node_cards, running_instances
 from app.tasks import Tasks
 from engine.client import NodeClient
@@ -24,6 +25,21 @@ from engine.cluster_records import PlanInfo
 
 log = logging.getLogger(__name__)
 TOPOLOGY_EVERY_S = 2.0
+
+
+def remember_machines(topology: dict[str, Any]) -> None:
+    """Every view's errors name machines, not ids or addresses: teach the names."""
+    names: dict[str, str] = {}
+    for n in topology.get("nodes") or []:
+        name = n.get("name")
+        if not name:
+            continue
+        if n.get("id"):
+            names[n["id"]] = name
+        host = (n.get("url") or "").split("://")[-1].rstrip("/")
+        if host:
+            names[host] = name
+    remember(names)
 
 
 class ClusterState(QObject):
@@ -65,6 +81,7 @@ class ClusterState(QObject):
     # --- inputs ---------------------------------------------------------------------------
     def set_topology(self, topology: dict[str, Any]) -> None:
         self.topology, self.error = topology, None
+        remember_machines(topology)
         self._follow_running_model()
         self._touch()
 

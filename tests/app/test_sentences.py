@@ -269,3 +269,14 @@ def test_a_file_the_app_cant_write_names_the_file_and_the_reason(tmp_path):
     assert said.sentence.startswith("Shoal couldn't use conversations.json (not a directory) "
                                     "on this computer.")
     assert str(tmp_path) not in said.sentence and str(tmp_path) in said.detail
+
+
+def test_the_topology_teaches_every_view_machine_names():
+    """A topology snapshot names the machines: an error about a peer's id or address then
+    names the machine, in every view that shows it."""
+    from app.cluster_state import remember_machines
+    remember_machines({"nodes": [{"id": "a1b2c3d4e5f6", "name": "studio",
+                                  "url": "https://10.0.0.7:52416"},
+                                 {"id": "0f0f0f0f0f0f", "name": "mini", "self": True}]})
+    said = explain(PeerUnreachable("node a1b2c3d4e5f6 stopped answering")).sentence
+    assert "studio" in said and "a1b2c3d4e5f6" not in said
