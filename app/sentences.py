@@ -354,6 +354,8 @@ def _machine(error: BaseException, raw: str, code: str, names: Mapping[str, str]
         if f"{host}:{port}" in names:
             return names[f"{host}:{port}"]
         return HERE if host in LOOPBACK else host
+    if code.startswith("hub_"):  # the address in it is the Hub's, not a machine's
+        return HERE
     found = ADDRESS.search(raw)
     if found:
         host = found.group(1) or found.group(3)

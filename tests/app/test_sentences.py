@@ -280,3 +280,11 @@ def test_the_topology_teaches_every_view_machine_names():
                                  {"id": "0f0f0f0f0f0f", "name": "mini", "self": True}]})
     said = explain(PeerUnreachable("node a1b2c3d4e5f6 stopped answering")).sentence
     assert "studio" in said and "a1b2c3d4e5f6" not in said
+
+
+def test_the_hub_unreachable_blames_this_computer_not_the_hubs_address():
+    """The Hub's address in the node's text is not a machine of the cluster."""
+    from engine.errors import ShoalError
+    said = explain(ShoalError("Can't reach https://127.0.0.1:9/api/models/x: refused",
+                              code="hub_unreachable")).sentence
+    assert "this computer" in said and "another machine" not in said
