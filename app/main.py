@@ -236,7 +236,10 @@ class ShoalApp(QObject):
 
     def _follow_models(self, status: dict) -> None:
         """The chat's and placement's model lists follow what the node has: a first run's
-        import, a model loaded or unloaded (a list read while the import ran is empty)."""
+        import, a model loaded or unloaded (a list read while the import ran is empty).
+        Not while the node is down: a list read then fails, and stays said."""
+        if status.get("state") in ("starting", "unreachable") or status is self._node_note:
+            return
         key = (status.get("default_model"), status.get("model"),
                (status.get("runner") or {}).get("type"))
         if key != self._models_key:

@@ -103,6 +103,7 @@ def test_a_killed_node_is_started_again_and_the_app_carries_on(qtbot, make_app, 
     up(qtbot, shoal, "tiny-llama")  # the model it ran is loaded again
     print(f"\nkilled → serving tiny-llama again: {time.monotonic() - killed_at:.1f} s")
     assert not shoal.banner.isVisible()
+    assert not shoal.chat.error_label.isVisible()  # no stale "couldn't list models"
     assert shoal.window.tabs.currentWidget() is shoal.topology  # the same view
     assert len(shoal.topology.cards) == 1
     polled = record(shoal.state.poller.updated)
