@@ -1,4 +1,10 @@
-"""Finding or starting the local node, and leaving nothing running at quit."""
+"""Finding or starting the local node, noticing when it stops and starting it again, and
+leaving nothing running at quit."""
+
+import os
+import signal
+import threading
+import time
 
 import pytest
 from processes import running
@@ -58,3 +64,26 @@ def test_node_that_never_answers_is_stopped(home, port, silent_command):
         node.start()
     assert node.proc.returncode is not None and not running(node.proc.pid)
     node.stop()
+
+
+def test_watch_says_how_the_node_ended_and_a_restart_keeps_its_log(home, port, node_command):
+    node = LocalNode(home, port, command=node_command(port), start_timeout=30)
+    node.start()
+    try:
+        node.log_path.write_text("the first node's last words\n")
+        stop = threading.Event()
+        first = node.proc
+        os.kill(first.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert node.watch(stop) == "killed by signal 9"
+        assert time.monotonic() - killed < 2.0
+        node.restart("restarted by the app: it was killed")
+        assert node.proc is not first and node.started_by_us and answers(node.url)
+        log_text = node.log_path.read_text()
+        assert log_text.startswith("the first node's last words\n")  # kept, not wiped
+        assert "restarted by the app: it was killed" in log_text
+        stop.set()
+        assert node.watch(stop) is None  # stopped watching on purpose: nothing to say
+    finally:
+        node.stop()
+    assert not running(node.proc.pid)
