@@ -121,6 +121,7 @@ class MessageWidget(QFrame):
         super().__init__(parent)
         self.message = message
         self.streaming = False
+        self.last = True  # the newest message: only it offers Continue or Try again
         self.setObjectName(f"{message.role}Message")
         theme.set_role(self, f"bubble-{'user' if message.role == 'user' else 'assistant'}")
         self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
@@ -178,14 +179,16 @@ class MessageWidget(QFrame):
         foot = QHBoxLayout()
         foot.addWidget(self.stats_label, 1)
         foot.addWidget(self.continue_button)
-        foot.addWidget(self.retry_button)
+        failed = QHBoxLayout()  # the error, and Try again beside it
+        failed.addWidget(self.error_label, 1)
+        failed.addWidget(self.retry_button, 0, Qt.AlignmentFlag.AlignTop)
         layout.addLayout(head)
         layout.addWidget(self.reasoning_button, 0, Qt.AlignmentFlag.AlignLeft)
         layout.addWidget(self.reasoning_label)
         layout.addLayout(self.body)
         layout.addWidget(self.pending_label)
         layout.addLayout(foot)
-        layout.addWidget(self.error_label)
+        layout.addLayout(failed)
         self.refresh()
 
     def text(self) -> str:
@@ -248,14 +251,14 @@ class MessageWidget(QFrame):
         self.error_label.setText(m.error or "")
         self.error_label.setVisible(m.error is not None)
         stopped = bool(m.stats.get("stopped"))
+        offer = self.last and m.role == "assistant" and not self.streaming
         self.continue_button.setVisible(
-            m.role == "assistant" and not self.streaming and m.error is None
-            and bool(m.content) and (stopped or m.stats.get("finish_reason") == "length"))
+            offer and m.error is None and bool(m.content)
+            and (stopped or m.stats.get("finish_reason") == "length"))
         self.continue_button.setToolTip(
             "You stopped the reply: ask for the rest of it" if stopped else
             "The reply reached the answer length: ask for the rest of it")
-        self.retry_button.setVisible(
-            m.role == "assistant" and not self.streaming and m.error is not None)
+        self.retry_button.setVisible(offer and m.error is not None)
         role = "Your message" if m.role == "user" else "Reply"
         self.setAccessibleName(role)
         self.setAccessibleDescription(self.text()[:DESCRIPTION_CHARS])
@@ -320,6 +323,10 @@ class MessageView(QScrollArea):
             self.add(m)
 
     def add(self, message: Message) -> MessageWidget:
+        for older in self._widgets.values():
+            if older.last:
+                older.last = False
+                older.refresh()
         w = MessageWidget(message, self._column)
         w.continue_requested.connect(self.continue_requested)
         w.retry_requested.connect(self.retry_requested)

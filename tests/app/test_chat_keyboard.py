@@ -72,3 +72,19 @@ def test_the_keyboard_is_back_in_the_message_box_after_sending(qtbot, make_pane,
     assert pane.prompt.hasFocus() and pane.prompt.toPlainText() == ""
     qtbot.waitUntil(lambda: not pane.streaming, timeout=10000)
     assert pane.prompt.hasFocus()
+
+
+def test_only_the_newest_reply_offers_continue_or_try_again(qtbot, make_pane, home, dead_url):
+    store = ConversationStore(home)
+    conv = store.new()
+    conv.messages += [Message("user", "a"), Message("assistant", "", error="It failed."),
+                      Message("user", "b"), Message("assistant", "cut", stats={
+                          "finish_reason": "length"})]
+    store.save()
+    pane = make_pane(url=dead_url)
+    old, new = pane.view.widgets()[1], pane.view.widgets()[3]
+    assert old.error_label.isVisible() and not old.retry_button.isVisible()
+    assert new.continue_button.isVisible()
+    # What the arrow keys walk: each message's Copy, then the newest one's Continue.
+    assert pane.view.buttons() == [*(w.copy_button for w in pane.view.widgets()),
+                                   new.continue_button]

@@ -33,8 +33,8 @@ class Script:
         self.hold.set()
 
     def chat(self, messages, model=None, **params):
-        self.sent.append(messages)
         pieces = self.replies.pop(0) if self.replies else ["ok"]
+        self.sent.append(messages)  # after taking its answer: tests wait on this
         self.hold.wait(20)
         for i, text in enumerate(pieces):
             last = i == len(pieces) - 1
@@ -203,6 +203,7 @@ def test_a_reply_cut_by_the_apps_node_restart_offers_try_again(qtbot, make_pane,
     pane.client.hold.clear()
     type_and_send(qtbot, pane, "Hello")
     reply = last_reply(pane)
+    qtbot.waitUntil(lambda: len(pane.client.sent) == 1, timeout=5000)  # it took "never"
     pane.node_lost("Shoal's node stopped; Shoal is starting it again.")
     assert not pane.streaming and pane.send_button.isEnabled()
     assert reply.error_label.text().startswith("Shoal's node stopped; Shoal is starting it")
