@@ -316,6 +316,7 @@ class MessageView(QScrollArea):
 
     def show_conversation(self, conv: Conversation | None) -> None:
         for w in self._widgets.values():
+            w.hide()  # at once: deletion waits for the event loop
             w.deleteLater()
         self._widgets.clear()
         self.conversation = conv
