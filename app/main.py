@@ -30,7 +30,6 @@ from app.tasks import Tasks
 from app.theme import APPEARANCE, Appearance
 from app.tray import Tray
 from app.window import MainWindow
-from engine.errors import ShoalError
 from engine.net import DEFAULT_PORT
 from engine.paths import default_home, ensure, logs_dir
 
@@ -274,6 +273,7 @@ class ShoalApp(QObject):
                                       api_key=self.node.api_key)
         self.topology = TopologyView(self.state)
         self.placement = PlacementView(client, self.tasks, self.state, logs_dir(self.home))
+        self.state.watch_plan_view(self.placement)  # "planned" only for a plan seen
         self.charts = ChartsView(self.metrics)
         self.developer = DeveloperPanel(self.node.url, self.node.api_key, logs_dir(self.home),
                                         self.tasks)
@@ -295,6 +295,7 @@ class ShoalApp(QObject):
         self.chat.reply_progress.connect(self.metrics.add_live)
         self.chat.reply_progress.connect(self.tray.set_live_speed)
         self.chat.reply_ended.connect(self.metrics.end_live)
+        self.chat.reply_ended.connect(self.tray.end_live)
         self.chat.request_done.connect(self.developer.add_request)
         self.topology.add_machine_requested.connect(lambda: self.open_settings("Cluster"))
         self.models_view.downloading_changed.connect(self.tray.set_downloading)
@@ -383,7 +384,8 @@ class ShoalApp(QObject):
     def _node_failed(self, error: BaseException) -> None:
         if self._shut_down:
             return
-        reason = error.message if isinstance(error, ShoalError) else repr(error)
+        # the app's own start-up sentence, else the node's error in a person's words
+        reason = error.message if isinstance(error, NodeStartError) else message_of(error)
         tail = error.log_tail if isinstance(error, NodeStartError) else self.node.log_tail()
         log.error("The local node didn't start: %s", reason)
         self.window.start_page.show_failure(reason, tail, str(self.node.log_path))

@@ -123,8 +123,9 @@ class LocalNode:
                 return self
             time.sleep(0.2)
         self._reap(kill_after=3.0)
-        raise NodeStartError(f"The node didn't answer at {self.url} within "
-                             f"{self.start_timeout:.0f} s, so it was stopped.", self.log_tail())
+        raise NodeStartError(f"Shoal's engine on this computer didn't answer within "
+                             f"{self.start_timeout:.0f} s of starting, so Shoal stopped it. "
+                             f"Its log (below) may say why.", self.log_tail())
 
     def _exit_reason(self, code: int) -> str:
         if _port_taken(self.host, self.port):
