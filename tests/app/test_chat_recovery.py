@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 
-import pytest
 from PySide6.QtCore import Qt
 
 from app import chat as chat_module
@@ -117,6 +116,28 @@ def test_enter_while_a_reply_streams_queues_the_message(qtbot, make_pane, dead_u
     assert len(pane.client.sent) == 3 and pane.prompt.toPlainText() == "four"
 
 
+class Failing(Script):
+    def chat(self, messages, model=None, **params):
+        from engine.errors import PeerUnreachable
+        self.sent.append(messages)
+        self.hold.wait(20)
+        raise PeerUnreachable("connection refused")
+        yield
+
+
+def test_a_queued_message_after_a_failed_reply_goes_back_to_the_box(qtbot, make_pane,
+                                                                    dead_url):
+    pane = make_pane(url=dead_url)
+    pane.client = Failing()
+    pane.client.hold.clear()
+    type_and_send(qtbot, pane, "one")
+    type_and_send(qtbot, pane, "two")
+    pane.client.hold.set()
+    qtbot.waitUntil(lambda: pane.prompt.toPlainText() == "two", timeout=10000)
+    assert "wasn't sent: the reply before it failed" in pane.queued_bar.label.text()
+    assert len(pane.client.sent) == 1 and not pane.streaming
+
+
 def test_a_stopped_reply_keeps_its_speed_counts_in_the_charts_and_continues(
         qtbot, make_pane, dead_url):
     pane = make_pane(url=dead_url)
@@ -163,7 +184,6 @@ def test_continue_joins_text_cleanly():
     assert continued("", "Hi") == "Hi"
 
 
-@pytest.mark.app_errors("Chat failed")
 def test_a_failed_reply_is_tried_again_when_the_node_is_back(qtbot, make_pane, fresh_node):
     """The app's own node killed mid-reply: the reply fails with Try again, which waits
     while nothing answers and sends the conversation when the node is back."""
