@@ -183,6 +183,14 @@ class DeveloperPanel(QWidget):
             self.model, self.context = model, context
             self.refresh()
 
+    def retarget(self, url: str, api_key: str | None) -> None:
+        """The node serves at `url` with `api_key` now (Settings → API, Restart now)."""
+        self.url, self.api_key = url.rstrip("/"), api_key
+        self.address.setText(f"{self.url}/v1")
+        if self.poller is not None:
+            self.poller.retarget(self.url, api_key)
+        self.refresh()
+
     def refresh(self) -> None:
         self.model_field.setText(self.model)
         if self.api_key:

@@ -137,16 +137,16 @@ class NodeKeeper(QObject):
                           "Shoal stopped trying; its log may say why, and Try again starts "
                           "it once more.")
 
-    def restart_now(self, why: str) -> None:
+    def restart_now(self, why: str, to: tuple[str, int, str | None] | None = None) -> None:
         """The user asked (Settings → Restart now): stop the node we started and start
-        it again, not counted as a crash."""
+        it again, not counted as a crash; `to`: new (host, port, api_key)."""
         if self.busy or self._closed:
             return
         self._unwatch()
         self.busy = True
         self.restarting.emit(f"Restarting {ENGINE} {why}…")
         self.tasks.run(self.node.restart, f"restarted by the user {why}", polite=True,
-                       on_done=lambda _n: self._started(),
+                       to=to, on_done=lambda _n: self._started(),
                        on_error=lambda e: self._manual_failed(e))
 
     def _manual_failed(self, error: BaseException) -> None:

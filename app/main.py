@@ -172,11 +172,24 @@ class ShoalApp(QObject):
         client = self.node.client  # the worker holds no Qt object (app/tasks.py)
         self.tasks.run(lambda: client.status().to_json(),
                        on_done=self._status_now, on_error=lambda _e: None)
+        self._follow_address()
         self._refresh_models()
         for view in (self.state, self.models_view, self.developer):  # now, not next poll
             poller = getattr(view, "poller", None)
             if poller is not None:
                 poller.poke()
+
+    def _follow_address(self) -> None:
+        """After Restart now with a new address, port or key: every poll and the
+        addresses shown follow the node (the shared client already did)."""
+        url, key = self.node.url, self.node.api_key
+        self.monitor.retarget(url, key)
+        self.tray.set_api_url(f"{url}/v1")
+        for view in (self.state, self.models_view):
+            if view is not None:
+                view.poller.retarget(url, key)
+        if self.developer is not None:
+            self.developer.retarget(url, key)
 
     def _status_now(self, status: dict) -> None:
         if self._node_note is None and not self._shut_down:
@@ -231,7 +244,10 @@ class ShoalApp(QObject):
         """Settings → Restart now: the node we started, with what was saved; the window
         stays as it is."""
         if self.node.started_by_us:
-            self.keeper.restart_now("to apply the new settings")
+            api = node_settings(self.settings)
+            way_in = (api.host, api.port, api.api_key)
+            moved = way_in != (self.node.host, self.node.port, self.node.api_key)
+            self.keeper.restart_now("to apply the new settings", to=way_in if moved else None)
 
     def _follow_models(self, status: dict) -> None:
         """The chat's and placement's model lists follow what the node has: a first run's

@@ -134,10 +134,12 @@ class LocalNode:
                     f"start Shoal with --port and a free port.")
         return f"The node stopped during start-up ({how_it_ended(code)})."
 
-    def restart(self, note: str, polite: bool = False) -> LocalNode:
+    def restart(self, note: str, polite: bool = False,
+                to: tuple[str, int, str | None] | None = None) -> LocalNode:
         """Stop what is left of the node we started (and its workers), then start it
         again; `note` goes into its log. Blocks like start(). `polite`: a running node is
-        asked to shut down first (the user restarts it), as at quit."""
+        asked to shut down first (the user restarts it), as at quit. `to`: the new
+        (host, port, api_key) it serves with (Settings → API)."""
         proc = self.proc
         if polite and proc is not None and proc.poll() is None:
             try:
@@ -149,7 +151,19 @@ class LocalNode:
         self._reap(kill_after=3.0)
         with self._lock:
             self.proc = None  # whoever answers next may not be ours
+        if to is not None:
+            self._move(*to)
         return self.start(note)
+
+    def _move(self, host: str, port: int, api_key: str | None) -> None:
+        self.host, self.port, self.api_key = host, port, api_key
+        self.url = reach_url(host, port)
+        given = dict(zip(self.command, self.command[1:]))
+        if "--host" in given and "--port" in given:  # a command that names them moves too
+            new = {"--host": host, "--port": str(port)}
+            self.command = [new.get(before, arg) for before, arg in
+                            zip(["", *self.command], self.command)]
+        self.client.retarget(self.url, api_key)
 
     def watch(self, stop: threading.Event, hang_after: float = 5.0,
               gone_after: float = 2.0) -> str | None:

@@ -89,6 +89,17 @@ class Poller(QObject):
     def poke(self) -> None:
         self._schedule.wake.set()
 
+    def retarget(self, url: str, api_key: str | None) -> None:
+        """Poll the node at `url` with `api_key` from now on (its API settings changed)."""
+        if (url, api_key) == (self._url, self._api_key):
+            return
+        was_running = self.running
+        self.stop()
+        self._task = None
+        self._url, self._api_key = url, api_key
+        if was_running:
+            self.start()
+
     def _deliver(self, items: list[tuple[Any, BaseException | None]]) -> None:
         result, error = items[-1]  # only the newest answer matters
         if error is None:

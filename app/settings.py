@@ -430,16 +430,9 @@ class SettingsDialog(QDialog):
         self.settings.sync()
         theme.set_role(self.api_message, None)
         kept = f" The key is kept in {wrappable(where)}." if key else ""
-        # The app reaches its engine by address, port and key: those wait for the next open.
-        was = self.opened
-        same_way_in = (host, self.port_spin.value(), key or None) == (was.host, was.port,
-                                                                      was.api_key)
-        self.restart_button.setVisible(self.restartable and same_way_in)
-        if self.restartable and same_way_in:
+        self.restart_button.setVisible(self.restartable)
+        if self.restartable:
             when = "Restart now applies them (a reply being written stops)."
-        elif self.restartable:
-            when = ("The app reaches its engine with the address, port and key, so these "
-                    "apply when you next open Shoal.")
         else:
             when = ("They apply when Shoal starts its own engine (the one running now was "
                     "started by another program).")

@@ -76,7 +76,7 @@ class StatusMonitor(QObject):
         self.status: dict[str, Any] = {"state": "starting"}
 
     def start(self) -> None:
-        self._stop.clear()
+        self._stop = threading.Event()  # the old poll, if any, keeps its own and ends
         self._task = self._tasks.stream(poll_status, self._url, self._stop, self._interval,
                                         2.0, self._api_key, on_items=self._on_items,
                                         on_error=self._on_error)
@@ -85,6 +85,16 @@ class StatusMonitor(QObject):
         self._stop.set()
         if self._task is not None:
             self._task.cancel()
+
+    def retarget(self, url: str, api_key: str | None) -> None:
+        """Poll the node at `url` with `api_key` from now on (its API settings changed)."""
+        if (url, api_key) == (self._url, self._api_key):
+            return
+        running = self._task is not None and not self._stop.is_set()
+        self.stop()
+        self._url, self._api_key = url, api_key
+        if running:
+            self.start()
 
     def set_local(self, status: dict[str, Any]) -> None:
         """Show a state the node can't report itself (starting, or failed to start)."""

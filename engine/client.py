@@ -91,6 +91,15 @@ class NodeClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
+    def retarget(self, base_url: str, api_key: str | None) -> None:
+        """Reach the node at another address or with another key (the app's node was
+        restarted with new API settings); every view sharing this client follows."""
+        old, self.base_url = self._http, base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers,
+                                  timeout=old.timeout)
+        old.close()
+
     def close(self) -> None:
         self._http.close()
 

@@ -16,6 +16,7 @@ from app.keeper import Restarts
 from app.logs import LogDialog
 from app.main import ShoalApp
 from app.node import how_it_ended
+from nodes import free_port
 
 
 @pytest.fixture
@@ -232,11 +233,25 @@ def test_restart_now_applies_saved_settings_and_keeps_the_window(qtbot, make_app
     assert shoal.window.tabs.currentWidget() is shoal.models_view
     assert not shoal.banner.isVisible()
 
-    # A new port is how the app itself reaches its engine: that waits for the next open.
-    dialog.port_spin.setValue(port + 7)
+    # A new port and key: Restart now moves the engine, and the app follows it there.
+    new_port = free_port()
+    dialog.port_spin.setValue(new_port)
+    dialog.key_edit.setText("sk-local-restart-test")
     assert dialog.save_api()
-    assert not dialog.restart_button.isVisible()
-    assert "apply when you next open Shoal" in dialog.api_message.text()
+    assert dialog.restart_button.isVisible()
+    old_url = shoal.node.url
+    qtbot.mouseClick(dialog.restart_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: shoal.node.port == new_port and not shoal.keeper.busy,
+                    timeout=30000)
+    up(qtbot, shoal)  # the status bar reads the node at its new port, with the key
+    url = f"http://127.0.0.1:{new_port}"
+    assert httpx.get(url + "/v1/models").status_code == 401  # the key is required now
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(old_url + "/health", timeout=2)
+    assert shoal.developer.address.text() == f"{url}/v1"
+    models = shoal.node.client.models()  # the views' shared client, with the key
+    assert isinstance(models, list)
+    assert "--port" in shoal.node.command and str(new_port) in shoal.node.command
 
 
 def test_the_third_stop_within_a_minute_ends_the_restarts():
