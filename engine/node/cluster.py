@@ -112,11 +112,9 @@ class Cluster:
     def plan_inputs(self, model: str, exclude: set[str] | frozenset[str] = frozenset()
                     ) -> PlanInputs:
         """plan_from_cluster's node_infos, links and model facts for `model` here, without
-        the nodes in `exclude` (and, where any are excluded, unreachable peers)."""
-        infos = self.plan_infos()
-        if exclude:
-            gone = exclude | {p.id for p in self.peers.all() if p.id and not p.reachable}
-            infos = [i for i in infos if i.id not in gone]
+        the nodes in `exclude` and peers unreachable now (a launch couldn't use them)."""
+        gone = set(exclude) | {p.id for p in self.peers.all() if p.id and not p.reachable}
+        infos = [i for i in self.plan_infos() if i.id not in gone]
         view = cluster_view(infos)
         return {"node_infos": view["nodes"], "links": view["links"], **self.model_facts(model)}
 
@@ -157,8 +155,8 @@ class Cluster:
         start every rank and watch them (the walk in docs/design-notes.md). `exclude`:
         nodes a launch without nodes leaves out (healing: the lost ones)."""
         req = parse(LaunchRequest, raw)
-        if not healing:  # the user's own launch: what healing did no longer applies
-            self.healer.forget()
+        # the user's own launch: what healing did no longer applies
+        healed = None if healing else self.healer.forget()
         if req.kv_bits is None:  # this node's setting, for every rank (and a hand-over)
             req = req.model_copy(update={"kv_bits": self.node.kv_bits or 16})
         chosen, inputs = None, None
@@ -178,6 +176,7 @@ class Cluster:
         if len(ranks) == 1:  # one node: a plain single-process model here
             memory_check(inputs, req, "pipeline", ranks, chosen)
             choose_lanes(req.lanes, "pipeline", [self.host], 1, 1)  # one process: one batch
+            await self.healer.undo(healed, req.model)
             await self.stop_instance(REPLACED)
             await self.node.start_worker(req.model, path, kv_bits=req.kv(None))
             return InstanceInfo(None, req.model, "single", InstanceState.READY, None,
@@ -191,6 +190,7 @@ class Cluster:
         if lanes != predicted:
             log.info("%s runs %d lane(s), the planner predicted %d best", req.model, lanes,
                      predicted)
+        await self.healer.undo(healed, req.model)
         await self.stop_instance(REPLACED)
         inst = Instance(uuid.uuid4().hex[:12], req.model, req.strategy, ranks,
                         backend=req.backend, devices=rdma, lanes=lanes,
@@ -246,7 +246,7 @@ class Cluster:
             await asyncio.sleep(WATCH_S)
             w = self.node.worker
             if w is None or not w.alive:
-                reason = (w.dead_reason if w else None) or "rank 0 stopped"
+                reason = (w.dead_reason if w else None) or f"its part on {self.name} stopped"
                 await self._teardown(inst, reason)
                 return
             for r in inst.ranks:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import ShoalError
 from engine.node.followers import LEAVING
-from engine.records import HealInfo
+from engine.records import HealInfo, InstanceInfo
 
 if TYPE_CHECKING:
     from engine.node.cluster import Cluster
@@ -38,10 +38,14 @@ GUESS_S = 30.0  # the estimate for a model whose load was never timed
 
 
 def estimate_s(inst: Instance, nodes_left: int) -> float:
-    """How long placing `inst` again should take: its last load, each node now holding a
-    bigger share (the shares load side by side), plus the planning; whole seconds."""
-    share = len(inst.ranks) / max(1, nodes_left)
-    return float(math.ceil(2 + (inst.load_s or GUESS_S) * max(1.0, share)))
+    """How long placing `inst` again should take, in whole seconds: about its last launch
+    (workers start, load and join side by side, so fewer nodes each loading a bigger share
+    measured no slower on small models: benchmarks/healing.py), or a guess if never timed.
+    Where it now runs on one node alone, that node loads all of it."""
+    took = inst.load_s or GUESS_S
+    if nodes_left <= 1 < len(inst.ranks):
+        took *= 1.5
+    return float(math.ceil(1 + took))
 
 
 def joined(names: list[str]) -> str:
@@ -54,6 +58,7 @@ class Healer:
         self.cluster, self.enabled = cluster, enabled
         self.info: HealInfo | None = None
         self._task: asyncio.Task | None = None
+        self._placed: InstanceInfo | None = None  # where healing put the model
 
     def hint(self, model: str) -> str | None:
         """What a client whose request failed with its group is told happens next."""
@@ -99,10 +104,29 @@ class Healer:
             self._task.cancel()
         self._task = None
 
-    def forget(self) -> None:
-        """A launch or stop by the user: what healing did no longer applies."""
+    def forget(self) -> InstanceInfo | None:
+        """A launch or stop by the user: what healing did no longer applies. Returns
+        where healing had placed the model, for `undo`."""
         self.cancel()
         self.info = None
+        placed, self._placed = self._placed, None
+        return placed
+
+    async def undo(self, placed: InstanceInfo | None, model: str) -> None:
+        """As the user's launch of `model` starts (their own split, say): stop the copy
+        healing `placed` on other nodes, so it doesn't hold their memory twice."""
+        if placed is None or placed.model != model or placed.ranks[0].node == self.cluster.id:
+            return  # a copy led by this node is replaced by the launch itself
+        peer = self.cluster.peers.find(placed.ranks[0].node)
+        if peer is None:
+            return
+        path = f"/shoal/instances/{placed.id}" if placed.id else "/shoal/unload"
+        try:
+            await self.cluster.peers.call(peer.url, "DELETE" if placed.id else "POST", path,
+                                          timeout=30)
+        except ShoalError as e:
+            log.warning("couldn't stop %s on %s before the new launch: %s", model,
+                        peer.name, e.message)
 
     async def _heal(self, inst: Instance, reason: str, original: dict[str, Any]) -> None:
         t0 = time.monotonic()
@@ -150,6 +174,7 @@ class Healer:
                                         f"failed, so it stays stopped. Launch it again.")
         else:
             took = time.monotonic() - t0
+            self._placed = placed
             on_ids = [r.node for r in placed.ranks]
             on = self._names(on_ids)
             log.warning("healed %s without %s in %.1f s", inst.model, joined(gone or ["-"]),

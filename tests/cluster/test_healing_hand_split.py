@@ -6,7 +6,8 @@ puts the model on one fast machine that isn't mac-a: a launch handed over to ano
 That hand-over used to drop the layers, and the node it went to refused it ("nodes[0]
 needs 'layers': [start, end] for pipeline"): the model stayed down. Now mac-c is killed
 (SIGKILL) and the model runs again on mac-b alone; mac-c comes back and the user's own
-split is offered and runs again; then mac-b quits politely (SIGTERM), tells mac-a it is
+split is offered and runs again (the copy healing put on mac-b is stopped, not left
+holding memory); then mac-b quits politely (SIGTERM), tells mac-a it is
 leaving, and the model runs again on mac-c. Every sentence names machines, not node ids."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import httpx
 import pytest
 
+from engine.records import RunnerReady
 from nodes import NodeProcess, start_cluster
 from tests_support import wait_until
 
@@ -117,6 +119,8 @@ def test_a_hand_split_heals_after_a_kill_and_after_a_polite_quit(
         assert r.status_code == 201, r.text
         assert [x["node"] for x in r.json()["ranks"]] == ids
         assert healing(a) == {}
+        # the copy healing put on mac-b alone is gone: its memory isn't held twice
+        assert not isinstance(b.client.status().runner, RunnerReady)
         assert chat(a).status_code == 200
 
         # mac-b quits politely: it tells mac-a, which places the model again at once
