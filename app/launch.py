@@ -375,6 +375,9 @@ class LaunchPanel(QWidget):
                 self.rows[nid].show_state("Placing again…", None, None)
             else:
                 self.rows[nid].show_state("Loaded", 1, 1)
+        for nid in lost:
+            if heal.get("back") and nid not in on:
+                self.rows[nid].show_state("Back, not in use", 0, 1)
         self._mark_gone()
         if placing:
             about = f", about {heal['estimate_s']:.0f} s" if heal.get("estimate_s") else ""

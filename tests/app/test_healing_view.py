@@ -60,6 +60,7 @@ def test_the_panel_shows_healing_and_offers_the_users_split_back(
         qtbot.waitUntil(panel.restore_button.isVisible, timeout=40000)
         assert panel.restore_button.text() == "Use my split again"
         assert panel.heal_label.text().startswith("mac-b is back")
+        assert panel.rows[idb].text.text() == "Back, not in use"
         qtbot.mouseClick(panel.restore_button, Qt.MouseButton.LeftButton)
         qtbot.waitUntil(lambda: panel.state_text in ("Ready", "Failed") and
                         panel.launching is None and len(panel.rows) == 2, timeout=90000)
