@@ -158,6 +158,8 @@ class ShoalApp(QObject):
 
     def _node_restarting(self, sentence: str) -> None:
         self.banner.say(sentence, retry=False)
+        if self.chat is not None:  # the reply being written ends now, with Try again
+            self.chat.node_lost(sentence)
         self._note({"state": "starting", "error": sentence})
         if self._wanted_model:
             self._resume, self._resume_tries = self._wanted_model, 0
@@ -201,6 +203,8 @@ class ShoalApp(QObject):
 
     def _node_lost(self, sentence: str) -> None:
         self.banner.say(sentence, retry=True, log=False, error=True)
+        if self.chat is not None:
+            self.chat.node_lost(sentence)
         self._note({"state": "unreachable", "error": sentence})
 
     def _follow_node(self, status: dict) -> None:
@@ -290,6 +294,7 @@ class ShoalApp(QObject):
         self.topology = TopologyView(self.state)
         self.placement = PlacementView(client, self.tasks, self.state, logs_dir(self.home))
         self.state.watch_plan_view(self.placement)  # "planned" only for a plan seen
+        self.state.changed.connect(lambda: self.chat.set_cards(self.state.cards()))
         self.charts = ChartsView(self.metrics)
         self.developer = DeveloperPanel(self.node.url, self.node.api_key, logs_dir(self.home),
                                         self.tasks)
