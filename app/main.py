@@ -153,7 +153,7 @@ class ShoalApp(QObject):
 
     def _note(self, status: dict) -> None:
         """What the status bar, tray and views show while the node can't speak."""
-        self._node_note = status
+        self._node_note = status = {"error_detail": "", **status}  # a sentence already
         self.monitor.set_local(status)
 
     def _node_restarting(self, sentence: str) -> None:

@@ -130,9 +130,9 @@ class LocalNode:
     def _exit_reason(self, code: int) -> str:
         if _port_taken(self.host, self.port):
             return (f"Port {self.port} on {self.host} is in use by another program, so the "
-                    f"node couldn't start ({how_it_ended(code)}). Quit that program, or "
+                    f"node couldn't start: {how_it_ended(code)}. Quit that program, or "
                     f"start Shoal with --port and a free port.")
-        return f"The node stopped during start-up ({how_it_ended(code)})."
+        return f"Shoal's engine stopped while starting ({how_it_ended(code)})."
 
     def restart(self, note: str, polite: bool = False,
                 to: tuple[str, int, str | None] | None = None) -> LocalNode:
@@ -242,9 +242,16 @@ def reach_url(host: str, port: int) -> str:
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
 
 
+SIGNAL_WORDS = {9: "it was forced to quit", 15: "it was asked to quit", 11: "it crashed",
+                6: "it aborted", 7: "it crashed", 4: "it crashed"}
+
+
 def how_it_ended(code: int) -> str:
-    """'killed by signal 9' or 'exit code 1', from a Popen return code."""
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    """How a process ended in a person's words, the number kept for a search: 'it was
+    forced to quit, signal 9', 'it exited with error code 1', from a Popen return code."""
+    if code < 0:
+        return f"{SIGNAL_WORDS.get(-code, 'it was stopped')}, signal {-code}"
+    return f"it exited with error code {code}" if code else "it exited"
 
 
 def _port_taken(host: str, port: int) -> bool:

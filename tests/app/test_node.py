@@ -75,7 +75,7 @@ def test_watch_says_how_the_node_ended_and_a_restart_keeps_its_log(home, port, n
         first = node.proc
         os.kill(first.pid, signal.SIGKILL)
         killed = time.monotonic()
-        assert node.watch(stop) == "killed by signal 9"
+        assert node.watch(stop) == "it was forced to quit, signal 9"
         assert time.monotonic() - killed < 2.0
         node.restart("restarted by the app: it was killed")
         assert node.proc is not first and node.started_by_us and answers(node.url)

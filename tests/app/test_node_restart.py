@@ -89,7 +89,7 @@ def test_a_killed_node_is_started_again_and_the_app_carries_on(qtbot, make_app, 
 
     qtbot.waitUntil(lambda: bool(restarting), timeout=5000)
     assert restarting[0][0] - killed_at < 2.0  # noticed within 2 s
-    sentence = ("Shoal's engine stopped unexpectedly (killed by signal 9); "
+    sentence = ("Shoal's engine stopped unexpectedly (it was forced to quit, signal 9); "
                 "starting it again…")
     assert restarting[0][1] == sentence
     [(shown, said, status)] = banner_said
@@ -143,7 +143,8 @@ def test_three_stops_within_a_minute_and_shoal_stops_restarting(qtbot, make_app,
     assert banner.isVisible() and banner.retry_button.isVisible()
     said = banner.text.text()
     assert said.startswith("Shoal's engine stopped 3 times within a minute (the last "
-                           "time: killed by signal 9), so Shoal stopped starting it again.")
+                           "time: it was forced to quit, signal 9), so Shoal stopped "
+                           "starting it again.")
     assert said in status_text(shoal) and shoal.tray.state == "error"
 
     # Its log is one click away, with the restarts in it.
@@ -152,7 +153,8 @@ def test_three_stops_within_a_minute_and_shoal_stops_restarting(qtbot, make_app,
     assert dialog is not None and dialog.isVisible()
     assert dialog.path == shoal.node.log_path
     assert dialog.text.toPlainText().count(
-        "restarted by the app: Shoal's engine stopped unexpectedly (killed by signal 9)") == 2
+        "restarted by the app: Shoal's engine stopped unexpectedly (it was forced to quit, "
+        "signal 9)") == 2
     dialog.close()
 
     qtbot.mouseClick(banner.retry_button, Qt.MouseButton.LeftButton)
@@ -273,5 +275,6 @@ def test_the_third_stop_within_a_minute_ends_the_restarts():
 
 
 def test_how_a_node_ended_in_a_few_words():
-    assert how_it_ended(-9) == "killed by signal 9"
-    assert how_it_ended(1) == "exit code 1"
+    assert how_it_ended(-9) == "it was forced to quit, signal 9"
+    assert how_it_ended(1) == "it exited with error code 1"
+    assert how_it_ended(-11) == "it crashed, signal 11"
