@@ -1,16 +1,16 @@
 """Healing: seconds from a node's SIGKILL to the model serving again, for the planner's
-own split and for a split dragged by hand.
+own split and for a split dragged by hand (and for a node that quits politely).
 
 Run: .venv/bin/python benchmarks/healing.py [--rounds 3]
 Three nodes on loopback hold tiny-llama (4 layers); every node's --memory-limit lies
 between what one node alone and what each of two would need, so no placement is a single
 node and the heal must split again. Each round launches the placement (the planner's: a
 launch without nodes; the hand split: layers [0, 2], [2, 3], [3, 4] over the three), kills
-a node holding part of it (never the owner) with SIGKILL, workers and all, and asks the
-owner for a one-token answer every 0.1 s until one comes back. Then the killed node is
-started again for the next round. Prints a markdown table: what a client waits (kill to
-the first answer), the owner's own count (from noticing to serving) and its estimate
-while it placed the model again.
+a node holding part of it (never the owner) with SIGKILL, workers and all (or asks it to
+quit with SIGTERM), and asks the owner for a one-token answer every 0.1 s until one comes
+back. Then the lost node is started again for the next round. Prints a markdown table:
+what a client waits (the signal to the first answer), the owner's own count (from noticing
+to serving) and its estimate while it placed the model again.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def healing(node: NodeProcess) -> dict:
     return node.client._call("GET", "/shoal/instances").get("healing") or {}
 
 
-def one_round(nodes: list[NodeProcess], body: dict) -> tuple[float, float, float]:
+def one_round(nodes: list[NodeProcess], body: dict, sig: signal.Signals
+              ) -> tuple[float, float, float]:
     """(kill to first answer, the owner's count, its estimate), in seconds."""
     import httpx
     a = nodes[0]
@@ -79,8 +80,10 @@ def one_round(nodes: list[NodeProcess], body: dict) -> tuple[float, float, float
     victim = next(i for i, nid in enumerate(ids) if nid in ranks[1:])
     assert answers(a)
     killed = time.monotonic()
-    os.killpg(nodes[victim].proc.pid, signal.SIGKILL)  # the node and its workers, as a
-    # machine that dies takes them all
+    if sig == signal.SIGKILL:  # the node and its workers, as a machine that dies
+        os.killpg(nodes[victim].proc.pid, sig)
+    else:  # the node quits as it does when asked (SIGTERM, the app's Quit)
+        nodes[victim].proc.send_signal(sig)
     estimate = None
     while not (healing(a).get("state") == "serving" and answers(a)):
         estimate = estimate or healing(a).get("estimate_s")
@@ -90,8 +93,8 @@ def one_round(nodes: list[NodeProcess], body: dict) -> tuple[float, float, float
             raise TimeoutError(f"not serving again after 180 s: {healing(a)}")
         time.sleep(0.1)
     waited = time.monotonic() - killed
-    print(f"{body.get('nodes') and 'hand' or 'planner'}: {ranks} lost {ids[victim]}: "
-          f"{waited:.1f} s", file=sys.stderr)
+    print(f"{body.get('nodes') and 'hand' or 'planner'} {sig.name}: {ranks} lost "
+          f"{ids[victim]}: {waited:.1f} s", file=sys.stderr)
     v = nodes[victim]
     v.stop()
     nodes[victim] = NodeProcess(v.home, "none", *v.extra, port=v.port,
@@ -117,23 +120,25 @@ def main() -> None:
                               extra=("--memory-limit", f"{limit:.6f}"))
         try:
             ids = [n.client.status().cluster.id for n in nodes]
-            cases = {
-                "planner's split": {"model": "tiny-llama"},
-                "hand split [0,2] [2,3] [3,4]": {
-                    "model": "tiny-llama", "strategy": "pipeline",
+            hand = {"model": "tiny-llama", "strategy": "pipeline",
                     "nodes": [{"node": "self", "layers": [0, 2]},
                               {"node": ids[1], "layers": [2, 3]},
-                              {"node": ids[2], "layers": [3, 4]}]}}
+                              {"node": ids[2], "layers": [3, 4]}]}
+            cases = {
+                "planner's split, SIGKILL": ({"model": "tiny-llama"}, signal.SIGKILL),
+                "hand split [0,2] [2,3] [3,4], SIGKILL": (hand, signal.SIGKILL),
+                "hand split, the node quits (SIGTERM)": (hand, signal.SIGTERM)}
             results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in cases}
             for _ in range(args.rounds):
-                for name, body in cases.items():  # interleaved, so drift falls on both
-                    results[name].append(one_round(nodes, body))
+                for name, (body, sig) in cases.items():  # interleaved: drift falls on all
+                    results[name].append(one_round(nodes, body, sig))
         finally:
             for n in nodes:
                 n.stop()
     print(f"\n{args.rounds} rounds each, 3 tiny-llama nodes on loopback "
           f"(--memory-limit {limit:.4f} GB each)\n")
-    print("| placement | kill → first answer, s (median, min-max) | owner's count, s "
+    print("| placement, how the node went | signal → first answer, s (median, min-max) "
+          "| owner's count, s "
           "| its estimate, s |")
     print("|---|---|---|---|")
     for name, rows in results.items():
