@@ -32,8 +32,9 @@ SLOW_PATHS = ("tests/cluster/", "tests/engine/runtime/test_distributed.py",
 # namespaces). They mostly wait on timeouts, so the niced rest doesn't delay them. The
 # other cluster tests use free ports and mDNS is off, so they share the machine too.
 ALONE_PATHS = ("tests/cluster/test_distributed_nodes.py", "tests/cluster/test_faults_under_load.py",
-               "tests/cluster/test_healing.py", "tests/cluster/test_link_cut_under_load.py",
-               "tests/cluster/test_links.py", "tests/cluster/test_mdns_netns.py")
+               "tests/cluster/test_healing.py", "tests/cluster/test_healing_hand_split.py",
+               "tests/cluster/test_link_cut_under_load.py", "tests/cluster/test_links.py",
+               "tests/cluster/test_mdns_netns.py")
 # What it runs last, alone on the machine: tests about throughput under their own load,
 # which any other work, niced or not, stretches (test_long_prefill's 1 s prefill chunks
 # against a 3 s stall watchdog took over 3 s beside the niced rest; test_batching's
