@@ -258,6 +258,15 @@ class ChatPane(QWidget):
         """The cluster's machines, for whether each model fits (the picker's badges)."""
         self.model_picker.set_cards(cards)
 
+    def follow_cluster(self, state: Any) -> None:
+        """Keep the picker's fit in step with `state` (a ClusterState). A bound slot: Qt
+        drops the connection when this pane is deleted, as at quit."""
+        self._cluster = state
+        state.changed.connect(self._cluster_changed)
+
+    def _cluster_changed(self) -> None:
+        self.set_cards(self._cluster.cards())
+
     def load_model(self, name: str) -> None:
         """Ask the node to load `name` (the user picked it); failures show inline."""
         name = name.strip()

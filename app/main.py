@@ -294,7 +294,7 @@ class ShoalApp(QObject):
         self.topology = TopologyView(self.state)
         self.placement = PlacementView(client, self.tasks, self.state, logs_dir(self.home))
         self.state.watch_plan_view(self.placement)  # "planned" only for a plan seen
-        self.state.changed.connect(lambda: self.chat.set_cards(self.state.cards()))
+        self.chat.follow_cluster(self.state)
         self.charts = ChartsView(self.metrics)
         self.developer = DeveloperPanel(self.node.url, self.node.api_key, logs_dir(self.home),
                                         self.tasks)

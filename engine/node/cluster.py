@@ -267,7 +267,12 @@ class Cluster:
                                          f"{st.state}: {st.reason}")
                     return
 
-    async def peer_failed(self, inst_id: str, reason: str) -> None:
+    async def peer_failed(self, inst_id: str, reason: str, leaving: str | None = None
+                          ) -> None:
+        """A rank's node says its part failed; `leaving`: the id of a node (proven by its
+        signature) that said so because it quits, which healing then says left."""
+        if leaving:
+            self.healer.said_leaving(leaving)
         if self.instance and self.instance.id == inst_id:
             await self._teardown(self.instance, reason)
 

@@ -128,7 +128,9 @@ async def peer_stop(request: web.Request) -> web.Response:
 async def peer_failed(request: web.Request) -> web.Response:
     body = await json_object(request)
     await _cluster(request).peer_failed(str(body.get("instance")),
-                                        str(body.get("reason") or "a rank failed"))
+                                        str(body.get("reason") or "a rank failed"),
+                                        leaving=request["caller"].node
+                                        if body.get("leaving") is True else None)
     return web.json_response({"ok": True})
 
 

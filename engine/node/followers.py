@@ -108,7 +108,8 @@ class Followers:
                                   {"instance": f.instance,
                                    "reason": f"{self.name} is shutting down"
                                    if f.reason == LEAVING else
-                                   f"its part on {self.name} stopped: {f.reason}"},
+                                   f"its part on {self.name} stopped: {f.reason}",
+                                   "leaving": f.reason == LEAVING},
                                   timeout=5)
 
     def state(self, inst_id: str) -> FollowerState:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PROBE_S = 3.0  # a peer that doesn't answer within this is left out of the new placement
+LEAVING_KEPT_S = 60.0  # how long a node's "I am quitting" explains its silence
 BACK_EVERY_S = 5.0  # how often a lost node is looked for while the healed model runs
 GUESS_S = 30.0  # the estimate for a model whose load was never timed
 
@@ -59,6 +60,14 @@ class Healer:
         self.info: HealInfo | None = None
         self._task: asyncio.Task | None = None
         self._placed: InstanceInfo | None = None  # where healing put the model
+        self._leaving: dict[str, float] = {}  # node id -> when it said it quits
+
+    def said_leaving(self, node: str) -> None:
+        """`node` told this one it quits (SIGTERM, the app's Quit): a heal then says it
+        left, even once it no longer answers."""
+        now = time.monotonic()
+        self._leaving = {n: t for n, t in self._leaving.items() if now - t < LEAVING_KEPT_S}
+        self._leaving[node] = now
 
     def hint(self, model: str) -> str | None:
         """What a client whose request failed with its group is told happens next."""
@@ -132,7 +141,9 @@ class Healer:
         t0 = time.monotonic()
         alive, leaving = await self._answering([r.node for r in inst.ranks])
         lost = [r.node for r in inst.ranks if r.node not in alive]
-        left = bool(lost) and set(lost) <= leaving
+        told = {n for n, t in self._leaving.items()
+                if time.monotonic() - t < LEAVING_KEPT_S}
+        left = bool(lost) and set(lost) <= leaving | told
         gone = self._names(lost)
         # an RDMA group that broke with every node still there: the same nodes over TCP
         tcp = not lost and inst.backend != "ring"
