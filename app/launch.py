@@ -193,7 +193,14 @@ class LaunchPanel(QWidget):
 
     def _buttons(self) -> None:
         self.launch_button.setEnabled(self.placement is not None and self.launching is None)
-        self.stop_button.setEnabled(self.launching is None and self.instance is not None)
+        self.stop_button.setEnabled(self.launching is None and (
+            self.instance is not None or self._healed_here()))
+
+    def _healed_here(self) -> bool:
+        """Healing put the whole model on this machine alone (a plain worker, no
+        instance): Stop unloads it."""
+        heal = self.healing() or {}
+        return heal.get("state") == "serving" and heal.get("on") == [self.state.self_id]
 
     def _show_privacy(self) -> None:
         """The note, where the placement's machines are joined by a shared link."""
@@ -420,6 +427,14 @@ class LaunchPanel(QWidget):
     # --- stopping and logs ----------------------------------------------------------------
     def stop(self) -> None:
         inst = self.instance
+        if inst is None and self._healed_here():
+            self.stop_button.setEnabled(False)
+            self._set_headline("Stopping…", f"Stopping {self.healing()['model']}…")
+            self.tasks.run(self.client.unload, on_done=self._stopped,
+                           on_error=lambda e: self._set_headline(
+                               "Ready", f"Couldn't stop it: {message_of(e)}", error=True),
+                           owner=self)
+            return
         if inst is None:
             return
         self.stop_button.setEnabled(False)

@@ -227,6 +227,9 @@ async def load(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/unload")
 async def unload(request: web.Request) -> web.Response:
+    cluster = request.app.get("cluster")
+    if cluster is not None:  # the user's unload ends what healing did (a model it put here)
+        cluster.healer.forget()
     await _node(request).unload()
     return web.json_response(_node(request).status().to_json())
 

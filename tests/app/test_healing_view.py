@@ -49,6 +49,7 @@ def test_the_panel_shows_healing_and_offers_the_users_split_back(
         assert panel.headline.text() == "Running again without mac-b: tiny-llama on mac-a."
         assert "is running again without mac-b, on mac-a" in panel.heal_label.text()
         assert not panel.restore_button.isVisible()
+        assert panel.stop_button.isEnabled()  # the copy healing put here can be stopped
         assert list(panel.rows) == [ida, idb]
         assert panel.rows[ida].text.text() == "Loaded"
         assert panel.rows[idb].text.text() == "Not answering"  # not Loaded, once it is gone
