@@ -198,8 +198,9 @@ class Hub:
 
     @staticmethod
     def _offline(what: str) -> HubOffline:
-        return HubOffline(f"HF_HUB_OFFLINE is set and {what} is not complete in the Hugging "
-                          "Face cache. Unset HF_HUB_OFFLINE to download it.")
+        return HubOffline(f"Shoal is set to work offline (HF_HUB_OFFLINE), and {what} isn't "
+                          "downloaded yet (or only in part). Unset HF_HUB_OFFLINE to "
+                          "download it, or choose a model already downloaded.")
 
     def plan(self, revision: str, check_runnable: bool = True) -> Plan:
         if self.offline:
