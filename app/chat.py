@@ -248,8 +248,11 @@ class ChatPane(QWidget):
     # --- models -------------------------------------------------------------------------
     def refresh_models(self) -> None:
         self.tasks.run(self.client.models, on_done=self._fill_models,
-                       on_error=lambda e: self.show_error(
-                           f"Couldn't list models: {_message_of(e)}"), owner=self)
+                       on_error=self._models_failed, owner=self)
+
+    def _models_failed(self, error: BaseException) -> None:
+        if self._lost is None:  # with the node down, the app's banner says why, once
+            self.show_error(f"Couldn't list models: {_message_of(error)}")
 
     def _fill_models(self, models: list[ModelCard]) -> None:
         self.model_picker.set_models(models)
@@ -498,6 +501,7 @@ class ChatPane(QWidget):
         fails with `reason` (a sentence, e.g. "Shoal's node stopped; Shoal is starting
         it again.") and offers Try again, which waits for node_back()."""
         self._lost = reason
+        self.clear_error()  # an earlier failure's sentence is not what happens now
         self.node_status = {**self.node_status, "state": "unreachable"}
         if self._stream is not None and self._stream_reply is not None:
             stream, reply = self._stream, self._stream_reply
