@@ -97,7 +97,7 @@ class NodeCardItem(QGraphicsObject):
     def lines(self) -> list[str]:
         """The text lines of the card, top to bottom (also what tests read)."""
         c = self.card
-        out = [c.name + ("  (this node)" if c.is_self else "")]
+        out = [c.name + ("  (this machine)" if c.is_self else "")]
         if c.kind != "ok":
             badge = BADGES[c.kind]
             said = c.detail and c.detail.lower().startswith(badge.lower())  # not twice

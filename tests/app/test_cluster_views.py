@@ -63,7 +63,7 @@ def test_topology_follows_a_node_that_starts_and_stops(qtbot, views, tmp_path, t
     qtbot.waitUntil(lambda: len(view.edges) == 1, timeout=10000)
     (edge,) = view.edges.values()
     assert re.fullmatch(r"Loopback · [\d.]+ ms · [\d.]+ [MG]B/s", edge.label.text())
-    assert "(this node)" in view.cards[ida].lines()[0]
+    assert "(this machine)" in view.cards[ida].lines()[0]
 
     # A third machine starts; the user adds it as a peer in the settings: it appears.
     c = NodeProcess(home_with(tmp_path / "third", tiny_model_dir), "none", "--secret", SECRET)

@@ -153,7 +153,7 @@ def test_topology_view_draws_the_snapshot(qtbot, state):
     state.set_topology(TOPOLOGY)
     qtbot.waitUntil(lambda: len(view.cards) == 5)
     lines = {nid: item.lines() for nid, item in view.cards.items()}
-    assert lines["aaaa1111"][0] == "studio  (this node)"
+    assert lines["aaaa1111"][0] == "studio  (this machine)"
     assert "Version mismatch: runs Shoal 0.2.0" in lines["cccc3333"][1]
     assert lines["http://10.0.0.4:8422"][1].startswith("Not in this cluster")
     assert lines["eeee5555"][1].startswith("Offline")
