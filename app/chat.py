@@ -15,27 +15,14 @@ import time
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (
-    QDoubleSpinBox,
-    QHBoxLayout,
-    QLabel,
-    QLineEdit,
-    QListWidget,
-    QListWidgetItem,
-    QProgressBar,
-    QPushButton,
-    QSpinBox,
-    QSplitter,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
 
 from app import replies, theme
-from app.common import buddy
+from app.chat_list import ConversationList
+from app.chat_settings import ChatSettings
 from app.common import message_of as _message_of
 from app.conversations import Conversation, ConversationStore, Message
 from app.messages import MessageView, PromptEdit
-from app.model_picker import ModelPicker, progress_of
 from app.notice import NoticeBar
 from app.snapshots import NodeCard
 from app.status import BUSY, runner_text
@@ -45,8 +32,6 @@ from engine.errors import PeerUnreachable
 from engine.records import ModelCard
 
 log = logging.getLogger(__name__)
-NODE_DEFAULT = "node default"
-DEFAULT_MAX_TOKENS = 1024  # long enough for most answers; a runaway stops, Continue goes on
 CONTINUE_PROMPT = ("Continue exactly where your last answer stopped, without repeating "
                    "anything or saying that you continue.")
 UNDO_MS = 10_000  # how long a deleted conversation can be brought back
@@ -68,17 +53,15 @@ class ChatPane(QWidget):
                  parent: QWidget | None = None):
         super().__init__(parent)
         self.client, self.store, self.tasks = client, store, tasks
-        self.chat_params: dict[str, Any] = {}
         self.node_status: dict[str, Any] = {}
         self._stream: StreamTask | None = None
         self._stream_conv: Conversation | None = None
         self._stream_reply: Message | None = None
         self._queued: tuple[Conversation, str] | None = None  # sent when the reply ends
-        self._deleted: tuple[Conversation, int] | None = None  # what Undo brings back
         self._retry: Message | None = None  # a failed reply to send again once the node answers
         self._lost: str | None = None  # why the app's node went, while it restarts
         self._build()
-        self._fill_conversations()
+        self.conversations.fill()
         if store.warning:
             self.show_error(store.warning)
         if store.conversations:
@@ -86,55 +69,20 @@ class ChatPane(QWidget):
 
     # --- layout ---------------------------------------------------------------------------
     def _build(self) -> None:
-        self.conversation_list = QListWidget()
-        self.conversation_list.setAccessibleName("Conversations")
-        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conversation_list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.conversation_list.currentItemChanged.connect(self._on_select)
-        self.new_button = QPushButton("New")
-        self.new_button.setToolTip("New conversation (Ctrl+N)")
-        self.new_button.setAccessibleName("New conversation")
-        self.new_button.clicked.connect(self.new_conversation)
-        self.delete_button = QPushButton("Delete")
-        self.delete_button.setAccessibleName("Delete this conversation")
-        self.delete_button.clicked.connect(self.delete_conversation)
-        left = QWidget()
-        lv = QVBoxLayout(left)
-        lv.setContentsMargins(0, 0, 0, 0)
-        lv.addWidget(self.conversation_list)
-        row = QHBoxLayout()
-        row.addWidget(self.new_button)
-        row.addWidget(self.delete_button)
-        lv.addLayout(row)
-        self.undo_bar = NoticeBar("undoDelete")
-        lv.addWidget(self.undo_bar)
+        left = self.conversations = ConversationList(self.store)
+        left.chosen.connect(self._on_select)
+        left.new_button.clicked.connect(self.new_conversation)
+        left.delete_button.clicked.connect(self.delete_conversation)
+        self.conversation_list, self.undo_bar = left.list, left.undo_bar
+        self.new_button, self.delete_button = left.new_button, left.delete_button
 
-        self.model_picker = ModelPicker()
-        self.model_picker.setMinimumContentsLength(16)
-        self.model_picker.setSizeAdjustPolicy(
-            ModelPicker.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_picker.lineEdit().setPlaceholderText("Choose a model")
-        self.model_picker.setAccessibleName("Model")
-        self.model_picker.setToolTip("The model to chat with (Ctrl+L)")
+        settings = self.settings = ChatSettings()
+        self.model_picker, self.system_edit = settings.model_picker, settings.system_edit
+        self.model_state, self.load_bar = settings.model_state, settings.load_bar
+        self.temperature, self.top_p = settings.temperature, settings.top_p
+        self.max_tokens = settings.max_tokens
         self.model_picker.textActivated.connect(self.load_model)
-        self.model_state = QLabel()
-        self.model_state.setObjectName("modelState")
-        theme.set_role(self.model_state, "muted")
-        self.load_bar = QProgressBar()
-        self.load_bar.setAccessibleName("Loading the model")
-        self.load_bar.setMaximumWidth(120)
-        self.load_bar.setTextVisible(False)
-        self.load_bar.hide()
-        self.system_edit = QLineEdit()
-        self.system_edit.setPlaceholderText("System prompt for this conversation (optional)")
-        self.system_edit.setAccessibleName("System prompt")
         self.system_edit.editingFinished.connect(self._system_edited)
-        self.temperature = self._sampling_box(QDoubleSpinBox(), "temperature", -0.1, 2.0, 0.1)
-        self.top_p = self._sampling_box(QDoubleSpinBox(), "top_p", 0.0, 1.0, 0.05)
-        self.max_tokens = self._sampling_box(QSpinBox(), "max_tokens", 0, 32768, 256)
-        self.max_tokens.setValue(DEFAULT_MAX_TOKENS)  # a bounded answer; Continue for more
-        self.max_tokens.setToolTip("The longest answer, in tokens; a reply that reaches it "
-                                   "offers Continue")
         self.error_label = QLabel()
         self.error_label.setObjectName("chatError")
         self.error_label.setWordWrap(True)
@@ -167,20 +115,7 @@ class ChatPane(QWidget):
         right = QWidget()
         rv = QVBoxLayout(right)
         rv.setContentsMargins(0, 0, 0, 0)
-        top = QHBoxLayout()
-        top.addWidget(buddy("&Model:", self.model_picker))
-        top.addWidget(self.model_picker, 1)
-        top.addWidget(self.model_state)
-        top.addWidget(self.load_bar)
-        rv.addLayout(top)
-        rv.addWidget(self.system_edit)
-        sampling = QHBoxLayout()
-        for text, box in (("&Temperature:", self.temperature), ("Top &p:", self.top_p),
-                          ("Max t&okens:", self.max_tokens)):
-            sampling.addWidget(buddy(text, box))
-            sampling.addWidget(box)
-        sampling.addStretch(1)
-        rv.addLayout(sampling)
+        rv.addWidget(settings)
         rv.addWidget(self.error_label)
         rv.addWidget(self.view, 1)
         rv.addWidget(self.queued_bar)
@@ -211,24 +146,14 @@ class ChatPane(QWidget):
         for a, b in zip(order, order[1:]):
             QWidget.setTabOrder(a, b)
 
-    def _sampling_box(self, box: QSpinBox | QDoubleSpinBox, key: str, low: float,
-                      high: float, step: float) -> QSpinBox | QDoubleSpinBox:
-        """A box for one sampling parameter; its lowest value means "the node's default"
-        (the parameter is then not sent)."""
-        box.setRange(low, high)
-        box.setSingleStep(step)
-        box.setSpecialValueText(NODE_DEFAULT)
-        box.setValue(low)
-        box.setObjectName(key)
-        box.setAccessibleName(key.replace("_", " "))
+    @property
+    def chat_params(self) -> dict[str, Any]:
+        """What goes with every request (max_tokens, ...); the sampling boxes edit it."""
+        return self.settings.params
 
-        def changed(value: float) -> None:
-            if value == box.minimum():
-                self.chat_params.pop(key, None)
-            else:
-                self.chat_params[key] = value
-        box.valueChanged.connect(changed)
-        return box
+    @chat_params.setter
+    def chat_params(self, params: dict[str, Any]) -> None:
+        self.settings.params = params
 
     def _system_edited(self) -> None:
         conv = self.current()
@@ -284,19 +209,8 @@ class ChatPane(QWidget):
         pane and in a reply that waits), and its error inline (e.g. a failed load)."""
         was_down = self.node_status.get("state") in DOWN
         self.node_status = status
-        model = status.get("model")
-        if model and not self.model_picker.lineEdit().hasFocus():
-            self.model_picker.setCurrentText(str(model))
-        self.model_picker.set_status(status)
+        self.settings.show_status(status)
         runner = status.get("runner") or {}
-        busy = runner_text(runner)
-        self.model_state.setText(busy[:1].upper() + busy[1:] + "…" if busy else "")
-        self.model_state.setVisible(bool(busy))
-        progress = progress_of(runner)
-        self.load_bar.setVisible(progress is not None)
-        if progress is not None:
-            self.load_bar.setRange(0, progress[1])
-            self.load_bar.setValue(progress[0])
         if status.get("state") == "error" and status.get("error"):
             self.show_error(str(status["error"]))
         self._follow_wait(runner)
@@ -309,33 +223,17 @@ class ChatPane(QWidget):
 
     def focus_model_picker(self) -> None:
         """Ctrl+L: straight to the model list."""
-        self.model_picker.setFocus(Qt.FocusReason.ShortcutFocusReason)
-        self.model_picker.lineEdit().selectAll()
-        if self.model_picker.count():
-            self.model_picker.showPopup()
+        self.settings.focus_model_picker()
 
     # --- conversations --------------------------------------------------------------------
     def current(self) -> Conversation | None:
         return self.view.conversation
 
-    def _fill_conversations(self) -> None:
-        self.conversation_list.blockSignals(True)
-        self.conversation_list.clear()
-        for conv in self.store.conversations:
-            item = QListWidgetItem(conv.title)
-            item.setData(Qt.ItemDataRole.UserRole, conv.id)
-            self.conversation_list.addItem(item)
-        self.conversation_list.blockSignals(False)
-
     def _select(self, conv: Conversation | None) -> None:
-        self._fill_conversations()
-        row = self.store.conversations.index(conv) if conv else -1
-        self.conversation_list.setCurrentRow(row)
-        if row < 0:
+        if not self.conversations.select(conv):
             self.view.show_conversation(None)
 
-    def _on_select(self, item: QListWidgetItem | None, _previous: object = None) -> None:
-        conv = self.store.get(item.data(Qt.ItemDataRole.UserRole)) if item else None
+    def _on_select(self, conv: Conversation | None) -> None:
         self.view.show_conversation(conv)
         self.system_edit.setText(conv.system if conv else "")
         self._set_streaming(self.streaming)
@@ -361,17 +259,14 @@ class ChatPane(QWidget):
         rest = self.store.conversations
         self._select(rest[min(index, len(rest) - 1)] if rest else None)
         self._save()
-        self._deleted = (conv, index)
-        title = conv.title if len(conv.title) <= 40 else conv.title[:39] + "…"
-        self.undo_bar.show_notice(f"Deleted “{title}”.", "Undo", self.undo_delete, UNDO_MS)
+        self.conversations.offer_undo(conv, index, self.undo_delete, UNDO_MS)
 
     def undo_delete(self) -> None:
         """Bring the last deleted conversation back, where it was."""
-        if self._deleted is None:
+        deleted = self.conversations.take_deleted()
+        if deleted is None:
             return
-        conv, index = self._deleted
-        self._deleted = None
-        self.undo_bar.dismiss()
+        conv, index = deleted
         self.store.restore(conv, index)
         self._select(conv)
         self._save()
@@ -409,7 +304,7 @@ class ChatPane(QWidget):
             conv.system = self.system_edit.text()
         if not any(m.role == "user" for m in conv.messages):
             conv.title = text.splitlines()[0][:48]
-            self.conversation_list.currentItem().setText(conv.title)
+            self.conversations.set_current_title(conv.title)
         conv.messages.append(Message("user", text))
         self.view.add(conv.messages[-1])
         self._answer(conv)
