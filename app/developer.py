@@ -31,7 +31,8 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.codeblock import CopyButton
 from app.common import buddy
-from app.sentences import ErrorNote, explain
+from app.error_note import ErrorNote
+from app.sentences import explain
 from engine.records import RequestInfo
 
 AGENTS = (("claude", "Claude Code"), ("codex", "Codex CLI"), ("opencode", "OpenCode"),

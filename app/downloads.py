@@ -20,7 +20,8 @@ from PySide6.QtWidgets import (
 import engine.hub.errors  # noqa: F401 - its codes (hub_unreachable, ...) rebuild their errors
 from app import theme
 from app.common import fmt_bytes, fmt_eta, fmt_rate, message_of
-from app.sentences import ErrorNote, explain
+from app.error_note import ErrorNote
+from app.sentences import explain
 from engine.errors import ShoalError
 from engine.records import DownloadInfo, ErrorInfo
 

@@ -16,7 +16,8 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from app import theme
-from app.sentences import ErrorNote, explain, remember
+from app.error_note import ErrorNote
+from app.sentences import explain, remember
 from app.tasks import StreamTask, Tasks
 from engine.client import NodeClient
 from engine.errors import ShoalError

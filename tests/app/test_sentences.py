@@ -13,7 +13,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.common import message_of
-from app.sentences import SENTENCES, ErrorNote, explain
+from app.error_note import ErrorNote
+from app.sentences import SENTENCES, explain
 from engine.client import NodeClient
 from engine.errors import PeerUnreachable, ShoalError, WorkerFailed, _all_subclasses
 
