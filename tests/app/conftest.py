@@ -73,6 +73,26 @@ def home(tmp_path: Path) -> Path:
     return h
 
 
+@pytest.fixture
+def make_app(qtbot, home: Path):
+    """make(port, command=None, tray=False, **kw) -> a ShoalApp for this test's home that
+    polls its node every 0.1 s (kw go to ShoalApp); each is shut down after the test."""
+    from app.main import ShoalApp
+
+    made = []
+
+    def make(port: int, command: list[str] | None = None, tray: bool = False, **kw):
+        shoal = ShoalApp(home, port, tray_available=tray, node_command=command,
+                         status_interval=0.1, **kw)
+        qtbot.addWidget(shoal.window)
+        made.append(shoal)
+        return shoal
+
+    yield make
+    for shoal in made:
+        shoal.shutdown()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

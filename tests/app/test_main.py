@@ -16,22 +16,6 @@ from engine.client import NodeClient
 from engine.errors import ShoalError
 
 
-@pytest.fixture
-def make_app(qtbot, home):
-    made = []
-
-    def make(port, command=None, tray=False, **kw):
-        shoal = ShoalApp(home, port, tray_available=tray, node_command=command,
-                         status_interval=0.1, **kw)
-        qtbot.addWidget(shoal.window)
-        made.append(shoal)
-        return shoal
-
-    yield make
-    for shoal in made:
-        shoal.shutdown()
-
-
 def status_text(shoal) -> str:
     return shoal.window.statusBar().findChild(type(shoal.window.start_page.title),
                                               "nodeStatus").text()

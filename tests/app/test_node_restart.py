@@ -14,25 +14,8 @@ from PySide6.QtCore import Qt
 
 from app.keeper import Restarts
 from app.logs import LogDialog
-from app.main import ShoalApp
 from app.node import how_it_ended
 from nodes import free_port
-
-
-@pytest.fixture
-def make_app(qtbot, home):
-    made = []
-
-    def make(port, command, **kw):
-        shoal = ShoalApp(home, port, tray_available=False, node_command=command,
-                         status_interval=0.1, topology_interval=0.5, **kw)
-        qtbot.addWidget(shoal.window)
-        made.append(shoal)
-        return shoal
-
-    yield make
-    for shoal in made:
-        shoal.shutdown()
 
 
 def status_text(shoal) -> str:
@@ -61,7 +44,7 @@ def test_a_killed_node_is_started_again_and_the_app_carries_on(qtbot, make_app, 
                                                                node_command):
     command = node_command(port, "tiny-llama")
     command[-1] = "none"  # the node loads nothing itself: the app must load it again
-    shoal = make_app(port, command)
+    shoal = make_app(port, command, topology_interval=0.5)
     shoal.start()
     qtbot.waitUntil(lambda: shoal.chat is not None
                     and not shoal.window.showing_start_page(), timeout=30000)
@@ -126,7 +109,7 @@ def test_a_killed_node_is_started_again_and_the_app_carries_on(qtbot, make_app, 
 
 def test_three_stops_within_a_minute_and_shoal_stops_restarting(qtbot, make_app, port,
                                                                 node_command):
-    shoal = make_app(port, node_command(port))
+    shoal = make_app(port, node_command(port), topology_interval=0.5)
     shoal.start()
     up(qtbot, shoal)
     gave_up = record(shoal.keeper.gave_up)
@@ -169,7 +152,7 @@ def test_three_stops_within_a_minute_and_shoal_stops_restarting(qtbot, make_app,
 
 
 def test_a_node_that_stops_answering_is_restarted(qtbot, make_app, port, node_command):
-    shoal = make_app(port, node_command(port), hang_after=2.0)
+    shoal = make_app(port, node_command(port), hang_after=2.0, topology_interval=0.5)
     shoal.start()
     up(qtbot, shoal)
     watched(qtbot, shoal)
@@ -186,7 +169,7 @@ def test_a_node_that_stops_answering_is_restarted(qtbot, make_app, port, node_co
 
 def test_someone_elses_node_is_not_restarted(qtbot, make_app, fresh_node, node_command):
     port = fresh_node.port
-    shoal = make_app(port, node_command(port))
+    shoal = make_app(port, node_command(port), topology_interval=0.5)
     shoal.start()
     up(qtbot, shoal, "tiny-llama")
     watched(qtbot, shoal)
@@ -211,7 +194,7 @@ def test_someone_elses_node_is_not_restarted(qtbot, make_app, fresh_node, node_c
 
 def test_restart_now_applies_saved_settings_and_keeps_the_window(qtbot, make_app, port,
                                                                  node_command):
-    shoal = make_app(port, node_command(port))
+    shoal = make_app(port, node_command(port), topology_interval=0.5)
     shoal.start()
     up(qtbot, shoal)
     watched(qtbot, shoal)
