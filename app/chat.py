@@ -211,10 +211,12 @@ class ChatPane(QWidget):
         self.node_status = status
         self.settings.show_status(status)
         runner = status.get("runner") or {}
-        if status.get("state") == "error" and status.get("error"):
+        # the app's own node given up on: its banner says why, and the node is still down
+        given_up = self._lost is not None and status.get("state") == "error"
+        if status.get("state") == "error" and status.get("error") and not given_up:
             self.show_error(str(status["error"]))
         self._follow_wait(runner)
-        if was_down and status.get("state") not in DOWN:
+        if was_down and status.get("state") not in DOWN and not given_up:
             self.node_back()
 
     def focus_home(self) -> None:

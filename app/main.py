@@ -199,6 +199,8 @@ class ShoalApp(QObject):
 
     def _node_given_up(self, sentence: str) -> None:
         self.banner.say(sentence, retry=True, error=True)
+        if self.chat is not None:
+            self.chat.node_lost(sentence)
         self._note({"state": "error", "error": sentence})
 
     def _node_lost(self, sentence: str) -> None:
