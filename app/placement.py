@@ -172,7 +172,7 @@ class PlacementView(QWidget):
         self.notes.setWordWrap(True)
         theme.set_role(self.notes, "muted")
         self.table = QTableWidget(0, 6)
-        self.table.setHorizontalHeaderLabels(["Node", "Layers", "Weights", "KV cache",
+        self.table.setHorizontalHeaderLabels(["Machine", "Layers", "Weights", "KV cache",
                                               "Total / usable", "Fits"])
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().hide()
