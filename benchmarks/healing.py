@@ -16,7 +16,6 @@ to serving) and its estimate while it placed the model again.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -29,28 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from nodes import NodeProcess, start_cluster  # noqa: E402
+from nodes import NodeProcess, memory_limit_gb, start_cluster  # noqa: E402
 
 HELLO = [{"role": "user", "content": "Hello"}]
-
-
-def memory_limit_gb(model_dir: Path) -> float:
-    """Between the memory one node needs for the model and what each of two needs."""
-    from engine.node.planning import plan_from_cluster
-    from engine.runtime.checkpoint import memory_bytes
-    config = json.loads((model_dir / "config.json").read_text())
-    facts = {"model_config": config, "weight_bytes": memory_bytes(model_dir, config)}
-    infos = [{"id": n, "name": n, "memory_usable_bytes": 100e9} for n in ("a", "b")]
-    layers = config["num_hidden_layers"]
-
-    def need(split: list[dict]) -> float:
-        report = plan_from_cluster(infos[:len(split)], **facts,
-                                   layout=("pipeline", "ring", split))
-        return max(r.memory.total for r in report.placements[0].ranks)
-    one = need([{"node": "a", "layers": [0, layers]}])
-    two = need([{"node": "a", "layers": [0, layers // 2]},
-                {"node": "b", "layers": [layers // 2, layers]}])
-    return (one + two) / 2 / 1e9
 
 
 def answers(node: NodeProcess) -> bool:

@@ -3,6 +3,7 @@ always stopped (with their workers) even when a test fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -239,3 +240,25 @@ class NetnsLan:
         for ns in self.made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=20)
+
+
+def memory_limit_gb(model_dir: Path) -> float:
+    """A --memory-limit (GB) between the memory one node needs for the model and what
+    each of two needs: it fits on two nodes, never one (the healing tests and benchmark)."""
+    from engine.node.planning import plan_from_cluster
+    from engine.runtime.checkpoint import memory_bytes
+    config = json.loads((model_dir / "config.json").read_text())
+    facts = {"model_config": config, "weight_bytes": memory_bytes(model_dir, config)}
+    infos = [{"id": n, "name": n, "memory_usable_bytes": 100e9} for n in ("a", "b")]
+    layers = config["num_hidden_layers"]
+
+    def need(split: list[dict]) -> float:
+        report = plan_from_cluster(infos[:len(split)], **facts,
+                                   layout=("pipeline", "ring", split))
+        return max(r.memory.total for r in report.placements[0].ranks)
+    one = need([{"node": "a", "layers": [0, layers]}])
+    two = need([{"node": "a", "layers": [0, layers // 2]},
+                {"node": "b", "layers": [layers // 2, layers]}])
+    if two >= one:
+        raise ValueError(f"{model_dir.name}: two nodes need no less than one")
+    return (one + two) / 2 / 1e9
