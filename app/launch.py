@@ -194,13 +194,14 @@ class LaunchPanel(QWidget):
     def _buttons(self) -> None:
         self.launch_button.setEnabled(self.placement is not None and self.launching is None)
         self.stop_button.setEnabled(self.launching is None and (
-            self.instance is not None or self._healed_here()))
+            self.instance is not None or self._healed()))
 
-    def _healed_here(self) -> bool:
-        """Healing put the whole model on this machine alone (a plain worker, no
-        instance): Stop unloads it."""
+    def _healed(self) -> bool:
+        """Healing placed the model again as no instance this node owns (on this machine
+        alone, or led by another): Stop unloads it, and this node stops the copy it
+        placed elsewhere."""
         heal = self.healing() or {}
-        return heal.get("state") == "serving" and heal.get("on") == [self.state.self_id]
+        return heal.get("state") == "serving" and self.instance is None
 
     def _show_privacy(self) -> None:
         """The note, where the placement's machines are joined by a shared link."""
@@ -427,7 +428,7 @@ class LaunchPanel(QWidget):
     # --- stopping and logs ----------------------------------------------------------------
     def stop(self) -> None:
         inst = self.instance
-        if inst is None and self._healed_here():
+        if inst is None and self._healed():
             self.stop_button.setEnabled(False)
             self._set_headline("Stopping…", f"Stopping {self.healing()['model']}…")
             self.tasks.run(self.client.unload, on_done=self._stopped,

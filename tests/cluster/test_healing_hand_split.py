@@ -134,6 +134,11 @@ def test_a_hand_split_heals_after_a_kill_and_after_a_polite_quit(
         assert "is running again without mac-b, on mac-c" in info["message"], info
         plain(info["message"], ids)
         wait_until(lambda: chat(c).status_code == 200, 30)
+
+        # Stop on the owner (the app's Stop: unload) ends the copy healing put on mac-c
+        a.client.unload()
+        assert healing(a) == {}
+        assert not isinstance(c.client.status().runner, RunnerReady)
         print(f"\nhealing a hand split: mac-b's quit noticed in {noticed:.1f} s; served "
               f"again {info['seconds']:.1f} s after")
     finally:
