@@ -140,14 +140,8 @@ class NodeKeeper(QObject):
     def restart_now(self, why: str, to: tuple[str, int, str | None] | None = None) -> None:
         """The user asked (Settings → Restart now): stop the node we started and start
         it again, not counted as a crash; `to`: new (host, port, api_key)."""
-        if self.busy or self._closed:
-            return
-        self._unwatch()
-        self.busy = True
-        self.restarting.emit(f"Restarting {ENGINE} {why}…")
-        self.tasks.run(self.node.restart, f"restarted by the user {why}", polite=True,
-                       to=to, on_done=lambda _n: self._started(),
-                       on_error=lambda e: self._manual_failed(e))
+        self._by_hand(f"Restarting {ENGINE} {why}…", f"restarted by the user {why}",
+                      polite=True, to=to)
 
     def _manual_failed(self, error: BaseException) -> None:
         self.busy = False
@@ -157,12 +151,16 @@ class NodeKeeper(QObject):
 
     def try_again(self) -> None:
         """After gave_up or lost: start (or find) the node once more, counting afresh."""
+        if not (self.busy or self._closed):
+            self.restarts.clear()
+        self._by_hand(f"Starting {ENGINE}…", "started again by the user")
+
+    def _by_hand(self, sentence: str, note: str, **how: object) -> None:
+        """A start the user asked for (not counted as a crash): `note` goes in its log."""
         if self.busy or self._closed:
             return
-        self.restarts.clear()
         self._unwatch()
         self.busy = True
-        self.restarting.emit(f"Starting {ENGINE}…")
-        self.tasks.run(self.node.restart, "started again by the user",
-                       on_done=lambda _n: self._started(),
+        self.restarting.emit(sentence)
+        self.tasks.run(self.node.restart, note, **how, on_done=lambda _n: self._started(),
                        on_error=lambda e: self._manual_failed(e))

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
+from app.catalog import machines
 from app.cluster_state import TOPOLOGY_EVERY_S, ClusterState
 from app.common import message_of
 from app.link_privacy import NOTE, detail, shared_links
@@ -32,6 +33,7 @@ from app.logs import LogDialog
 from app.tasks import Tasks
 from engine.client import NodeClient
 from engine.records import InstanceInfo
+from engine.words import joined
 
 log = logging.getLogger(__name__)
 LAUNCH_POLL_S = 0.5
@@ -67,20 +69,12 @@ class NodeProgress(QWidget):
             self.bar.setValue(done)
 
 
-def machines(n: int) -> str:
-    return f"{n} machine{'s' if n != 1 else ''}"
-
-
 def spread(strategy: str | None, n: int) -> str:
     """How a model runs, in plain words: "on 3 machines, split by layers"."""
     if n <= 1:
         return "on 1 machine"
     how = "each layer shared between them" if strategy == "tensor" else "split by layers"
     return f"on {machines(n)}, {how}"
-
-
-def joined(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 RISK = ("Launching anyway risks swapping, or on a Mac the machine freezing, while it "
@@ -428,19 +422,15 @@ class LaunchPanel(QWidget):
     # --- stopping and logs ----------------------------------------------------------------
     def stop(self) -> None:
         inst = self.instance
-        if inst is None and self._healed():
-            self.stop_button.setEnabled(False)
-            self._set_headline("Stopping…", f"Stopping {self.healing()['model']}…")
-            self.tasks.run(self.client.unload, on_done=self._stopped,
-                           on_error=lambda e: self._set_headline(
-                               "Ready", f"Couldn't stop it: {message_of(e)}", error=True),
-                           owner=self)
-            return
-        if inst is None:
+        if inst is not None:
+            model, call = inst["model"], (self.client.stop_instance, inst["id"])
+        elif self._healed():  # no instance of ours: the node unloads what healing placed
+            model, call = self.healing()["model"], (self.client.unload,)
+        else:
             return
         self.stop_button.setEnabled(False)
-        self._set_headline("Stopping…", f"Stopping {inst['model']}…")
-        self.tasks.run(self.client.stop_instance, inst["id"], on_done=self._stopped,
+        self._set_headline("Stopping…", f"Stopping {model}…")
+        self.tasks.run(*call, on_done=self._stopped,
                        on_error=lambda e: self._set_headline(
                            "Ready", f"Couldn't stop it: {message_of(e)}", error=True), owner=self)
 

@@ -156,11 +156,16 @@ class ShoalApp(QObject):
         self._node_note = status = {"error_detail": "", **status}  # a sentence already
         self.monitor.set_local(status)
 
-    def _node_restarting(self, sentence: str) -> None:
-        self.banner.say(sentence, retry=False)
-        if self.chat is not None:  # the reply being written ends now, with Try again
+    def _node_down(self, sentence: str, state: str, **banner: bool) -> None:
+        """The node can't answer: the banner, the status bar and the chat say why (the
+        reply being written ends now, with Try again)."""
+        self.banner.say(sentence, **banner)
+        if self.chat is not None:
             self.chat.node_lost(sentence)
-        self._note({"state": "starting", "error": sentence})
+        self._note({"state": state, "error": sentence})
+
+    def _node_restarting(self, sentence: str) -> None:
+        self._node_down(sentence, "starting", retry=False)
         if self._wanted_model:
             self._resume, self._resume_tries = self._wanted_model, 0
 
@@ -198,16 +203,10 @@ class ShoalApp(QObject):
             self.monitor.set_local(status)
 
     def _node_given_up(self, sentence: str) -> None:
-        self.banner.say(sentence, retry=True, error=True)
-        if self.chat is not None:
-            self.chat.node_lost(sentence)
-        self._note({"state": "error", "error": sentence})
+        self._node_down(sentence, "error", retry=True, error=True)
 
     def _node_lost(self, sentence: str) -> None:
-        self.banner.say(sentence, retry=True, log=False, error=True)
-        if self.chat is not None:
-            self.chat.node_lost(sentence)
-        self._note({"state": "unreachable", "error": sentence})
+        self._node_down(sentence, "unreachable", retry=True, log=False, error=True)
 
     def _follow_node(self, status: dict) -> None:
         """Keep the sentence about a node that is down in view (the status poll would

@@ -140,14 +140,8 @@ class LocalNode:
         again; `note` goes into its log. Blocks like start(). `polite`: a running node is
         asked to shut down first (the user restarts it), as at quit. `to`: the new
         (host, port, api_key) it serves with (Settings → API)."""
-        proc = self.proc
-        if polite and proc is not None and proc.poll() is None:
-            try:
-                with NodeClient(self.url, api_key=self.api_key, timeout=2.0) as c:
-                    c.shutdown()
-                proc.wait(timeout=5.0)
-            except (ShoalError, subprocess.TimeoutExpired) as e:
-                log.info("The node didn't stop when asked (%s); terminating it.", e)
+        if polite:
+            self._ask_to_stop(self.proc, wait=5.0)
         self._reap(kill_after=3.0)
         with self._lock:
             self.proc = None  # whoever answers next may not be ours
@@ -167,8 +161,8 @@ class LocalNode:
 
     def watch(self, stop: threading.Event, hang_after: float = 5.0,
               gone_after: float = 2.0) -> str | None:
-        """Block until the node stops being there; returns how, in a few words ('killed
-        by signal 9', 'not answering for 5 s'), or None once `stop` is set. A node we
+        """Block until the node stops being there; returns how, in a few words ('it was
+        forced to quit, signal 9', 'not answering for 5 s'), or None once `stop` is set. A node we
         started is checked 4 times a second and counted dead when it exits or hasn't
         answered /health for `hang_after` s (a busy node still answers); one we didn't
         start is gone once it hasn't answered for `gone_after` s."""
@@ -203,17 +197,23 @@ class LocalNode:
         self._stopping.set()
         with self._lock:
             proc = self.proc
-        if proc is not None and proc.poll() is None:
-            try:
-                with NodeClient(self.url, api_key=self.api_key, timeout=2.0) as c:
-                    c.shutdown()
-                proc.wait(timeout=max(timeout - 5.0, 1.0))
-            except ShoalError as e:
-                log.info("Shutdown request not answered (%s); terminating the node.", e)
-            except subprocess.TimeoutExpired:
-                log.warning("The node didn't stop when asked; terminating it.")
+        self._ask_to_stop(proc, wait=max(timeout - 5.0, 1.0))
         self._reap(kill_after=3.0)
         self.client.close()
+
+    def _ask_to_stop(self, proc: subprocess.Popen | None, wait: float) -> None:
+        """Ask a running node of ours to shut down (its workers stop cleanly) and wait up
+        to `wait` s; _reap terminates whatever is left."""
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            with NodeClient(self.url, api_key=self.api_key, timeout=2.0) as c:
+                c.shutdown()
+            proc.wait(timeout=wait)
+        except ShoalError as e:
+            log.info("Shutdown request not answered (%s); terminating the node.", e)
+        except subprocess.TimeoutExpired:
+            log.warning("The node didn't stop when asked; terminating it.")
 
     def _reap(self, kill_after: float) -> None:
         """terminate, then kill, then wait: the node is gone and reaped afterwards, and so

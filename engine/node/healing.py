@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import ShoalError
 from engine.node.followers import LEAVING
 from engine.records import HealInfo, InstanceInfo
+from engine.words import joined
 
 if TYPE_CHECKING:
     from engine.node.cluster import Cluster
@@ -49,11 +50,6 @@ def estimate_s(inst: Instance, nodes_left: int) -> float:
     return float(math.ceil(1 + took))
 
 
-def joined(names: list[str]) -> str:
-    """"a", "a and b", "a, b and c"."""
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
 class Healer:
     def __init__(self, cluster: Cluster, enabled: bool = True):
         self.cluster, self.enabled = cluster, enabled
@@ -65,9 +61,13 @@ class Healer:
     def said_leaving(self, node: str) -> None:
         """`node` told this one it quits (SIGTERM, the app's Quit): a heal then says it
         left, even once it no longer answers."""
+        self._leaving = {n: self._leaving[n] for n in self._told()}
+        self._leaving[node] = time.monotonic()
+
+    def _told(self) -> set[str]:
+        """The nodes that said within LEAVING_KEPT_S that they quit."""
         now = time.monotonic()
-        self._leaving = {n: t for n, t in self._leaving.items() if now - t < LEAVING_KEPT_S}
-        self._leaving[node] = now
+        return {n for n, t in self._leaving.items() if now - t < LEAVING_KEPT_S}
 
     def hint(self, model: str) -> str | None:
         """What a client whose request failed with its group is told happens next."""
@@ -141,9 +141,7 @@ class Healer:
         t0 = time.monotonic()
         alive, leaving = await self._answering([r.node for r in inst.ranks])
         lost = [r.node for r in inst.ranks if r.node not in alive]
-        told = {n for n, t in self._leaving.items()
-                if time.monotonic() - t < LEAVING_KEPT_S}
-        left = bool(lost) and set(lost) <= leaving | told
+        left = bool(lost) and set(lost) <= leaving | self._told()
         gone = self._names(lost)
         # an RDMA group that broke with every node still there: the same nodes over TCP
         tcp = not lost and inst.backend != "ring"

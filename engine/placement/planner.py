@@ -26,6 +26,7 @@ from engine.placement.validate import (
     check_pipeline,
     check_tensor,
 )
+from engine.words import joined
 
 BACKENDS = ("ring", "jaccl")
 
@@ -209,7 +210,7 @@ def _candidates(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[Lin
             if not force and usable < floor:  # cheap refusal before any split
                 yield Rejection(strategy, backend, names,
                                 f"the weights alone need {gb(floor)}; "
-                                f"{_join(names)} {'has' if len(names) == 1 else 'have'} "
+                                f"{joined(names)} {'has' if len(names) == 1 else 'have'} "
                                 f"{gb(usable)} usable")
                 continue
             try:
@@ -274,6 +275,3 @@ def _rank_key(p: Placement, rank: str = "decode") -> tuple[Any, ...]:
     return (first, -float(f"{tps:.3g}"), -p.files_on, len(p.ranks), -p.prefill_tps,
             p.strategy, p.backend, [r.name for r in p.ranks])
 
-
-def _join(names: Sequence[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
