@@ -121,6 +121,14 @@ def machines(n: int, words: bool = False) -> str:
     return f"{count} machine{'' if n == 1 else 's'}"
 
 
+def spread(strategy: str | None, n: int) -> str:
+    """How a model runs, in plain words: "on 3 machines, split by layers"."""
+    if n <= 1:
+        return "on 1 machine"
+    how = "each layer shared between them" if strategy == "tensor" else "split by layers"
+    return f"on {machines(n)}, {how}"
+
+
 def fit_badge(entry: CatalogModel, cards: list[NodeCard]) -> Badge:
     """Fits this machine / needs N machines / too large, and why, as a badge. It counts
     the memory Shoal may use on each machine (MemoryBar.usable), not what is free this

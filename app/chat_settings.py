@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.common import buddy
-from app.model_picker import ModelPicker, progress_of
-from app.status import runner_text
+from app.model_picker import ModelPicker
+from app.status import progress_of, runner_text
 
 NODE_DEFAULT = "node default"
 DEFAULT_MAX_TOKENS = 1024  # long enough for most answers; a runaway stops, Continue goes on

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
-from app.catalog import machines
+from app.catalog import spread
 from app.cluster_state import TOPOLOGY_EVERY_S, ClusterState
 from app.common import message_of
 from app.link_privacy import NOTE, detail, shared_links
@@ -67,14 +67,6 @@ class NodeProgress(QWidget):
         else:
             self.bar.setRange(0, 1)
             self.bar.setValue(done)
-
-
-def spread(strategy: str | None, n: int) -> str:
-    """How a model runs, in plain words: "on 3 machines, split by layers"."""
-    if n <= 1:
-        return "on 1 machine"
-    how = "each layer shared between them" if strategy == "tensor" else "split by layers"
-    return f"on {machines(n)}, {how}"
 
 
 RISK = ("Launching anyway risks swapping, or on a Mac the machine freezing, while it "

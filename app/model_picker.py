@@ -9,25 +9,13 @@ from typing import Any
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtWidgets import QComboBox, QStyledItemDelegate, QStyleOptionViewItem, QWidget
 
-from app.catalog import fit_badge, machines
+from app.catalog import fit_badge, spread
 from app.common import fmt_bytes
 from app.snapshots import NodeCard
+from app.status import progress_of
 from engine.records import CatalogModel, ModelCard
 
 DETAIL = Qt.ItemDataRole.UserRole + 1  # an item's "270 MB · fits this machine · loaded"
-SPLITS = {"pipeline": "split by layers", "tensor": "each layer split"}
-
-
-def progress_of(runner: dict[str, Any]) -> tuple[int, int] | None:
-    """(done, total) of a model being prepared or loaded, when the node can say."""
-    kind = runner.get("type")
-    if kind == "Preparing":
-        done, total = runner.get("done"), runner.get("total")
-    elif kind == "Loading":
-        done, total = runner.get("layers_done"), runner.get("layers_total")
-    else:
-        return None
-    return (int(done or 0), int(total)) if total else None
 
 
 def _percent(done: int, total: int) -> str:
@@ -39,13 +27,12 @@ def instance_state(inst: dict[str, Any]) -> str | None:
     ranks = inst.get("ranks") or []
     if len(ranks) < 2 or inst.get("state") not in ("starting", "ready"):
         return None
-    split = SPLITS.get(str(inst.get("strategy")), "")
-    where = machines(len(ranks)) + (f", {split}" if split else "")
+    where = spread(inst.get("strategy"), len(ranks))
     if inst.get("state") == "ready":
-        return f"running on {where}"
+        return f"running {where}"
     progress = [r.get("progress") for r in ranks if r.get("progress")]
     done, total = sum(p[0] for p in progress), sum(p[1] for p in progress)
-    return f"starting on {where}" + (f" ({_percent(done, total)})" if total else "")
+    return f"starting {where}" + (f" ({_percent(done, total)})" if total else "")
 
 
 def loaded_state(model: str, status: dict[str, Any],

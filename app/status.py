@@ -29,17 +29,28 @@ STATES = ("starting", "idle", "loading", "generating", "error", "stopped", "unre
 BUSY = ("Preparing", "Loading")  # runner types during which a request waits for the model
 
 
+def progress_of(runner: dict[str, Any]) -> tuple[int, int] | None:
+    """(done, total) of a model being prepared or loaded, when the node can say."""
+    kind = runner.get("type")
+    if kind == "Preparing":
+        done, total = runner.get("done"), runner.get("total")
+    elif kind == "Loading":
+        done, total = runner.get("layers_done"), runner.get("layers_total")
+    else:
+        return None
+    return (int(done or 0), int(total)) if total else None
+
+
 def runner_text(runner: dict[str, Any]) -> str | None:
     """What the node is doing before it can answer, in a few words: 'importing the
     default model (40%)', 'loading 12/30 layers'; None when it is ready or idle."""
-    kind = runner.get("type")
+    kind, progress = runner.get("type"), progress_of(runner)
     if kind == "Preparing":
-        done, total = int(runner.get("done") or 0), int(runner.get("total") or 0)
         step = str(runner.get("step") or "preparing the model")
-        return f"{step} ({100 * done // total}%)" if total else step
+        return f"{step} ({100 * progress[0] // progress[1]}%)" if progress else step
     if kind == "Loading":
-        done, total = runner.get("layers_done") or 0, runner.get("layers_total") or 0
-        return f"loading {done}/{total} layers" if total else "starting the worker"
+        return (f"loading {progress[0]}/{progress[1]} layers" if progress else
+                "starting the worker")
     return None
 
 
