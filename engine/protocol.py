@@ -25,9 +25,14 @@ class Message:
 
 
 # --- node → worker -------------------------------------------------------------------------
-class Constraint(TypedDict):
-    """What the answer must match: a JSON schema, compiled to a grammar (llguidance)."""
+class Constraint(TypedDict, total=False):
+    """What the answer must match, exactly one of: a JSON schema, a regular expression, or
+    a Lark grammar (llguidance's dialect; GBNF and choices are converted to it by the API),
+    compiled to a grammar by llguidance."""
     json_schema: dict[str, Any]
+    regex: str
+    lark: str
+    param: str  # the request's field that asked for it, for the 400 that names it
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,23 @@ class SamplingRequest:
     context_limit: int | None = None  # Ollama's num_ctx: a smaller window than the model's
     speculative: bool | None = None  # None: the node's setting
     draft_tokens: int | None = None  # the most guesses per pass
+    # vLLM's and llama.cpp's extensions
+    ignore_eos: bool = False  # end-of-sequence can't be sampled: runs to max_tokens
+    min_tokens: int = 0  # no stop (token or string) before this many tokens
+    stop_token_ids: tuple[int, ...] = ()  # these tokens end the answer, like EOS
+    include_stop: bool = False  # include_stop_str_in_output: the stop string is shown
+    skip_special: bool = True  # skip_special_tokens: special tokens aren't shown
+    spaces_between_special: bool = True  # spaces_between_special_tokens
+    bad_words: tuple[str, ...] = ()  # words the answer must never contain
+    allowed_token_ids: tuple[int, ...] = ()  # only these may be sampled (empty: any)
+    typical_p: float | None = None  # locally typical sampling
+    min_keep: int = 0  # llama.cpp: each filter keeps at least this many tokens
+    samplers: tuple[str, ...] = ()  # the filters' order (names in SAMPLERS); (): default
+    xtc_probability: float = 0.0  # exclude-top-choices (mlx-lm's XTC)
+    xtc_threshold: float = 0.1
+    repetition_context: int | None = None  # llama.cpp repeat_last_n: the penalties' window
+    prompt_logprobs: int | None = None  # the prompt's tokens' logprobs, and the top k
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
 
     @classmethod
     def of(cls, **fields: Any) -> SamplingRequest:
@@ -64,7 +86,14 @@ class SamplingRequest:
         bias = f.get("logit_bias") or ()
         items = bias.items() if isinstance(bias, dict) else bias
         f["logit_bias"] = tuple((int(k), float(v)) for k, v in items)
+        for name in ("stop_token_ids", "bad_words", "allowed_token_ids", "samplers"):
+            if name in f:
+                f[name] = tuple(f[name])
         return cls(**f)
+
+
+# The filters a `samplers` order may name; temperature is applied where it stands.
+SAMPLERS = ("top_k", "typical_p", "top_p", "min_p", "xtc", "temperature")
 
 
 class TemplateFunction(TypedDict):
@@ -116,6 +145,11 @@ class GenerateRequest:
     sampling: SamplingRequest = field(default_factory=SamplingRequest)
     count_only: bool = False  # just count the prompt's tokens (Anthropic count_tokens)
     continue_final: bool = False  # the last (assistant) message is the answer's beginning
+    add_generation_prompt: bool = True  # the template's assistant header after the turns
+    documents: list[dict[str, Any]] | None = None  # for templates that take documents (RAG)
+    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, to the template
+    show_prompt: bool = False  # Accepted carries the prompt's text and ids (/tokenize)
+    add_special: bool | None = None  # a raw prompt's BOS and the like (None: tokenizer's)
 
 
 @dataclass(frozen=True)
@@ -192,6 +226,7 @@ class Accepted(Message):
     id: str
     prompt_tokens: int
     prompt_text: str | None = None  # the rendered prompt, when asked for (echo)
+    prompt_ids: list[int] | None = None  # its token ids, when asked for (show_prompt)
 
 
 @dataclass(frozen=True)
@@ -246,6 +281,7 @@ class Done(Message):
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     drafted_tokens: int = 0  # speculative decoding: guesses verified
     accepted_tokens: int = 0  # and kept
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # the first token's is None
 
 
 @dataclass(frozen=True)
@@ -282,6 +318,8 @@ def encode(msg: Message) -> bytes:
 
 
 def _as_object(v: Any) -> Any:
+    if hasattr(v, "to_json"):  # a record spells itself (leaving out its unset optionals)
+        return v.to_json()
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return dataclasses.asdict(v)
     raise TypeError(f"{type(v).__name__} can't go on the pipe")
@@ -304,6 +342,9 @@ def decode(line: bytes | str) -> Message:
         raw["rank"] = RankReady(**raw["rank"])
     if cls in (Delta, Done) and raw.get("logprobs"):
         raw["logprobs"] = [TokenLogprob.from_json(e) for e in raw["logprobs"]]
+    if cls is Done and raw.get("prompt_logprobs"):
+        raw["prompt_logprobs"] = [e and TokenLogprob.from_json(e)
+                                  for e in raw["prompt_logprobs"]]
     return make(cls, **raw)
 
 

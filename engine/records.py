@@ -93,10 +93,13 @@ def _key(name: str) -> str:
 
 @dataclass(frozen=True)
 class TopLogprob(Record):
-    """One token's log-probability, as OpenAI's logprobs name it."""
+    """One token's log-probability, as OpenAI's logprobs name it; `id` is the token's id
+    (for vLLM's return_tokens_as_token_ids; renderers leave it out of OpenAI's shape)."""
+    optional = ("id",)
     token: str
     logprob: float
     bytes: list[int]
+    id: int | None = field(default=None, kw_only=True)  # kw_only: positional order stays
 
 
 @dataclass(frozen=True)
