@@ -227,6 +227,9 @@ class Accepted(Message):
     prompt_tokens: int
     prompt_text: str | None = None  # the rendered prompt, when asked for (echo)
     prompt_ids: list[int] | None = None  # its token ids, when asked for (show_prompt)
+    # each prompt token's text, or its bytes where they aren't UTF-8 alone (show_prompt:
+    # llama.cpp's /tokenize with_pieces, vLLM's token_strs)
+    prompt_pieces: list[str | list[int]] | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # is reserved for private use, so no web page's DNS can own it
 DOCKER_HOST = "host.docker.internal"
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+# llama.cpp's and vLLM's utility routes (engine/api/utility.py): user API, not control
+USER_ROUTES = frozenset({"/tokenize", "/detokenize", "/apply-template"})
 
 
 class Forbidden(ShoalError):
@@ -70,7 +72,8 @@ def is_control(request: web.Request) -> bool:
     if method == "OPTIONS":  # a preflight asks for the method it wants to send
         method = request.headers.get("Access-Control-Request-Method", "GET").upper()
     path = request.path
-    if method in SAFE_METHODS or path.startswith(("/v1/", "/api/")) or path == "/":
+    if method in SAFE_METHODS or path.startswith(("/v1/", "/api/")) or path == "/" \
+            or path in USER_ROUTES:
         return False
     return True
 

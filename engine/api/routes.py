@@ -5,14 +5,22 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from engine.api import anthropic, ollama, openai_chat, openai_completions, openai_responses, openapi
+from engine.api import (
+    anthropic,
+    ollama,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+    openapi,
+    utility,
+)
 from engine.api.anthropic_bodies import ErrorBody as AnthropicError
 from engine.api.ollama_bodies import ErrorLine
 from engine.errors import ErrorBody, ShoalError
 
 routes: list[web.RouteDef] = [  # type: ignore[list-item]
     *openai_chat.routes, *openai_completions.routes, *openai_responses.routes,
-    *anthropic.routes, *ollama.routes]
+    *anthropic.routes, *ollama.routes, *utility.routes]
 routes.append(web.get("/openapi.json", openapi.route(routes)))
 
 
