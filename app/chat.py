@@ -32,8 +32,6 @@ from engine.errors import PeerUnreachable
 from engine.records import ModelCard
 
 log = logging.getLogger(__name__)
-CONTINUE_PROMPT = ("Continue exactly where your last answer stopped, without repeating "
-                   "anything or saying that you continue.")
 UNDO_MS = 10_000  # how long a deleted conversation can be brought back
 DOWN = ("starting", "unreachable", "stopped")  # the node doesn't answer (app/status.py)
 
@@ -362,17 +360,18 @@ class ChatPane(QWidget):
 
     def continue_reply(self, reply: Message) -> None:
         """A reply that stopped early (the answer length, or Stop) goes on in the same
-        bubble, joined on cleanly (app.conversations.continued)."""
+        bubble: the model is sent it as its unfinished answer (continue_final_message)."""
         conv = self.current()
         if (conv is None or self.streaming or not conv.messages
-                or conv.messages[-1] is not reply):
+                or conv.messages[-1] is not reply or reply.error is not None
+                or not reply.content.strip()):
             return
         self.clear_error()
-        # The node has no "continue this message" for OpenAI chat: the model is asked to
-        # go on, and what it says is added to the reply (the request is not shown).
-        history = conv.history() + [{"role": "user", "content": CONTINUE_PROMPT}]
-        replies.go_on(reply)
-        self._start(conv, reply, history)
+        # The reply is the last turn, unfinished: the model continues that same message
+        # (no hidden request, no second answer to join on).
+        history = conv.history()
+        history[-1] = {"role": "assistant", "content": replies.go_on(reply)}
+        self._start(conv, reply, history, continue_final=True)
 
     def try_again(self, reply: Message) -> None:
         """A failed reply is answered again, once Shoal's node answers (at once when it
@@ -425,7 +424,7 @@ class ChatPane(QWidget):
         self._start(conv, reply, history)
 
     def _start(self, conv: Conversation, reply: Message,
-               history: list[dict[str, str]]) -> None:
+               history: list[dict[str, str]], continue_final: bool = False) -> None:
         model = self.model_picker.currentText().strip() or None
         conv.model = model or conv.model
         params = dict(self.chat_params)
@@ -439,7 +438,8 @@ class ChatPane(QWidget):
         self._stream_conv, self._stream_reply = conv, reply
         client = self.client  # the worker must hold no widget (see app/tasks.py)
         stream = self.tasks.stream(
-            lambda: client.chat(history, model=model, **params),
+            lambda: client.chat(history, model=model, continue_final=continue_final,
+                                **params),
             on_items=lambda deltas: self._on_deltas(reply, deltas, started),
             on_done=lambda: self._ended(stream, reply),
             on_error=lambda e: self._ended(stream, reply, e), owner=self)

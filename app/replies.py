@@ -1,5 +1,5 @@
-"""What a streamed answer does to its reply (Qt-free): the text (joined on cleanly after
-Continue), the reasoning, the figures under it (the wait from Send, the speed so far and
+"""What a streamed answer does to its reply (Qt-free): the text (the same message going on
+after Continue), the reasoning, the figures under it (the wait from Send, the speed so far and
 at the end, also of a reply the user stopped), and its line in the request log.
 
 Keys starting with "_" in a reply's stats are bookkeeping while it streams; close()
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.conversations import Message, continued
+from app.conversations import Message
 from engine.client import ChatDelta
 
 # What a new answer replaces when the reply goes on (Continue).
@@ -35,9 +35,9 @@ def take(reply: Message, d: ChatDelta, started: float) -> str | None:
     if d.text:
         s["_pieces"] = s.get("_pieces", 0) + 1
         s["_last_at"] = time.monotonic()
-    if "_before" in s:  # Continue: joined on cleanly, not glued
+    if "_before" in s:  # Continue: the model goes on with the same message
         s["_more"] += d.text
-        reply.content = continued(s["_before"], s["_more"])
+        reply.content = s["_before"] + s["_more"]
     else:
         reply.content += d.text
     reply.reasoning += d.reasoning  # kept apart from what is sent back to the model
@@ -65,12 +65,17 @@ def speed(stats: dict[str, Any], till: float | None = None) -> float | None:
     return (pieces - 1) / seconds if pieces > 1 and seconds > 0.2 else None
 
 
-def go_on(reply: Message) -> None:
-    """Continue: the answer that comes is joined onto the reply, its tokens counted on."""
+def go_on(reply: Message) -> str:
+    """Continue: the model is sent the reply as the start of its answer and goes on with
+    it (continue_final_message), so what comes is the rest of the same text, added as it
+    is, its tokens counted on. Returns the text sent: trailing spaces and newlines left
+    out, as chat templates trim them (the model writes them again where they belong)."""
     done = int(reply.stats.get("completion_tokens") or 0)
     for key in RESTARTED:
         reply.stats.pop(key, None)
-    reply.stats.update(_earlier_tokens=done, _before=reply.content, _more="")
+    before = reply.content.rstrip()
+    reply.stats.update(_earlier_tokens=done, _before=before, _more="")
+    return before
 
 
 def close(reply: Message, stopped: bool) -> dict[str, Any]:

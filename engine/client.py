@@ -254,10 +254,14 @@ class NodeClient:
 
     # --- chat ---------------------------------------------------------------------------
     def chat(self, messages: list[dict[str, str]], model: str | None = None,
-             **params: Any) -> ChatStream:
-        """Stream a chat completion. params are OpenAI's (max_tokens, temperature, ...)."""
+             continue_final: bool = False, **params: Any) -> ChatStream:
+        """Stream a chat completion. params are OpenAI's (max_tokens, temperature, ...).
+        continue_final: the last message is the assistant's unfinished answer, which the
+        model goes on with (vLLM's continue_final_message)."""
         body = {"messages": messages, "stream": True,
                 "stream_options": {"include_usage": True}, **params}
+        if continue_final:
+            body |= {"continue_final_message": True, "add_generation_prompt": False}
         if model:
             body["model"] = model
         req = self._http.build_request("POST", "/v1/chat/completions", json=body,

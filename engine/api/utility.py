@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, cast
 
 from aiohttp import web
-from pydantic import Field, StrictInt, model_validator
+from pydantic import Field, StrictInt
 
 from engine import __version__
 from engine import protocol as wire
@@ -59,14 +59,6 @@ class ChatTemplateFields(Strict):
     tool_choice: Any = None
     documents: list[dict[str, Any]] | None = None
 
-    @model_validator(mode="after")
-    def _ends(self) -> ChatTemplateFields:
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt can't both "
-                             "be true: the first continues the last message, the second "
-                             "starts a new one")
-        return self
-
 
 class VllmTokenizeChat(ChatTemplateFields):
     """vLLM's TokenizeChatRequest."""
@@ -94,6 +86,10 @@ def _chat_request(body: ChatTemplateFields, add_special: bool | None = None
         {"type": "function", "function": cast(wire.ToolFunction, t.function.model_dump(
             exclude_none=True))} for t in body.tools] if body.tools else None
     cont = body.continue_final_message
+    if cont and body.add_generation_prompt:
+        raise BadRequest("'continue_final_message' and 'add_generation_prompt' can't both be "
+                         "true: the first continues the last message, the second starts a "
+                         "new one.", param="continue_final_message")
     return wire.GenerateRequest(
         messages=template_messages(body.messages), tools=tools,
         tool_choice=choose_tool(body.tools, body.tool_choice), count_only=True,
