@@ -23,7 +23,7 @@ from engine.runtime.chunking import LARGEST, Chunker
 from engine.runtime.drafting import Drafting
 from engine.runtime.generate import ProgressFn, Record, decode_tps
 from engine.runtime.sampling import Sampling
-from engine.runtime.stops import StopMatcher, text_step
+from engine.runtime.stops import Shown
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,12 @@ class Job:
     accepted: int = 0
     started: float = 0.0  # when it began decoding (the drafting log line's figure)
     cut: bool = False  # memory ran short: its next token is its last ("length")
+    ends: frozenset[int] = frozenset()  # the tokens that end it (rules.stop_tokens)
+
+    def __post_init__(self) -> None:
+        from engine.runtime.rules import stop_tokens
+        if self.tokenizer is not None:
+            self.ends = stop_tokens(self.sampling, self.tokenizer)
 
 
 class Streams:
@@ -74,7 +80,7 @@ class Streams:
                  progress: ProgressFn | None = None) -> Iterator[Record]:
         job = Job(prompt, sampling, tokenizer)
         self._inbox.put(("add", job))
-        detok, stops = tokenizer.detokenizer, StopMatcher(sampling.stop)
+        shown = Shown(tokenizer, sampling)
         tic, first, n, done = time.perf_counter(), 0.0, 0, False
         try:
             while True:
@@ -96,14 +102,14 @@ class Streams:
                 n += 1
                 if n == 1:
                     first = time.perf_counter()
-                text, finish, hit = text_step(detok, stops, token, finish, cancel)
+                text, finish, hit = shown.step(token, finish, cancel)
                 now = time.perf_counter()
                 yield Record(text=text, token=token, finish_reason=finish,
                              prompt_tokens=len(prompt), generation_tokens=n,
                              prompt_tps=(len(prompt) - job.cached) / max(first - tic, 1e-9),
                              generation_tps=decode_tps(n, now - first),
                              peak_memory_gb=_peak_gb(), logprob=lp[0], top_logprobs=lp[1],
-                             stop_sequence=stops.matched if hit else None,
+                             stop_sequence=shown.matched if hit else None,
                              cached_tokens=job.cached, drafted_tokens=job.drafted,
                              accepted_tokens=job.accepted)
                 if finish is not None:
@@ -252,6 +258,8 @@ class Batcher(Streams):
                     self._admit_held()
 
     def _add(self, job: Job) -> None:
+        from mlx_lm.generate import StopSequences
+
         from engine.runtime.batch_drafts import Row
         from engine.runtime.sampling import make_sampling
 
@@ -268,7 +276,9 @@ class Batcher(Streams):
         (uid,) = self._gen.insert([job.prompt[job.cached:]],
                                   max_tokens=[job.sampling.max_tokens], caches=[cache],
                                   all_tokens=[job.prompt[:job.cached]],
-                                  samplers=[job.sampler], logits_processors=[job.processors])
+                                  samplers=[job.sampler], logits_processors=[job.processors],
+                                  stop_sequences=[StopSequences(
+                                      [(t,) for t in sorted(job.ends)] or None)])
         job.uid = uid
         self._jobs[uid] = job
         if self._batch is not None and self.drafting is not None \

@@ -31,7 +31,7 @@ from engine.runtime.speculative import (
     feed,
     usable,
 )
-from engine.runtime.stops import StopMatcher, text_step
+from engine.runtime.stops import Shown
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
          prefix: Any, tell: ProgressFn) -> Iterator[Record]:
     import mlx.core as mx
 
+    from engine.runtime.rules import own_finish, stop_tokens
     from engine.runtime.sampling import make_sampling, token_logprobs
 
     sampler, processors = make_sampling(sampling, tokenizer)
@@ -139,8 +140,7 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
     if prefix is not None:
         prefix.mark(prompt, cache)
     spec = drafting.speculator(model, cache, prompt, sampling, sampler, processors)
-    eos = set(tokenizer.eos_token_ids)
-    detok, stops = tokenizer.detokenizer, StopMatcher(sampling.stop)
+    shown, ends = Shown(tokenizer, sampling), stop_tokens(sampling, tokenizer)
     n, first, drafted, accepted = 0, 0.0, 0, 0
     try:
         while True:
@@ -151,9 +151,8 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
                 if n == 1:
                     first = time.perf_counter()
                     tell(cached, len(prompt), len(prompt))
-                finish = ("stop" if token in eos else
-                          "length" if n >= sampling.max_tokens else None)
-                text, finish, hit = text_step(detok, stops, token, finish, cancel)
+                text, finish, hit = shown.step(token, own_finish(token, n, sampling, ends),
+                                               cancel)
                 now = time.perf_counter()
                 lpv = token_logprobs(lp, token, sampling.logprobs)
                 yield Record(text=text, token=token, finish_reason=finish,
@@ -162,7 +161,7 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
                              generation_tps=decode_tps(n, now - first),
                              peak_memory_gb=float(mx.get_peak_memory() / 1e9),
                              logprob=lpv[0], top_logprobs=lpv[1],
-                             stop_sequence=stops.matched if hit else None,
+                             stop_sequence=shown.matched if hit else None,
                              cached_tokens=cached, drafted_tokens=drafted,
                              accepted_tokens=accepted)
                 if finish is not None:

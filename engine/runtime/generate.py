@@ -1,4 +1,5 @@
-"""Generation as a generator of small frozen records, wrapping mlx-lm's stream_generate.
+"""Generation as a generator of small frozen records, over mlx-lm's generate_step (as its
+stream_generate, with the request's token rules: engine/runtime/rules.py and stops.Shown).
 
 The HTTP API, the chat window, the CLI and the benchmark all consume this one stream.
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.runtime.sampling import Sampling
-from engine.runtime.stops import StopMatcher
+from engine.runtime.stops import Shown
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,14 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
     and its KV is kept afterwards. `progress` hears how far the prefill is; `kv`
     (engine.runtime.quant_kv.KV) makes a fresh cache (quantized, say)."""
     import mlx.core as mx
-    from mlx_lm.generate import stream_generate
+    from mlx_lm.generate import generate_step, generation_stream, wired_limit
     from mlx_lm.models.cache import make_prompt_cache
 
+    from engine.runtime.rules import own_finish, stop_tokens
     from engine.runtime.sampling import make_sampling, token_logprobs
 
     sampler, processors = make_sampling(sampling, tokenizer)
-    stops = StopMatcher(sampling.stop)
+    shown, ends = Shown(tokenizer, sampling), stop_tokens(sampling, tokenizer)
     cache, cached = prefix.fetch(prompt) if prefix is not None else (None, 0)
     if cache is None:
         cache = kv.make(model) if kv is not None else make_prompt_cache(model)
@@ -92,31 +94,32 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
         if cancel is not None and cancel.is_set() and done < total:
             raise _Cancelled
 
-    last, first = None, 0.0
+    n, first, prompt_tps = 0, 0.0, 0.0
     try:
-        for r in stream_generate(model, tokenizer, mx.array(prompt[cached:]),
-                                 max_tokens=sampling.max_tokens, sampler=sampler,
-                                 logits_processors=processors, prompt_cache=cache,
-                                 prompt_progress_callback=prefilled):
-            last = r
-            now = time.perf_counter()
-            first = first or now  # mlx-lm's own figure counts the first token too
-            tps = decode_tps(int(r.generation_tokens), now - first)
-            fed.append(int(r.token))
-            lp = token_logprobs(r.logprobs, r.token, sampling.logprobs)
-            text, hit = stops.feed(r.text)
-            finish = r.finish_reason
-            if hit:
-                finish = "stop"
-            elif finish is None and cancel is not None and cancel.is_set():
-                finish = "cancelled"
-            if finish is not None:
-                text += "" if hit else stops.flush()
-                yield _record(r, text, finish, lp, len(prompt), cached, tps, stops.matched)
-                return
-            yield _record(r, text, None, lp, len(prompt), cached, tps)
-        if last is None:  # stream_generate always yields; keep the one-finish promise
-            yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0)
+        with wired_limit(model, [generation_stream]):
+            tic = time.perf_counter()
+            for n, (token, logprobs) in enumerate(generate_step(
+                    mx.array(prompt[cached:]), model, max_tokens=sampling.max_tokens,
+                    sampler=sampler, logits_processors=processors, prompt_cache=cache,
+                    prompt_progress_callback=prefilled), start=1):
+                now = time.perf_counter()
+                if n == 1:  # the first token's time is the prefill's (as mlx-lm counts it)
+                    first, prompt_tps = now, (len(prompt) - cached) / (now - tic)
+                fed.append(int(token))
+                text, finish, hit = shown.step(token, own_finish(token, n, sampling, ends),
+                                               cancel)
+                lp = token_logprobs(logprobs, token, sampling.logprobs)
+                yield Record(text=text, token=int(token), finish_reason=finish,
+                             prompt_tokens=len(prompt), generation_tokens=n,
+                             prompt_tps=prompt_tps, generation_tps=decode_tps(n, now - first),
+                             peak_memory_gb=mx.get_peak_memory() / 1e9, logprob=lp[0],
+                             top_logprobs=lp[1], stop_sequence=shown.matched if hit else None,
+                             cached_tokens=cached)
+                if finish is not None:
+                    return
+        if n == 0:  # nothing asked for (max_tokens 0): keep the one-finish promise
+            yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0,
+                         cached_tokens=cached)
     except _Cancelled:  # left during the prefill: nothing was generated
         yield Record("", None, "cancelled", len(prompt), 0, 0.0, 0.0, 0.0,
                      cached_tokens=cached)
@@ -129,12 +132,3 @@ def cache_holds(cache: list[Any], n: int) -> bool:
     """Does every position-keeping layer cache hold exactly n tokens?"""
     return all(getattr(c, "offset", n) == n for c in cache)
 
-
-def _record(r: Any, text: str, finish: str | None,
-            lp: tuple[float | None, tuple[tuple[int, float], ...]], n_prompt: int,
-            cached: int, tps: float, matched: str | None = None) -> Record:
-    return Record(text=text, token=int(r.token), finish_reason=finish,
-                  prompt_tokens=n_prompt, generation_tokens=int(r.generation_tokens),
-                  prompt_tps=float(r.prompt_tps), generation_tps=tps,
-                  peak_memory_gb=float(r.peak_memory), logprob=lp[0], top_logprobs=lp[1],
-                  stop_sequence=matched, cached_tokens=cached)

@@ -398,7 +398,7 @@ class GroupBatcher(Streams):
             gone.add(job.uid)  # type: ignore[arg-type]
             return None
         seq.generated += 1
-        finish = "stop" if token in self.eos else \
+        finish = "stop" if token in job.ends else \
             "length" if seq.generated >= job.sampling.max_tokens or job.cut else None
         seq.next = token
         job.out.put((token, lp, finish))

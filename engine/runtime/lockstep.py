@@ -22,7 +22,7 @@ from engine.runtime.distributed import DistConfig, Watchdog
 from engine.runtime.doorbell import END, Doorbell
 from engine.runtime.generate import Record, decode_tps
 from engine.runtime.sampling import Sampling
-from engine.runtime.stops import StopMatcher, text_step
+from engine.runtime.stops import Shown
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +217,10 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
     Sampling happens here, on rank 0, as mlx-lm's generate_step does it."""
     import mlx.core as mx
 
+    from engine.runtime.rules import own_finish, stop_tokens
     from engine.runtime.sampling import token_sampler
 
-    detok = tokenizer.detokenizer
-    eos = tokenizer.eos_token_ids
-    stops = StopMatcher(sampling.stop)
+    shown, ends = Shown(tokenizer, sampling), stop_tokens(sampling, tokenizer)
     sample = token_sampler(sampling, tokenizer, prompt)
 
     tic = time.perf_counter()
@@ -239,15 +238,14 @@ def generate(runner: Runner, tokenizer: Any, prompt: list[int], sampling: Sampli
         tic = time.perf_counter()
         n = 0
         while True:
-            own = "stop" if token in eos else \
-                "length" if n + 1 == sampling.max_tokens else None
-            text, finish, hit = text_step(detok, stops, token, own, cancel)
+            own = own_finish(token, n + 1, sampling, ends)
+            text, finish, hit = shown.step(token, own, cancel)
             yield Record(text=text, token=token, finish_reason=finish,
                          prompt_tokens=len(prompt), generation_tokens=n + 1,
                          prompt_tps=prompt_tps,
                          generation_tps=decode_tps(n + 1, time.perf_counter() - tic),
                          peak_memory_gb=mx.get_peak_memory() / 1e9, logprob=lp[0],
-                         top_logprobs=lp[1], stop_sequence=stops.matched if hit else None,
+                         top_logprobs=lp[1], stop_sequence=shown.matched if hit else None,
                          cached_tokens=getattr(runner, "cached", 0))
             if finish is not None:
                 return

@@ -8,7 +8,7 @@ One place for both paths: the one-process worker and rank 0 of a group sample wi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,51 +34,60 @@ class Sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()
     speculative: bool | None = None  # None: as the node is set
     draft_tokens: int | None = None  # the most guesses per pass (None: the node's)
+    # vLLM's and llama.cpp's extensions (engine/protocol.py's SamplingRequest says each)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop: bool = False
+    skip_special: bool = True
+    spaces_between_special: bool = True
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()
+    typical_p: float | None = None
+    min_keep: int = 0
+    samplers: tuple[str, ...] = ()  # the filters' order (engine/runtime/filters.py)
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    repetition_context: int | None = None  # the penalties' window (None: mlx-lm's 20)
 
     @classmethod
     def of(cls, asked: SamplingRequest, max_tokens: int,
            constraint: Constraint | None) -> Sampling:
         """What the client asked, defaults where it didn't, for a prompt that leaves
         `max_tokens` of the context."""
-        d = cls()
-        return cls(max_tokens=max_tokens,
-                   temperature=d.temperature if asked.temperature is None else asked.temperature,
-                   top_p=d.top_p if asked.top_p is None else asked.top_p,
-                   top_k=d.top_k if asked.top_k is None else asked.top_k,
-                   min_p=d.min_p if asked.min_p is None else asked.min_p,
-                   repetition_penalty=asked.repetition_penalty,
-                   presence_penalty=asked.presence_penalty,
-                   frequency_penalty=asked.frequency_penalty, seed=asked.seed,
-                   stop=asked.stop, logprobs=asked.logprobs, constraint=constraint,
-                   logit_bias=asked.logit_bias, speculative=asked.speculative,
-                   draft_tokens=asked.draft_tokens)
+        given = {f.name: getattr(asked, f.name) for f in fields(cls)
+                 if getattr(asked, f.name, None) is not None}
+        return cls(**{**given, "max_tokens": max_tokens, "constraint": constraint})
 
 
 def make_sampling(sampling: Sampling, tokenizer: Any = None) -> tuple[Any, list[Any]]:
-    """mlx-lm's sampler and logits processors for a request. A constraint needs the
-    tokenizer (the grammar is matched against its vocabulary)."""
-    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+    """The request's sampler and logits processors: mlx-lm's penalties and logit bias,
+    then its grammar (which needs the tokenizer: it is matched against its vocabulary)
+    and its token rules (engine/runtime/rules.py)."""
+    from mlx_lm.sample_utils import make_logits_processors
 
-    if sampling.seed is not None and sampling.temperature > 0:
-        sampler = seeded_sampler(sampling)
-    else:
-        def build(top_k: int) -> Any:
-            return make_sampler(temp=sampling.temperature, top_p=sampling.top_p,
-                                min_p=sampling.min_p, top_k=top_k)
-        sampler = build(sampling.top_k)
-        if sampling.top_k > 0:  # a top_k of the vocabulary or more keeps every token
-            k, narrowed, every = sampling.top_k, sampler, build(0)
-            sampler = lambda lp: narrowed(lp) if k < lp.shape[-1] else every(lp)  # noqa: E731
+    sampler = make_sampler(sampling, tokenizer)
     bias = {int(k): float(v) for k, v in sampling.logit_bias} or None
+    window = sampling.repetition_context
+    window = 20 if window is None else window if window > 0 else 2**31 - 1 if window < 0 else 0
     processors = make_logits_processors(logit_bias=bias,
                                         repetition_penalty=sampling.repetition_penalty,
                                         presence_penalty=sampling.presence_penalty,
-                                        frequency_penalty=sampling.frequency_penalty)
+                                        frequency_penalty=sampling.frequency_penalty,
+                                        repetition_context_size=window,
+                                        presence_context_size=window,
+                                        frequency_context_size=window)
+    if window == 0:  # llama.cpp's repeat_last_n 0: the penalties look at nothing
+        processors = processors[:1] if bias else []
     if sampling.constraint is not None:
         if tokenizer is None:
             raise ValueError("an output constraint needs the tokenizer")
         from engine.runtime.grammar import GrammarProcessor
         processors.append(GrammarProcessor(sampling.constraint, tokenizer))
+    from engine.runtime.rules import TokenRules
+    rules = TokenRules(sampling, tokenizer)
+    if rules.active:
+        processors.append(rules)
     return sampler, processors
 
 
@@ -110,27 +119,49 @@ def token_sampler(sampling: Sampling, tokenizer: Any, prompt: list[int]
     return sample
 
 
-def seeded_sampler(sampling: Sampling) -> Any:
-    """mlx-lm's sampling chain drawing from the request's own random key. mlx-lm's draws
-    from MLX's global key, which every request in a batch shares: with its own key a
-    seeded request gives the same tokens in a batch as alone (the same draws as
-    mx.random.seed(seed) followed by mlx-lm's sampler)."""
+def make_sampler(sampling: Sampling, tokenizer: Any = None) -> Any:
+    """The request's sampler: its filters in its order (engine/runtime/filters.py), then a
+    draw at its temperature; argmax at temperature 0. A seeded request draws from its own
+    random key: mlx-lm's draws from MLX's global key, which every request in a batch
+    shares, so with its own key a seeded request gives the same tokens in a batch as alone
+    (the same draws as mx.random.seed(seed) followed by mlx-lm's sampler)."""
     import mlx.core as mx
-    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+    from mlx_lm.sample_utils import categorical_sampling, greedy_sampler
 
-    key = mx.random.key((sampling.seed or 0) % (2**63))
-    top_p, min_p, top_k, temp = (sampling.top_p, sampling.min_p, sampling.top_k,
-                                 sampling.temperature)
+    from engine.runtime.filters import chain
+
+    temp = sampling.temperature
+    if temp == 0:
+        return greedy_sampler
+    spared: list[Any] = []  # XTC's: end-of-sequence and newline, as llama.cpp's
+
+    def spare(vocab: int) -> Any:
+        if not spared:
+            ids = [] if tokenizer is None else [
+                *tokenizer.encode("\n", add_special_tokens=False), *tokenizer.eos_token_ids]
+            m = mx.zeros((vocab,), dtype=mx.bool_)
+            ids = [int(i) for i in ids if 0 <= int(i) < vocab]
+            if ids:
+                m[mx.array(ids)] = True
+            spared.append(m)
+        return spared[0]
+    filters, temp_last = chain(sampling, spare)
+    xtc = sampling.xtc_probability > 0
+    key = None if sampling.seed is None else mx.random.key(sampling.seed % (2**63))
 
     def sample(logprobs: Any) -> Any:
         nonlocal key
-        if 0 < top_p < 1.0:
-            logprobs = apply_top_p(logprobs, top_p)
-        if min_p != 0.0:
-            logprobs = apply_min_p(logprobs, min_p)
-        if 0 < top_k < logprobs.shape[-1]:  # of the vocabulary or more: every token
-            logprobs = apply_top_k(logprobs, top_k)
-        key, draw = mx.random.split(key)
+        draw = coin = None
+        if key is not None:
+            key, draw = mx.random.split(key)
+            if xtc:
+                draw, coin = mx.random.split(draw)
+        for f in filters:
+            logprobs = f(logprobs, coin)
+        if not temp_last:  # applied where the request's order put it
+            return mx.random.categorical(logprobs, key=draw)
+        if draw is None:
+            return categorical_sampling(logprobs, temp)
         return mx.random.categorical(logprobs * (1.0 / temp), key=draw)
 
     return sample
