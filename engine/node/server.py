@@ -243,6 +243,16 @@ async def shutdown(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+def _count_as(node: Node, cluster: Any) -> None:
+    """The node's name in /metrics' labels, and its machine's facts (memory, watts)."""
+    if cluster is None:
+        return
+    from engine.node.facts import capped
+    node.metrics.node = cluster.name
+    node.metrics.facts = lambda: capped(cluster.facts.describe(), node.memory_limit) \
+        if cluster.facts is not None else None
+
+
 def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
               verifier: Any = None, cluster_port: int = 0,
               cors_origins: list[str] | tuple[str, ...] = (), host: str = "127.0.0.1",
@@ -266,8 +276,11 @@ def build_app(node: Node, api_key: str | None = None, cluster: Any = None,
     app["requests"] = RequestLog()
     app["cluster"] = cluster
     app["stop"] = asyncio.Event()
+    from engine.node.metrics_routes import routes as metrics_routes
     from engine.node.settings_routes import routes as settings_routes
+    _count_as(node, cluster)
     app.add_routes(routes)
+    app.add_routes(metrics_routes)
     app.add_routes(settings_routes)
     app.add_routes(api_routes)
     if cluster is not None:

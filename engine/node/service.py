@@ -70,6 +70,10 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self._checked: dict[tuple[str, bool], tuple[tuple[float, ...], Any]] = {}
         self._preparing: asyncio.Task | None = None
+        from engine.node.metrics import NodeMetrics
+        # the figures of the requests served here: /metrics and the app's charts
+        self.metrics = NodeMetrics()
+        self.metrics.live = self._live
 
     # --- status ----------------------------------------------------------------------
     def status(self, cluster: ClusterInfo | None = None) -> StatusInfo:
@@ -84,6 +88,11 @@ class Node:
         """Whether this node's worker has requests in flight (safe from any thread)."""
         w = self.worker
         return bool(w is not None and w.alive and w.in_flight)
+
+    def _live(self) -> tuple[str, int, int] | None:
+        """(model, running, waiting) of the worker, for /metrics: what _streams says."""
+        w = self.worker
+        return (w.model_id, w.in_flight, w.waiting) if w is not None and w.alive else None
 
     def _streams(self) -> StreamsInfo:
         """Requests in flight and waiting, for the charts."""
@@ -229,6 +238,7 @@ class Node:
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
                          worker_args=self.worker_args + self._worker_flags(
                              model_id, kv_bits, group=dist_config is not None))
+        w.metrics = self.metrics
         if dist_config is not None:
             w.fail_hint = lambda: self.heal_hint(model_id)
         self.worker = w

@@ -69,6 +69,9 @@ class WorkerHandle:
         self.dead_reason: str | None = None
         # a group's: what a request that fails with the group is told happens next
         self.fail_hint: Callable[[], str | None] | None = None
+        # engine.node.metrics.NodeMetrics (set by the node): each request's figures
+        self.metrics: Any = None
+        self._tracks: dict[str, Any] = {}
 
     @property
     def in_flight(self) -> int:
@@ -135,9 +138,10 @@ class WorkerHandle:
                 if isinstance(ev, Fatal) and self._ready and not self._ready.done():
                     self._ready.set_exception(_load_error(ev))
                 continue
-            q = self._queues.get(getattr(ev, "id", ""))
+            rid = getattr(ev, "id", "")
+            q = self._queues.get(rid)
             if q is not None:
-                q.put_nowait(ev)
+                self._put(rid, q, ev)
         code = await self._proc.wait()
         if not self.dead_reason:
             self.dead_reason = self._exit_reason(code)
@@ -146,7 +150,8 @@ class WorkerHandle:
         if self._ready and not self._ready.done():
             self._ready.set_exception(failure)
         for rid, q in self._queues.items():
-            q.put_nowait(Error(rid, failure.code, failure.message, None, failure.status))
+            self._put(rid, q, Error(rid, failure.code, failure.message, None,
+                                    failure.status))
         self._on_event(Exited(code, self.dead_reason))
 
     def _exit_reason(self, code: int) -> str:
@@ -181,6 +186,9 @@ class WorkerHandle:
         """Context manager yielding the request's events (Accepted, Delta/ToolCall…,
         Done | Error). Leaving early cancels the generation in the worker."""
         rid = uuid.uuid4().hex
+        # a count (tokenize, count_tokens) is no generation: not a request in /metrics
+        track = None if self.metrics is None or request.count_only \
+            else self.metrics.start(self.model_id)
         self.waiting += 1
         try:
             await asyncio.wait_for(self._turn.acquire(), self.queue_wait_s)
@@ -192,6 +200,9 @@ class WorkerHandle:
             self.waiting -= 1
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
+        if track is not None:
+            track.begin()
+            self._tracks[rid] = track
         finished = False
 
         async def events() -> AsyncIterator[Event]:
@@ -204,7 +215,10 @@ class WorkerHandle:
                     await self.kill(f"The worker for {self.model_id} produced nothing for "
                                     f"{self.token_timeout:.0f} s and was stopped.")
                     failed = WorkerFailed(self.dead_reason or "The worker stalled.")
-                    yield Error(rid, failed.code, failed.message, None, failed.status)
+                    stalled = Error(rid, failed.code, failed.message, None, failed.status)
+                    if (t := self._tracks.get(rid)) is not None:
+                        t.see(stalled)
+                    yield stalled
                     return
                 if isinstance(ev, TERMINAL):
                     finished = True
@@ -244,8 +258,15 @@ class WorkerHandle:
         finally:
             self._end_turn(rid, on_turn)
 
+    def _put(self, rid: str, q: asyncio.Queue, ev: Any) -> None:
+        if (t := self._tracks.get(rid)) is not None:
+            t.see(ev)
+        q.put_nowait(ev)
+
     def _end_turn(self, rid: str, on_turn: Callable[[bool], None] | None) -> None:
         self._queues.pop(rid, None)
+        if (t := self._tracks.pop(rid, None)) is not None:
+            t.end()
         self._turn.release()
         if on_turn:
             on_turn(False)
