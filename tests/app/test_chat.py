@@ -285,9 +285,9 @@ def test_a_reply_at_the_default_length_offers_continue(qtbot, make_pane, tiny_no
     qtbot.mouseClick(reply.continue_button, Qt.MouseButton.LeftButton)
     assert pane.streaming and not reply.continue_button.isVisible()
     qtbot.waitUntil(lambda: not pane.streaming, timeout=30000)
-    sent = pane.client.sent[-1]["messages"]
-    assert sent[-2] == {"role": "assistant", "content": first}
-    assert sent[-1]["role"] == "user" and "Continue" in sent[-1]["content"]
+    sent = pane.client.sent[-1]
+    assert sent["messages"][-1] == {"role": "assistant", "content": first.rstrip()}
+    assert sent["continue_final"] is True  # the same message goes on (test_continue_final)
     conv = pane.current()
     assert [m.role for m in conv.messages] == ["user", "assistant"]  # the same bubble
     assert reply.message.content.startswith(first) and len(reply.message.content) > len(first)
