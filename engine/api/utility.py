@@ -133,8 +133,8 @@ async def _context_of(request: web.Request, model: str) -> int | None:
     return None
 
 
-def _pieces(acc: wire.Accepted, field: str) -> list[str]:
-    pieces = getattr(acc, "prompt_pieces", None)
+def _pieces(acc: wire.Accepted, field: str) -> list[str | list[int]]:
+    pieces = acc.prompt_pieces
     if pieces is None:
         raise BadRequest(f"'{field}': this node can't show each token's text yet; leave it "
                          "out.", param=field)
@@ -191,8 +191,9 @@ async def tokenize(request: web.Request) -> web.StreamResponse:
     ids = list(acc.prompt_ids or [])
     out: dict[str, Any] = {"count": len(ids), "max_model_len": ctx_len, "tokens": ids,
                            "token_strs": None}
-    if body.return_token_strs:
-        out["token_strs"] = _pieces(acc, "return_token_strs")
+    if body.return_token_strs:  # strings only: a split character's bytes as decoded
+        out["token_strs"] = [p if isinstance(p, str) else bytes(p).decode(errors="replace")
+                             for p in _pieces(acc, "return_token_strs")]
     return web.json_response(out)
 
 
