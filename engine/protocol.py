@@ -255,6 +255,7 @@ class Delta(Message):
     text: str
     kind: str = "content"
     logprobs: list[TokenLogprob] | None = None
+    generation_tokens: int | None = None  # the answer's tokens so far (continuous usage)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
+from engine.api.dialect_render import RunningUsage
 from engine.api.render import Drafts, Speed
+
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]  # vLLM's, keyed by token id
 
 
 class PromptDetails(TypedDict):
@@ -83,8 +86,9 @@ class Head(TypedDict):
 class Chunk(Head):
     object: str
     choices: list[ChunkChoice]
-    usage: NotRequired[Usage]
+    usage: NotRequired[Usage | RunningUsage]  # every chunk's: vLLM's continuous usage
     shoal: NotRequired[Speed]
+    prompt_logprobs: NotRequired[PromptLogprobs]  # vLLM's, on the finishing chunk
 
 
 class ChatCompletion(Head):
@@ -92,12 +96,13 @@ class ChatCompletion(Head):
     choices: list[Choice]
     usage: Usage
     shoal: Speed
+    prompt_logprobs: NotRequired[PromptLogprobs]
 
 
 class LegacyLogprobs(TypedDict):
     tokens: list[str]
     token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float]] | None
+    top_logprobs: list[dict[str, float] | None] | None  # None: the prompt's first token
     text_offset: list[int]
 
 
@@ -106,12 +111,13 @@ class TextChoice(TypedDict):
     text: str
     logprobs: LegacyLogprobs | None
     finish_reason: str | None
+    prompt_logprobs: NotRequired[PromptLogprobs]  # vLLM's
 
 
 class TextChunk(Head):
     object: str
     choices: list[TextChoice]
-    usage: NotRequired[Usage]
+    usage: NotRequired[Usage | RunningUsage]
 
 
 class ModelShoal(TypedDict, total=False):

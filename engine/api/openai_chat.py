@@ -7,8 +7,9 @@ from typing import Any, cast
 from aiohttp import web
 
 from engine import protocol as wire
-from engine.api import common
+from engine.api import common, dialect_map
 from engine.api.backend import backend
+from engine.api.dialect_render import TokenCount, echo_of, vllm_prompt_logprobs
 from engine.api.openai_bodies import (
     AnthropicModel,
     ChatCompletion,
@@ -113,15 +114,12 @@ def template_messages(msgs: list[ChatMessage]) -> list[wire.TemplateMessage]:
     return out
 
 
-def thinking_of(body: ChatCompletionRequest) -> bool | None:
-    kw = dict(body.chat_template_kwargs or {})
-    think = kw.pop("enable_thinking", None)
-    if kw:
-        raise BadRequest(f"'chat_template_kwargs': only enable_thinking is understood, not "
-                         f"{', '.join(kw)}.", param="chat_template_kwargs")
+def thinking_of(body: ChatCompletionRequest) -> tuple[bool | None, dict[str, Any]]:
+    """(the template's thinking switch, the rest of chat_template_kwargs)."""
+    think, kw = dialect_map.template_kwargs(body.chat_template_kwargs)
     if think is None and body.reasoning_effort is not None:
         think = body.reasoning_effort != "none"
-    return None if think is None else bool(think)
+    return think, kw
 
 
 REFUSED = {"audio": "this model answers in text only",
@@ -129,28 +127,60 @@ REFUSED = {"audio": "this model answers in text only",
                         "\"function\": ...}), the API's current form",
            "function_call": "use 'tool_choice', the API's current form",
            "web_search_options": "this node doesn't search the web; give the model a "
-                                 "search tool of your own"}
+                                 "search tool of your own",
+           "chat_template": "a template is code, which Shoal never takes from a request; "
+                            "the model's own template is used, and chat_template_kwargs "
+                            "sets its variables"}
+
+
+def top_logprobs_of(body: ChatCompletionRequest) -> int | None:
+    """How many alternatives each token's logprobs list (None: no logprobs): OpenAI's
+    logprobs + top_logprobs, or llama.cpp's n_probs (above 0 it turns them on)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+    n = body.n_probs
+    if body.logprobs and body.top_logprobs is not None and n is not None \
+            and n != body.top_logprobs:
+        raise BadRequest(f"'top_logprobs' ({body.top_logprobs}) and 'n_probs' ({n}) differ: "
+                         "send one.", param="n_probs")
+    if body.logprobs:
+        return body.top_logprobs if body.top_logprobs is not None else n or 0
+    return n or None
 
 
 def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
     for name, why in REFUSED.items():
         if getattr(body, name) is not None:
             raise BadRequest(f"'{name}' can't be served here: {why}.", param=name)
+    dialect_map.check(body)
     if body.n not in (None, 1):
         raise BadRequest("Only n=1 is supported: ask again for another answer.", param="n")
-    if body.top_logprobs is not None and not body.logprobs:
-        raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
-    sampling = body.sampling(body.max_completion_tokens or body.max_tokens,
-                             (body.top_logprobs or 0) if body.logprobs else None,
-                             constraint_of(body.response_format))
+    if body.add_special_tokens:
+        raise BadRequest("'add_special_tokens' can only be false on chat: the model's chat "
+                         "template places its special tokens.", param="add_special_tokens")
+    if body.n_predict == 0:
+        raise BadRequest("'n_predict' must be at least 1 on chat (or -1: no limit).",
+                         param="n_predict")
+    cont = bool(body.continue_final_message)
+    if cont and body.add_generation_prompt:
+        raise BadRequest("'continue_final_message' continues the last message, so "
+                         "'add_generation_prompt' can't also start a new one: set it false.",
+                         param="continue_final_message")
+    max_tokens = dialect_map.max_tokens_of(body, "max_completion_tokens", "max_tokens")
+    sampling = body.sampling(max_tokens, top_logprobs_of(body), dialect_map.structured(
+        body, constraint_of(body.response_format)))
     tools: list[wire.ToolSpec] | None = [
         {"type": "function", "function": cast(wire.ToolFunction, t.function.model_dump(
             exclude_none=True))} for t in body.tools] if body.tools else None
+    think, kwargs = thinking_of(body)
     return wire.GenerateRequest(
         messages=template_messages(body.messages), tools=tools,
         tool_choice=choose_tool(body.tools, body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        thinking=thinking_of(body), sampling=sampling)
+        thinking=think, sampling=sampling, continue_final=cont,
+        add_generation_prompt=not cont if body.add_generation_prompt is None
+        else body.add_generation_prompt,
+        documents=body.documents, template_kwargs=kwargs or None)
 
 
 def usage(done: wire.Done) -> Usage:
@@ -176,7 +206,8 @@ def call_json(c: wire.ToolCall, index: int | None = None) -> ToolCallJSON:
 class ChatRenderer:
     """/v1/chat/completions: chunks as OpenAI streams them (the role first, a tool call's
     name before its arguments, the finish with Shoal's speed figures, usage if asked),
-    or the one chat.completion object."""
+    or the one chat.completion object. vLLM's additions: the echoed final message, usage
+    on every chunk, the prompt's logprobs, tokens spelled by id."""
 
     media: str = "text/event-stream"
     keepalive_s: float | None = common.KEEPALIVE_S
@@ -184,8 +215,15 @@ class ChatRenderer:
     wants_progress: bool = True  # progress: the chat window's bubble
 
     def __init__(self, body: ChatCompletionRequest, ctx: Context):
-        self.ctx, self.logprobs = ctx, bool(body.logprobs)
-        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.ctx = ctx
+        self.logprobs = bool(body.logprobs) or bool(body.n_probs)
+        self.as_ids = bool(body.return_tokens_as_token_ids)
+        opts = body.stream_options
+        self.continuous = bool(opts and opts.continuous_usage_stats)
+        self.include_usage = bool(opts and (opts.include_usage or self.continuous
+                                            and opts.include_usage is None))
+        self.echo = echo_of(body.messages) if body.echo else ""
+        self.count = TokenCount(ctx.prompt_tokens)
         self.base: Head = {"id": ctx.ids("chatcmpl-"), "created": int(ctx.now()),
                            "model": ctx.model}
         self.ttft: float | None = None
@@ -195,11 +233,18 @@ class ChatRenderer:
                lps: list[TokenLogprob] | None = None) -> Chunk:
         c: ChunkChoice = {"index": 0, "delta": delta, "finish_reason": finish}
         if self.logprobs:
-            c["logprobs"] = {"content": logprobs_json(lps), "refusal": None} if lps else None
-        return {**self.base, "object": "chat.completion.chunk", "choices": [c]}
+            c["logprobs"] = {"content": logprobs_json(lps, self.as_ids),
+                             "refusal": None} if lps else None
+        out: Chunk = {**self.base, "object": "chat.completion.chunk", "choices": [c]}
+        if self.continuous:
+            out["usage"] = self.count.usage()
+        return out
 
     def start(self) -> list[bytes]:
-        return [sse(self._chunk({"role": "assistant", "content": ""}))]
+        out = [sse(self._chunk({"role": "assistant", "content": ""}))]
+        if self.echo:
+            out.append(sse(self._chunk({"content": self.echo})))
+        return out
 
     def keepalive(self) -> bytes:
         return SSE_KEEPALIVE
@@ -212,6 +257,7 @@ class ChatRenderer:
         if isinstance(ev, wire.Error):
             return [sse(error_of(ev).to_openai())]
         if isinstance(ev, wire.Delta):
+            self.count.add(ev)
             delta: ChunkDelta = {"reasoning_content": ev.text} if ev.kind == "reasoning" \
                 else {"content": ev.text}
             return [sse(self._chunk(delta, lps=ev.logprobs))]
@@ -223,8 +269,11 @@ class ChatRenderer:
             return [sse(self._chunk({"tool_calls": [first]})),
                     sse(self._chunk({"tool_calls": [rest]}))]
         if isinstance(ev, wire.Done):
+            self.count.n = ev.generation_tokens
             last = self._chunk({}, finish_of(ev), ev.logprobs)
             last["shoal"] = speed(ev, self.ttft)
+            if ev.prompt_logprobs is not None:
+                last["prompt_logprobs"] = vllm_prompt_logprobs(ev.prompt_logprobs, self.as_ids)
             out = [sse(last)]
             if self.include_usage:
                 tail: Chunk = {**self.base, "object": "chat.completion.chunk", "choices": [],
@@ -238,8 +287,9 @@ class ChatRenderer:
 
     def answer(self, a: Answer) -> ChatCompletion:
         assert a.done is not None
+        content = self.echo + a.content
         msg: Message = {"role": "assistant",
-                        "content": a.content or (None if a.tool_calls else "")}
+                        "content": content or (None if a.tool_calls else "")}
         if a.reasoning:
             msg["reasoning_content"] = a.reasoning
         if a.tool_calls:
@@ -247,9 +297,14 @@ class ChatRenderer:
         choice: Choice = {"index": 0, "finish_reason": finish_of(a.done),
                           "message": msg, "logprobs": None}
         if self.logprobs:
-            choice["logprobs"] = {"content": logprobs_json(a.logprobs), "refusal": None}
-        return {**self.base, "object": "chat.completion", "choices": [choice],
-                "usage": usage(a.done), "shoal": speed(a.done, self.ctx.since_start())}
+            choice["logprobs"] = {"content": logprobs_json(a.logprobs, self.as_ids),
+                                  "refusal": None}
+        out: ChatCompletion = {**self.base, "object": "chat.completion", "choices": [choice],
+                               "usage": usage(a.done),
+                               "shoal": speed(a.done, self.ctx.since_start())}
+        if a.done.prompt_logprobs is not None:
+            out["prompt_logprobs"] = vllm_prompt_logprobs(a.done.prompt_logprobs, self.as_ids)
+        return out
 
 
 routes.post("/v1/chat/completions")(handler(Endpoint(ChatCompletionRequest, to_request,

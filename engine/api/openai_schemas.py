@@ -1,18 +1,31 @@
 """OpenAI's wire schemas (chat completions and completions) as pydantic models, and the
 sampling fields every protocol maps onto. Unknown fields are refused, not dropped: each one a
-client may send is either honoured here or listed as harmless (metadata, user, store)."""
+client may send is either honoured here or listed as harmless (metadata, user, store).
+
+Besides the official SDKs' fields, both routes take vLLM's and llama.cpp's extensions
+(engine/api/dialect_fields.py), the de-facto standard of local servers.
+
+Every request schema class says how it treats its fields in a class-level
+`TREATMENT: ClassVar[dict[str, str]]` (docs/api.md's field table is generated from it):
+- "hint": accepted and logged once (engine/api/hints.py), with no effect on the answer;
+- "refused": any value is a 400 naming the field;
+- a short sentence: honoured only in part, e.g. "only 1" or "only 0: Shoal has no
+  mirostat sampler" (other values are a 400 naming the field);
+- a field not in it is honoured.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.api import dialect_map
+from engine.api.dialect_fields import MAX_TOKENS_LIMIT, LlamaCppFields, VllmFields
 from engine.errors import BadRequest
 from engine.protocol import Constraint, SamplingRequest
 
-MAX_TOKENS_LIMIT = 1_000_000  # beyond any context window: a typo, not a request
 # logit_bias: each key indexes the logits; the worker checks it against the vocabulary
 TOKEN_ID = re.compile(r"[0-9]{1,10}")
 MAX_BIASED = 1024
@@ -41,6 +54,7 @@ class Drafts(Strict):
 
 
 class SamplingFields(Drafts):
+    TREATMENT: ClassVar[dict[str, str]] = {}
     temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0, le=TOP_K_LIMIT)
@@ -80,12 +94,13 @@ class SamplingFields(Drafts):
 
     def sampling(self, max_tokens: int | None, logprobs: int | None = None,
                  constraint: Constraint | None = None) -> SamplingRequest:
+        """The sampler's request, with vLLM's and llama.cpp's extensions where the body
+        has them (engine/api/dialect_map.py)."""
         return SamplingRequest.of(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            seed=self.seed, stop=self.stop, logit_bias=self.logit_bias, logprobs=logprobs,
-            constraint=constraint, **self.drafts())
+            top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=self.stop,
+            logit_bias=self.logit_bias, logprobs=logprobs, constraint=constraint,
+            **dialect_map.penalties(self), **dialect_map.extensions(self), **self.drafts())
 
 
 class FunctionDef(Strict):
@@ -152,11 +167,27 @@ CHAT_HINTS = ("user", "metadata", "store", "service_tier", "safety_identifier",
 
 
 class StreamOptions(Strict):
+    TREATMENT: ClassVar[dict[str, str]] = {"include_obfuscation": "hint"}
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's: usage on every chunk
 
 
-class ChatCompletionRequest(SamplingFields):
+def treatment(*parts: type, **own: str) -> dict[str, str]:
+    """A request class's TREATMENT: its parts' and its own."""
+    out: dict[str, str] = {}
+    for p in parts:
+        out.update(getattr(p, "TREATMENT", {}))
+    return {**out, **own}
+
+
+class ChatCompletionRequest(SamplingFields, VllmFields, LlamaCppFields):
+    TREATMENT: ClassVar[dict[str, str]] = treatment(
+        VllmFields, LlamaCppFields, **dict.fromkeys(CHAT_HINTS, "hint"),
+        n="only 1", audio="refused", functions="refused", function_call="refused",
+        web_search_options="refused", chat_template="refused",
+        modalities="only [\"text\"]",
+        add_special_tokens="only false: the chat template places the special tokens")
     model: str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
@@ -172,6 +203,13 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's chat extensions
+    echo: bool | None = None  # the final assistant message begins the answer shown
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    documents: list[dict[str, Any]] | None = Field(default=None, max_length=256)
+    chat_template: str | None = None  # refused: a template is code
+    add_special_tokens: bool | None = None
     # Harmless: bookkeeping a local server has no use for.
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -193,7 +231,7 @@ class ChatCompletionRequest(SamplingFields):
 
     def hints(self) -> list[str]:
         """The bookkeeping and hint fields this request carries (accepted, not used)."""
-        return [k for k in CHAT_HINTS if getattr(self, k) is not None]
+        return dialect_map.hints_of(self, self.TREATMENT)
 
 
 def constraint_of(fmt: ResponseFormat | None) -> Constraint | None:

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypedDict
 
 from engine import protocol as wire
 from engine.errors import ShoalError
-from engine.records import TokenLogprob
+from engine.records import TokenLogprob, TopLogprob
 
 SSE_KEEPALIVE = b": keep-alive\n\n"  # a comment line: every SSE client skips it
 
@@ -47,9 +47,29 @@ class Answer:
             self.logprobs += ev.logprobs
 
 
-def logprobs_json(lps: list[TokenLogprob] | None) -> list[dict[str, Any]]:
-    """Tokens' log-probabilities as OpenAI, the Responses API and Ollama all spell them."""
-    return [e.to_json() for e in lps or []]
+def logprobs_json(lps: list[TokenLogprob] | None, as_ids: bool = False
+                  ) -> list[dict[str, Any]]:
+    """Tokens' log-probabilities as OpenAI, the Responses API and Ollama all spell them
+    (without the token ids records may carry); `as_ids`: each token spelled "token_id:<id>"
+    (vLLM's return_tokens_as_token_ids), for tokens whose text isn't valid UTF-8."""
+    out = []
+    for e in lps or []:
+        d = e.to_json()
+        d.pop("id", None)
+        top = [t.to_json() for t in e.top_logprobs]
+        for t, tj in zip([e, *e.top_logprobs], [d, *top]):
+            tj.pop("id", None)
+            if as_ids:
+                tj["token"] = token_name(t, True)
+        d["top_logprobs"] = top
+        out.append(d)
+    return out
+
+
+def token_name(t: TopLogprob, as_ids: bool) -> str:
+    """A token as logprobs name it: its text, or "token_id:<id>" (vLLM's
+    return_tokens_as_token_ids) where the record carries its id."""
+    return f"token_id:{t.id}" if as_ids and t.id is not None else t.token
 
 
 def error_of(ev: wire.Error) -> ShoalError:
