@@ -73,22 +73,54 @@ def token_limit(model: Any, tokenizer: Any) -> int:
     return min(vocab, known) if known else vocab
 
 
-def check_request(req: GenerateRequest, limit: int) -> None:
-    """A 400 naming the field for any id the request carries that this model hasn't, and
-    for a bias that isn't a finite number (the API checked both; the pipe is re-checked
-    on the side that indexes with it)."""
-    for token, bias in req.sampling.logit_bias:
-        if not 0 <= token < limit:
+MAX_PROMPT_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_IDS = 4096  # stop_token_ids, allowed_token_ids: more than any real list
+
+
+def check_request(req: GenerateRequest, limit: int, ctx_len: int | None = None) -> None:
+    """A 400 naming the field for any id the request carries that this model hasn't, for
+    a bias that isn't a finite number, and for a prompt_logprobs or truncate_prompt_tokens
+    out of range (the API checked them; the pipe is re-checked on the side that indexes
+    with them). `ctx_len`: the context, which truncate_prompt_tokens can't exceed."""
+    s = req.sampling
+    for token, bias in s.logit_bias:
+        if not _is_id(token, limit):
             raise BadRequest(f"'logit_bias' key {token} is not a token id of this model "
                              f"(0 to {limit - 1}).", param="logit_bias")
         if not math.isfinite(bias) or not -100 <= bias <= 100:
             raise BadRequest(f"'logit_bias' for token {token} is {bias}: biases are "
                              "between -100 and 100.", param="logit_bias")
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        ids = getattr(s, name)
+        if len(ids) > MAX_IDS:
+            raise BadRequest(f"'{name}' holds {len(ids)} ids; at most {MAX_IDS} are taken.",
+                             param=name)
+        bad = next((t for t in ids if not _is_id(t, limit)), None)
+        if bad is not None:
+            raise BadRequest(f"'{name}' holds {bad!r}, which is not a token id of this model "
+                             f"(0 to {limit - 1}).", param=name)
+    k = s.prompt_logprobs
+    if k is not None and (not _is_int(k) or not 0 <= k <= MAX_PROMPT_LOGPROBS):
+        raise BadRequest(f"'prompt_logprobs' is {k!r}: it is between 0 and "
+                         f"{MAX_PROMPT_LOGPROBS}.", param="prompt_logprobs")
+    k = s.truncate_prompt_tokens
+    if k is not None and (not _is_int(k) or k < 1 or (ctx_len is not None and k > ctx_len)):
+        most = f" and at most the context, {ctx_len}" if ctx_len is not None else ""
+        raise BadRequest(f"'truncate_prompt_tokens' is {k!r}: it is at least 1{most}.",
+                         param="truncate_prompt_tokens")
     if isinstance(req.prompt, list):  # before it is decoded: the tokenizer takes only u32
         bad = _first_outside(req.prompt, limit)
         if bad is not None:
             raise BadRequest(f"'prompt' holds {bad}, which is not a token id of this model "
                              f"(0 to {limit - 1}).", param="prompt")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_id(v: object, limit: int) -> bool:
+    return _is_int(v) and 0 <= v < limit  # type: ignore[operator]
 
 
 def check_prompt(prompt: list[int], limit: int, req: GenerateRequest) -> None:

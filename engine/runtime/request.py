@@ -25,9 +25,11 @@ from engine.protocol import (
     ToolCall,
     ToolSpec,
 )
-from engine.records import TokenLogprob, TopLogprob
+from engine.records import TokenLogprob
 from engine.runtime.harmony import HarmonySplitter, is_harmony
+from engine.runtime.prompt_logprobs import entry
 from engine.runtime.sampling import Sampling
+from engine.runtime.template import plain, render, template_kwargs
 from engine.runtime.toolcalls import (
     GENERIC_END,
     GENERIC_PROMPT,
@@ -137,22 +139,25 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
     constraint: Constraint | None = None
     if req.messages is None:  # a raw prompt: no template, no markers
         # (a token prompt's ids were checked before: the tokenizer decodes only u32)
+        special = {} if req.add_special is None else {"add_special_tokens": req.add_special}
         prompt = req.prompt if isinstance(req.prompt, list) else \
-            _encode(tokenizer, req.prompt or "", ctx_len)
+            _encode(tokenizer, req.prompt or "", ctx_len, **special)
         text = req.prompt if isinstance(req.prompt, str) else tokenizer.decode(prompt)
         if req.suffix is not None:
             prompt = _fill_in_the_middle(tokenizer, prompt, req.suffix)
         return prompt, text, OutputSplitter(), None
     msgs = _messages(req, generic=bool(tools) and not native)
-    kwargs: dict[str, Any] = {"tools": tools} if native else {}
-    if req.thinking is not None:
-        kwargs["enable_thinking"] = req.thinking
+    kwargs: dict[str, Any] = {**template_kwargs(req), **({"tools": tools} if native else {})}
     if getattr(tokenizer, "has_chat_template", False):
-        text = _render(tokenizer, msgs, req.continue_final, kwargs)
-        prompt = _encode(tokenizer, text, ctx_len, add_special_tokens=False)
-    else:  # no template: plain "role: content" lines, the least surprising fallback
-        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in msgs) + "assistant: "
-        prompt = _encode(tokenizer, text, ctx_len)
+        text = render(tokenizer, msgs, req, kwargs)
+        prompt = _encode(tokenizer, text, ctx_len, add_special_tokens=bool(req.add_special))
+    else:
+        if req.documents:
+            raise BadRequest("'documents': this model has no chat template to take them; "
+                             "put their text in a message instead.", param="documents")
+        text = plain(msgs, req)
+        special = {} if req.add_special is None else {"add_special_tokens": req.add_special}
+        prompt = _encode(tokenizer, text, ctx_len, **special)
     think = None
     if getattr(tokenizer, "has_thinking", False) and not forced:
         think = (tokenizer.think_start, tokenizer.think_end)
@@ -174,53 +179,6 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
     return prompt, text, splitter, constraint
 
 
-def _render(tokenizer: Any, msgs: list[TemplateMessage], continue_final: bool,
-            kwargs: dict[str, Any]) -> str:
-    """The chat template's text. Many templates refuse a system turn past the first or two
-    turns of one role in a row (agents send both): those get the conversation folded as
-    the Anthropic API folds it, system turns into the next user turn, same-role turns
-    joined."""
-    ends = {"add_generation_prompt": not continue_final,
-            "continue_final_message": continue_final} if continue_final else \
-        {"add_generation_prompt": True}
-    try:
-        return str(tokenizer.apply_chat_template(msgs, tokenize=False, **ends, **kwargs))
-    except Exception as first:  # templates raise on conversations they don't allow
-        folded = fold_turns(msgs)
-        if folded == msgs:
-            raise BadRequest(f"The model's chat template refused this conversation: {first}",
-                             param="messages") from None
-        try:
-            return str(tokenizer.apply_chat_template(folded, tokenize=False, **ends,
-                                                     **kwargs))
-        except Exception as e:
-            raise BadRequest(f"The model's chat template refused this conversation: {e}",
-                             param="messages") from None
-
-
-def fold_turns(msgs: list[TemplateMessage]) -> list[TemplateMessage]:
-    """System turns after the first become text of the next user turn; consecutive user
-    (or assistant) turns without tool calls become one."""
-    out: list[TemplateMessage] = []
-    carry = ""
-    for i, m in enumerate(msgs):
-        if m["role"] == "system" and i > 0:
-            carry += f"{m.get('content') or ''}\n\n"
-            continue
-        m = m.copy()
-        if carry and m["role"] == "user":
-            m["content"], carry = carry + str(m.get("content") or ""), ""
-        prev = out[-1] if out else None
-        if prev and prev["role"] == m["role"] and m["role"] in ("user", "assistant") \
-                and not prev.get("tool_calls") and not m.get("tool_calls"):
-            prev["content"] = f"{prev.get('content') or ''}\n\n{m.get('content') or ''}"
-            continue
-        out.append(m)
-    if carry:
-        out.append({"role": "user", "content": carry.strip()})
-    return out
-
-
 FIM_TOKENS = [("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
               ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, SmolLM
               ("<PRE>", "<SUF>", "<MID>")]  # Code Llama
@@ -237,14 +195,21 @@ def _fill_in_the_middle(tokenizer: Any, prefix: list[int], suffix: str) -> list[
                      "alone.", param="suffix")
 
 
-def _entry(tokenizer: Any, token: int, logprob: float,
-           top: tuple[tuple[int, float], ...]) -> TokenLogprob:
-    def one(t: int, lp: float) -> TopLogprob:
-        s = tokenizer.decode([t])
-        return TopLogprob(s, lp, list(s.encode()))
-    first = one(token, logprob)
-    return TokenLogprob(first.token, first.logprob, first.bytes,
-                        [one(t, lp) for t, lp in top])
+def _prompt(tokenizer: Any, req: GenerateRequest, ctx_len: int
+            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, Constraint | None]:
+    """prepare(), then the prompt's last truncate_prompt_tokens tokens where it asks for
+    fewer (the prompt's text then is theirs)."""
+    k = req.sampling.truncate_prompt_tokens
+    if k is None:
+        return prepare(tokenizer, req, ctx_len)
+    if req.suffix is not None:  # cutting it would cut the fill-in-the-middle markers
+        raise BadRequest("'truncate_prompt_tokens' can't be combined with 'suffix'.",
+                         param="truncate_prompt_tokens")
+    prompt, text, splitter, constraint = prepare(tokenizer, req, None)  # may run past ctx
+    if len(prompt) > k:
+        prompt = prompt[-k:]
+        text = str(tokenizer.decode(prompt))
+    return prompt, text, splitter, constraint
 
 
 PROGRESS_EVERY_S = 0.5  # prefill progress reaches the node at most this often
@@ -272,26 +237,37 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     `limit`: one past the largest token id the model takes (engine/runtime/bounds.py);
     every id the request carries is checked against it before anything indexes with it."""
     from engine.runtime.bounds import check_prompt, check_request, token_limit
+    from engine.runtime.prompt_logprobs import compute, refuse_split
 
     s = req.sampling
     limit = token_limit(model, tokenizer) if limit is None else limit
-    check_request(req, limit)
     ctx_len = min(ctx_len, s.context_limit or ctx_len)  # Ollama's num_ctx
-    prompt, text, splitter, constraint = prepare(tokenizer, req, ctx_len)
+    check_request(req, limit, ctx_len)
+    if s.prompt_logprobs is not None:
+        refuse_split(model)
+    prompt, text, splitter, constraint = _prompt(tokenizer, req, ctx_len)
     check_prompt(prompt, limit, req)
-    if len(prompt) >= ctx_len:
+    if len(prompt) > ctx_len or (len(prompt) == ctx_len and s.max_tokens != 0):
         raise too_long(str(len(prompt)), ctx_len)
-    emit(Accepted(rid, len(prompt), text if req.messages is None else None))
+    shown = text if req.messages is None or req.show_prompt else None
+    emit(Accepted(rid, len(prompt), shown, list(prompt) if req.show_prompt else None))
     if req.count_only:
         emit(Done(rid, "stop", len(prompt), 0))
         return
     if s.constraint and constraint:
         raise BadRequest("A forced tool call and a response_format can't be combined.",
-                         param="response_format")
+                         param=s.constraint.get("param") or "response_format")
     grammar = s.constraint or constraint
     if grammar is not None:  # a bad schema is the client's 400, before any rank runs
         from engine.runtime.grammar import check_constraint
         check_constraint(grammar, tokenizer, "tools" if constraint else "response_format")
+    scored = None
+    if s.prompt_logprobs is not None:
+        scored = compute(model, tokenizer, prompt, s.prompt_logprobs, cancel)
+    if cancel.is_set() or s.max_tokens == 0:  # max_tokens 0: the prompt's logprobs alone
+        emit(Done(rid, "cancelled" if cancel.is_set() else "length", len(prompt), 0,
+                  prompt_logprobs=scored))
+        return
     sampling = Sampling.of(s, min(s.max_tokens or ctx_len, ctx_len - len(prompt)), grammar)
     lps: list[TokenLogprob] = []
     records = gen(model, tokenizer, prompt, sampling, cancel,
@@ -299,7 +275,7 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     try:
         for r in records:
             if r.logprob is not None and r.token is not None:
-                lps.append(_entry(tokenizer, r.token, r.logprob, r.top_logprobs))
+                lps.append(entry(tokenizer, r.token, r.logprob, r.top_logprobs))
             pieces = splitter.feed(r.text)
             if r.finish_reason is not None:
                 pieces += splitter.finish()
@@ -320,7 +296,8 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
                           r.generation_tps, r.peak_memory_gb, lps or None,
                           getattr(r, "stop_sequence", None),
                           getattr(r, "cached_tokens", 0),
-                          getattr(r, "drafted_tokens", 0), getattr(r, "accepted_tokens", 0)))
+                          getattr(r, "drafted_tokens", 0), getattr(r, "accepted_tokens", 0),
+                          prompt_logprobs=scored))
                 return
     finally:
         close = getattr(records, "close", None)
