@@ -261,13 +261,11 @@ async def props(request: web.Request) -> web.Response:
             raise BadRequest("No model is loaded: name one with ?model=<id>.", param="model")
         name = local[0].id
     found = next((m for m in local if m.id == name), None)
-    if found is None:
-        remote = next((r for r in be.remote_models() if r.id == name), None)
-        if remote is None:
-            raise ModelNotFound(f"The model '{name}' is not on this node.", param="model")
-        ctx, template = remote.instance.get("context_length"), ""
-    else:
-        ctx, template = found.context_length, chat_template(found.path)
+    if found is None and not any(r.id == name for r in be.remote_models()):
+        raise ModelNotFound(f"The model '{name}' is not on this node.", param="model")
+    # a model another node serves, without its files here: its name is all this node knows
+    ctx = found.context_length if found else None
+    template = chat_template(found.path) if found else ""
     return web.json_response({
         "default_generation_settings": {"n_ctx": ctx, "model": name,
                                         "params": DEFAULT_PARAMS},
