@@ -54,6 +54,7 @@ class Job:
     accepted: int = 0
     started: float = 0.0  # when it began decoding (the drafting log line's figure)
     cut: bool = False  # memory ran short: its next token is its last ("length")
+    cancel: threading.Event | None = None  # set when its client leaves
     ends: frozenset[int] = frozenset()  # the tokens that end it (rules.stop_tokens)
 
     def __post_init__(self) -> None:
@@ -78,7 +79,7 @@ class Streams:
     def __call__(self, model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
                  cancel: threading.Event | None = None,
                  progress: ProgressFn | None = None) -> Iterator[Record]:
-        job = Job(prompt, sampling, tokenizer)
+        job = Job(prompt, sampling, tokenizer, cancel=cancel)
         self._inbox.put(("add", job))
         shown = Shown(tokenizer, sampling)
         tic, first, n, done = time.perf_counter(), 0.0, 0, False
@@ -237,7 +238,9 @@ class Batcher(Streams):
                     "(%d tokens) ends here", longest.emitted)
 
     def _take(self, block: bool) -> None:
-        """Apply the requests' adds and removes (waiting for one when idle)."""
+        """Apply the requests' adds and removes (waiting for one when idle); prompts whose
+        clients left go first (_sweep)."""
+        self._sweep()
         while True:
             try:
                 kind, job = self._inbox.get(block=block)
@@ -245,6 +248,7 @@ class Batcher(Streams):
                 return
             block = False
             if kind == "add":
+                self._sweep()
                 try:
                     self._add(job)
                 except Exception as e:  # e.g. a grammar that can't be built, no room
@@ -252,10 +256,41 @@ class Batcher(Streams):
             elif job in self._held:
                 self._held.remove(job)
             elif job.uid in self._jobs:
-                self._drop(job.uid)
-                self._gen.remove([job.uid])
+                self._leave(job.uid)
                 if self._held:
                     self._admit_held()
+
+    def _sweep(self) -> None:
+        """Prompts whose clients left mid-prefill leave now, before anyone joins: the node
+        sends the cancel before a retry, so a retry sent at once finds what they
+        prefilled (their own threads would tell this one only at their next poll)."""
+        left = [uid for uid, j in self._jobs.items()
+                if not j.emitted and j.cancel is not None and j.cancel.is_set()]
+        for uid in left:
+            self._leave(uid)
+        if left and self._held:
+            self._admit_held()
+
+    def _leave(self, uid: int) -> None:
+        """A request leaves before its end; one still prefilling leaves the chunks it did
+        in the prefix cache (engine/runtime/prefix.py partial()), its cache as it stands."""
+        from engine.runtime.generate import cache_holds
+
+        job = self._jobs[uid]
+        self._drop(uid)
+        # (stage 1: mlx-lm's prompt batch; a sequence that moved on to decode may have fed
+        # its last token already, which recurrent state wouldn't show)
+        if job.emitted or self._gen._find_uids([uid]).get(uid, (0,))[0] != 1:
+            self._gen.remove([uid])
+            return
+        got = self._gen.remove([uid], return_prompt_caches=True).get(uid)
+        if got is None:
+            return
+        cache, tokens = got[0], list(got[1] or [])
+        n = len(tokens)
+        if job.cached < n < len(job.prompt) and tokens == job.prompt[:n] \
+                and cache_holds(cache, n):
+            self.prefix.partial(tokens, cache)
 
     def _add(self, job: Job) -> None:
         from mlx_lm.generate import StopSequences

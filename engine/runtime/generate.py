@@ -86,8 +86,10 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
     fed = list(prompt)  # every token the cache holds: mlx-lm feeds each one it yields
     tell = progress or (lambda cached, done, total: None)
     tell(cached, cached, len(prompt))
+    held = [cached]  # the prompt tokens the cache holds: every chunk done is in
 
     def prefilled(done: int, total: int) -> None:
+        held[0] = cached + done
         if prefix is not None and cached + done == len(prompt) - 1:  # all but its last
             prefix.mark(prompt, cache)
         tell(cached, cached + done, len(prompt))
@@ -120,11 +122,14 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
         if n == 0:  # nothing asked for (max_tokens 0): keep the one-finish promise
             yield Record("", None, "length", len(prompt), 0, 0.0, 0.0, 0.0,
                          cached_tokens=cached)
-    except _Cancelled:  # left during the prefill: nothing was generated
+    except _Cancelled:  # left during the prefill: nothing was generated, but the chunks
+        fed = []         # done are kept, so a retry of the prompt starts where this stopped
+        if prefix is not None and held[0] > cached and cache_holds(cache, held[0]):
+            prefix.partial(prompt[:held[0]], cache)
         yield Record("", None, "cancelled", len(prompt), 0, 0.0, 0.0, 0.0,
                      cached_tokens=cached)
     finally:
-        if prefix is not None and cache_holds(cache, len(fed)):
+        if prefix is not None and fed and cache_holds(cache, len(fed)):
             prefix.finish(fed, cache)
 
 

@@ -61,6 +61,7 @@ class Scheduler:
         plan = Plan(lane=lane, hidden=self.hidden, dtype=self.dtype,
                     trim=self.trims.pop(lane, []))
         apply_trim(plan, st)
+        self._sweep()
         plan.drop = [i for i, s in enumerate(seqs) if uid(s) in self.gone]
         plan.cancel = [i for i, s in enumerate(st.pending) if uid(s) in self.gone]
         self._forget([seqs[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
@@ -188,8 +189,16 @@ class Scheduler:
         """A request's thread is done with it (cancelled, stopped on a stop string)."""
         if job in self.waiting:
             self.waiting.remove(job)
-        elif job.uid is not None:
+        elif job.uid in self.jobs:  # (_sweep may have let it go already)
             self.gone.add(job.uid)
+
+    def _sweep(self) -> None:
+        """Prompts whose clients left mid-prefill leave at this plan, before anyone joins:
+        the node sends the cancel before a retry, so a retry sent at once finds the chunks
+        they did (their own threads would say so only at their next poll)."""
+        for s in self.state.pending:
+            if s.job is not None and s.job.cancel is not None and s.job.cancel.is_set():
+                self.gone.add(uid(s))
 
     def _forget(self, seqs: list[Seq]) -> None:
         for s in seqs:

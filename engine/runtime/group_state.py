@@ -8,7 +8,7 @@ next lane's; tensor groups have one lane. Each prefilling prompt has its own cac
 
 Every rank applies the plans in the order rank 0 sent them, so caches, lanes and prefix
 tries stay alike: the rules below (which lane a prompt joins, which KV goes into the prefix
-cache) read only that shared state.
+cache, a cancelled prompt's chunks among it) read only that shared state.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ class Seq:
     next: int | None = None    # the token it feeds at its lane's next step
     guesses: list[int] = field(default_factory=list)  # rank 0: drafted for its step
     drafter: Any = None        # rank 0: its drafter (engine/runtime/speculative.py)
+    cached: int = 0            # its prompt tokens the prefix cache gave it
 
     @property
     def left(self) -> int:
@@ -162,10 +163,15 @@ class State:
             else:
                 lane.batch = None
         gone = set(plan.cancel)
+        for s in [s for i, s in enumerate(self.pending) if i in gone]:
+            # a prompt left mid-prefill: the chunks it did stay (this rank's layers of
+            # them), so a retry starts where it stopped
+            if s.cache is not None and len(s.tokens) > s.cached:
+                self.prefix.partial(s.tokens, s.cache)
         self.pending = [s for i, s in enumerate(self.pending) if i not in gone]
 
     def admit(self, prompt: list[int], cache: list[Any] | None, cached: int) -> Seq:
-        seq = Seq(prompt, list(prompt[:cached]), cache or self.make_cache())
+        seq = Seq(prompt, list(prompt[:cached]), cache or self.make_cache(), cached=cached)
         self.pending.append(seq)
         return seq
 

@@ -9,6 +9,10 @@
 - Eviction is LRU within a token budget and an entry count, both identical on every rank
   of a group; followers don't evict by themselves but trim to the count rank 0 kept, so
   their tries hold the same keys and make the same decision for every prompt.
+- A request whose client leaves mid-prefill keeps what its chunks computed (partial()),
+  so a retry of the prompt (an SDK's timeout, Stop and send again) starts where it stopped.
+  It is kept once, at the cancel, as the cache stands then: no copy per chunk, and one
+  entry per prompt (a longer one replaces it), in memory only.
 - With a disk tier (engine/runtime/disk_cache.py) finished prompts are also written to
   the SSD. In one process a lookup that finds more there than in memory loads it; a
   group's ranks read their disks only as the group forms (engine/runtime/group_disk.py),
@@ -45,6 +49,7 @@ class PrefixCache:
         self.lru = LRUPromptCache(max_size=max_entries if leader else 1 << 30)
         self.hits = self.lookups = 0
         self._snapshot: tuple[list[int], list[Any]] | None = None
+        self._partials: list[list[int]] = []  # keys partial() stored, until superseded
 
     def __len__(self) -> int:
         return len(self.lru)
@@ -109,6 +114,20 @@ class PrefixCache:
                 self.disk.put(list(key), c)
         self._evict()
 
+    def partial(self, tokens: list[int], cache: list[Any]) -> None:
+        """A request left mid-prefill with `cache` holding exactly `tokens`, a prefix of its
+        prompt: keep it as it stands (the request is over: no copy), so a retry starts
+        here. Any cache can resume from a prefix of its prompt, rewindable or not; not on
+        disk (a write would delay the retry, and the finished prompt is written anyway).
+        Same on every rank of a group (followers evict as rank 0 says)."""
+        if self._snapshot is not None and self._snapshot[0] == list(tokens):
+            self._snapshot = None  # mark()'s copy of this very state: kept once is enough
+        if self.budget_tokens <= 0 or len(tokens) < 2:
+            return
+        self._store(tokens, cache)
+        self._partials.append(list(tokens))
+        self._evict()
+
     def _from_disk(self, prompt: list[int], have: int) -> bool:
         """Load the disk's best entry for `prompt` into memory where it holds more than
         the `have` tokens memory does."""
@@ -139,6 +158,24 @@ class PrefixCache:
     def _store(self, tokens: list[int], cache: list[Any]) -> None:
         if self.budget_tokens > 0 and tokens and len(tokens) <= self.budget_tokens:
             self.lru.insert_cache(KEY, list(tokens), cache)
+            self._supersede(list(tokens))
+
+    def _supersede(self, tokens: list[int]) -> None:
+        """Drop the partial entries `tokens` extends: its retry went further. (mlx-lm
+        drops every prefix itself where caches can be trimmed; recurrent state keeps them,
+        as a prompt's end is where another turn may branch, but a cut-off prefill is no
+        such point.)"""
+        lru, left = self.lru, []
+        for p in self._partials:
+            if len(p) < len(tokens) and tokens[:len(p)] == p:
+                if lru._trie.search(KEY, p).exact is not None:  # (may be evicted already)
+                    e = lru._trie.pop(KEY, p)
+                    lru._n_bytes -= e.nbytes
+                    lru._n_bytes_by_type[e.cache_type] -= e.nbytes
+                    lru._lru.remove(KEY, p)
+            elif p != tokens and lru._trie.search(KEY, p).exact is not None:
+                left.append(p)
+        self._partials = left
 
     def drop_oldest(self) -> bool:
         """Give up the least recently used entry (for memory a request needs); False when
