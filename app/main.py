@@ -24,6 +24,7 @@ from app.metrics import Metrics
 from app.models_view import ModelsView
 from app.node import LocalNode, NodeStartError
 from app.node_banner import NodeBanner
+from app.polling import Poller
 from app.settings import SettingsDialog, node_settings
 from app.status import BUSY, StatusMonitor
 from app.tasks import Tasks
@@ -59,6 +60,10 @@ class ShoalApp(QObject):
                                   **({"interval": topology_interval}
                                      if topology_interval else {}))
         self.metrics = Metrics(parent=self)
+        # every request the node served, as its /metrics counts them: the charts' points
+        self.finished = Poller(self.tasks, self.node.url, self.metrics.read_finished,
+                               status_interval, api_key=api.api_key, parent=self)
+        self.finished.updated.connect(self.metrics.add_finished)
         self.appearance = Appearance(QApplication.instance(),
                                      str(self.settings.value(APPEARANCE, "system")), self)
         self.tray = Tray(self, available=tray_available)
@@ -136,6 +141,7 @@ class ShoalApp(QObject):
         self.placement.refresh_models()
         self.models_view.start()
         self.monitor.start()
+        self.finished.start()
         self.state.start()
         self.keeper.watch()
 
@@ -191,6 +197,7 @@ class ShoalApp(QObject):
         addresses shown follow the node (the shared client already did)."""
         url, key = self.node.url, self.node.api_key
         self.monitor.retarget(url, key)
+        self.finished.retarget(url, key)
         self.tray.set_api_url(f"{url}/v1")
         for view in (self.state, self.models_view):
             if view is not None:
@@ -311,7 +318,6 @@ class ShoalApp(QObject):
         self.models_view.downloading_changed.connect(
             lambda on: None if on else self._refresh_models())
         self.chat.set_node_status(self.monitor.status)
-        self.chat.reply_finished.connect(self.metrics.add_request)
         self.chat.reply_finished.connect(self.tray.set_speed)
         self.chat.reply_finished.connect(self.placement.set_measured)
         self.chat.reply_progress.connect(self.metrics.add_live)
@@ -427,6 +433,7 @@ class ShoalApp(QObject):
         self._shut_down = True
         self.keeper.close()
         self.monitor.stop()
+        self.finished.stop()
         self.state.stop()
         if self.models_view is not None:
             self.models_view.stop()

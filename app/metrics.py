@@ -1,7 +1,8 @@
 """The figures the charts show, kept for the last few minutes: speed, time to first token
-and prompt tokens read from the prefix cache per request (from the chat's replies),
-streams in flight on the node (from its status), memory and watts per node (from the
-topology snapshots), joules per token (the cluster's watts over the request's speed)."""
+and prompt tokens read from the prefix cache per request (every request the node served,
+from GET /shoal/finished: the records its /metrics counts), streams in flight on the node
+(from its status), memory and watts per node (from the topology snapshots), joules per
+token (the cluster's watts over the request's speed)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from PySide6.QtCore import QObject, Signal
 from app.snapshots import NodeCard
 
 WINDOW_S = 300.0
+OVERLAP_S = 2.0  # read again: records that ended just before the last one read
 
 
 @dataclass(frozen=True)
@@ -85,23 +87,51 @@ class Metrics(QObject):
         self.power_unavailable: dict[str, str] = {}  # node name -> why
         self.in_flight = Series(window_s)  # requests the node is generating
         self.waiting = Series(window_s)  # requests waiting for a turn
+        self.since = 0.0  # the node's records ending after this are yet to be read
+        self._read: set[tuple[Any, ...]] = set()  # (node, seq, at) of records taken
 
     def _trim(self, now: float) -> None:
         while self.requests and self.requests[0].at < now - self.window_s:
             self.requests.popleft()
 
+    def read_finished(self, client: Any) -> list[dict[str, Any]]:
+        """The node's finished requests not read yet (a Poller's fetch: off the GUI
+        thread); a little overlap, as clocks and polls don't line up to the millisecond."""
+        return client.finished(max(0.0, self.since - OVERLAP_S))
+
+    def add_finished(self, records: list[dict[str, Any]]) -> None:
+        """The node's records of finished requests (engine/node/metrics.py), each once."""
+        now, added = self.clock(), False
+        for r in records:
+            key = (r.get("node"), r.get("seq"), r.get("at"))
+            at = r.get("at")
+            if key in self._read or not isinstance(at, (int, float)) or \
+                    r.get("generation_tps") is None:
+                continue
+            self._read.add(key)
+            self.since = max(self.since, float(at))
+            self._append(min(float(at), now), r)
+            added = True
+        if added:
+            self._read = {k for k in self._read if k[2] >= now - self.window_s - OVERLAP_S}
+            self._trim(now)
+            self.changed.emit()
+
     def add_request(self, stats: dict[str, Any]) -> None:
         """A finished reply's figures (generation_tps, ttft_s), as the chat shows them."""
         now = self.clock()
+        self._append(now, stats)
+        self.live_tps = None
+        self._trim(now)
+        self.changed.emit()
+
+    def _append(self, now: float, stats: dict[str, Any]) -> None:
         tps, ttft = stats.get("generation_tps"), stats.get("ttft_s")
         watts = self.cluster_watts.last
         jpt = watts / tps if watts and tps else None
         kept = stats.get("accepted_tokens") if stats.get("drafted_tokens") else None
         self.requests.append(Request(now, tps, ttft, jpt, stats.get("cached_tokens"),
                                      stats.get("model"), kept))
-        self.live_tps = None
-        self._trim(now)
-        self.changed.emit()
 
     def end_live(self) -> None:
         """Nothing streams now (a reply finished, failed or was stopped)."""
