@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -99,12 +99,16 @@ class Tool(Loose):
 
 
 class ToolChoice(Strict):
+    TREATMENT: ClassVar[dict[str, str]] = {}
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
 class Thinking(Strict):
+    TREATMENT: ClassVar[dict[str, str]] = {
+        "type": "enabled or adaptive turns the template's thinking on, disabled off",
+        "budget_tokens": "hint", "display": "hint", "block_binding": "hint"}
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(default=None, ge=0)
     display: str | None = None
@@ -117,12 +121,22 @@ class OutputFormat(Strict):
 
 
 class OutputConfig(Strict):
+    TREATMENT: ClassVar[dict[str, str]] = {"effort": "hint", "task_budget": "hint"}
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: OutputFormat | None = None
     task_budget: Any = None  # a budget hint for agentic turns
 
 
 class CountTokensRequest(Strict):
+    # how each field is treated (openai_schemas.py's convention): the module doc says why
+    TREATMENT: ClassVar[dict[str, str]] = {
+        **dict.fromkeys(TOP_LEVEL_HINTS, "hint"),
+        "mcp_servers": "refused", "container": "refused", "compaction": "refused",
+        "thread": "only {type: create}: this node keeps no conversation state",
+        "tools": "custom tools and the client tools Anthropic defines (bash, text editor, "
+                 "memory); server tools are left out of the prompt, computer use refused",
+        "messages": "text, thinking, tool use and results, search results; images and "
+                    "documents refused"}
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
     system: str | list[Block] | None = None

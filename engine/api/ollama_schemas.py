@@ -1,10 +1,12 @@
 """Ollama's wire schemas (pydantic) for /api/chat and /api/generate, and their mapping onto
-one GenerateRequest. Runtime hints that only tune llama.cpp (num_thread, num_gpu, ...) are
-accepted; sampling Shoal can't do (mirostat, typical_p, tfs_z) is refused naming the field."""
+one GenerateRequest. Every field the ollama package's types define is taken: runtime hints
+that only tune llama.cpp (num_thread, num_gpu, ...) are accepted and logged once; sampling
+Shoal can't do (mirostat, tfs_z) is refused naming the field unless it is off; image
+generation's fields are refused. TREATMENT says which (openai_schemas.py's convention)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import Field
 
@@ -13,8 +15,22 @@ from engine.api.common import tool_arguments
 from engine.api.openai_schemas import TOP_K_LIMIT, Drafts, Loose, Strict
 from engine.errors import BadRequest
 
+# llama.cpp runtime hints: threads, offload and memory mapping here are MLX's own
+RUNTIME_HINTS = ("num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "use_mmap",
+                 "use_mlock", "numa", "low_vram", "logits_all", "vocab_only",
+                 "embedding_only", "penalize_newline", "mirostat_tau", "mirostat_eta")
+# option -> (the only value honoured, why): other values are a 400 naming it
+OPTION_ONLY: dict[str, tuple[Any, str]] = {
+    "mirostat": (0, "Shoal has no mirostat sampler; leave it 0"),
+    "tfs_z": (1.0, "Shoal has no tail-free sampler; leave it 1 (off)"),
+}
+
 
 class Options(Drafts):
+    TREATMENT: ClassVar[dict[str, str]] = {
+        **dict.fromkeys(RUNTIME_HINTS, "hint"), "mirostat": "only 0 (off)",
+        "tfs_z": "only 1 (off)",
+        "num_ctx": "a smaller window than the model's; a larger one is the model's"}
     num_predict: int | None = Field(default=None, ge=-2, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -26,7 +42,16 @@ class Options(Drafts):
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # Ollama's int
     stop: list[str] | None = Field(default=None, max_length=16)
     num_ctx: int | None = Field(default=None, ge=1)
-    # llama.cpp runtime hints: threads, offload and memory mapping here are MLX's own
+    typical_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    repeat_last_n: int | None = Field(default=None, ge=-1, le=1_000_000)
+    mirostat: int | None = Field(default=None, ge=0, le=2)
+    mirostat_tau: float | None = Field(default=None, ge=0.0, le=100.0)
+    mirostat_eta: float | None = Field(default=None, ge=0.0, le=10.0)
+    tfs_z: float | None = Field(default=None, ge=0.0, le=100.0)
+    penalize_newline: bool | None = None
+    logits_all: bool | None = None
+    vocab_only: bool | None = None
+    embedding_only: bool | None = None
     num_batch: int | None = None
     num_gpu: int | None = None
     main_gpu: int | None = None
@@ -60,6 +85,9 @@ class ChatMessage(Strict):
 
 
 class Common(Strict):
+    TREATMENT: ClassVar[dict[str, str]] = {
+        "think": "true or false; a level (low, medium, high) turns thinking on, the level "
+                 "itself is not used"}
     model: str = Field(min_length=1)
     stream: bool = True  # Ollama streams unless told not to
     format: Literal["json"] | dict[str, Any] | Literal[""] | None = None
@@ -69,6 +97,12 @@ class Common(Strict):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
+    def hints(self) -> list[str]:
+        """The runtime hints in `options` (accepted, logged once, no effect here)."""
+        o = self.options
+        return [f"options.{k}" for k in RUNTIME_HINTS
+                if o is not None and k in o.model_fields_set]
+
 
 class ChatRequest(Common):
     messages: list[ChatMessage] = Field(default_factory=list)
@@ -76,6 +110,9 @@ class ChatRequest(Common):
 
 
 class GenerateRequest(Common):
+    TREATMENT: ClassVar[dict[str, str]] = {**Common.TREATMENT,
+        "suffix": "refused", "template": "refused", "context": "refused",
+        "images": "refused", "width": "refused", "height": "refused", "steps": "refused"}
     prompt: str = ""
     suffix: str | None = None
     system: str | None = None
@@ -83,6 +120,10 @@ class GenerateRequest(Common):
     raw: bool = False
     images: list[Any] | None = None
     context: list[int] | None = None
+    # image generation's (refused: this node generates no images)
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
 
 
 def sampling(body: Common, ctx_hint: int | None = None) -> wire.SamplingRequest:
@@ -92,12 +133,22 @@ def sampling(body: Common, ctx_hint: int | None = None) -> wire.SamplingRequest:
         constraint = {"json_schema": {"type": "object"}}
     elif isinstance(body.format, dict):
         constraint = {"json_schema": body.format}
+    for name, (only, why) in OPTION_ONLY.items():
+        v = getattr(o, name)
+        if v is not None and v != only:
+            raise BadRequest(f"'options.{name}' can only be {only} here ({why}); got {v}.",
+                             param=f"options.{name}")
+    last_n = o.repeat_last_n  # 0 turns the penalties off, -1 means the whole context
+    off = last_n == 0
     if not body.logprobs and body.top_logprobs is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
     return wire.SamplingRequest.of(
         temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p,
-        repetition_penalty=o.repeat_penalty, presence_penalty=o.presence_penalty,
-        frequency_penalty=o.frequency_penalty, seed=o.seed, stop=o.stop,
+        typical_p=o.typical_p, repetition_penalty=None if off else o.repeat_penalty,
+        presence_penalty=None if off else o.presence_penalty,
+        frequency_penalty=None if off else o.frequency_penalty,
+        repetition_context=1_000_000 if last_n == -1 else last_n or None,
+        seed=o.seed, stop=o.stop,
         # -1, -2: up to the context; a smaller window than the model's is honoured
         max_tokens=o.num_predict if o.num_predict is not None and o.num_predict > 0 else None,
         context_limit=o.num_ctx, constraint=constraint,
@@ -155,6 +206,9 @@ def generate_request(body: GenerateRequest) -> wire.GenerateRequest:
         if getattr(body, name):
             raise BadRequest(f"'{name}' is not supported: send the whole prompt (raw) or "
                              "use /api/chat.", param=name)
+    for name in ("width", "height", "steps"):
+        if getattr(body, name) is not None:
+            raise BadRequest(f"'{name}': this node generates no images.", param=name)
     think = None if body.think is None else bool(body.think)
     if body.raw:
         return wire.GenerateRequest(prompt=body.prompt, sampling=sampling(body))

@@ -13,7 +13,7 @@ are accepted and logged once per client."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -79,11 +79,15 @@ class TextFormat(Strict):
 
 
 class TextConfig(Strict):
+    TREATMENT: ClassVar[dict[str, str]] = {"verbosity": "hint"}
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class Reasoning(Strict):
+    TREATMENT: ClassVar[dict[str, str]] = {
+        "effort": "none turns the template's thinking off, any other level on",
+        "summary": "hint", "generate_summary": "hint"}
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: str | None = None
@@ -95,6 +99,15 @@ class NamedTool(Strict):
 
 
 class ResponsesRequest(Drafts):
+    # how each field is treated (openai_schemas.py's convention): the module doc says why
+    TREATMENT: ClassVar[dict[str, str]] = {
+        **dict.fromkeys(HINTS, "hint"), "previous_response_id": "refused",
+        "conversation": "refused", "prompt": "refused", "image": "refused",
+        "background": "only false: this node answers while the request is open",
+        "include": "only message.output_text.logprobs and reasoning.encrypted_content",
+        "tools": "function and custom tools, namespaces; built-in tools are left out of "
+                 "the prompt",
+        "input": "text items, function and custom tool calls and outputs; images refused"}
     model: str | None = Field(default=None, min_length=1)
     input: str | list[Item]
     instructions: str | None = None

@@ -1,0 +1,87 @@
+"""Which request fields vLLM's OpenAI server and llama.cpp's server define, per route,
+recorded from their sources (they publish no SDK whose types could be read), for the field
+table (engine/api/field_table.py). A field is listed where either server takes it."""
+
+from __future__ import annotations
+
+# vLLM: vllm/entrypoints/openai/protocol.py, ChatCompletionRequest and CompletionRequest,
+# at github.com/vllm-project/vllm commit ec3b890c14b00f6670515d9df8d503b5270e95ca
+# (structured_outputs, return_token_ids), with the guided_* fields of the earlier releases
+# (commit 0052bed36509c7a5a2d8e48265334e40cf2f5a0e) that tools still send.
+_VLLM_SAMPLING = {
+    "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty",
+    "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens",
+    "prompt_logprobs", "allowed_token_ids", "bad_words"}
+_VLLM_EXTRA = {
+    "structured_outputs", "priority", "request_id", "logits_processors",
+    "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params",
+    "vllm_xargs", "response_format", "response_format.type", "response_format.json_schema",
+    "add_special_tokens",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
+    "guided_decoding_backend", "guided_whitespace_pattern",
+    # StreamOptions (include_usage is OpenAI's too) and StructuredOutputsParams
+    "stream_options.include_usage", "stream_options.continuous_usage_stats",
+    "structured_outputs.json", "structured_outputs.regex", "structured_outputs.choice",
+    "structured_outputs.grammar", "structured_outputs.json_object",
+    "structured_outputs.disable_fallback", "structured_outputs.disable_any_whitespace",
+    "structured_outputs.disable_additional_properties",
+    "structured_outputs.whitespace_pattern", "structured_outputs.structural_tag"}
+_VLLM_OPENAI = {  # the OpenAI fields vLLM's requests declare (its own defaults)
+    "model", "frequency_penalty", "logit_bias", "logprobs", "presence_penalty", "seed",
+    "stop", "stream", "stream_options", "temperature", "top_p", "user", "n", "max_tokens"}
+VLLM_CHAT = _VLLM_OPENAI | _VLLM_SAMPLING | _VLLM_EXTRA | {
+    "messages", "top_logprobs", "max_completion_tokens", "tools", "tool_choice",
+    "reasoning_effort", "include_reasoning", "parallel_tool_calls", "echo",
+    "add_generation_prompt", "continue_final_message", "documents", "chat_template",
+    "chat_template_kwargs", "mm_processor_kwargs"}
+VLLM_COMPLETIONS = _VLLM_OPENAI | _VLLM_SAMPLING | _VLLM_EXTRA | {
+    "prompt", "echo", "suffix", "prompt_embeds"}
+# TokenizeCompletionRequest, TokenizeChatRequest and DetokenizeRequest (same file)
+VLLM_TOKENIZE = {"model", "prompt", "messages", "add_special_tokens", "return_token_strs",
+                 "add_generation_prompt", "continue_final_message", "chat_template",
+                 "chat_template_kwargs", "mm_processor_kwargs", "tools"}
+VLLM_DETOKENIZE = {"model", "tokens"}
+
+# llama.cpp: tools/server/README.md (POST /completion's options, which its OpenAI-style
+# routes take too, and /v1/chat/completions', /tokenize's, /detokenize's, /apply-template's)
+# at github.com/ggml-org/llama.cpp commit 00dc8057ab28c9cb4c79a6dd6dfce07fe779f63b;
+# top_n_sigma from params_from_json_cmpl in tools/server (not in the README).
+LLAMA_CPP_COMPLETION = {
+    "prompt", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p",
+    "min_p", "n_predict", "n_indent", "n_keep", "n_cmpl", "n_cache_reuse", "stream", "stop",
+    "typical_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
+    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau",
+    "mirostat_eta", "grammar", "json_schema", "seed", "ignore_eos", "logit_bias", "n_probs",
+    "min_keep", "t_max_predict_ms", "id_slot", "cache_prompt", "return_tokens", "samplers",
+    "timings_per_token", "return_progress", "sse_ping_interval", "post_sampling_probs",
+    "response_fields", "lora", "top_n_sigma",
+    "reasoning_format"}  # (read by params_from_json_cmpl, which both routes share)
+LLAMA_CPP_CHAT = (LLAMA_CPP_COMPLETION - {"prompt"}) | {
+    "messages", "response_format", "chat_template_kwargs", "reasoning_effort",
+    "reasoning_control", "parallel_tool_calls"}
+LLAMA_CPP_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces"}
+LLAMA_CPP_DETOKENIZE = {"tokens"}
+LLAMA_CPP_APPLY_TEMPLATE = {"messages"}
+
+# Ollama's server (github.com/ollama/ollama api/types.go, Options) takes min_p, which the
+# ollama package's Options lacks.
+OLLAMA_SERVER = {"options.min_p"}
+# Codex sends client_metadata on every Responses request (not in OpenAI's SDK).
+CODEX = {"client_metadata"}
+# anthropic's SDK listed temperature, top_p and top_k in MessageCreateParams before 2.x
+# (the installed one no longer does); clients still send them, llama.cpp's README too.
+ANTHROPIC_SAMPLING = {"temperature", "top_p", "top_k"}
+
+# path -> {API: the fields it defines}
+EXTENSIONS: dict[str, dict[str, set[str]]] = {
+    "/v1/chat/completions": {"vLLM": VLLM_CHAT, "llama.cpp": LLAMA_CPP_CHAT},
+    "/v1/completions": {"vLLM": VLLM_COMPLETIONS, "llama.cpp": LLAMA_CPP_COMPLETION},
+    "/v1/responses": {"Codex": CODEX},
+    "/v1/messages": {"Anthropic (older SDKs)": ANTHROPIC_SAMPLING},
+    "/api/chat": {"Ollama": OLLAMA_SERVER}, "/api/generate": {"Ollama": OLLAMA_SERVER},
+    "/tokenize": {"llama.cpp": LLAMA_CPP_TOKENIZE, "vLLM": VLLM_TOKENIZE},
+    "/detokenize": {"llama.cpp": LLAMA_CPP_DETOKENIZE, "vLLM": VLLM_DETOKENIZE},
+    "/apply-template": {"llama.cpp": LLAMA_CPP_APPLY_TEMPLATE, "vLLM": VLLM_TOKENIZE},
+}
