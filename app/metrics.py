@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, Signal
 from app.snapshots import NodeCard
 
 WINDOW_S = 300.0
-OVERLAP_S = 2.0  # read again: records that ended just before the last one read
+OVERLAP_S = 30.0  # read again (seen ones once): a peer's clock may be a little behind
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,10 @@ class Metrics(QObject):
             self.requests.popleft()
 
     def read_finished(self, client: Any) -> list[dict[str, Any]]:
-        """The node's finished requests not read yet (a Poller's fetch: off the GUI
-        thread); a little overlap, as clocks and polls don't line up to the millisecond."""
-        return client.finished(max(0.0, self.since - OVERLAP_S))
+        """The cluster's finished requests not read yet, each from the node that served
+        it (a Poller's fetch: off the GUI thread); a little overlap, as clocks and polls
+        don't line up to the millisecond."""
+        return client.finished(max(0.0, self.since - OVERLAP_S), peers=True)
 
     def add_finished(self, records: list[dict[str, Any]]) -> None:
         """The node's records of finished requests (engine/node/metrics.py), each once."""

@@ -136,11 +136,12 @@ class NodeClient:
         found = self._call("GET", "/shoal/requests", params={"since": since})["requests"]
         return [RequestInfo.from_json(e) for e in found]
 
-    def finished(self, since: float = 0.0) -> list[dict[str, Any]]:
-        """The requests the node served that ended after `since` (unix time), each with
-        its figures (tokens, time to first token, speed): what /metrics counts, as
-        engine/node/metrics.py's FinishedRequest JSON."""
-        return self._call("GET", "/shoal/finished", params={"since": since})["requests"]
+    def finished(self, since: float = 0.0, peers: bool = False) -> list[dict[str, Any]]:
+        """The requests the node (with `peers`, also its trusted peers) served that ended
+        after `since` (unix time), each with its figures (tokens, time to first token,
+        speed): what /metrics counts, as engine/node/metrics.py's FinishedRequest JSON."""
+        params: dict[str, Any] = {"since": since, **({"peers": 1} if peers else {})}
+        return self._call("GET", "/shoal/finished", params=params)["requests"]
 
     def load(self, model: str) -> StatusInfo:
         """Start loading a model in the node's worker; returns the status at once (watch

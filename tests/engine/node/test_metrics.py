@@ -185,3 +185,26 @@ def test_openmetrics_when_the_scraper_asks(node):
         **node.headers, "Accept": "application/openmetrics-text; version=1.0.0"})
     assert r.headers["content-type"].startswith("application/openmetrics-text")
     assert r.text.rstrip().endswith("# EOF")
+
+
+@pytest.mark.slow
+def test_each_node_counts_what_it_serves_and_the_app_reads_the_cluster(tmp_path,
+                                                                        tiny_model_dir):
+    """Two joined nodes: a request node b serves is in b's /metrics only (Prometheus scrapes
+    both); a's GET /shoal/finished?peers=1, what the app's charts read, lists it with b's
+    name, and plain /shoal/finished on a does not."""
+    from nodes import start_cluster
+    a, b = start_cluster(tmp_path, tiny_model_dir, 2)
+    try:
+        u = openai.OpenAI(base_url=b.url + "/v1", api_key="x", max_retries=0).completions \
+            .create(model=MODEL, prompt="Hello", max_tokens=4).usage
+        assert total(scrape(b), "vllm:prompt_tokens_total") == u.prompt_tokens
+        assert total(scrape(a), "vllm:prompt_tokens_total") == 0
+        assert httpx.get(a.url + "/shoal/finished").json()["requests"] == []
+        rows = httpx.get(a.url + "/shoal/finished", params={"peers": 1},
+                         timeout=10).json()["requests"]
+        name = b.client.status().cluster.name
+        assert [(r["node"], r["prompt_tokens"]) for r in rows] == [(name, u.prompt_tokens)]
+    finally:
+        for n in (a, b):
+            n.stop()
