@@ -212,3 +212,58 @@ def test_a_page_is_treated_as_on_v1(keyed, method, path, body):
         **key, "Content-Type": "application/x-www-form-urlencoded"}) if method == "POST" \
         else None
     assert form is None or form.status_code == 415
+
+
+# --- fuzzed: each dialect's fields with hostile values, and bodies of no shape --------------
+def _bodies():
+    from hypothesis import strategies as st
+
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+        | st.text(max_size=20), lambda inner: st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+    ids = st.integers() | st.sampled_from([-1, 0, 258, 259, 299, 300, 2**32, 2**63])
+    text = st.text(max_size=80) | st.sampled_from(["<|im_start|>", "<|im_end|>", "\x00",
+                                                   "\ud800", "媽🤗", ""])
+    flag = st.booleans() | values
+    turn = st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer", "x"]),
+         "content": text | st.none() | st.lists(st.fixed_dictionaries(
+             {"type": st.sampled_from(["text", "image_url"]), "text": text}), max_size=2)})
+    turns = st.lists(turn, max_size=4)
+    model = st.just(MODEL) | text
+    chat = {"add_generation_prompt": flag, "continue_final_message": flag,
+            "chat_template_kwargs": st.dictionaries(st.text(max_size=10), values, max_size=3)
+            | values, "tools": st.just([TEST_TOOL]) | values, "model": model}
+    return st.one_of(
+        st.tuples(st.just("/tokenize"), st.fixed_dictionaries({"content": text}, optional={
+            "add_special": flag, "with_pieces": flag, "parse_special": flag, "model": model})),
+        st.tuples(st.just("/tokenize"), st.fixed_dictionaries({"prompt": text}, optional={
+            "add_special_tokens": flag, "return_token_strs": flag, "model": model})),
+        st.tuples(st.just("/tokenize"), st.fixed_dictionaries({"messages": turns}, optional={
+            **chat, "add_special_tokens": flag, "return_token_strs": flag})),
+        st.tuples(st.just("/apply-template"),
+                  st.fixed_dictionaries({"messages": turns}, optional=chat)),
+        st.tuples(st.just("/detokenize"), st.fixed_dictionaries(
+            {"tokens": st.lists(ids, max_size=40) | values}, optional={"model": model})),
+        st.tuples(st.sampled_from(["/tokenize", "/detokenize", "/apply-template"]), values))
+
+
+def test_fuzzed_bodies_never_fail_the_node(tiny_node):
+    from hypothesis import HealthCheck, given, settings
+
+    pid = worker_pid(tiny_node)
+
+    @settings(max_examples=200, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(_bodies())
+    def one(case):
+        path, body = case
+        r = httpx.post(tiny_node.url + path, content=json.dumps(body), timeout=60,
+                       headers={"Content-Type": "application/json"})  # lone surrogates too
+        assert r.status_code in (200, 400, 404), (path, body, r.text)
+        if r.status_code != 200:
+            assert r.json()["error"]["message"]
+
+    one()
+    assert worker_pid(tiny_node) == pid
