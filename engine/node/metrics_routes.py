@@ -10,7 +10,11 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    choose_encoder,
+    generate_latest,
+)
 
 from engine.errors import BadRequest, ShoalError
 from engine.node.metrics import KEEP, NodeMetrics
@@ -25,7 +29,10 @@ def _metrics(request: web.Request) -> NodeMetrics:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    try:
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    except (TypeError, ValueError):  # a version it can't compare ("version=abc")
+        encode, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
     return web.Response(body=encode(_metrics(request).registry),
                         headers={"Content-Type": content_type})
 

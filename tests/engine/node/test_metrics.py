@@ -185,6 +185,10 @@ def test_openmetrics_when_the_scraper_asks(node):
         **node.headers, "Accept": "application/openmetrics-text; version=1.0.0"})
     assert r.headers["content-type"].startswith("application/openmetrics-text")
     assert r.text.rstrip().endswith("# EOF")
+    for odd in ("application/openmetrics-text; version=abc", "text/plain; version=x.y",
+                ";;,," * 1000):  # a scraper's header it can't read: the plain format
+        r = httpx.get(node.url + "/metrics", headers={**node.headers, "Accept": odd})
+        assert r.status_code == 200 and "vllm:prompt_tokens_total" in r.text, odd
 
 
 @pytest.mark.slow
