@@ -110,19 +110,15 @@ def grammar_for(constraint: Constraint) -> str:
     return LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
 
 
-@functools.lru_cache(maxsize=8)
-def _pristine(ll_tokenizer: Any, grammar: str) -> Any:
-    """A compiled matcher that nothing has advanced (copied for each use)."""
-    from llguidance import LLMatcher
-
-    return _deep_stack(lambda: LLMatcher(ll_tokenizer, grammar, log_level=0,
-                                         limits=_limits()))
-
-
 def matcher(constraint: Constraint, tokenizer: Any) -> Any:
     """A fresh llguidance matcher for the constraint (ValueError where grammar_for
-    refuses it; a grammar llguidance can't use leaves the matcher in its error state)."""
-    return _pristine(_ll_tokenizer(tokenizer), grammar_for(constraint)).deep_copy()
+    refuses it; a grammar llguidance can't use leaves the matcher in its error state).
+    Compiled anew each time: copies of one matcher share its lexer, whose growth counts
+    against LIMITS, so a grammar cached across requests would fail where it passed."""
+    from llguidance import LLMatcher
+
+    grammar, ll = grammar_for(constraint), _ll_tokenizer(tokenizer)
+    return _deep_stack(lambda: LLMatcher(ll, grammar, log_level=0, limits=_limits()))
 
 
 def check_constraint(constraint: Constraint, tokenizer: Any,
