@@ -169,8 +169,9 @@ class CountTokensRequest(Strict):
         out = [k for k in TOP_LEVEL_HINTS if getattr(self, k, None) is not None]
         for t in self.tools or []:
             out += [f"tools[].{k}" for k in TOOL_HINTS if getattr(t, k) is not None]
-        if self.output_config and (self.output_config.effort or self.output_config.task_budget):
-            out.append("output_config.effort")
+        for k in ("effort", "task_budget"):
+            if self.output_config and getattr(self.output_config, k):
+                out.append(f"output_config.{k}")
         for m in self.messages:
             for b in m.content if isinstance(m.content, list) else []:
                 if (b.model_extra or {}).get("cache_control") is not None:

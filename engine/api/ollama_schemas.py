@@ -17,7 +17,7 @@ from engine.errors import BadRequest
 
 # llama.cpp runtime hints: threads, offload and memory mapping here are MLX's own
 RUNTIME_HINTS = ("num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "use_mmap",
-                 "use_mlock", "numa", "low_vram", "logits_all", "vocab_only",
+                 "use_mlock", "f16_kv", "numa", "low_vram", "logits_all", "vocab_only",
                  "embedding_only", "penalize_newline", "mirostat_tau", "mirostat_eta")
 # option -> (the only value honoured, why): other values are a 400 naming it
 OPTION_ONLY: dict[str, tuple[Any, str]] = {
@@ -61,6 +61,7 @@ class Options(Drafts):
     use_mlock: bool | None = None
     numa: bool | None = None
     low_vram: bool | None = None
+    f16_kv: bool | None = None
 
 
 class ToolCallFn(Loose):

@@ -87,10 +87,13 @@ class TextConfig(Strict):
 class Reasoning(Strict):
     TREATMENT: ClassVar[dict[str, str]] = {
         "effort": "none turns the template's thinking off, any other level on",
-        "summary": "hint", "generate_summary": "hint"}
+        "summary": "hint", "generate_summary": "hint", "mode": "hint",
+        "context": "only auto or current_turn: earlier turns' reasoning is left out"}
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: str | None = None
+    mode: str | None = Field(default=None, max_length=64)  # standard or pro: compute, a hint
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
 
 
 class NamedTool(Strict):
@@ -150,8 +153,9 @@ class ResponsesRequest(Drafts):
         out = [k for k in HINTS if getattr(self, k) is not None]
         if self.text and self.text.verbosity:
             out.append("text.verbosity")
-        if self.reasoning and (self.reasoning.summary or self.reasoning.generate_summary):
-            out.append("reasoning.summary")
+        for k in ("summary", "generate_summary", "mode"):
+            if self.reasoning and getattr(self.reasoning, k):
+                out.append(f"reasoning.{k}")
         return out + [f"tools[].type={t} (built in at OpenAI, not callable here)"
                       for t in sorted({t.type for t in self.tools or []
                                        if t.type in BUILT_IN})]
@@ -281,6 +285,10 @@ def _refuse_state(body: ResponsesRequest) -> None:
                          "send it without background.", param="background")
     if body.image is not None:
         raise BadRequest("'image': this node generates no images.", param="image")
+    if body.reasoning and body.reasoning.context == "all_turns":
+        raise BadRequest("'reasoning.context': this node leaves earlier turns' reasoning out "
+                         "of the prompt; send auto or current_turn.",
+                         param="reasoning.context")
 
 
 def to_request(body: ResponsesRequest) -> wire.GenerateRequest:
