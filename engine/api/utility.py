@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 from aiohttp import web
 from pydantic import Field, StrictInt
@@ -22,7 +22,7 @@ from engine import protocol as wire
 from engine.api import common, hints
 from engine.api.backend import backend
 from engine.api.openai_chat import template_messages
-from engine.api.openai_schemas import ChatMessage, Strict, Tool, choose_tool
+from engine.api.openai_schemas import ChatMessage, NamedChoice, Strict, Tool, choose_tool
 from engine.errors import BadRequest, ModelNotFound, ShoalError
 
 routes = web.RouteTableDef()
@@ -56,7 +56,7 @@ class ChatTemplateFields(Strict):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
-    tool_choice: Any = None
+    tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
     documents: list[dict[str, Any]] | None = None
 
 

@@ -234,7 +234,9 @@ def _bodies():
     model = st.just(MODEL) | text
     chat = {"add_generation_prompt": flag, "continue_final_message": flag,
             "chat_template_kwargs": st.dictionaries(st.text(max_size=10), values, max_size=3)
-            | values, "tools": st.just([TEST_TOOL]) | values, "model": model}
+            | values, "tools": st.just([TEST_TOOL]) | values, "model": model,
+            "tool_choice": st.sampled_from(["auto", "none", "required"]) | values
+            | st.just({"type": "function", "function": {"name": "test"}})}
     return st.one_of(
         st.tuples(st.just("/tokenize"), st.fixed_dictionaries({"content": text}, optional={
             "add_special": flag, "with_pieces": flag, "parse_special": flag, "model": model})),
