@@ -18,6 +18,10 @@ from engine.records import TokenLogprob, TopLogprob
 
 CHUNK_BYTES = 64 << 20  # the float32 log-softmax rows one chunk holds
 MAX_CHUNK = 512
+# The answer rides in one pipe line, which the node reads up to 16 MiB (worker_handle.py);
+# an entry is ~70 bytes of JSON plus ~4 a byte of its token's text
+MAX_ENTRIES = 150_000  # (prompt tokens) x (1 + top): refused before any is computed
+MAX_JSON_BYTES = 12 << 20
 
 
 def entry(tokenizer: Any, token: int, logprob: float,
@@ -68,6 +72,8 @@ def compute(model: Any, tokenizer: Any, prompt: list[int], top: int,
     out: list[TokenLogprob | None] = [None] if prompt else []
     if len(prompt) < 2:
         return out
+    if (len(prompt) - 1) * (1 + top) > MAX_ENTRIES:
+        raise _too_large(len(prompt), top)
     cache = make_prompt_cache(model)
     names: dict[int, str] = {}
 
@@ -76,7 +82,7 @@ def compute(model: Any, tokenizer: Any, prompt: list[int], top: int,
             names[t] = str(tokenizer.decode([t]))
         return names[t]
 
-    step = 0
+    step, size = 0, 0
     n = len(prompt) - 1  # the last token is only ever a target
     start = 0
     while start < n:
@@ -102,7 +108,18 @@ def compute(model: Any, tokenizer: Any, prompt: list[int], top: int,
             mx.eval(chosen)
             tops = [[] for _ in inputs]
         for t, c, alts in zip(targets.tolist(), chosen.tolist(), tops):
-            out.append(entry(tokenizer, int(t), float(c),
-                             [(int(i), float(v)) for i, v in alts], decode))
+            e = entry(tokenizer, int(t), float(c), [(int(i), float(v)) for i, v in alts],
+                      decode)
+            size += sum(70 + 4 * len(x.bytes) for x in (e, *e.top_logprobs))
+            out.append(e)
+        if size > MAX_JSON_BYTES:  # long tokens: the count alone didn't tell
+            raise _too_large(len(prompt), top)
         start += len(inputs)
     return out
+
+
+def _too_large(tokens: int, top: int) -> BadRequest:
+    return BadRequest(f"'prompt_logprobs': {tokens} prompt tokens with the top {top} "
+                      f"each is more than one answer carries (about {MAX_ENTRIES:,} "
+                      "logprobs); ask for fewer top logprobs or send a shorter prompt.",
+                      param="prompt_logprobs")

@@ -332,3 +332,24 @@ def test_ids_in_range_pass(tiny):
         prompt_logprobs=20)))
     assert isinstance(events[-1], Done)
 
+
+
+def test_prompt_logprobs_too_many_for_one_answer_are_a_400_before_any_is_computed(tiny,
+                                                                                   monkeypatch):
+    """The answer rides one pipe line, which the node reads up to 16 MiB."""
+    from engine.runtime import prompt_logprobs
+
+    model, tok = tiny
+    calls = []
+    monkeypatch.setattr(type(model), "__call__", lambda *a, **k: calls.append(1))
+    text = "x" * 7200  # 7,199 scored tokens x 21 > 150,000
+    with pytest.raises(BadRequest) as e:
+        serve(model, tok, GenerateRequest(prompt=text, sampling=SamplingRequest(
+            max_tokens=0, prompt_logprobs=20)), ctx=8192)
+    assert e.value.param == "prompt_logprobs" and not calls
+    monkeypatch.undo()
+    monkeypatch.setattr(prompt_logprobs, "MAX_JSON_BYTES", 1000)  # long tokens: measured
+    with pytest.raises(BadRequest) as e:
+        serve(model, tok, GenerateRequest(prompt="x" * 100, sampling=SamplingRequest(
+            max_tokens=0, prompt_logprobs=1)))
+    assert e.value.param == "prompt_logprobs"
