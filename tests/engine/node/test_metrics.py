@@ -125,6 +125,21 @@ def test_a_repeated_prompt_counts_prefix_hits(node):
         sum(u.prompt_tokens for u in usages)
 
 
+def test_drafted_and_accepted_tokens_are_what_usage_said(node):
+    echo = "Say this back: " + "one two three four, " * 8
+    before = scrape(node)
+    spec = [client(node).chat.completions.create(
+        model=MODEL, max_tokens=48, temperature=0, extra_body={"speculative": True},
+        messages=[{"role": "user", "content": echo}]).usage.model_extra["speculative"]
+        for _ in range(2)]
+    after = scrape(node)
+    assert sum(s["drafted_tokens"] for s in spec) > 0, "the echo was drafted"
+    assert grew(before, after, "vllm:spec_decode_num_draft_tokens_total") == \
+        sum(s["drafted_tokens"] for s in spec)
+    assert grew(before, after, "vllm:spec_decode_num_accepted_tokens_total") == \
+        sum(s["accepted_tokens"] for s in spec)
+
+
 def test_running_and_waiting_while_a_request_is_slow(node):
     """A long answer holds the node's one stream: it runs, the next request waits; both
     gauges go back to zero once they are done (a client that leaves is counted as abort)."""
