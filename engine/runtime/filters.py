@@ -71,12 +71,26 @@ def apply_xtc(logprobs: Any, probability: float, threshold: float, spared: Any,
     return mx.where(go, out, logprobs)
 
 
+def _top_k(k: int) -> Filter:
+    from mlx_lm.sample_utils import apply_top_k
+
+    def top_k(logprobs: Any, coin: Any) -> Any:  # k of the vocabulary or more: every token
+        return apply_top_k(logprobs, k) if k < logprobs.shape[-1] else logprobs
+    return top_k
+
+
+def _typical(mass: float, keep: int) -> Filter:
+    def typical(logprobs: Any, coin: Any) -> Any:
+        return keep_top(logprobs, apply_typical_p(logprobs, mass), keep)
+    return typical
+
+
 def chain(sampling: Sampling, spared: Callable[[int], Any]) -> tuple[list[Filter], bool]:
     """The request's filters in its order: ([filter], whether temperature comes last, as
     mlx-lm applies it). A `samplers` order runs only the filters it names (as llama.cpp
     does); temperature where it stands, or last where not named. `spared(vocab)`: XTC's
     bool mask of tokens it never rules out."""
-    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+    from mlx_lm.sample_utils import apply_min_p, apply_top_p
 
     s = sampling
     order = s.samplers or DEFAULT_ORDER
@@ -85,15 +99,13 @@ def chain(sampling: Sampling, spared: Callable[[int], Any]) -> tuple[list[Filter
     out: list[Filter] = []
     for name in order:
         if name == "top_k" and s.top_k > 0:
-            k = max(s.top_k, s.min_keep)
-            # a top_k of the vocabulary or more keeps every token
-            out.append(lambda lp, c, k=k: apply_top_k(lp, k) if k < lp.shape[-1] else lp)
+            out.append(_top_k(max(s.top_k, s.min_keep)))
         elif name == "typical_p" and s.typical_p is not None and 0 < s.typical_p < 1.0:
-            out.append(lambda lp, c: keep_top(lp, apply_typical_p(lp, s.typical_p), keep))
+            out.append(_typical(s.typical_p, keep))
         elif name == "top_p" and 0 < s.top_p < 1.0:
             out.append(lambda lp, c: keep_top(lp, apply_top_p(lp, s.top_p), keep))
         elif name == "min_p" and s.min_p != 0.0:
-            out.append(lambda lp, c: apply_min_p(lp, s.min_p, keep))
+            out.append(lambda lp, c: apply_min_p(lp, s.min_p, min(keep, lp.shape[-1])))
         elif name == "xtc" and s.xtc_probability > 0:
             out.append(lambda lp, c: apply_xtc(lp, s.xtc_probability, s.xtc_threshold,
                                                spared(lp.shape[-1]), s.min_keep, c))

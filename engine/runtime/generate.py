@@ -98,20 +98,20 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
 
     n, first, prompt_tps = 0, 0.0, 0.0
     try:
-        with wired_limit(model, [generation_stream]):
+        with wired_limit(model, [generation_stream]):  # type: ignore[list-item]
             tic = time.perf_counter()
-            for n, (token, logprobs) in enumerate(generate_step(
+            for n, (y, logprobs) in enumerate(generate_step(
                     mx.array(prompt[cached:]), model, max_tokens=sampling.max_tokens,
                     sampler=sampler, logits_processors=processors, prompt_cache=cache,
                     prompt_progress_callback=prefilled), start=1):
-                now = time.perf_counter()
+                token, now = int(y), time.perf_counter()  # mlx-lm yields ints
                 if n == 1:  # the first token's time is the prefill's (as mlx-lm counts it)
                     first, prompt_tps = now, (len(prompt) - cached) / (now - tic)
-                fed.append(int(token))
+                fed.append(token)
                 text, finish, hit = shown.step(token, own_finish(token, n, sampling, ends),
                                                cancel)
                 lp = token_logprobs(logprobs, token, sampling.logprobs)
-                yield Record(text=text, token=int(token), finish_reason=finish,
+                yield Record(text=text, token=token, finish_reason=finish,
                              prompt_tokens=len(prompt), generation_tokens=n,
                              prompt_tps=prompt_tps, generation_tps=decode_tps(n, now - first),
                              peak_memory_gb=mx.get_peak_memory() / 1e9, logprob=lp[0],

@@ -130,10 +130,10 @@ def special_tokens(tokenizer: Any) -> tuple[frozenset[int], frozenset[int], dict
     ids = set(int(i) for i in (getattr(tokenizer, "all_special_ids", None) or ()))
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
     ids |= {int(i) for i, t in added.items() if getattr(t, "special", False)}
-    markers = [getattr(tokenizer, a, None) for a in
-               ("think_start", "think_end", "tool_call_start", "tool_call_end")]
+    named = [getattr(tokenizer, a, None) for a in
+             ("think_start", "think_end", "tool_call_start", "tool_call_end")]
+    markers = [m for m in named if isinstance(m, str) and m]
     markers += [GENERIC_START, GENERIC_END, CHANNEL, MESSAGE, START, *ENDS, "<|constrain|>"]
-    markers = [m for m in markers if isinstance(m, str) and m]
     text = {i: str(tokenizer.decode([i])) for i in ids}
     read = {i for i in ids if text[i] and any(text[i] in m for m in markers)}
     return frozenset(ids), frozenset(read), text
