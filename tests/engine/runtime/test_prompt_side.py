@@ -298,17 +298,20 @@ def test_prompt_logprobs_of_a_one_token_prompt_and_a_cancelled_one(tiny):
 
 
 def test_prompt_logprobs_on_a_split_model_is_a_400_naming_it(tiny):
+    """A group's rank 0 holds a pipeline Stage or a model whose linears mlx-lm's shard()
+    split over the group (here with a group of two that no other rank joins)."""
     import mlx.nn as nn
+    from mlx.nn.layers.distributed import shard_linear
+
+    from engine.runtime.prompt_logprobs import whole
 
     model, tok = tiny
-
-    class Sharded(nn.Module):  # as mlx's sharded linears hold their group
-        def __init__(self) -> None:
-            super().__init__()
-            self.group = SimpleNamespace(size=lambda: 2)
-
+    sharded = nn.Sequential(nn.Linear(8, 8))
+    sharded.layers[0] = shard_linear(sharded.layers[0], "all-to-sharded",
+                                     group=SimpleNamespace(size=lambda: 2, rank=lambda: 0))
     stage = SimpleNamespace(model=model)  # a pipeline rank's Stage: no modules of its own
-    for split in (stage, Sharded()):
+    assert whole(model) and not whole(sharded) and not whole(stage)
+    for split in (stage, sharded):
         with pytest.raises(BadRequest) as e:
             serve(split, tok, GenerateRequest(prompt="hi", sampling=SamplingRequest(
                 prompt_logprobs=1)), gen=lambda *a, **k: pytest.fail("generated"))
