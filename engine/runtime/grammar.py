@@ -29,10 +29,10 @@ MAX_SCHEMA_CHARS = 512 * 1024  # a JSON schema, as JSON (a forced call holds eve
 MAX_CHOICES = 4096
 COMPILE_STACK = 256 << 20  # 11,000 chained rules (64 KiB) need ~40 MB; address space only
 # llguidance's defaults, named: what one step of a grammar may cost
-LIMITS = {"max_items_in_row": 2000, "initial_lexer_fuel": 1_000_000,
-          "step_lexer_fuel": 200_000, "step_max_items": 50_000,
-          "max_lexer_states": 250_000, "max_grammar_size": 500_000,
-          "verbose_errors": False}  # an error names the grammar, not the parser's state
+LIMITS: dict[str, Any] = {
+    "max_items_in_row": 2000, "initial_lexer_fuel": 1_000_000, "step_lexer_fuel": 200_000,
+    "step_max_items": 50_000, "max_lexer_states": 250_000, "max_grammar_size": 500_000,
+    "verbose_errors": False}  # an error names the grammar, not the parser's state
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 

@@ -103,11 +103,14 @@ def compute(model: Any, tokenizer: Any, prompt: list[int], top: int,
             ids, vals = (mx.take_along_axis(ids, order, axis=-1),
                          mx.take_along_axis(vals, order, axis=-1))
             mx.eval(chosen, ids, vals)
-            tops = [list(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+            top_ids: list[Any] = ids.tolist()  # type: ignore[assignment]
+            top_vals: list[Any] = vals.tolist()  # type: ignore[assignment]
+            tops = [list(zip(i, v)) for i, v in zip(top_ids, top_vals)]
         else:
             mx.eval(chosen)
             tops = [[] for _ in inputs]
-        for t, c, alts in zip(targets.tolist(), chosen.tolist(), tops):
+        rows: list[Any] = chosen.tolist()  # type: ignore[assignment]
+        for t, c, alts in zip(prompt[start + 1:start + 1 + len(inputs)], rows, tops):
             e = entry(tokenizer, int(t), float(c), [(int(i), float(v)) for i, v in alts],
                       decode)
             size += sum(70 + 4 * len(x.bytes) for x in (e, *e.top_logprobs))
