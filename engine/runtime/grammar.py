@@ -64,7 +64,11 @@ def _deep_stack(fn: Callable[[], T]) -> T:
             out.append((False, e))
 
     with _STACK_LOCK:  # stack_size() is process-wide: set it for this one thread
-        old = threading.stack_size(COMPILE_STACK)
+        try:
+            old = threading.stack_size(COMPILE_STACK)
+        except ValueError:  # a platform that refuses the size: its default, logged
+            log.warning("can't give the grammar compiler a %d MB stack", COMPILE_STACK >> 20)
+            old = threading.stack_size()
         try:
             t = threading.Thread(target=work, name="grammar-compile", daemon=True)
             t.start()
