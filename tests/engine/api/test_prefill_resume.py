@@ -1,0 +1,261 @@
+"""A retry resumes where the client gave up (issue 48, point 5): agents and SDKs time out
+mid-prefill and send the same prompt again; the chunks the first attempt finished stay in
+the prefix cache, so the retry starts where it stopped, and answers exactly as an
+uninterrupted request does.
+
+- every kind of cache (plain KV, linear-attention state, sliding windows), batched and one
+  request at a time, in process: cut, retried, the same greedy answer as mlx-lm;
+- a real node and real clients (the openai SDK with a timeout shorter than the prefill,
+  an httpx stream read until half the prefill): the retry's cached_tokens cover the chunks
+  done before it left, and its wait is a fraction of a cold one;
+- a real group (two pipeline ranks on loopback, a slow test): every rank keeps its layers'
+  share of the same entry, and the retry hits it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from nodes import NodeProcess, home_with  # noqa: E402
+from tiny import LLAMA, make_tiny_model  # noqa: E402
+
+WORDS = ("the quick brown fox jumps over the lazy dog ",
+         "pack my box with five dozen liquor jugs now ",
+         "how vexingly quick daft zebras jump at dawn ")
+PROGRESS = ": shoal-progress "
+
+
+def chat(words: str, n: int) -> list[dict]:
+    return [{"role": "user", "content": words * n}]
+
+
+def greedy(folder: Path, messages: list[dict], max_tokens: int) -> str:
+    """What mlx-lm answers with a fresh cache, uninterrupted."""
+    from mlx_lm import load, stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tok = load(str(folder))
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    return "".join(r.text for r in stream_generate(model, tok, ids, max_tokens=max_tokens,
+                                                   sampler=make_sampler(temp=0.0)))
+
+
+# --- in process: each kind of cache resumes to the same answer -------------------------
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory) -> dict[str, Path]:
+    from families import make_family_model
+
+    root = tmp_path_factory.mktemp("families")
+    return {f: make_family_model(root / f, f, seed=3)
+            for f in ("llama", "qwen3_next", "gpt_oss")}
+
+
+def _cut_then_retry(gen, model, tok, prompt, sampling, cut_at: int) -> tuple[int, list, list]:
+    """(the prompt tokens done when the client left, the cut request's records, the
+    retry's records)."""
+    cancel, seen = threading.Event(), [0]
+
+    def progress(cached: int, done: int, total: int) -> None:
+        seen[0] = max(seen[0], done)
+        if done >= cut_at:
+            cancel.set()  # the client leaves here
+    cut = list(gen(model, tok, prompt, sampling, cancel, progress=progress))
+    return seen[0], cut, list(gen(model, tok, prompt, sampling, threading.Event()))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_next", "gpt_oss"])
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-at-a-time"])
+def test_every_kind_of_cache_resumes_a_cut_prefill_to_the_same_answer(family_models, family,
+                                                                      batched):
+    """Linear-attention state can't be rewound and a sliding window's ring can't be
+    trimmed, but every cache resumes from a prefix of its prompt: the entry is kept as
+    the cache stood when the client left."""
+    from mlx_lm import load
+
+    from engine.runtime.batching import Batcher
+    from engine.runtime.chunking import Chunker
+    from engine.runtime.generate import generate
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.sampling import Sampling
+
+    folder = family_models[family]
+    model, tok = load(str(folder))
+    messages = chat(WORDS[0], 50)  # ~2,200 tokens: past one 2048-token chunk
+    prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True))
+    sampling = Sampling(max_tokens=8, temperature=0.0)
+    prefix = PrefixCache(100_000)
+    if batched:  # 16-token chunks: the client leaves between two of them
+        gen = Batcher(model, tok, prefix, 2, chunker=Chunker(first=16, alone_s=1e-6))
+        cut_at = 1000
+    else:
+        def gen(*a, **kw):
+            return generate(*a, prefix=prefix, **kw)
+        cut_at = 2048  # mlx-lm's chunk
+    seen, cut, retry = _cut_then_retry(gen, model, tok, prompt, sampling, cut_at)
+    assert cut[-1].finish_reason == "cancelled" and cut[-1].generation_tokens == 0
+    assert seen >= cut_at
+    cached = retry[-1].cached_tokens
+    assert seen <= cached < len(prompt), (seen, cached, len(prompt))
+    assert "".join(r.text for r in retry) == greedy(folder, messages, 8)
+    assert len(prefix) <= 3, "one entry for the prompt (and its end's copy), not one a chunk"
+
+
+def test_partial_entries_grow_one_per_prompt_and_give_way_to_the_finished_one():
+    """Each retry that is cut again replaces the entry it extends; the finished prompt
+    replaces them all, rewindable caches (mlx-lm drops prefixes) or not (Shoal does)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache, KVCache
+
+    from engine.runtime.prefix import PrefixCache
+
+    def kv(n: int) -> list:
+        c = KVCache()
+        c.update_and_fetch(mx.zeros((1, 2, n, 4)), mx.zeros((1, 2, n, 4)))
+        return [c]
+
+    def state(n: int) -> list:  # recurrent state: holds n tokens, can't be rewound
+        c = ArraysCache(1)
+        c[0] = mx.full((1, 4), float(n))
+        return [c]
+
+    prompt = list(range(10, 400))
+    for make in (kv, state):
+        p = PrefixCache(10_000)
+        p.partial(prompt[:100], make(100))
+        p.partial(prompt[:250], make(250))
+        assert len(p) == 1 and p.tokens() == 250
+        assert p.fetch(prompt)[1] == 250
+        p.mark(prompt, make(len(prompt) - 1))
+        p.finish(prompt + [7, 8], make(len(prompt) + 2))
+        kept = sorted(len(t) for lru in p.lru._lru._lrus.values() for _, t in lru)
+        assert kept == ([len(prompt) + 2] if make is kv else [len(prompt) - 1, len(prompt) + 2])
+        other = [5, *prompt[1:300]]  # an unrelated prompt's partial stays
+        p.partial(other[:200], make(200))
+        assert p.fetch(other)[1] == 200
+
+
+# --- a real node, real clients ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory) -> Path:
+    """Wide enough that a 4 K-token prompt takes seconds to prefill (as test_long_prefill)."""
+    return make_tiny_model(tmp_path_factory.mktemp("slow") / "slow", LLAMA, hidden_size=128,
+                           intermediate_size=512, num_hidden_layers=4,
+                           max_position_embeddings=131072)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, slow_model):
+    n = NodeProcess(home_with(tmp_path_factory.mktemp("resume"), slow_model), "slow")
+    try:
+        n.wait_healthy()
+        n.wait_ready()
+        yield n
+    finally:
+        n.stop()
+
+
+def _timed(oai: openai.OpenAI, messages: list[dict]) -> tuple[float, str, int, int]:
+    """(time to the first token, the answer, cached and prompt tokens) of a streamed,
+    greedy request."""
+    t0 = time.monotonic()
+    first, text, usage = None, "", None
+    for c in oai.chat.completions.create(model="slow", messages=messages, max_tokens=8,
+                                         temperature=0, stream=True,
+                                         stream_options={"include_usage": True}):
+        if c.choices and c.choices[0].delta.content and first is None:  # (not the
+            first = time.monotonic() - t0                                # role's chunk)
+        if c.choices:
+            text += c.choices[0].delta.content or ""
+        usage = c.usage or usage
+    assert first is not None and usage is not None
+    return first, text, usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens
+
+
+def test_an_sdk_that_times_out_mid_prefill_then_retries_waits_only_for_the_rest(node,
+                                                                               slow_model):
+    oai = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0)
+    _timed(oai, chat("warm ", 4))  # the chunker has measured the machine
+    cold, _, cached0, n = _timed(oai, chat(WORDS[0], 90))  # ~4,000 tokens, nothing cached
+    assert cached0 < 50, cached0  # (the chat template's first tokens)
+    hurried = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0,
+                            timeout=cold / 2)
+    with pytest.raises(openai.APITimeoutError):
+        hurried.chat.completions.create(model="slow", messages=chat(WORDS[1], 90),
+                                        max_tokens=8, temperature=0)
+    retry, text, cached, n2 = _timed(oai, chat(WORDS[1], 90))  # at once, as SDKs do
+    assert n2 == n
+    assert 0.25 * n <= cached < n, (cached, n)  # at least the half done before it left
+    assert retry / cold < 0.85, f"retry {retry:.2f} s vs cold {cold:.2f} s"
+    assert text == greedy(slow_model, chat(WORDS[1], 90), 8)
+
+
+def test_a_stream_read_until_half_the_prefill_leaves_its_chunks_to_the_retry(node):
+    """The chat window's progress comments say how far the prefill got before the client
+    left; the retry's first one says what it reused, as its usage does."""
+    body = {"model": "slow", "messages": chat(WORDS[2], 90), "max_tokens": 4,
+            "stream": True, "stream_options": {"include_usage": True}}
+    last = total = 0
+    with httpx.stream("POST", node.url + "/v1/chat/completions", json=body,
+                      timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith(PROGRESS):
+                _, last, total = (int(x) for x in line[len(PROGRESS):].split())
+                if last >= total // 2:
+                    break  # the client gives up here
+    assert 0 < last < total
+    first = None
+    with httpx.stream("POST", node.url + "/v1/chat/completions", json=body,
+                      timeout=120) as r:
+        usage = None
+        for line in r.iter_lines():
+            if line.startswith(PROGRESS) and first is None:
+                first = int(line[len(PROGRESS):].split()[0])
+            elif line.startswith("data: {") and '"usage"' in line:
+                import json
+                usage = json.loads(line[6:]).get("usage") or usage
+    assert usage is not None and first is not None
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached == first and last <= cached < total, (last, cached, total)
+
+
+# --- a real group: two pipeline ranks on loopback ---------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback, Linux CI")
+def test_a_groups_ranks_keep_the_cut_prefill_alike_and_the_retry_resumes(tmp_path,
+                                                                        slow_model):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from dist_harness import Group, collect, texts
+
+    messages = chat(WORDS[1], 70)
+    want = greedy(slow_model, messages, 6)
+    group = Group(tmp_path / "g", slow_model, 2, "pipeline", [[0, 2], [2, 4]], streams=2,
+                  prefix_cache_tokens=20_000)
+    try:
+        group.ready()
+        leader = group.leader
+        leader.send({"op": "generate", "id": "cut", "request": {
+            "messages": messages, "sampling": {"max_tokens": 6, "temperature": 0}}})
+        ev = leader.expect(lambda e: e.get("id") == "cut" and e["ev"] == "progress"
+                           and e["done"] * 3 >= e["total"], 120)
+        leader.send({"op": "cancel", "id": "cut"})
+        cut = collect(leader, "cut")
+        assert cut[-1]["ev"] == "done" and cut[-1]["finish_reason"] == "cancelled"
+        assert cut[-1]["generation_tokens"] == 0, "it left mid-prefill"
+        leader.send({"op": "generate", "id": "retry", "request": {
+            "messages": messages, "sampling": {"max_tokens": 6, "temperature": 0}}})
+        retry = collect(leader, "retry")
+        assert retry[-1]["ev"] == "done", retry[-1]  # a rank out of step fails the group
+        cached = retry[-1]["cached_tokens"]
+        assert ev["done"] <= cached < retry[-1]["prompt_tokens"], (ev, cached)
+        assert "".join(texts(retry)) == want
+    finally:
+        group.kill()
