@@ -63,7 +63,9 @@ LLAMA_CPP_CHAT = (LLAMA_CPP_COMPLETION - {"prompt"}) | {
     "reasoning_control", "parallel_tool_calls"}
 LLAMA_CPP_TOKENIZE = {"content", "add_special", "parse_special", "with_pieces"}
 LLAMA_CPP_DETOKENIZE = {"tokens"}
-LLAMA_CPP_APPLY_TEMPLATE = {"messages"}
+# and tools, add_generation_prompt: tools/server/tests/unit/test_template.py at commit
+# 581e9bec6e7b732ee48b9f6da16f0185179b8f47 sends them
+LLAMA_CPP_APPLY_TEMPLATE = {"messages", "tools", "add_generation_prompt"}
 
 # Ollama's server (github.com/ollama/ollama api/types.go, Options) takes min_p, which the
 # ollama package's Options lacks.

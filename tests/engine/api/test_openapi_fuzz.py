@@ -8,7 +8,10 @@ Schemathesis rarely reaches the values that index the model's arrays, so a targe
 hypothesis test sends those with hostile values on every protocol that carries them
 (logit_bias keys huge, negative, between the tokenizer's and the model's vocabulary or
 in non-ASCII digits; token-id prompts; top_logprobs and logprobs counts; seeds; top_k):
-no 5xx, and the worker is the same live process afterwards."""
+no 5xx, and the worker is the same live process afterwards. A third sends vLLM's and
+llama.cpp's extensions with hostile values (id lists past the vocabulary, pathological
+regexes and grammars, huge choices, unknown sampler names, counts past any context) and the
+utility routes the same: the same promise."""
 
 from __future__ import annotations
 
@@ -51,6 +54,14 @@ def test_the_document_names_every_generation_route(small_node):
                          ("/v1/models", "get"), ("/api/tags", "get"), ("/api/ps", "get"),
                          ("/v1/responses/{rid}", "get"), ("/v1/messages/count_tokens", "post")):
         assert method in doc["paths"][path], path
+    # llama.cpp's and vLLM's utility routes, and the node's own /metrics (the running app's
+    # routes, not only the API's table)
+    for path in ("/tokenize", "/detokenize", "/apply-template"):
+        assert "requestBody" in doc["paths"][path]["post"], path
+    for path in ("/props", "/metrics"):
+        assert "get" in doc["paths"][path], path
+    chat = doc["components"]["schemas"]["openai_schemas.ChatCompletionRequest"]
+    assert chat["properties"]["ignore_eos"]["x-shoal-treatment"] == "honoured"
 
 
 def test_no_request_makes_the_node_fail(small_node):
@@ -71,7 +82,7 @@ def test_no_request_makes_the_node_fail(small_node):
 
         fuzz()
         seen += 1
-    assert seen == 14
+    assert seen == 19  # 14 before the utility routes and /metrics
     assert small_node.proc.poll() is None and httpx.get(small_node.url + "/health").is_success
     # (keep_alive 0 may have unloaded the model: no worker pid to compare, but none died)
     assert "exited unexpectedly" not in small_node.log.read_text(errors="replace")
@@ -155,6 +166,108 @@ def test_hostile_ids_and_counts_leave_the_same_worker(small_node):
 
     fuzz()
     assert {200, 400} <= statuses and by_worker, "answers, refusals at the API and by the worker"
+    status = httpx.get(small_node.url + "/shoal/status", timeout=10).json()
+    assert status["worker_pid"] == pid, small_node.tail()
+    assert "exited unexpectedly" not in small_node.log.read_text(errors="replace")
+
+
+# vLLM's and llama.cpp's extensions: values a hostile client could send
+id_lists = st.lists(ids, min_size=1, max_size=8) | st.lists(ids, max_size=0) | st.just(
+    list(range(2000)))
+regexes = st.sampled_from([
+    "(a+)+$", "(a|a)*b", "[", "a{1000000}", "(?=a)b", "\\", "((((((((((a))))))))))*",
+    "[^\\x00-\\x{10FFFF}]", ".*" * 200, "(a{1,100}){1,100}", "\\p{L}+", ""]) | st.text(
+    max_size=40)
+grammars = st.sampled_from([
+    'root ::= "a" root', "root ::= root", 'root ::= x\nx ::= y\ny ::= x', "root ::=",
+    "::= ::=", 'root ::= [^\\x00-\\x{10FFFF}]*', 'root ::= "a"{0,1000000}',
+    "start: start", "%import common.WS", 'root ::= ("a" | "b")* "c"']) | st.text(max_size=40)
+choices = st.lists(st.text(max_size=8), min_size=0, max_size=4) | st.just(
+    ["x" * 5000]) | st.just([str(i) for i in range(3000)])
+samplers = st.lists(st.sampled_from(["top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+                                     "dry", "penalties", "top_n_sigma", "mirostat", "", "x"]),
+                    max_size=8) | st.text(max_size=12)
+schemas = st.sampled_from([{"type": "object"}, {"$ref": "#/$defs/a", "$defs": {
+    "a": {"$ref": "#/$defs/a"}}}, {"type": "string", "pattern": "(a+)+$"},
+    {"type": "array", "minItems": 1000000}, {"enum": []}, {"type": "nope"}, "{", "[]"])
+EXTENSIONS = {
+    "stop_token_ids": id_lists, "allowed_token_ids": id_lists, "bad_words": st.lists(
+        st.text(max_size=6), max_size=3) | st.just(["x"] * 2000),
+    "min_tokens": counts, "truncate_prompt_tokens": counts, "prompt_logprobs": counts,
+    "n_probs": counts, "min_keep": counts, "n_predict": counts, "repeat_last_n": counts,
+    "typical_p": st.floats(-1, 2) | st.sampled_from([0.0, 1.0, 1e-300]),
+    "xtc_probability": st.floats(-1, 2), "xtc_threshold": st.floats(-1, 2),
+    "samplers": samplers, "guided_regex": regexes, "guided_grammar": grammars,
+    "grammar": grammars, "guided_choice": choices, "guided_json": schemas,
+    "json_schema": schemas, "structured_outputs": st.fixed_dictionaries(
+        {}, optional={"regex": regexes, "choice": choices, "grammar": grammars,
+                      "json": schemas}),
+    "ignore_eos": st.booleans(), "skip_special_tokens": st.booleans(),
+    "include_stop_str_in_output": st.booleans(), "echo": st.booleans(),
+    "continue_final_message": st.booleans(), "add_generation_prompt": st.booleans(),
+    "chat_template_kwargs": st.dictionaries(st.text(max_size=12), st.integers(), max_size=3),
+    "documents": st.lists(st.dictionaries(st.text(max_size=5), st.text(max_size=5)),
+                          max_size=3)}
+CHAT_ONLY = {"echo", "continue_final_message", "add_generation_prompt",
+             "chat_template_kwargs", "documents"}
+UTILITY = {  # route: hostile bodies
+    "/tokenize": st.fixed_dictionaries({"content": st.text(max_size=50)}, optional={
+        "add_special": st.booleans(), "with_pieces": st.booleans(),
+        "parse_special": st.booleans()}) | st.fixed_dictionaries(
+        {"prompt": st.text(max_size=50)}, optional={"add_special_tokens": st.booleans(),
+                                                     "return_token_strs": st.booleans()}),
+    "/detokenize": st.fixed_dictionaries({"tokens": id_lists}),
+    "/apply-template": st.fixed_dictionaries({"messages": st.just(HELLO)}, optional={
+        "add_generation_prompt": st.booleans(), "continue_final_message": st.booleans(),
+        "chat_template_kwargs": st.dictionaries(st.text(max_size=12), st.integers(),
+                                                max_size=3),
+        "documents": st.lists(st.dictionaries(st.text(max_size=5), st.text(max_size=5)),
+                              max_size=3)}),
+}
+
+
+@st.composite
+def hostile_extensions(draw) -> tuple[str, dict]:
+    """A chat, completions or utility request with one to three of the dialects' fields
+    hostile (the rest a body the route answers)."""
+    path = draw(st.sampled_from(["/v1/chat/completions", "/v1/completions", *UTILITY]))
+    if path in UTILITY:
+        return path, draw(UTILITY[path])
+    body = json.loads(json.dumps(ROUTES[path][0]))
+    names = sorted(n for n in EXTENSIONS if path == "/v1/chat/completions"
+                   or n not in CHAT_ONLY)
+    for name in draw(st.lists(st.sampled_from(names), min_size=1, max_size=3)):
+        body[name] = draw(EXTENSIONS[name])
+    return path, body
+
+
+def test_hostile_extensions_leave_the_same_worker(small_node):
+    """vLLM's and llama.cpp's fields and routes with hostile values: never a 5xx, every
+    answer in time, and the worker that served the first request serves the last."""
+    warm = httpx.post(small_node.url + "/v1/chat/completions", timeout=60,
+                      json={"model": MODEL, "messages": HELLO, "max_tokens": 1})
+    assert warm.status_code == 200, warm.text
+    pid = httpx.get(small_node.url + "/shoal/status", timeout=10).json()["worker_pid"]
+    statuses: set[int] = set()
+
+    @settings(max_examples=200, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(path_body=hostile_extensions())
+    @example(path_body=("/v1/chat/completions", {**ROUTES["/v1/chat/completions"][0],
+                                                 "guided_regex": "(a+)+$"}))
+    @example(path_body=("/v1/completions", {**ROUTES["/v1/completions"][0],
+                                            "allowed_token_ids": [299, 300, 2**31]}))
+    @example(path_body=("/detokenize", {"tokens": [258, 259, 299, 300]}))
+    def fuzz(path_body):
+        path, body = path_body
+        r = httpx.post(small_node.url + path, timeout=60,
+                       content=json.dumps({"model": MODEL, **body}),
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code < 500, (path, body, r.text)
+        statuses.add(r.status_code)
+
+    fuzz()
+    assert {200, 400} <= statuses
     status = httpx.get(small_node.url + "/shoal/status", timeout=10).json()
     assert status["worker_pid"] == pid, small_node.tail()
     assert "exited unexpectedly" not in small_node.log.read_text(errors="replace")
