@@ -58,6 +58,11 @@ class VllmFields(_Fields):
         "priority": "hint",
         "request_id": "hint",
         "cache_salt": "hint",
+        "length_penalty": "hint",  # vLLM uses it in beam search only, which is never on
+        "mm_processor_kwargs": "hint",  # for image and audio processors: text only here
+        "kv_transfer_params": "hint",  # vLLM's disaggregated serving: one node here
+        "vllm_xargs": "hint",  # arguments for custom logits processors, which are refused
+        "return_token_ids": "refused",
         "return_tokens_as_token_ids": "with logprobs: tokens spelled token_id:<id>"}
     ignore_eos: bool | None = None
     min_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_LIMIT)
@@ -87,6 +92,11 @@ class VllmFields(_Fields):
     # Only a hint here: vLLM salts its prefix cache so one tenant can't time another's
     # prompts. A Shoal node has one API key, so every client of it is the same tenant.
     cache_salt: Short | None = None
+    length_penalty: float | None = Field(default=None, ge=-100.0, le=100.0)
+    mm_processor_kwargs: dict[str, Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = Field(default=None, max_length=64)
+    return_token_ids: bool | None = None
 
 
 SamplerName = Annotated[str, Field(min_length=1, max_length=32)]
@@ -117,7 +127,12 @@ class LlamaCppFields(_Fields):
         "n_cmpl": "only 1",
         "samplers": "llama.cpp's names or letters; dry and top_n_sigma only while off, "
                     "penalties only first",
-        "reasoning_format": "only auto or deepseek: reasoning is in reasoning_content"}
+        "reasoning_format": "only auto or deepseek: reasoning is in reasoning_content",
+        "n_cache_reuse": "hint",
+        "return_progress": "hint",  # Shoal's own progress comments are in every stream
+        "sse_ping_interval": "hint",  # Shoal's keep-alive comes every 10 s of silence
+        "response_fields": "hint",  # llama.cpp applies it to /completion only
+        "lora": "only []: no adapters are loaded"}
     n_predict: int | None = Field(default=None, ge=-1, le=MAX_TOKENS_LIMIT)
     cache_prompt: bool | None = None
     id_slot: int | None = Field(default=None, ge=-1, le=1_000_000)
@@ -151,6 +166,11 @@ class LlamaCppFields(_Fields):
     return_tokens: bool | None = None
     n_cmpl: int | None = Field(default=None, ge=1, le=1_000)
     reasoning_format: Short | None = None
+    n_cache_reuse: int | None = Field(default=None, ge=0, le=MAX_TOKENS_LIMIT)
+    return_progress: bool | None = None
+    sse_ping_interval: float | None = Field(default=None, ge=-1.0, le=3600.0)
+    response_fields: list[Short] | None = Field(default=None, max_length=64)
+    lora: list[dict[str, Any]] | None = Field(default=None, max_length=64)
 
 
 # field -> (the only value honoured, why); None counts as that value
@@ -164,6 +184,7 @@ ONLY: dict[str, tuple[Any, str]] = {
     "post_sampling_probs": (False, "logprobs here are the model's, before sampling"),
     "use_beam_search": (False, "Shoal has no beam search"),
     "n_cmpl": (1, "ask again for another answer"),
+    "lora": ([], "this node loads no LoRA adapters"),
 }
 
 # fields refused whatever their value, and why
@@ -173,4 +194,6 @@ REFUSED = {
     "guided_whitespace_pattern": "Shoal's JSON has no free whitespace; leave it out",
     "logits_processors": "a logits processor is code to run on the node, which Shoal "
                          "never takes from a request",
+    "return_token_ids": "set logprobs with return_tokens_as_token_ids for the answer's "
+                        "ids, or ask /tokenize for the prompt's",
 }

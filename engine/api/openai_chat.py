@@ -223,6 +223,7 @@ class ChatRenderer:
         self.include_usage = bool(opts and (opts.include_usage or self.continuous
                                             and opts.include_usage is None))
         self.echo = echo_of(body.messages) if body.echo else ""
+        self.reasoning = body.include_reasoning is not False  # vLLM's include_reasoning
         self.count = TokenCount(ctx.prompt_tokens)
         self.base: Head = {"id": ctx.ids("chatcmpl-"), "created": int(ctx.now()),
                            "model": ctx.model}
@@ -258,6 +259,8 @@ class ChatRenderer:
             return [sse(error_of(ev).to_openai())]
         if isinstance(ev, wire.Delta):
             self.count.add(ev)
+            if ev.kind == "reasoning" and not self.reasoning:
+                return []
             delta: ChunkDelta = {"reasoning_content": ev.text} if ev.kind == "reasoning" \
                 else {"content": ev.text}
             return [sse(self._chunk(delta, lps=ev.logprobs))]
@@ -290,7 +293,7 @@ class ChatRenderer:
         content = self.echo + a.content
         msg: Message = {"role": "assistant",
                         "content": content or (None if a.tool_calls else "")}
-        if a.reasoning:
+        if a.reasoning and self.reasoning:
             msg["reasoning_content"] = a.reasoning
         if a.tool_calls:
             msg["tool_calls"] = [call_json(c) for c in a.tool_calls]

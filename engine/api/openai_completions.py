@@ -34,7 +34,7 @@ routes = web.RouteTableDef()
 class CompletionRequest(SamplingFields, VllmFields, LlamaCppFields):
     TREATMENT: ClassVar[dict[str, str]] = treatment(
         VllmFields, LlamaCppFields, n="only 1", best_of="only 1", user="hint",
-        add_special_tokens="true or false: the prompt's BOS and the like")
+        prompt_embeds="refused")
     model: str | None = Field(default=None, min_length=1)
     prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None
@@ -49,6 +49,7 @@ class CompletionRequest(SamplingFields, VllmFields, LlamaCppFields):
     user: str | None = None
     response_format: ResponseFormat | None = None  # vLLM's, as on chat
     add_special_tokens: bool | None = None  # vLLM's: None is the tokenizer's own
+    prompt_embeds: Any = None  # refused: a prompt here is text or token ids
 
     def hints(self) -> list[str]:
         return dialect_map.hints_of(self, self.TREATMENT)
@@ -79,6 +80,9 @@ def to_request(body: CompletionRequest) -> wire.GenerateRequest:
     for name in ("n", "best_of"):
         if getattr(body, name) not in (None, 1):
             raise BadRequest(f"Only {name}=1 is supported.", param=name)
+    if body.prompt_embeds is not None:
+        raise BadRequest("'prompt_embeds' can't be served here: send the prompt as text or "
+                         "token ids.", param="prompt_embeds")
     dialect_map.check(body)
     k = logprobs_of(body)
     sampling = body.sampling(dialect_map.max_tokens_of(body, "max_tokens"), k,

@@ -210,6 +210,7 @@ class ChatCompletionRequest(SamplingFields, VllmFields, LlamaCppFields):
     documents: list[dict[str, Any]] | None = Field(default=None, max_length=256)
     chat_template: str | None = None  # refused: a template is code
     add_special_tokens: bool | None = None
+    include_reasoning: bool | None = None  # false: the reasoning is left out
     # Harmless: bookkeeping a local server has no use for.
     user: str | None = None
     metadata: dict[str, Any] | None = None

@@ -94,7 +94,8 @@ def test_n_predict_and_max_tokens_must_agree():
     ("t_max_predict_ms", 100), ("post_sampling_probs", True), ("use_beam_search", True),
     ("top_n_sigma", 1.5), ("n_cmpl", 2), ("reasoning_format", "none"),
     ("structural_tag", "{}"), ("guided_whitespace_pattern", " *"),
-    ("logits_processors", ["os.system"])])
+    ("logits_processors", ["os.system"]), ("return_token_ids", True),
+    ("lora", [{"id": 0, "scale": 1.0}])])
 def test_fields_that_cant_be_honoured_are_a_400_naming_them(field, value):
     for fn in (chat, cmpl):
         refused(fn, field, **{field: value})
@@ -109,6 +110,10 @@ def test_chat_template_is_refused_and_its_kwargs_reach_the_template():
     for key in ("chat_template", "tokenize", "tools", "add_generation_prompt"):
         refused(chat, f"chat_template_kwargs.{key}", chat_template_kwargs={key: "x"})
     refused(chat, "chat_template_kwargs", chat_template_kwargs={"not a name": 1})
+
+
+def test_prompt_embeds_are_refused_on_completions():
+    refused(cmpl, "prompt_embeds", prompt_embeds="AAAA")
 
 
 def test_continue_final_message_and_documents():

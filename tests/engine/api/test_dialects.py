@@ -190,6 +190,15 @@ def test_prompt_logprobs_and_token_ids(tiny_node):
     assert len(s.json()["choices"][0]["prompt_logprobs"]) == 3
 
 
+def test_include_reasoning_false_leaves_the_reasoning_out(forcing_node):
+    """The forcing model thinks before it answers (tests/engine/api/forcing.py)."""
+    def ask(**extra) -> dict:
+        return post(forcing_node, "/v1/chat/completions", model="forcing", messages=HELLO,
+                    max_tokens=12, **extra).json()["choices"][0]["message"]
+    assert ask()["reasoning_content"] == "Checking."
+    assert "reasoning_content" not in ask(include_reasoning=False)
+
+
 def test_llama_cpp_requests(tiny_node):
     # what llama.cpp's web UI sends with its defaults (its sampler chain as letters)
     webui = post(tiny_node, "/v1/chat/completions", messages=HELLO, stream=False,
