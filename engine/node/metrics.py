@@ -34,6 +34,7 @@ TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+COUNT_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))  # 1 .. 5M
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ class NodeMetrics:
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, [*lb, *extra], registry=r)
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] = LATENCY_BUCKETS
+                      ) -> Histogram:
             return Histogram(name, doc, lb, buckets=buckets, registry=r)
 
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
@@ -158,14 +160,27 @@ class NodeMetrics:
                               "Histogram of time to first token in seconds.", TTFT_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds",
                              "Histogram of inter-token latency in seconds.", TOKEN_BUCKETS)
+        # vLLM's older name for the same figure, which many dashboards still read
+        self.itl_old = histogram("vllm:time_per_output_token_seconds",
+                                 "Histogram of time per output token in seconds.",
+                                 TOKEN_BUCKETS)
         self.tpot = histogram("vllm:request_time_per_output_token_seconds",
                               "Histogram of time_per_output_token_seconds per request.",
                               TOKEN_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds",
-                             "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS)
+                             "Histogram of e2e request latency in seconds.")
         self.queue = histogram("vllm:request_queue_time_seconds",
-                               "Histogram of time spent in WAITING phase for request.",
-                               LATENCY_BUCKETS)
+                               "Histogram of time spent in WAITING phase for request.")
+        self.inference = histogram("vllm:request_inference_time_seconds",
+                                   "Histogram of time spent in RUNNING phase for request.")
+        self.prefill = histogram("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.")
+        self.decode = histogram("vllm:request_decode_time_seconds",
+                                "Histogram of time spent in DECODE phase for request.")
+        self.prompt_sizes = histogram("vllm:request_prompt_tokens",
+                                      "Number of prefill tokens processed.", COUNT_BUCKETS)
+        self.answer_sizes = histogram("vllm:request_generation_tokens",
+                                      "Number of generation tokens processed.", COUNT_BUCKETS)
         r.register(_Live(self))
 
     def start(self, model: str) -> Tracker:
@@ -181,7 +196,8 @@ class NodeMetrics:
         self._models.add(model)
         for c in (self.prompt_tokens, self.generation_tokens, self.cache_queries,
                   self.cache_hits, self.draft_tokens, self.accepted_tokens, self.ttft,
-                  self.itl, self.tpot, self.e2e, self.queue):
+                  self.itl, self.itl_old, self.tpot, self.e2e, self.queue, self.inference,
+                  self.prefill, self.decode, self.prompt_sizes, self.answer_sizes):
             c.labels(model, self.node)
         for reason in FINISH_REASONS:
             self.success.labels(model, self.node, reason)
@@ -191,6 +207,7 @@ class NodeMetrics:
 
     def token_gap(self, model: str, seconds: float) -> None:
         self.itl.labels(model, self.node).observe(seconds)
+        self.itl_old.labels(model, self.node).observe(seconds)
 
     def record(self, fig: FinishedRequest, decode_s: float = 0.0) -> FinishedRequest:
         """The one place a finished request's figures are counted: /metrics' counters and
@@ -209,6 +226,12 @@ class NodeMetrics:
         self.accepted_tokens.labels(*m).inc(fig.accepted_tokens)
         self.e2e.labels(*m).observe(fig.e2e_s)
         self.queue.labels(*m).observe(fig.queue_s)
+        self.inference.labels(*m).observe(max(0.0, fig.e2e_s - fig.queue_s))
+        if fig.ttft_s is not None:  # prefill: from its turn to its first token
+            self.prefill.labels(*m).observe(max(0.0, fig.ttft_s - fig.queue_s))
+            self.decode.labels(*m).observe(decode_s)
+        self.prompt_sizes.labels(*m).observe(fig.prompt_tokens)
+        self.answer_sizes.labels(*m).observe(fig.generation_tokens)
         if fig.generation_tokens > 1 and decode_s > 0:
             self.tpot.labels(*m).observe(decode_s / (fig.generation_tokens - 1))
         self.finished.append(fig)

@@ -78,10 +78,16 @@ def test_counts_match_what_the_clients_got(node):
     assert grew(before, after, "vllm:generation_tokens_total") == \
         sum(u.completion_tokens for u in usages)
     for hist in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:request_queue_time_seconds"):
+                 "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds",
+                 "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+                 "vllm:request_time_per_output_token_seconds", "vllm:request_prompt_tokens",
+                 "vllm:request_generation_tokens"):
         assert grew(before, after, hist + "_count") == 3, hist
+    assert grew(before, after, "vllm:request_prompt_tokens_sum") == \
+        sum(u.prompt_tokens for u in usages)
     assert grew(before, after, "vllm:time_to_first_token_seconds_sum") > 0
-    assert grew(before, after, "vllm:inter_token_latency_seconds_count") > 0
+    gaps = grew(before, after, "vllm:inter_token_latency_seconds_count")
+    assert gaps > 0 and grew(before, after, "vllm:time_per_output_token_seconds_count") == gaps
     assert grew(before, after, "vllm:request_success_total", finished_reason="stop") + \
         grew(before, after, "vllm:request_success_total", finished_reason="length") == 3
     assert grew(before, after, "vllm:request_success_total", finished_reason="error") == 0
