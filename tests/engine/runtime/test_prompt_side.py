@@ -6,7 +6,10 @@ truncate_prompt_tokens, max_tokens 0, prompt_logprobs, and the token-id fields' 
 from __future__ import annotations
 
 import json
+import re
+import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +17,9 @@ import pytest
 from engine.errors import BadRequest, ContextTooLong
 from engine.protocol import Accepted, Delta, Done, GenerateRequest, SamplingRequest
 from tiny import LLAMA, make_tiny_model
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dist_harness import Group, Worker, collect, collect_all, texts  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Tell me a story."}]
 DOCS_TEMPLATE = ("{% if documents %}<docs>{% for d in documents %}[{{ d['title'] }}] "
@@ -356,3 +362,69 @@ def test_prompt_logprobs_too_many_for_one_answer_are_a_400_before_any_is_compute
         serve(model, tok, GenerateRequest(prompt="x" * 100, sampling=SamplingRequest(
             max_tokens=0, prompt_logprobs=1)))
     assert e.value.param == "prompt_logprobs"
+
+
+# --- through the pipe, on each path a request is served by ---------------------------------
+PIPE_PATHS = {"alone": (None, 1), "batch": (None, 4), "pipeline": ("pipeline", 1)}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback, Linux CI")
+@pytest.mark.parametrize("path", [pytest.param(p, marks=[pytest.mark.slow] if PIPE_PATHS[p][0]
+                                               else []) for p in PIPE_PATHS])
+def test_a_worker_serves_the_prompt_side_over_the_pipe(tmp_path, tmp_path_factory, path):
+    """As a node sends them: prompt logprobs with max_tokens 0 (refused on a group's rank
+    0, which holds a part of the model), show_prompt, continue_final, a regex, and ids past
+    the vocabulary, while a long answer runs beside them unchanged."""
+    model = make_tiny_model(tmp_path_factory.mktemp("pipe") / "tiny", LLAMA)
+    strategy, streams = PIPE_PATHS[path]
+    group = None
+    if strategy is None:
+        w = Worker(["--model", str(model), "--model-id", "m", "--streams", str(streams)],
+                   tmp_path / "w.log")
+        ranks = [w]
+        w.expect(lambda e: e["ev"] == "ready")
+    else:
+        group = Group(tmp_path, model, 2, strategy, [[0, 2], [2, 4]], streams=streams)
+        ranks, w = group.ranks, group.leader
+        group.ready()
+    long = {"messages": CHAT, "sampling": {"max_tokens": 120, "temperature": 0}}
+    asks = {
+        "score": {"prompt": "The cat sat.", "sampling": {"max_tokens": 0,
+                                                         "prompt_logprobs": 2}},
+        "shown": {"messages": [*CHAT, {"role": "assistant", "content": "Once"}],
+                  "continue_final": True, "show_prompt": True,
+                  "sampling": {"max_tokens": 2}},
+        "regex": {"prompt": "n:", "sampling": {"max_tokens": 20, "temperature": 1.0,
+                                               "constraint": {"regex": "[0-9]{4}",
+                                                              "param": "guided_regex"}}},
+        "stopid": {"prompt": "x", "sampling": {"stop_token_ids": [10**9]}},
+    }
+    try:
+        w.send({"op": "generate", "id": "alone", "request": long})
+        alone = texts(collect(w, "alone"))
+        w.send({"op": "generate", "id": "long", "request": long})
+        for rid, req in asks.items():
+            w.send({"op": "generate", "id": rid, "request": req})
+        got = collect_all(w, ["long", *asks])
+        assert texts(got["long"]) == alone
+        score = got["score"][-1]
+        if strategy is None:
+            assert score["ev"] == "done" and score["finish_reason"] == "length"
+            lps = score["prompt_logprobs"]
+            assert lps[0] is None and len(lps) == 12 and all(
+                len(e["top_logprobs"]) == 2 and "id" in e for e in lps[1:])
+        else:
+            assert score["ev"] == "error" and score["param"] == "prompt_logprobs"
+        acc = next(e for e in got["shown"] if e["ev"] == "accepted")
+        assert acc["prompt_text"].endswith("<|im_start|>assistant\nOnce")
+        assert len(acc["prompt_ids"]) == acc["prompt_tokens"]
+        assert got["regex"][-1]["ev"] == "done"
+        assert re.fullmatch("[0-9]{4}", "".join(texts(got["regex"])))
+        bad = got["stopid"][-1]
+        assert bad["ev"] == "error" and bad["param"] == "stop_token_ids"
+        assert [r.proc.poll() for r in ranks] == [None] * len(ranks)
+    finally:
+        if group is not None:
+            group.kill()
+        else:
+            w.kill()
