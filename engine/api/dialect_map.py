@@ -274,5 +274,10 @@ def template_kwargs(kwargs: dict[str, Any] | None) -> tuple[bool | None, dict[st
 
 def hints_of(body: BaseModel, treatment: dict[str, str]) -> list[str]:
     """The hint fields (TREATMENT "hint") the client sent."""
-    return [k for k, v in treatment.items() if v == "hint" and k in body.model_fields_set
-            and getattr(body, k, None) is not None]
+    out = [k for k, v in treatment.items() if v == "hint" and k in body.model_fields_set
+           and getattr(body, k, None) is not None]
+    for name in body.model_fields_set:  # and a nested object's (stream_options, ...)
+        v = getattr(body, name, None)
+        if isinstance(v, BaseModel) and hasattr(v, "TREATMENT"):
+            out += [f"{name}.{k}" for k in hints_of(v, v.TREATMENT)]
+    return out

@@ -166,9 +166,11 @@ def test_hints_are_logged_not_used():
                                          "cache_salt": "s", "cache_prompt": True,
                                          "id_slot": 0, "mirostat_tau": 5.0,
                                          "guided_decoding_backend": "xgrammar",
-                                         "ignore_eos": True})
+                                         "ignore_eos": True, "structured_outputs": {
+                                             "regex": "a", "disable_fallback": True}})
     assert set(body.hints()) == {"priority", "request_id", "cache_salt", "cache_prompt",
-                                 "id_slot", "mirostat_tau", "guided_decoding_backend"}
+                                 "id_slot", "mirostat_tau", "guided_decoding_backend",
+                                 "structured_outputs.disable_fallback"}
     t = ChatCompletionRequest.TREATMENT
     assert t["chat_template"] == "refused" and t["mirostat"].startswith("only 0")
     assert "ignore_eos" not in t  # honoured
