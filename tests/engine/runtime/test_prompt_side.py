@@ -365,7 +365,8 @@ def test_prompt_logprobs_too_many_for_one_answer_are_a_400_before_any_is_compute
 
 
 # --- through the pipe, on each path a request is served by ---------------------------------
-PIPE_PATHS = {"alone": (None, 1), "batch": (None, 4), "pipeline": ("pipeline", 1)}
+PIPE_PATHS = {"alone": (None, 1), "batch": (None, 4), "pipeline": ("pipeline", 1),
+              "tensor": ("tensor", 1)}
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback, Linux CI")
@@ -384,7 +385,8 @@ def test_a_worker_serves_the_prompt_side_over_the_pipe(tmp_path, tmp_path_factor
         ranks = [w]
         w.expect(lambda e: e["ev"] == "ready")
     else:
-        group = Group(tmp_path, model, 2, strategy, [[0, 2], [2, 4]], streams=streams)
+        group = Group(tmp_path, model, 2, strategy,
+                      [[0, 2], [2, 4]] if strategy == "pipeline" else None, streams=streams)
         ranks, w = group.ranks, group.leader
         group.ready()
     long = {"messages": CHAT, "sampling": {"max_tokens": 120, "temperature": 0}}
