@@ -1,7 +1,9 @@
-"""Fields the official APIs define that only carry client bookkeeping or hints (metadata,
-cache and context-management hints, deferred tool loading, billing): accepted, as the
-official servers accept them, and logged once per client so a user can see what this
-node didn't use. Fields that change the answer are honoured or refused, never here."""
+"""Fields the official APIs (and vLLM's and llama.cpp's servers) define that only carry
+client bookkeeping or hints (metadata, cache and context-management hints, deferred tool
+loading, billing, scheduling priority, slots): accepted, as those servers accept them, and
+logged once per client so a user can see what this node didn't use. A schema's TREATMENT
+marks them "hint" (engine/api/openai_schemas.py). Fields that change the answer are
+honoured or refused, never here."""
 
 from __future__ import annotations
 

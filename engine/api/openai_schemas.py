@@ -54,7 +54,8 @@ class Drafts(Strict):
 
 
 class SamplingFields(Drafts):
-    TREATMENT: ClassVar[dict[str, str]] = {}
+    TREATMENT: ClassVar[dict[str, str]] = {
+        "seed": "-1 is a fresh random seed each time, as llama.cpp's server takes it"}
     temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0, le=TOP_K_LIMIT)
@@ -98,7 +99,8 @@ class SamplingFields(Drafts):
         has them (engine/api/dialect_map.py)."""
         return SamplingRequest.of(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=self.stop,
+            top_k=self.top_k, min_p=self.min_p, stop=self.stop,
+            seed=None if self.seed == -1 else self.seed,
             logit_bias=self.logit_bias, logprobs=logprobs, constraint=constraint,
             **dialect_map.penalties(self), **dialect_map.extensions(self), **self.drafts())
 

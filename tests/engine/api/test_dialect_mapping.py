@@ -81,6 +81,10 @@ def test_llama_cpp_samplers_as_the_webui_sends_them():
     assert chat(samplers=["top_n_sigma", "top_k"]).sampling.samplers == ("top_k",)
 
 
+def test_llama_cpps_seed_minus_1_is_a_random_seed():
+    assert chat(seed=-1).sampling.seed is None and chat(seed=7).sampling.seed == 7
+
+
 def test_n_predict_and_max_tokens_must_agree():
     assert cmpl(max_tokens=5, n_predict=5).sampling.max_tokens == 5
     refused(cmpl, "n_predict", max_tokens=5, n_predict=6)
