@@ -27,7 +27,7 @@ from engine.protocol import (
 )
 from engine.records import TokenLogprob
 from engine.runtime.harmony import HarmonySplitter, is_harmony
-from engine.runtime.prompt_logprobs import entry
+from engine.runtime.prompt_logprobs import compute, entry, refuse_split
 from engine.runtime.sampling import Sampling
 from engine.runtime.template import plain, render, template_kwargs
 from engine.runtime.toolcalls import (
@@ -237,7 +237,6 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     `limit`: one past the largest token id the model takes (engine/runtime/bounds.py);
     every id the request carries is checked against it before anything indexes with it."""
     from engine.runtime.bounds import check_prompt, check_request, token_limit
-    from engine.runtime.prompt_logprobs import compute, refuse_split
 
     s = req.sampling
     limit = token_limit(model, tokenizer) if limit is None else limit
