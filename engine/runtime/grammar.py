@@ -27,7 +27,7 @@ from engine.protocol import Constraint
 MAX_GRAMMAR_CHARS = 64 * 1024  # a regex's or a Lark grammar's text (and GBNF's, choices')
 MAX_SCHEMA_CHARS = 512 * 1024  # a JSON schema, as JSON (a forced call holds every tool's)
 MAX_CHOICES = 4096
-COMPILE_STACK = 256 << 20  # 11,000 chained rules (64 KiB) need ~40 MB; address space only
+COMPILE_STACK = 256 << 20  # 64 KiB of chained rules (~8,000) need ~25 MB; reserved, not used
 # llguidance's defaults, named: what one step of a grammar may cost
 LIMITS: dict[str, Any] = {
     "max_items_in_row": 2000, "initial_lexer_fuel": 1_000_000, "step_lexer_fuel": 200_000,
