@@ -176,3 +176,30 @@ def test_openapi_json_carries_the_table():
                 for p, prop in s.get("properties", {}).items()
                 if "x-shoal-treatment" not in prop]
     assert unmarked == []
+
+
+def test_what_partly_honoured_fields_take_and_refuse():
+    """The partly honoured fields of the Ollama and Responses schemas: the values they take
+    reach the sampler, the others are a 400 naming the field."""
+    from engine.api import ollama_schemas as ol
+    from engine.api import responses_schemas as rs
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    body = parse(ol.ChatRequest, {**chat, "options": {
+        "typical_p": 0.5, "repeat_last_n": 32, "mirostat": 0, "tfs_z": 1.0, "num_thread": 8}})
+    s = ol.sampling(body)
+    assert (s.typical_p, s.repetition_context) == (0.5, 32)
+    assert body.hints() == ["options.num_thread"]
+    off = ol.sampling(parse(ol.ChatRequest, {**chat, "options": {
+        "repeat_last_n": 0, "repeat_penalty": 1.3}}))
+    assert off.repetition_penalty is None, "repeat_last_n 0 turns the penalties off"
+    for name, value in (("mirostat", 2), ("tfs_z", 0.9)):
+        with pytest.raises(BadRequest) as e:
+            ol.sampling(parse(ol.ChatRequest, {**chat, "options": {name: value}}))
+        assert e.value.param == f"options.{name}"
+    with pytest.raises(BadRequest) as e:
+        rs.to_request(parse(rs.ResponsesRequest, {"input": "hi", "reasoning": {
+            "context": "all_turns"}}))
+    assert e.value.param == "reasoning.context"
+    rs.to_request(parse(rs.ResponsesRequest, {"input": "hi", "reasoning": {
+        "context": "current_turn", "mode": "pro"}}))
