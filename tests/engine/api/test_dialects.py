@@ -215,15 +215,54 @@ def test_llama_cpp_requests(tiny_node):
     assert all(len(t) == 2 for t in n["choices"][0]["logprobs"]["top_logprobs"])
 
 
-def test_a_vllm_benchmark_request(tiny_node):
-    """vLLM's serving benchmark (benchmarks/backend_request_func.py, openai-completions):
-    ignore_eos on every request, usage from the stream's end."""
-    r = post(tiny_node, "/v1/completions", prompt="The", temperature=0.0, max_tokens=9,
-             logprobs=None, stream=True, ignore_eos=True,
-             stream_options={"include_usage": True}, **WANTS_EOS)
-    events = [json.loads(line[6:]) for line in r.text.splitlines()
-              if line.startswith("data: {")]
-    assert events[-1]["usage"]["completion_tokens"] == 9
+def _events(r: httpx.Response) -> list[dict]:
+    assert r.status_code == 200, r.text
+    return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+
+
+def test_vllm_benchmark_requests(tiny_node):
+    """vLLM's serving benchmark's requests, as its request builders make them
+    (vllm/benchmarks/lib/endpoint_request_func.py, async_request_openai_completions and
+    async_request_openai_chat_completions, with --ignore-eos): usage from the stream's end
+    must count exactly the tokens asked for."""
+    completions = {"model": MODEL, "prompt": "The", "temperature": 0.0,
+                   "repetition_penalty": 1.0, "max_tokens": 9, "logprobs": None,
+                   "stream": True, "stream_options": {"include_usage": True},
+                   "ignore_eos": True}
+    r = httpx.post(tiny_node.url + "/v1/completions", json={**completions, **WANTS_EOS},
+                   timeout=60)
+    assert _events(r)[-1]["usage"]["completion_tokens"] == 9
+    chat_body = {"model": MODEL, "messages": [{"role": "user", "content": [
+                     {"type": "text", "text": "Tell me a story"}]}],
+                 "temperature": 0.0, "max_completion_tokens": 7, "stream": True,
+                 "stream_options": {"include_usage": True}, "ignore_eos": True}
+    r = httpx.post(tiny_node.url + "/v1/chat/completions", json={**chat_body, **WANTS_EOS},
+                   timeout=60)
+    assert _events(r)[-1]["usage"]["completion_tokens"] == 7
+
+
+def test_lm_evaluation_harness_loglikelihood(tiny_node, tiny_model_dir):
+    """lm-evaluation-harness's local-completions loglikelihood request, as its
+    _create_payload makes it (lm_eval/models/openai_completions.py: the token ids of
+    context + continuation, max_tokens 1, logprobs 1, echo), read as its parse_logprobs
+    reads it: the continuation's tokens are token_logprobs[ctxlen:-1]."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    context, continuation = tok.encode("The sea is").ids, tok.encode(" deep").ids
+    body = {"model": MODEL, "prompt": [context + continuation], "temperature": 0,
+            "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True}
+    out = httpx.post(tiny_node.url + "/v1/completions", json=body, timeout=60).json()
+    lp = out["choices"][0]["logprobs"]
+    n = len(context) + len(continuation)
+    assert len(lp["token_logprobs"]) == n + 1  # the prompt's, then the one answered
+    ctxlen = len(context)
+    scores = lp["token_logprobs"][ctxlen:-1]
+    tops = lp["top_logprobs"][ctxlen:-1]
+    assert len(scores) == len(continuation) and all(x < 0 for x in scores)
+    is_greedy = all(x == max(top.values()) for x, top in zip(scores, tops))
+    assert isinstance(is_greedy, bool)
+    assert "".join(lp["tokens"][:n]) == "The sea is deep"
 
 
 @pytest.mark.parametrize("field,body", [
