@@ -26,6 +26,7 @@ from engine.api import dialect_sources, utility
 
 DEFINED_BY = Path(__file__).with_name("defined_by.json")
 SHOAL = "Shoal"
+MESSAGES_ONLY = "Anthropic (on /v1/messages)"
 # the user API: what /openapi.json describes and the table lists
 USER_PATHS = ("/tokenize", "/detokenize", "/apply-template", "/props", "/metrics")
 # handlers that read their body themselves (one of several dialects): their schemas
@@ -155,7 +156,8 @@ _RECORDED: dict[str, dict[str, list[str]]] | None = None
 
 
 # the order of a route's rows: the official API's fields first, then the extensions'
-ORDER = ("OpenAI", "Anthropic", "Anthropic (older SDKs)", "Anthropic beta", "Ollama", "Codex",
+ORDER = ("OpenAI", "Anthropic", "Anthropic (older SDKs)", "Anthropic beta", MESSAGES_ONLY,
+         "Ollama", "Codex",
          "vLLM", "llama.cpp", SHOAL)
 
 
@@ -228,10 +230,11 @@ def official_fields() -> dict[str, dict[str, set[str]]]:
         "/v1/responses": {"OpenAI": typed_dict_fields(
             responses.ResponseCreateParamsStreaming)},
         "/v1/messages": {"Anthropic": messages, "Anthropic beta": beta},
-        # clients count a message's whole body: its fields are the API's there too
         "/v1/messages/count_tokens": {
-            "Anthropic": typed_dict_fields(MessageCountTokensParams) | messages,
-            "Anthropic beta": typed_dict_fields(beta_count.MessageCountTokensParams) | beta},
+            "Anthropic": typed_dict_fields(MessageCountTokensParams),
+            "Anthropic beta": typed_dict_fields(beta_count.MessageCountTokensParams),
+            # the hints and refusals a message may carry, taken here too
+            MESSAGES_ONLY: messages | beta},
         "/api/chat": {"Ollama": model_fields_of(ollama.ChatRequest)},
         "/api/generate": {"Ollama": model_fields_of(ollama.GenerateRequest)},
     }
@@ -243,8 +246,9 @@ def definers(official: dict[str, dict[str, set[str]]]
     own, or () where nobody does (a field to explain)."""
     def defined(path: str, name: str) -> tuple[str, ...]:
         apis = [api for api, names in official.get(path, {}).items() if name in names]
-        if "Anthropic" in apis and "Anthropic beta" in apis:
-            apis.remove("Anthropic beta")
+        for more in ("Anthropic beta", MESSAGES_ONLY):  # the most official one is enough
+            if more in apis and apis[0] != more:
+                apis.remove(more)
         apis += [api for api, names in dialect_sources.EXTENSIONS.get(path, {}).items()
                  if name in names]
         if not apis:  # Shoal's own (speculative, draft_tokens) or Shoal's addition
