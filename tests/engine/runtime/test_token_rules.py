@@ -350,3 +350,35 @@ def test_seeded_requests_with_every_filter_answer_as_alone(tiny, path):
     prompt = prompt_of(tiny[1])
     alone = tokens(run("one", tiny, prompt, s))
     assert tokens(run(path, tiny, prompt, s)) == alone
+
+
+def test_harmony_markers_reach_the_splitter_and_other_specials_do_not(tmp_path):
+    """gpt-oss's channel markers are special tokens; the Harmony splitter reads them, so
+    they are shown whatever skip_special says, while another special token is hidden."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from engine.runtime.harmony import HarmonySplitter, is_harmony
+    from engine.runtime.stops import Shown
+
+    specials = ["<|endoftext|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>",
+                "<|constrain|>", "<|call|>", "<|return|>"]
+    t = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))},
+                             merges=[]))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    t.decoder = decoders.ByteLevel()
+    t.add_special_tokens(specials)
+    hf = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|return|>")
+    tok = TokenizerWrapper(hf, BPEStreamingDetokenizer)
+    assert is_harmony(tok)
+    answer = "<|channel|>analysis<|message|>Hm.<|end|><|endoftext|><|start|>assistant" \
+             "<|channel|>final<|message|>Hi!"
+    ids = hf.encode(answer, add_special_tokens=False)
+    shown = Shown(tok, sampling())
+    out = "".join(shown.step(i, None, None)[0] for i in ids)
+    assert out == answer.replace("<|endoftext|>", "")
+    splitter = HarmonySplitter()
+    pieces = splitter.feed(out) + splitter.finish()
+    assert pieces == [("reasoning", "Hm."), ("content", "Hi!")]
