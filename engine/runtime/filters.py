@@ -93,7 +93,7 @@ def chain(sampling: Sampling, spared: Callable[[int], Any]) -> tuple[list[Filter
     from mlx_lm.sample_utils import apply_min_p, apply_top_p
 
     s = sampling
-    order = s.samplers or DEFAULT_ORDER
+    order = tuple(dict.fromkeys(s.samplers)) or DEFAULT_ORDER  # each filter once
     keep = max(s.min_keep, 1)
     temp = s.temperature
     out: list[Filter] = []
