@@ -303,7 +303,7 @@ def markdown(rows: Sequence[Row]) -> str:
     for r in rows:
         if r.route != route:
             route = r.route
-            out += ["", f"## {route}", "", "| field | type | defined by | Shoal | note |",
+            out += ["", f"## {route}", "", "| field | type | defined by | what Shoal does | note |",
                     "| --- | --- | --- | --- | --- |"]
         out.append(f"| `{r.field}` | {_cell(r.type)} | {', '.join(r.defined_by)} | "
                    f"{r.treatment} | {_cell(r.note)} |")
