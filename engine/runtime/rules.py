@@ -60,8 +60,12 @@ class TokenRules:
         self.allowed = sorted(set(sampling.allowed_token_ids))
         words = bad_word_ids(tokenizer, sampling.bad_words) if tokenizer is not None else []
         self.banned |= {w[0] for w in words if len(w) == 1}
-        self.words = [w for w in words if len(w) > 1]
-        self.longest = max((len(w) for w in self.words), default=0)
+        # a word of several tokens, by the tokens before its last: one look-up per length
+        self.words: dict[int, dict[tuple[int, ...], set[int]]] = {}
+        for w in words:
+            if len(w) > 1:
+                self.words.setdefault(len(w) - 1, {}).setdefault(w[:-1], set()).add(w[-1])
+        self.longest = max(self.words, default=0)
         self._base: int | None = None
         self._always: Any = None  # (vocab,) bool: never sampled
         self._early: Any = None  # (vocab,) bool: not before min_tokens
@@ -108,10 +112,9 @@ class TokenRules:
         after the answer's last tokens spelled the rest of it."""
         import mlx.core as mx
 
-        tail = history[-min(made, self.longest - 1):].tolist()
-        ends = [w[-1] for w in self.words
-                if len(w) - 1 <= len(tail) and tuple(tail[len(tail) - len(w) + 1:]) == w[:-1]
-                and 0 <= w[-1] < vocab]
+        tail: list[int] = history[-min(made, self.longest):].tolist()
+        ends = [t for n, by_prefix in self.words.items() if n <= len(tail)
+                for t in by_prefix.get(tuple(tail[len(tail) - n:]), ()) if 0 <= t < vocab]
         m = mx.zeros((vocab,), dtype=mx.bool_)
         if ends:
             m[mx.array(ends)] = True
