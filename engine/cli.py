@@ -211,7 +211,8 @@ def _cmd_chat(a: argparse.Namespace) -> int:
 
 def _cmd_connect(a: argparse.Namespace) -> int:
     from engine.connect import KEY_ENV, render, target, write_config
-    t = target(a.url, a.model, os.environ.get(KEY_ENV))
+    from engine.connect_fit import about
+    t = target(a.url, a.model, os.environ.get(KEY_ENV), a.agent)
     if a.write:
         w = write_config(a.agent, t, Path.home())
         if not w.changed:
@@ -220,6 +221,7 @@ def _cmd_connect(a: argparse.Namespace) -> int:
         else:
             kept = f"; the file as it was is kept as {w.backup.name}" if w.backup else ""
             print(f"Wrote {a.agent}'s settings for {t.model} at {t.url} to {w.path}{kept}.")
+        print(f"{t.model}: {about(a.agent, t.context)}.")
         return 0
     sys.stdout.write(render(a.agent, t))
     return 0
@@ -368,7 +370,8 @@ def parser() -> argparse.ArgumentParser:
     co.add_argument("agent", choices=AGENTS)
     co.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}",
                     help="the node (default: this machine's)")
-    co.add_argument("--model", help="the model (default: the loaded one)")
+    co.add_argument("--model", help="the model (default: the loaded one if its window holds "
+                    "the agent's prompt, else the smallest one on the node that does)")
     co.add_argument("--write", action="store_true",
                     help="write them into the agent's config file instead of printing")
     co.set_defaults(func=_cmd_connect)

@@ -3,25 +3,29 @@ continue` prints them (or, with --write, sets them in the agent's own config fil
 the user's other settings and comments: see engine.connect_files).
 
 Each agent gets the node's address, the model for every tier it has, the model's real
-context window and when to compact (so it neither overruns the window nor compacts a
-quarter of the way in, as it does for model names it doesn't know), and the switches that
-keep the prefix cache warm. A key never goes into a file: an agent that needs one reads it
-from the SHOAL_API_KEY environment variable."""
+context window, how long an answer may be and when to compact (so it neither overruns the
+window nor compacts a quarter of the way in, as it does for model names it doesn't know),
+and the switches that keep the prefix cache warm. Which model: one whose window holds the
+agent's own prompt (engine.connect_fit), or a sentence saying which to download. A key
+never goes into a file: an agent that needs one reads it from the SHOAL_API_KEY
+environment variable."""
 
 from __future__ import annotations
 
 import json
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from engine.connect_fit import CLAUDE_MIN_WINDOW, COMPACT_AT, about, max_output
 
 if TYPE_CHECKING:
     from engine.connect_files import Written
 
 AGENTS = ("claude", "codex", "opencode", "continue")
 KEY_ENV = "SHOAL_API_KEY"
-COMPACT_AT = 0.85  # of the window, as Claude Code's own default trigger
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,10 @@ class Target:
     def compact_at(self) -> int:
         return int(self.context * COMPACT_AT)
 
+    @property
+    def max_output(self) -> int:
+        return max_output(self.context)
+
 
 def claude_env(t: Target) -> dict[str, str]:
     """Claude Code's environment (also the "env" block of ~/.claude/settings.json)."""
@@ -44,13 +52,17 @@ def claude_env(t: Target) -> dict[str, str]:
            "ANTHROPIC_DEFAULT_SONNET_MODEL": t.model,
            "ANTHROPIC_DEFAULT_HAIKU_MODEL": t.model, "ANTHROPIC_SMALL_FAST_MODEL": t.model,
            "CLAUDE_CODE_SUBAGENT_MODEL": t.model,
-           # it assumes 200K or 1M for a name it doesn't know: say the real window
+           # it assumes 200K or 1M for a name it doesn't know: say the real window; it
+           # compacts at that less min(this, 20,000) less 13,000 (its default, 32,000,
+           # leaves a small window no room)
            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(t.context),
-           "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(t.context),
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(t.max_output),
            # no per-request billing header at the top of the system prompt (Shoal drops
            # it too), and no calls to Anthropic's servers for telemetry or updates
            "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    if t.context >= CLAUDE_MIN_WINDOW:  # under it, it warns and reads it as 100k
+        env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(t.context)
     return env
 
 
@@ -75,9 +87,11 @@ def opencode_json(t: Target) -> dict[str, Any]:
                 "options": {"baseURL": f"{t.url}/v1",
                             "apiKey": f"{{env:{KEY_ENV}}}" if t.needs_key else "shoal"},
                 "models": {t.model: {"name": t.model, "limit": {
-                    "context": t.context, "output": min(32768, t.context // 4)}}}}},
+                    "context": t.context, "output": t.max_output}}}}},
             "model": f"shoal/{t.model}",
-            "compaction": {"auto": True, "reserved": t.context - t.compact_at}}
+            # it compacts at limit.context less limit.output ("reserved" counts only
+            # with a limit.input, which would cap the prompt)
+            "compaction": {"auto": True}}
 
 
 def continue_yaml(t: Target) -> str:
@@ -89,7 +103,8 @@ def continue_yaml(t: Target) -> str:
                         ("Shoal autocomplete", "[autocomplete]")):
         out += [f"  - name: {name}", "    provider: openai", f"    model: {t.model}",
                 f"    apiBase: {t.url}/v1", f"    apiKey: {key}", f"    roles: {roles}",
-                "    defaultCompletionOptions:", f"      contextLength: {t.context}"]
+                "    defaultCompletionOptions:", f"      contextLength: {t.context}",
+                f"      maxTokens: {t.max_output}"]
     return "\n".join(out) + "\n"
 
 
@@ -103,8 +118,13 @@ def config_path(agent: str, home: Path) -> Path:
 def render(agent: str, t: Target) -> str:
     """What `shoal connect AGENT` prints: the settings and where they go."""
     key = f"\n# the node needs a key: export {KEY_ENV}=<your key> first" if t.needs_key else ""
+    key += "".join(f"\n# {line}" for line in textwrap.wrap(
+        f"{t.model}: {about(agent, t.context)}.", 88, break_on_hyphens=False))
     if agent == "claude":
-        exports = "\n".join(f"export {k}={_shell(v)}" for k, v in claude_env(t).items())
+        env = claude_env(t)
+        exports = "\n".join(f"export {k}={_shell(v)}" for k, v in env.items())
+        if "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in env:
+            exports += "\nunset CLAUDE_CODE_AUTO_COMPACT_WINDOW"
         return f"# Claude Code: in your shell, then run `claude`{key}\n{exports}\n"
     text = {"codex": codex_toml, "continue": continue_yaml}.get(agent)
     body = text(t) if text else json.dumps(opencode_json(t), indent=2) + "\n"
@@ -143,6 +163,8 @@ def _claude_settings(text: str | None, t: Target) -> str:
         return json.dumps({**({"apiKeyHelper": helper} if t.needs_key else {}), "env": env},
                           indent=2) + "\n"
     text = jsonc.merge(text, ["env"], env)
+    if "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in env:  # one written for a larger model
+        text = jsonc.remove(text, ["env", "CLAUDE_CODE_AUTO_COMPACT_WINDOW"])
     if t.needs_key:  # a token left there would be sent to the node instead
         text = jsonc.remove(text, ["env", "ANTHROPIC_AUTH_TOKEN"])
         return jsonc.set_value(text, ["apiKeyHelper"], helper)
@@ -173,31 +195,80 @@ def _continue_config(text: str | None, t: Target) -> str:
     return merge_yaml_list(text, continue_yaml(t), "models", by="name")
 
 
-def target(url: str, model: str | None, key: str | None) -> Target:
-    """The node at `url` and its model (the one asked for, else the loaded one, else the
-    first it has), read from the node itself."""
+def target(url: str, model: str | None, key: str | None, agent: str | None = None) -> Target:
+    """The node at `url` and the model to use, read from the node itself: the one asked
+    for, else (for an agent) the loaded model or one on the node's disk whose window holds
+    the agent's own prompt, else the loaded one, else the first it has. Where no model
+    there holds the agent, NoRoom says which to download."""
     import httpx
 
+    from engine.connect_fit import NoRoom, choose
     from engine.errors import ModelNotFound, PeerUnreachable
-    from engine.records import ModelCard, StatusInfo
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     base = url.rstrip("/").removesuffix("/v1")
+
+    def get(path: str) -> httpx.Response:
+        return httpx.get(f"{base}{path}", headers=headers, timeout=30)
     try:
-        r = httpx.get(f"{base}/v1/models", headers=headers, timeout=10)
-        status = httpx.get(f"{base}/shoal/status", headers=headers, timeout=10)
+        r, status = get("/v1/models"), get("/shoal/status")
     except httpx.HTTPError as e:
         raise PeerUnreachable(f"No node answers at {base} ({e}); start one with "
                               "`shoal node` or the app, or give --url.") from None
     if r.status_code == 401:
         raise PeerUnreachable(f"The node at {base} needs its API key: export {KEY_ENV}=KEY "
                               "and run this again.")
-    cards = {c.id: c for c in (ModelCard.from_json(d) for d in r.json().get("data", [])
-                               if isinstance(d, dict) and "id" in d)}
-    loaded = StatusInfo.from_json(status.json()).model if status.is_success else None
-    name = model or (loaded if loaded in cards else None) or next(iter(cards), None)
-    if name is None or name not in cards:
-        raise ModelNotFound(f"The node at {base} has no model {name or ''}; models there: "
-                            f"{', '.join(cards) or 'none'}.", param="model")
-    return Target(base, name, cards[name].shoal.context_length or 32768,
-                  needs_key=bool(key))
+    models, loaded = _models(r, status)
+    ids = [m.id for m in models]
+    if model is not None and model not in ids or not ids:
+        raise ModelNotFound(f"The node at {base} has no model {model or ''}; models there: "
+                            f"{', '.join(ids) or 'none'}.", param="model")
+    if agent is None:
+        name = model or loaded or ids[0]
+        found = next(m for m in models if m.id == name)
+        return Target(base, name, found.context or 32768, needs_key=bool(key))
+    try:
+        chosen = choose(agent, models, model)
+    except NoRoom:
+        choose(agent, models, model, _catalog(get))  # the same, naming what to download
+        raise
+    return Target(base, chosen.id, chosen.context or 0, needs_key=bool(key))
+
+
+def _models(r: Any, status: Any) -> tuple[list[Any], str | None]:
+    """The node's models (with the loaded one's real window), and the loaded one's id."""
+    from dataclasses import replace
+
+    from engine.connect_fit import Model
+    from engine.records import ModelCard, RunnerReady, StatusInfo
+
+    cards = [ModelCard.from_json(d) for d in r.json().get("data", [])
+             if isinstance(d, dict) and "id" in d]
+    info = StatusInfo.from_json(status.json()) if status.is_success else None
+    loaded = info.model if info and info.model in {c.id for c in cards} else None
+    runner = info.runner if info else None
+    models = [Model(c.id, c.shoal.context_length, c.id == loaded or c.shoal.instance is not None,
+                    c.shoal.size_bytes) for c in cards]
+    if isinstance(runner, RunnerReady) and runner.model == loaded:  # the window it runs
+        models = [replace(m, context=runner.context_length) if m.id == loaded else m
+                  for m in models]
+    return models, loaded
+
+
+def _catalog(get: Any) -> list[Any]:
+    """The models the node's catalog offers to download, with whether each fits its
+    memory (the catalog file alone, fit unknown, from a node that can't say)."""
+    import httpx
+
+    from engine.connect_fit import Model
+    from engine.records import CatalogInfo
+    try:
+        r = get("/shoal/hub/catalog")
+        entries = CatalogInfo.from_json(r.json()).models if r.is_success else None
+    except (httpx.HTTPError, ValueError):
+        entries = None
+    if entries is None:
+        from engine.hub.catalog import load_catalog
+        entries = list(load_catalog())
+    return [Model(e.id, e.context_length, size_bytes=e.size_bytes, fits_memory=e.fits)
+            for e in entries if not e.local]

@@ -15,7 +15,7 @@ from engine.connect import Target
 
 @pytest.fixture
 def target() -> Target:
-    return Target("http://127.0.0.1:8421", "SmolLM2-135M-Instruct", 8192)
+    return Target("http://127.0.0.1:8421", "Qwen3-4B-4bit", 40960)
 
 
 def test_claude_code_gets_every_tier_the_real_window_and_no_billing_header(target):
@@ -24,29 +24,52 @@ def test_claude_code_gets_every_tier_the_real_window_and_no_billing_header(targe
     tiers = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
              "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
              "ANTHROPIC_SMALL_FAST_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
-    assert {env[t] for t in tiers} == {"SmolLM2-135M-Instruct"}
-    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] \
-        == "8192"
+    assert {env[t] for t in tiers} == {"Qwen3-4B-4bit"}
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "40960"
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "5120"  # its 32,000 leaves no room
     assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+
+
+def test_claude_code_gets_an_auto_compact_window_only_where_it_takes_one():
+    """Claude Code 2.1.x reads CLAUDE_CODE_AUTO_COMPACT_WINDOW under 100k as 100k (and says
+    so on every start); under it, CLAUDE_CODE_MAX_CONTEXT_TOKENS alone sets the window."""
+    small = connect.claude_env(Target("http://h:1", "m", 40960))
+    assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in small
+    big = connect.claude_env(Target("http://h:1", "m", 131072))
+    assert big["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == big["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] \
+        == "131072"
+    shown = connect.render("claude", Target("http://h:1", "m", 40960))
+    assert "unset CLAUDE_CODE_AUTO_COMPACT_WINDOW" in shown  # an earlier export goes
+    assert "treats" not in shown and "100k" in shown  # the limit, said plainly
+
+
+def test_a_window_written_earlier_for_a_larger_model_is_removed(tmp_path):
+    connect.write("claude", Target("http://h:1", "big", 131072), tmp_path)
+    path = connect.write("claude", Target("http://h:1", "small", 40960), tmp_path)
+    env = json.loads(path.read_text())["env"]
+    assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in env
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "40960"
 
 
 def test_codex_uses_the_responses_api_with_the_window_and_a_compaction_limit(target):
     cfg = tomllib.loads(connect.codex_toml(target))
-    assert cfg["model"] == "SmolLM2-135M-Instruct" and cfg["model_provider"] == "shoal"
+    assert cfg["model"] == "Qwen3-4B-4bit" and cfg["model_provider"] == "shoal"
     assert cfg["model_providers"]["shoal"] == {
         "name": "Shoal", "base_url": "http://127.0.0.1:8421/v1", "wire_api": "responses"}
-    assert cfg["model_context_window"] == 8192
-    assert cfg["model_auto_compact_token_limit"] == int(8192 * connect.COMPACT_AT)
+    assert cfg["model_context_window"] == 40960
+    assert cfg["model_auto_compact_token_limit"] == int(40960 * connect.COMPACT_AT)
 
 
 def test_opencode_and_continue_know_the_limits(target):
     oc = connect.opencode_json(target)
-    model = oc["provider"]["shoal"]["models"]["SmolLM2-135M-Instruct"]
-    assert model["limit"]["context"] == 8192 and oc["model"] == "shoal/SmolLM2-135M-Instruct"
-    assert oc["compaction"]["auto"] is True
+    model = oc["provider"]["shoal"]["models"]["Qwen3-4B-4bit"]
+    assert model["limit"] == {"context": 40960, "output": 5120}
+    assert oc["model"] == "shoal/Qwen3-4B-4bit"
+    assert oc["compaction"] == {"auto": True}  # at limit.context less limit.output
     cn = yaml.safe_load(connect.continue_yaml(target))
     assert {m["apiBase"] for m in cn["models"]} == {"http://127.0.0.1:8421/v1"}
-    assert all(m["defaultCompletionOptions"]["contextLength"] == 8192 for m in cn["models"])
+    assert all(m["defaultCompletionOptions"] == {"contextLength": 40960, "maxTokens": 5120}
+               for m in cn["models"])
 
 
 @pytest.mark.parametrize("agent", connect.AGENTS)
@@ -78,11 +101,13 @@ def test_writing_keeps_the_users_other_settings(tmp_path, target):
 
 
 def test_the_command_reads_the_model_and_window_from_a_running_node(tiny_node, capsys):
+    """tiny-llama's 4096-token window holds no agent's own prompt: the command reads it
+    from the node, says so with a model to download, and exits 1 (test_connect_fit.py has
+    the rest)."""
     from engine.cli import main
-    assert main(["connect", "codex", "--url", tiny_node.url]) == 0
-    cfg = tomllib.loads(capsys.readouterr().out.split("\n", 1)[1])
-    assert cfg["model"] == "tiny-llama" and cfg["model_context_window"] == 4096
-    assert cfg["model_providers"]["shoal"]["base_url"] == tiny_node.url + "/v1"
+    assert main(["connect", "codex", "--url", tiny_node.url]) == 1
+    said = capsys.readouterr().err
+    assert "tiny-llama has 4,096" in said and "shoal models pull" in said
 
 
 def test_the_readme_shows_what_the_command_prints():
@@ -92,11 +117,18 @@ def test_the_readme_shows_what_the_command_prints():
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("## Pointing agents and chat UIs at Shoal", 1)[1].split("\n## ")[0]
-    t = Target("http://127.0.0.1:8421", "SmolLM2-135M-Instruct", 8192)
+    t = Target("http://127.0.0.1:8421", "mlx-community/Qwen3-4B-4bit", 40960)
     toml_block = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     shown = [line for line in toml_block.splitlines() if not line.startswith("#")]
     assert shown == connect.codex_toml(t).splitlines()
     env = connect.claude_env(t)
-    for line in re.search(r"which sets.*?```sh\n(.*?)```", section, re.S).group(1).splitlines():
+    block = re.search(r"which sets.*?```sh\n(.*?)```", section, re.S).group(1)
+    named = set()
+    for line in block.splitlines():
+        if line.startswith("unset "):
+            assert line.split()[1] not in env
+            continue
         name, value = line.removeprefix("export ").split("#")[0].strip().split("=", 1)
         assert env[name] == value, name
+        named.add(name)
+    assert {"CLAUDE_CODE_MAX_CONTEXT_TOKENS", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"} <= named

@@ -249,7 +249,7 @@ def test_a_continue_file_with_only_comments_keeps_them(tmp_path):
 def cli(tmp_path, monkeypatch, capsys):
     """`shoal connect AGENT --write` for a node that has SMOL, in a home of the test's."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setattr(connect, "target", lambda url, model, key: SMOL)
+    monkeypatch.setattr(connect, "target", lambda url, model, key, agent=None: SMOL)
 
     def run(agent):
         code = main(["connect", agent, "--write"])
