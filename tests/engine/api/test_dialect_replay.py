@@ -123,12 +123,28 @@ def chatted(body: dict[str, Any], reply: Reply) -> None:
     assert reply.chunks()[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+SAYING = "Here is a common saying about apple. An apple a day, keeps"
+
+
+def continued(echo: bool) -> Callable[[dict[str, Any], Reply], None]:
+    def check(body: dict[str, Any], reply: Reply) -> None:
+        _ok(reply)
+        choice = reply.body["choices"][0]
+        assert choice["finish_reason"] in ("stop", "length")
+        assert choice["message"]["role"] == "assistant"
+        assert (SAYING in choice["message"]["content"]) is echo, choice["message"]
+    return check
+
+
 def tokenized(body: dict[str, Any], reply: Reply) -> None:
     _ok(reply)
     tokens = reply.body["tokens"]
     text = body.get("content", body.get("prompt"))
     if body.get("with_pieces"):
-        assert "".join(t["piece"] for t in tokens) == text
+        # a piece is its text, or its bytes where they aren't UTF-8 alone (as llama.cpp's)
+        joined = b"".join(p.encode() if isinstance(p, str) else bytes(p)
+                          for p in (t["piece"] for t in tokens))
+        assert joined == text.encode()
         assert all(isinstance(t["id"], int) for t in tokens)
     else:
         assert all(isinstance(t, int) for t in tokens) and len(tokens) >= len(text)
@@ -154,6 +170,11 @@ CHECKS: dict[str, Callable[[dict[str, Any], Reply], None]] = {
     "vllm-test-continuous-usage": usage_on_every_chunk,
     "vllm-test-echo-logprobs": echoed_with_logprobs,
     "vllm-test-invalid-regex": refused_naming("structured_outputs"),
+    "vllm-test-chat-echo-continue": continued(True),
+    "vllm-test-chat-continue": continued(False),
+    # -1 asks for the whole vocabulary's logprobs: a 400 naming the field
+    "vllm-test-chat-prompt-logprobs-all": refused_naming("prompt_logprobs"),
+    "vllm-test-chat-top-logprobs-all": refused_naming("top_logprobs"),
     "llamacpp-webui-chat": chatted,
     "llamacpp-webui-react-chat": chatted,
     "llamacpp-test-tokenize": tokenized,
