@@ -74,6 +74,28 @@ class SamplingFields(Drafts):
             raise ValueError("at most 16 stop strings")
         return v
 
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _pairs(cls, v: Any) -> Any:
+        """llama.cpp's form, [[token id, bias or false], ...], as OpenAI's object (false:
+        never, as -100 is); its text keys need the tokenizer, so they are refused."""
+        if not isinstance(v, list):
+            return v
+        if len(v) > MAX_BIASED:
+            raise ValueError(f"at most {MAX_BIASED} token ids may be biased, got {len(v)}")
+        out: dict[str, Any] = {}
+        for pair in v:
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise ValueError("llama.cpp's form is a list of [token id, bias] pairs")
+            tid, bias = pair
+            if isinstance(tid, str):
+                raise ValueError("text keys aren't taken here; give token ids (POST "
+                                 "/tokenize gives them)")
+            if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < 2**31:
+                raise ValueError(f"token ids are whole numbers from 0, got {tid!r}")
+            out[str(tid)] = -100.0 if bias is False else bias
+        return out
+
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:

@@ -247,3 +247,12 @@ def test_completions_echo_logprobs_max_tokens_0_renders_the_prompt_only():
     assert stream.start() == []
     lines = [json.loads(b[6:]) for b in stream.event(done)]
     assert lines[0]["choices"][0]["logprobs"]["tokens"] == ["Hi", " there", "!"]
+
+
+def test_llama_cpps_logit_bias_pairs():
+    assert dict(chat(logit_bias=[[5, 2.5], [7, False]]).sampling.logit_bias) == \
+        {5: 2.5, 7: -100.0}
+    for bad in ([["Hello", 1.0]], [[-1, 1.0]], [[1, 2, 3]], [[1, 500]], [[1, 1]] * 2000):
+        with pytest.raises(BadRequest) as e:
+            chat(logit_bias=bad)
+        assert e.value.param == "logit_bias"
