@@ -140,12 +140,10 @@ def _too_small(agent: str, shown: Sequence[Model], others: Sequence[Model],
     why = (f"{name}'s own prompt is about {p.tokens:,} tokens ({p.version}), so it needs a "
            f"model with a context window of at least {least:,} tokens (room for its prompt, "
            "a few turns of work, and its compaction)")
-    have = "; ".join(f"{'the loaded model ' if m.loaded and not asked else ''}{m.id} has "
-                     f"{m.context:,}" if m.context else f"{m.id}'s window is unknown"
-                     for m in shown)
-    if asked is not None and not shown:
-        have = f"the node has no model {asked}"
-    out = f"{why}. {have[0].upper() + have[1:]}." if have else f"{why}."
+    have = " ".join(f"The {'loaded ' if m.loaded and not asked else ''}model {m.id} "
+                    + (f"has {m.context:,}." if m.context else "doesn't say its window.")
+                    for m in shown)
+    out = f"{why}. {have}" if have else f"{why}."
     if others:
         names = ", ".join(f"{m.id} ({m.context:,})" for m in others)
         return f"{out} Models on this node that hold it: {names} (--model NAME)."
