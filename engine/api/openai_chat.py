@@ -97,8 +97,9 @@ def template_messages(msgs: list[ChatMessage]) -> list[wire.TemplateMessage]:
     """Messages as Hugging Face chat templates take them (tool arguments as objects)."""
     out = []
     for i, m in enumerate(msgs):
+        # an earlier answer that was a refusal said its refusal: the model reads it
         d: wire.TemplateMessage = {"role": "system" if m.role == "developer" else m.role,
-                                   "content": _text(m, i)}
+                                   "content": _text(m, i) or m.refusal or ""}
         if m.tool_calls:
             d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": common.tool_arguments(

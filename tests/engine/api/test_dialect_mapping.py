@@ -256,3 +256,9 @@ def test_llama_cpps_logit_bias_pairs():
         with pytest.raises(BadRequest) as e:
             chat(logit_bias=bad)
         assert e.value.param == "logit_bias"
+
+
+def test_an_earlier_refusal_is_part_of_the_conversation():
+    msgs = MSGS + [{"role": "assistant", "content": None, "refusal": "I can't."},
+                   {"role": "user", "content": "why?"}]
+    assert chat(messages=msgs).messages[1]["content"] == "I can't."
