@@ -39,7 +39,10 @@ REASONING_FORMATS = ("auto", "deepseek")
 
 
 def _given(body: BaseModel, name: str) -> Any:
-    return getattr(body, name, None)
+    v = getattr(body, name, None)
+    if name == "grammar" and isinstance(v, str) and not v.strip():
+        return None  # llama.cpp's clients send "" for no grammar, as its server takes it
+    return v
 
 
 def check(body: BaseModel) -> None:

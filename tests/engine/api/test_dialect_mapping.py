@@ -146,6 +146,7 @@ def test_structured_output_fields_are_one_llguidance_constraint(fn):
     for field, (value, want) in cases.items():
         assert fn(**{field: value}).sampling.constraint == {**want, "param": field}
     assert fn(guided_json=json.dumps(schema)).sampling.constraint["json_schema"] == schema
+    assert fn(grammar="").sampling.constraint is None  # llama.cpp's "no grammar"
     lark = fn(grammar='root ::= "yes" | "no"').sampling.constraint
     assert lark["param"] == "grammar" and 'start: "yes"' in lark["lark"]
     assert fn(guided_grammar='start: "a"').sampling.constraint["lark"] == 'start: "a"'
