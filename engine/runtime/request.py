@@ -27,6 +27,7 @@ from engine.protocol import (
 )
 from engine.records import TokenLogprob
 from engine.runtime.harmony import HarmonySplitter, is_harmony
+from engine.runtime.pieces import pieces as token_pieces
 from engine.runtime.prompt_logprobs import compute, entry, refuse_split
 from engine.runtime.sampling import Sampling
 from engine.runtime.template import plain, render, template_kwargs
@@ -195,7 +196,23 @@ def _fill_in_the_middle(tokenizer: Any, prefix: list[int], suffix: str) -> list[
                      "alone.", param="suffix")
 
 
-def _prompt(tokenizer: Any, req: GenerateRequest, ctx_len: int
+LIST_MAX_TOKENS = 131_072  # a listing's ids and pieces must fit one pipe line (16 MiB)
+
+
+def _listed(tokenizer: Any, req: GenerateRequest
+            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, Constraint | None]:
+    """_prompt() for /tokenize and the like: any length up to LIST_MAX_TOKENS."""
+    try:
+        found = _prompt(tokenizer, req, LIST_MAX_TOKENS)
+    except ContextTooLong:
+        found = None
+    if found is None or len(found[0]) > LIST_MAX_TOKENS:
+        raise BadRequest(f"Shoal lists at most {LIST_MAX_TOKENS} tokens at once; send the "
+                         "text in parts.", param="prompt")
+    return found
+
+
+def _prompt(tokenizer: Any, req: GenerateRequest, ctx_len: int | None
             ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, Constraint | None]:
     """prepare(), then the prompt's last truncate_prompt_tokens tokens where it asks for
     fewer (the prompt's text then is theirs)."""
@@ -244,12 +261,17 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     check_request(req, limit, ctx_len)
     if s.prompt_logprobs is not None:
         refuse_split(model)
-    prompt, text, splitter, constraint = _prompt(tokenizer, req, ctx_len)
+    # /tokenize and the like list a prompt's tokens whatever its length, as vLLM's do
+    listing = req.count_only and req.show_prompt
+    prompt, text, splitter, constraint = _listed(tokenizer, req) if listing else \
+        _prompt(tokenizer, req, ctx_len)
     check_prompt(prompt, limit, req)
-    if len(prompt) > ctx_len or (len(prompt) == ctx_len and s.max_tokens != 0):
+    if not listing and (len(prompt) > ctx_len or (len(prompt) == ctx_len
+                                                   and s.max_tokens != 0)):
         raise too_long(str(len(prompt)), ctx_len)
     shown = text if req.messages is None or req.show_prompt else None
-    emit(Accepted(rid, len(prompt), shown, list(prompt) if req.show_prompt else None))
+    emit(Accepted(rid, len(prompt), shown, list(prompt) if req.show_prompt else None,
+                  token_pieces(tokenizer, prompt) if req.show_prompt else None))
     if req.count_only:
         emit(Done(rid, "stop", len(prompt), 0))
         return

@@ -72,7 +72,7 @@ def read_commands(commands: queue.Queue[Message | None],
     for raw in sys.stdin.buffer:
         try:
             cmd = decode(raw)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # a line nested ~1000 deep
             log.warning("ignoring a malformed command line: %r", raw[:200])
             continue
         if isinstance(cmd, Cancel):

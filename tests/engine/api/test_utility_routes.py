@@ -142,8 +142,9 @@ def test_hostile_input_is_a_400_naming_the_field(tiny_node):
     refused(tiny_node, "/detokenize", {"tokens": [1.5]}, "tokens[0]")
     refused(tiny_node, "/detokenize", {"tokens": "72"}, "tokens")
     refused(tiny_node, "/detokenize", {"tokens": [0] * 1_000_001}, "tokens")  # 2 MB
-    long = refused(tiny_node, "/detokenize", {"tokens": [72] * 5000}, "tokens")
-    assert "4096" in long
+    # past the context is no reason to refuse a listing (vLLM's don't either)
+    long = post(tiny_node, "/detokenize", {"tokens": [72] * 5000})
+    assert long.status_code == 200 and len(long.json()["content"]) >= 5000, long.text
     refused(tiny_node, "/tokenize", {"content": "x" * 3_000_000}, "content")
     refused(tiny_node, "/tokenize", {"content": "Hi", "bogus": 1}, "bogus")
     refused(tiny_node, "/tokenize", {"content": "Hi", "parse_special": False}, "parse_special")
