@@ -71,6 +71,10 @@ def test_llama_cpp_samplers_as_the_webui_sends_them():
     # llama.cpp's web UI sends its default chain as letters: penalties, DRY (off), ...
     assert chat(samplers="edkypmxt").sampling.samplers == \
         ("top_k", "typical_p", "top_p", "min_p", "xtc", "temperature")
+    # and its server's default chain by name (common/common.h), top_n_sigma off
+    assert chat(samplers=["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p",
+                          "min_p", "xtc", "temperature"], top_n_sigma=-1).sampling.samplers \
+        == ("top_k", "typical_p", "top_p", "min_p", "xtc", "temperature")
     assert set(SAMPLER_NAMES.values()) - {"penalties", "dry", "top_n_sigma", "infill",
                                           "adaptive_p"} == set(SAMPLERS)
     assert set(SAMPLER_LETTERS.values()) <= set(SAMPLER_NAMES.values())
