@@ -226,6 +226,20 @@ UTILITY = {  # route: hostile bodies
 }
 
 
+def _nested_schema(depth: int) -> dict:
+    """A JSON schema of objects inside objects, as deep as the body limit lets it be."""
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def _deep_grammar(n: int) -> str:
+    """A GBNF grammar whose rules chain n deep (each names the next)."""
+    return "root ::= r1\n" + "\n".join(f"r{i} ::= r{i + 1}" for i in range(1, n)) \
+        + f'\nr{n} ::= "a"'
+
+
 @st.composite
 def hostile_extensions(draw) -> tuple[str, dict]:
     """A chat, completions or utility request with one to three of the dialects' fields
@@ -258,6 +272,10 @@ def test_hostile_extensions_leave_the_same_worker(small_node):
     @example(path_body=("/v1/completions", {**ROUTES["/v1/completions"][0],
                                             "allowed_token_ids": [299, 300, 2**31]}))
     @example(path_body=("/detokenize", {"tokens": [258, 259, 299, 300]}))
+    @example(path_body=("/v1/chat/completions", {**ROUTES["/v1/chat/completions"][0],
+                                                 "guided_json": _nested_schema(20)}))
+    @example(path_body=("/v1/completions", {**ROUTES["/v1/completions"][0],
+                                            "guided_grammar": _deep_grammar(5000)}))
     def fuzz(path_body):
         path, body = path_body
         r = httpx.post(small_node.url + path, timeout=60,
