@@ -100,9 +100,9 @@ def parse(model: type[M], body: Any) -> M:
             msg = f"'{param}' is required"
         else:
             msg = f"'{param}': {err['msg']}"
-            if "input" in err and not isinstance(err["input"], (dict, list)) \
-                    and repr(err["input"]) not in msg:
-                msg += f" (got {err['input']!r})"
+            got = repr(err["input"]) if "input" in err else ""
+            if got and not isinstance(err["input"], (dict, list)) and got not in msg:
+                msg += f" (got {got if len(got) <= 80 else got[:77] + '...'})"  # not 100 KB back
         raise BadRequest(msg + ".", param=param or None) from None
 
 

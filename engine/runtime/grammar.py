@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -84,12 +85,21 @@ def _deep_stack(fn: Callable[[], T]) -> T:
 _STACK_LOCK = threading.Lock()
 
 
+MAX_REPEAT = 10_000  # a{1000000} compiles lazily and fails only mid-answer: refuse it first
+_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
 def _bounded(text: Any, what: str, most: int = MAX_GRAMMAR_CHARS) -> str:
     if not isinstance(text, str):
         raise ValueError(f"the {what} must be a string")
     if len(text) > most:
         raise ValueError(f"the {what} is {len(text):,} characters; at most {most:,} are "
                          "taken")
+    for m in _REPEAT.finditer(text):
+        count = max(int(m[1]), int(m[2] or 0))
+        if count > MAX_REPEAT:
+            raise ValueError(f"the {what} repeats {m[0]!r}: at most {MAX_REPEAT:,} "
+                             "repetitions are taken")
     return text
 
 

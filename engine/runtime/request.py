@@ -308,7 +308,7 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
                         finish = finish or "stop"
                         break
                 else:
-                    emit(Delta(rid, value, kind, lps or None))
+                    emit(Delta(rid, value, kind, lps or None, r.generation_tokens))
                     lps = []
             if finish is not None:
                 if splitter.made_calls and finish == "stop":

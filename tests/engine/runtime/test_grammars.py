@@ -154,7 +154,8 @@ def test_a_bad_regex_or_grammar_is_a_400_naming_the_field_that_sent_it(tiny):
 @pytest.mark.parametrize("constraint", [
     {"regex": "a" * (64 * 1024 + 1)}, {"lark": 'start: "' + "a" * 65_536 + '"'},
     {"json_schema": {"enum": ["x" * 1000] * 600}}, {}, {"regex": "a", "lark": 'start: "a"'},
-    {"regex": 5}])
+    {"regex": 5}, {"regex": "a{1000000}"}, {"regex": "a{2,20001}"},  # fail mid-answer else
+    {"lark": 'start: /a{0, 99999}/'}])
 def test_oversized_or_malformed_constraints_are_a_400(tiny, constraint):
     e = refused(tiny, {**constraint, "param": "structured_outputs"})
     assert e.param == "structured_outputs"
