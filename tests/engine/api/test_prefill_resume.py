@@ -54,8 +54,11 @@ def family_models(tmp_path_factory) -> dict[str, Path]:
     from families import make_family_model
 
     root = tmp_path_factory.mktemp("families")
-    return {f: make_family_model(root / f, f, seed=3)
-            for f in ("llama", "qwen3_next", "gpt_oss")}
+    return {**{f: make_family_model(root / f, f, seed=3)
+               for f in ("llama", "qwen3_next", "gpt_oss")},
+            # heads 32 wide: quantized KV's groups fit them
+            "llama-wide": make_tiny_model(root / "wide", LLAMA, seed=3, hidden_size=128,
+                                          intermediate_size=128, num_hidden_layers=2)}
 
 
 def _cut_then_retry(gen, model, tok, prompt, sampling, cut_at: int) -> tuple[int, list, list]:
@@ -71,19 +74,22 @@ def _cut_then_retry(gen, model, tok, prompt, sampling, cut_at: int) -> tuple[int
     return seen[0], cut, list(gen(model, tok, prompt, sampling, threading.Event()))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_next", "gpt_oss"])
+@pytest.mark.parametrize("family, bits", [("llama", None), ("llama-wide", 8), ("qwen3_next", None),
+                                          ("gpt_oss", None)])
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-at-a-time"])
 def test_every_kind_of_cache_resumes_a_cut_prefill_to_the_same_answer(family_models, family,
-                                                                      batched):
+                                                                      bits, batched):
     """Linear-attention state can't be rewound and a sliding window's ring can't be
     trimmed, but every cache resumes from a prefix of its prompt: the entry is kept as
-    the cache stood when the client left."""
+    the cache stood when the client left. Quantized KV (8 bits) answers as the same path
+    does uninterrupted (mlx-lm's answer is the 16-bit one)."""
     from mlx_lm import load
 
     from engine.runtime.batching import Batcher
     from engine.runtime.chunking import Chunker
     from engine.runtime.generate import generate
     from engine.runtime.prefix import PrefixCache
+    from engine.runtime.quant_kv import KV
     from engine.runtime.sampling import Sampling
 
     folder = family_models[family]
@@ -93,18 +99,22 @@ def test_every_kind_of_cache_resumes_a_cut_prefill_to_the_same_answer(family_mod
     sampling = Sampling(max_tokens=8, temperature=0.0)
     prefix = PrefixCache(100_000)
     if batched:  # 16-token chunks: the client leaves between two of them
-        gen = Batcher(model, tok, prefix, 2, chunker=Chunker(first=16, alone_s=1e-6))
+        gen = Batcher(model, tok, prefix, 2, chunker=Chunker(first=16, alone_s=1e-6),
+                      kv_bits=bits)
         cut_at = 1000
     else:
         def gen(*a, **kw):
-            return generate(*a, prefix=prefix, **kw)
+            return generate(*a, prefix=prefix, kv=KV.for_model(model, bits), **kw)
         cut_at = 2048  # mlx-lm's chunk
+    want = greedy(folder, messages, 8) if bits is None else \
+        "".join(r.text for r in gen(model, tok, prompt, sampling, threading.Event()))
+    prefix.lru.trim_to(n_sequences=0)  # (the uninterrupted answer's entry)
     seen, cut, retry = _cut_then_retry(gen, model, tok, prompt, sampling, cut_at)
     assert cut[-1].finish_reason == "cancelled" and cut[-1].generation_tokens == 0
     assert seen >= cut_at
     cached = retry[-1].cached_tokens
     assert seen <= cached < len(prompt), (seen, cached, len(prompt))
-    assert "".join(r.text for r in retry) == greedy(folder, messages, 8)
+    assert "".join(r.text for r in retry) == want
     kept = [len(t) for lru in prefix.lru._lru._lrus.values() for _, t in lru]
     assert cached not in kept and len(kept) <= 2, "the finished prompt (and, for recurrent "\
         "state, its end's copy) replaced the cut one's entry: one a prompt, not one a chunk"
