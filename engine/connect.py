@@ -13,7 +13,7 @@ environment variable."""
 from __future__ import annotations
 
 import json
-import re
+import shlex
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +68,10 @@ def claude_env(t: Target) -> dict[str, str]:
 
 def codex_toml(t: Target) -> str:
     """~/.codex/config.toml: a provider for the node over the Responses API."""
-    lines = [f'model = "{t.model}"', 'model_provider = "shoal"',
+    lines = [f"model = {_toml(t.model)}", 'model_provider = "shoal"',
              f"model_context_window = {t.context}",
              f"model_auto_compact_token_limit = {t.compact_at}", "",
-             "[model_providers.shoal]", 'name = "Shoal"', f'base_url = "{t.url}/v1"',
+             "[model_providers.shoal]", 'name = "Shoal"', f"base_url = {_toml(t.url + '/v1')}",
              'wire_api = "responses"']
     if t.needs_key:
         lines.append(f'env_key = "{KEY_ENV}"')
@@ -101,8 +101,9 @@ def continue_yaml(t: Target) -> str:
     out = ["name: Shoal", "version: 1.0.0", "schema: v1", "models:"]
     for name, roles in (("Shoal", "[chat, edit, apply]"),
                         ("Shoal autocomplete", "[autocomplete]")):
-        out += [f"  - name: {name}", "    provider: openai", f"    model: {t.model}",
-                f"    apiBase: {t.url}/v1", f"    apiKey: {key}", f"    roles: {roles}",
+        out += [f"  - name: {name}", "    provider: openai", f"    model: {_yaml(t.model)}",
+                f"    apiBase: {_yaml(t.url + '/v1')}", f"    apiKey: {key}",
+                f"    roles: {roles}",
                 "    defaultCompletionOptions:", f"      contextLength: {t.context}",
                 f"      maxTokens: {t.max_output}"]
     return "\n".join(out) + "\n"
@@ -132,7 +133,17 @@ def render(agent: str, t: Target) -> str:
 
 
 def _shell(v: str) -> str:
-    return v if re.fullmatch(r"[\w$./:-]+", v) else f"'{v}'"
+    """A value `eval` reads back as it is, whatever a node named its model; only the
+    key's own "$SHOAL_API_KEY" is left for the shell to expand."""
+    return v if v == f"${KEY_ENV}" else shlex.quote(v)
+
+
+def _toml(v: str) -> str:
+    return json.dumps(v)  # a JSON string (ASCII, escaped) is a TOML basic string
+
+
+def _yaml(v: str) -> str:
+    return json.dumps(v)  # quoted: a name like 1.5, null or "a: b" stays a string
 
 
 def write(agent: str, t: Target, home: Path) -> Path:
@@ -218,7 +229,11 @@ def target(url: str, model: str | None, key: str | None, agent: str | None = Non
     if r.status_code == 401:
         raise PeerUnreachable(f"The node at {base} needs its API key: export {KEY_ENV}=KEY "
                               "and run this again.")
-    models, loaded = _models(r, status)
+    try:
+        models, loaded = _models(r, status)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise PeerUnreachable(f"{base} answered /v1/models with something that isn't a "
+                              "Shoal node's list of models; is --url a Shoal node?") from None
     ids = [m.id for m in models]
     if model is not None and model not in ids or not ids:
         raise ModelNotFound(f"The node at {base} has no model {model or ''}; models there: "
@@ -240,10 +255,13 @@ def _models(r: Any, status: Any) -> tuple[list[Any], str | None]:
     from dataclasses import replace
 
     from engine.connect_fit import Model
+    from engine.hub.names import model_id_problem
     from engine.records import ModelCard, RunnerReady, StatusInfo
 
+    # a name that can't be a model on a node (a control character, ...) is a hostile
+    # node's: it never reaches a file or the shell
     cards = [ModelCard.from_json(d) for d in r.json().get("data", [])
-             if isinstance(d, dict) and "id" in d]
+             if isinstance(d, dict) and model_id_problem(d.get("id")) is None]
     info = StatusInfo.from_json(status.json()) if status.is_success else None
     loaded = info.model if info and info.model in {c.id for c in cards} else None
     runner = info.runner if info else None

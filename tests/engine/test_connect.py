@@ -132,3 +132,62 @@ def test_the_readme_shows_what_the_command_prints():
         assert env[name] == value, name
         named.add(name)
     assert {"CLAUDE_CODE_MAX_CONTEXT_TOKENS", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"} <= named
+
+
+EVIL = "x'\"; $(touch PWNED) `touch PWNED` a: b #c"  # a name a hostile node could give
+
+
+def test_a_hostile_model_name_stays_a_value_in_every_agents_settings(tmp_path):
+    """A node (or a folder on it) can name a model anything: quotes, $( ), a YAML colon.
+    The shell's eval, TOML and YAML read it back as the name, and nothing runs."""
+    import subprocess
+    t = Target("http://127.0.0.1:8421", EVIL, 40960)
+    out = subprocess.run(["bash", "-c", 'eval "$1"; printf %s "$ANTHROPIC_MODEL"', "-",
+                          connect.render("claude", t)], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout
+    assert out == EVIL and not (tmp_path / "PWNED").exists()
+    cfg = tomllib.loads(connect.codex_toml(t))
+    assert cfg["model"] == EVIL and set(cfg) == {
+        "model", "model_provider", "model_context_window", "model_auto_compact_token_limit",
+        "model_providers"}
+    assert {m["model"] for m in yaml.safe_load(connect.continue_yaml(t))["models"]} == {EVIL}
+    for name in ("1.5", "null", "true"):  # names YAML would read as something else
+        cn = yaml.safe_load(connect.continue_yaml(Target("http://h:1", name, 40960)))
+        assert {m["model"] for m in cn["models"]} == {name}
+
+
+def test_a_hostile_node_cannot_put_a_line_into_the_settings(tmp_path):
+    """A node that names a model with a newline (no real node can have one) or answers
+    with something that isn't a list of models: the name is left out, the answer refused
+    with a sentence, and nothing crashes."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    answers = {"/v1/models": {"data": [
+        {"id": "ok\nexport EVIL=1", "shoal": {"context_length": 131072}},
+        {"id": "fine", "shoal": {"context_length": 131072}}]}, "/shoal/status": {}}
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(answers.get(self.path, {})).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        t = connect.target(url, None, None, "claude")
+        assert t.model == "fine" and "EVIL" not in connect.render("claude", t)
+        answers["/v1/models"] = ["not", "a", "list", "of", "models"]
+        from engine.errors import PeerUnreachable
+        with pytest.raises(PeerUnreachable, match="isn't a Shoal node's list of models"):
+            connect.target(url, None, None, "codex")
+    finally:
+        server.shutdown()
