@@ -32,7 +32,7 @@ PROMPTS = {"claude": Prompt(12560, "2.1.332"), "codex": Prompt(9104, "0.171.0"),
 NAMES = {"claude": "Claude Code", "codex": "Codex", "opencode": "OpenCode",
          "continue": "Continue"}
 MARGIN = 1.2  # another model's tokenizer, the project's own instructions (CLAUDE.md, ...)
-WORK = 4096  # a few tool calls and their output before the first compaction
+WORK = 3072  # a few tool calls and their output before the first compaction
 COMPACT_AT = 0.85  # of the window, where Codex is told to compact
 CLAUDE_MIN_WINDOW = 100_000  # Claude Code reads a smaller auto-compact window as this
 
