@@ -221,7 +221,7 @@ def _cmd_connect(a: argparse.Namespace) -> int:
         else:
             kept = f"; the file as it was is kept as {w.backup.name}" if w.backup else ""
             print(f"Wrote {a.agent}'s settings for {t.model} at {t.url} to {w.path}{kept}.")
-        print(f"{t.model}: {about(a.agent, t.context)}.")
+        print(f"{t.model}: {about(a.agent, t.context)}. {t.note}".strip())
         return 0
     sys.stdout.write(render(a.agent, t))
     return 0

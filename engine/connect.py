@@ -34,6 +34,7 @@ class Target:
     model: str
     context: int
     needs_key: bool = False
+    note: str = ""  # what else the node has for the agent, said with the settings
 
     @property
     def compact_at(self) -> int:
@@ -119,8 +120,8 @@ def config_path(agent: str, home: Path) -> Path:
 def render(agent: str, t: Target) -> str:
     """What `shoal connect AGENT` prints: the settings and where they go."""
     key = f"\n# the node needs a key: export {KEY_ENV}=<your key> first" if t.needs_key else ""
-    key += "".join(f"\n# {line}" for line in textwrap.wrap(
-        f"{t.model}: {about(agent, t.context)}.", 88, break_on_hyphens=False))
+    said = f"{t.model}: {about(agent, t.context)}. {t.note}".strip()
+    key += "".join(f"\n# {line}" for line in textwrap.wrap(said, 88, break_on_hyphens=False))
     if agent == "claude":
         env = claude_env(t)
         exports = "\n".join(f"export {k}={_shell(v)}" for k, v in env.items())
@@ -247,7 +248,21 @@ def target(url: str, model: str | None, key: str | None, agent: str | None = Non
     except NoRoom:
         choose(agent, models, model, _catalog(get))  # the same, naming what to download
         raise
-    return Target(base, chosen.id, chosen.context or 0, needs_key=bool(key))
+    return Target(base, chosen.id, chosen.context or 0, needs_key=bool(key),
+                  note=_note(agent, chosen, models))
+
+
+def _note(agent: str, chosen: Any, models: list[Any]) -> str:
+    """Whether the node has the chosen model loaded, and the others there that hold the
+    agent too."""
+    from engine.connect_fit import holds
+    others = [f"{m.id} ({m.context:,})" for m in models
+              if m.id != chosen.id and holds(agent, m.context)]
+    note = "" if chosen.loaded else \
+        "It isn't loaded: the node loads it at the agent's first request."
+    if others:
+        note += f" Others here that hold the agent: {', '.join(others)} (--model NAME)."
+    return note.strip()
 
 
 def _models(r: Any, status: Any) -> tuple[list[Any], str | None]:

@@ -72,6 +72,16 @@ def test_a_catalog_that_offers_nothing_that_fits_says_so():
         choose("codex", [], catalog=[CATALOG[0], CATALOG[1]])
 
 
+def test_the_settings_say_what_else_the_node_has_for_the_agent():
+    from engine.connect import Target, _note, render
+    here = [Model("a", 131072, loaded=True), Model("b", 65536), Model("c", 4096)]
+    note = _note("codex", here[0], here)
+    assert note == "Others here that hold the agent: b (65,536) (--model NAME)."
+    shown = render("codex", Target("http://h:1", "a", 131072, note=note))
+    comments = " ".join(ln[2:] for ln in shown.splitlines() if ln.startswith("# "))
+    assert note in comments
+
+
 def test_a_model_asked_for_that_is_too_small_names_those_that_hold_it():
     here = [Model("tiny", 4096, loaded=True), Model("long", 65536)]
     assert choose("codex", here, "long").id == "long"
@@ -181,6 +191,7 @@ def test_a_model_on_disk_that_holds_the_prompt_is_written_with_its_real_window(
     assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in env  # under Claude Code's 100k
     out = capsys.readouterr().out
     assert "40,960-token window" in out and "compacts at about 22,840" in out
+    assert "It isn't loaded: the node loads it at the agent's first request." in out
 
 
 def test_a_model_asked_for_that_cant_hold_the_prompt_is_refused(two_models, home, capsys):
