@@ -271,3 +271,52 @@ def test_a_groups_ranks_keep_the_cut_prefill_alike_and_the_retry_resumes(tmp_pat
         assert "".join(texts(retry)) == want
     finally:
         group.kill()
+
+
+def test_a_groups_leader_and_follower_keep_the_same_cut_entry_and_both_hit_it():
+    """The fast check of the group's rule (fake KV that holds the tokens it was fed, as
+    tests/engine/runtime/test_group_schedule.py steps a leader beside a follower): the
+    client's cancel is seen at rank 0's next plan, before the retry that came after it
+    is admitted; both ranks keep the cut prompt's chunks and both find them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from test_group_schedule import compute, make_cache, view, wire
+
+    from engine.runtime.batching import Job
+    from engine.runtime.chunking import Chunker
+    from engine.runtime.group_schedule import Scheduler
+    from engine.runtime.group_state import State, apply_plan, apply_step
+    from engine.runtime.lockstep import DTYPES
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.sampling import Sampling
+
+    leader = State(PrefixCache(2000, leader=True), make_cache)
+    follower = State(PrefixCache(2000, leader=False), make_cache)
+    sched = Scheduler(leader, streams=4, chunker=Chunker(first=16, alone_s=1e-6), hidden=0,
+                      dtype=DTYPES[0], sampler=lambda job: None)
+
+    def step() -> None:
+        plan = sched.step(0)
+        got = wire(plan)
+        apply_plan(got, follower)
+        compute(plan, leader)
+        compute(got, follower)
+        apply_step(plan, leader)
+        apply_step(got, follower)
+        assert view(leader) == view(follower)
+
+    prompt = list(range(5, 600))
+    cut = Job(prompt, Sampling(max_tokens=4), None, cancel=threading.Event())
+    sched.waiting.append(cut)
+    for _ in range(10):  # ten 16-token chunks
+        step()
+    done = len(leader.pending[0].tokens)
+    assert 16 * 5 <= done < len(prompt) - 1
+    cut.cancel.set()  # the client leaves; its retry comes at once, before its thread says so
+    retry = Job(prompt, Sampling(max_tokens=4), None, cancel=threading.Event())
+    sched.waiting.append(retry)
+    step()
+    assert retry.cached == done and leader.pending[0].cached == done
+    assert follower.pending[0].cached == done, "the follower took the same hit"
+    sched.leave(cut)  # its thread says so late: nothing more happens
+    step()
+    assert len(leader.pending) == 1 and not sched.gone
