@@ -42,7 +42,10 @@ ALONE_PATHS = ("tests/cluster/test_distributed_nodes.py", "tests/cluster/test_fa
 # test_connection_flood times chats under a flood of 2,200 sockets, whose client ends take
 # as many of the machine's ephemeral ports: beside other tests a port one of them had
 # found free and was about to bind was taken (seen once, a group's rank failing to listen).
+# test_prefill_resume compares a retry's first token with a cold one's (a ratio), which a
+# neighbour's load skews.
 LAST_PATHS = ("tests/engine/api/test_batching.py", "tests/engine/api/test_long_prefill.py",
+              "tests/engine/api/test_prefill_resume.py",
               "tests/engine/node/test_connection_flood.py")
 
 # The longest files of the shared phase, longest first (the durations of a whole run):

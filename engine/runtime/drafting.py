@@ -130,6 +130,8 @@ def _run(drafting: Drafting, model: Any, tokenizer: Any, prompt: list[int],
     done = cached
     while done < len(prompt) - 1:  # all but the last token: the first pass feeds it
         if cancel is not None and cancel.is_set():
+            if prefix is not None and done > cached and cache_holds(cache, done):
+                prefix.partial(prompt[:done], cache)  # a retry starts where this stopped
             yield Record("", None, "cancelled", len(prompt), 0, 0.0, 0.0, 0.0,
                          cached_tokens=cached)
             return

@@ -120,6 +120,30 @@ def test_every_kind_of_cache_resumes_a_cut_prefill_to_the_same_answer(family_mod
         "state, its end's copy) replaced the cut one's entry: one a prompt, not one a chunk"
 
 
+def test_a_cut_prefill_with_drafts_on_resumes_too(family_models):
+    """One request at a time with drafts (prompt lookup) prefills in its own loop: it
+    keeps its finished chunks as well."""
+    from mlx_lm import load
+
+    from engine.runtime.drafting import Drafting, drafted_generate
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.sampling import Sampling
+
+    folder = family_models["llama"]
+    model, tok = load(str(folder))
+    messages = chat(WORDS[1], 50)
+    prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True))
+    sampling = Sampling(max_tokens=8, temperature=0.0, speculative=True)
+    prefix, drafting = PrefixCache(100_000), Drafting()
+
+    def gen(*a, **kw):
+        return drafted_generate(drafting, *a, prefix=prefix, **kw)
+    seen, cut, retry = _cut_then_retry(gen, model, tok, prompt, sampling, 1024)
+    assert cut[-1].finish_reason == "cancelled"
+    assert seen <= retry[-1].cached_tokens < len(prompt), (seen, retry[-1].cached_tokens)
+    assert "".join(r.text for r in retry) == greedy(folder, messages, 8)
+
+
 def test_partial_entries_grow_one_per_prompt_and_give_way_to_the_finished_one():
     """Each retry that is cut again replaces the entry it extends; the finished prompt
     replaces them all, rewindable caches (mlx-lm drops prefixes) or not (Shoal does)."""
