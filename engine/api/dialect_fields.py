@@ -140,6 +140,7 @@ class LlamaCppFields(_Fields):
     grammar: str | None = Field(default=None, max_length=MAX_GRAMMAR)
     json_schema: dict[str, Any] | None = None
     typical_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    typ_p: float | None = Field(default=None, gt=0.0, le=1.0)  # the web UI's name for it
     min_keep: int | None = Field(default=None, ge=0, le=MAX_IDS)
     samplers: list[SamplerName] | Annotated[str, Field(max_length=32)] | None = Field(
         default=None, max_length=32)

@@ -66,15 +66,26 @@ def check(body: BaseModel) -> None:
                          param="reasoning_format")
 
 
+def typical_of(body: BaseModel) -> float | None:
+    """typical_p, or typ_p (the name llama.cpp's web UI sends for it)."""
+    typical, typ = _given(body, "typical_p"), _given(body, "typ_p")
+    if typical is not None and typ is not None and typical != typ:
+        raise BadRequest(f"'typ_p' ({typ}) and 'typical_p' ({typical}) are the same setting "
+                         "and differ: send one.", param="typ_p")
+    return typical if typical is not None else typ
+
+
 def max_tokens_of(body: BaseModel, *names: str) -> int | None:
     """The answer's token limit: the first of OpenAI's `names` given, or llama.cpp's
     n_predict (-1: none); n_predict different from OpenAI's field is a 400."""
+    def limit(n: str) -> int | None:  # -1: no limit, as llama.cpp's server takes it
+        v = _given(body, n)
+        return None if v == -1 else v
     name = next((n for n in names if _given(body, n) is not None), None)
-    n_predict = _given(body, "n_predict")
-    if n_predict is None:
-        return _given(body, name) if name else None
-    n_predict = None if n_predict == -1 else n_predict
-    if name and _given(body, name) != n_predict:
+    if _given(body, "n_predict") is None:
+        return limit(name) if name else None
+    n_predict = limit("n_predict")
+    if name and limit(name) != n_predict:
         raise BadRequest(f"'{name}' ({_given(body, name)}) and 'n_predict' "
                          f"({_given(body, 'n_predict')}) both set the answer's length and "
                          "differ: send one.", param="n_predict")
@@ -221,7 +232,7 @@ def extensions(body: BaseModel) -> dict[str, Any]:
         "allowed_token_ids": _given(body, "allowed_token_ids"),
         "truncate_prompt_tokens": _given(body, "truncate_prompt_tokens"),
         "prompt_logprobs": _given(body, "prompt_logprobs"),
-        "typical_p": _given(body, "typical_p"), "min_keep": _given(body, "min_keep"),
+        "typical_p": typical_of(body), "min_keep": _given(body, "min_keep"),
         "samplers": samplers_of(body) or None,
         "xtc_probability": _given(body, "xtc_probability"),
         "xtc_threshold": _given(body, "xtc_threshold")}

@@ -57,7 +57,8 @@ LLAMA_CPP_COMPLETION = {
     "min_keep", "t_max_predict_ms", "id_slot", "cache_prompt", "return_tokens", "samplers",
     "timings_per_token", "return_progress", "sse_ping_interval", "post_sampling_probs",
     "response_fields", "lora", "top_n_sigma",
-    "reasoning_format"}  # (read by params_from_json_cmpl, which both routes share)
+    "reasoning_format",  # (read by params_from_json_cmpl, which both routes share)
+    "typ_p"}  # what llama.cpp's web UI sends for typical_p (webui/src/lib/services/chat.ts)
 LLAMA_CPP_CHAT = (LLAMA_CPP_COMPLETION - {"prompt"}) | {
     "messages", "response_format", "chat_template_kwargs", "reasoning_effort",
     "reasoning_control", "parallel_tool_calls"}

@@ -39,7 +39,7 @@ class CompletionRequest(SamplingFields, VllmFields, LlamaCppFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None
     # 0: only the prompt's log-probabilities (echo + logprobs), as evaluation harnesses ask
-    max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_LIMIT)
+    max_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKENS_LIMIT)
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: bool = False

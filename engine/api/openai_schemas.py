@@ -217,7 +217,7 @@ class ChatCompletionRequest(SamplingFields, VllmFields, LlamaCppFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_tokens: int | None = Field(default=None, ge=-1, le=MAX_TOKENS_LIMIT)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)

@@ -170,6 +170,18 @@ def test_structured_output_fields_are_one_llguidance_constraint(fn):
             structured_outputs={"structural_tag": "{}"})
 
 
+@pytest.mark.parametrize("fn", [chat, cmpl])
+def test_the_llama_cpp_web_uis_no_limit_and_typ_p(fn):
+    """Both llama.cpp web UIs send max_tokens -1 for no limit; the current one sends the
+    typical-p setting as typ_p."""
+    assert fn(max_tokens=-1).sampling.max_tokens is None
+    assert fn(max_tokens=-1, n_predict=-1).sampling.max_tokens is None
+    assert fn(typ_p=0.5).sampling.typical_p == 0.5
+    assert fn(typ_p=0.5, typical_p=0.5).sampling.typical_p == 0.5
+    refused(fn, "typ_p", typ_p=0.5, typical_p=0.7)
+    refused(fn, "max_tokens", max_tokens=-2)
+
+
 def test_hints_are_logged_not_used():
     body = parse(ChatCompletionRequest, {"messages": MSGS, "priority": 3, "request_id": "r",
                                          "cache_salt": "s", "cache_prompt": True,
