@@ -54,6 +54,7 @@ class VllmFields(_Fields):
         "guided_whitespace_pattern": "refused",
         "logits_processors": "refused",
         "use_beam_search": "only false: Shoal has no beam search",
+        "prompt_logprobs": "on a model held whole by one machine; split over machines, a 400",
         "guided_decoding_backend": "hint",
         "priority": "hint",
         "request_id": "hint",

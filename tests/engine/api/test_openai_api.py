@@ -128,7 +128,7 @@ def test_concurrent_requests_never_mix(oai):
     ({"model": MODEL, "messages": []}, "messages"),
     ({"model": MODEL, "messages": [{"content": "hi"}]}, "messages[0].role"),
     ({"model": MODEL, "messages": HELLO, "n": 2}, "n"),
-    ({"model": MODEL, "messages": HELLO, "max_tokens": -1}, "max_tokens"),
+    ({"model": MODEL, "messages": HELLO, "max_tokens": -2}, "max_tokens"),  # -1: no limit
     ({"model": MODEL, "messages": HELLO, "max_tokens": 10**12}, "max_tokens"),
     ({"model": MODEL, "messages": HELLO, "temperature": "hot"}, "temperature"),
     ({"model": MODEL, "messages": HELLO, "stop": [1, 2]}, "stop"),

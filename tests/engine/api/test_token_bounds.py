@@ -131,7 +131,7 @@ def test_token_prompts_inside_the_model_answer(node):
      "top_logprobs"),
     ("/v1/chat/completions", {"messages": HELLO, "logprobs": True, "top_logprobs": -1},
      "top_logprobs"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),  # 20, as vLLM takes
     ("/v1/responses", {"input": "x", "top_logprobs": 21}, "top_logprobs"),
     ("/api/chat", {"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/api/generate", {"prompt": "x", "options": {"seed": 2**64}}, "options.seed"),
