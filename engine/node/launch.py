@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from engine.cluster.probes import PlatformReport
 from engine.cluster.secret import write_private
 from engine.cluster_records import RankPorts
 from engine.errors import BadRequest, InsufficientMemory
+from engine.net import free_listen_port
 from engine.node.peers import Peers
 from engine.node.planning import PlanInputs, best_placement, plan_from_cluster
 from engine.placement.families import strategy_refusal
@@ -285,9 +285,7 @@ def write_config(home: Path, inst_id: str, cfg: DistConfig) -> Path:
 
 
 def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_listen_port(host)
 
 
 def fresh_ports(host: str) -> RankPorts:

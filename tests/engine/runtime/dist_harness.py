@@ -23,11 +23,13 @@ sys.path.insert(0, str(ROOT))
 
 def free_ports(n: int) -> list[int]:
     """n distinct free loopback ports (held open together so they can't repeat)."""
+    from engine.net import free_listen_port
+
     socks = []
     try:
-        for _ in range(n):
+        for _ in range(n):  # outside the ephemeral range: busy clients can't take them
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            s.bind(("127.0.0.1", free_listen_port("127.0.0.1")))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
