@@ -51,30 +51,6 @@ class Conversation:
                        if m.error is None and m.content]
 
 
-FENCE = "```"
-OVERLAP_MIN = 8  # characters a continuation must repeat before the repeat is dropped
-
-
-def continued(before: str, more: str) -> str:
-    """A reply that was stopped, with the model's continuation joined on cleanly: what
-    it repeats of the end is dropped, a code block it opens again is not opened twice,
-    and prose gets the space the model left out ("stopped" + "here" is not "stoppedhere")."""
-    if not before:
-        return more
-    in_code = before.count(FENCE) % 2 == 1
-    if in_code and more.lstrip().startswith(FENCE):  # the model opened the block again
-        more = more.lstrip().partition("\n")[2]
-    start = more.lstrip()
-    for size in range(min(len(before), len(start), 200), OVERLAP_MIN - 1, -1):
-        if before.endswith(start[:size]):
-            return before + start[size:]
-    if in_code or not more or before[-1].isspace() or more[0].isspace():
-        return before + more
-    if more[0] in ",.;:!?)]}'\"" or before[-1] in "([{":
-        return before + more
-    return before + " " + more
-
-
 def _conversation_from(d: dict[str, Any]) -> Conversation:
     msgs = []
     for m in d.get("messages", []):

@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt
 
 from app import chat as chat_module
 from app.charts import ChartsView
-from app.conversations import ConversationStore, Message, continued
+from app.conversations import ConversationStore, Message
 from app.metrics import Metrics
 from engine.client import ChatDelta
 from tests.app import test_chat
@@ -172,16 +172,6 @@ def test_a_stopped_reply_keeps_its_speed_counts_in_the_charts_and_continues(
     assert pane.client.sent[-1][-1] == {"role": "assistant", "content": before}
     assert "Stopped" not in reply.stats_label.text()
     assert [m.role for m in pane.current().messages] == ["user", "assistant"]
-
-
-def test_continue_joins_text_cleanly():
-    assert continued("It was", "late.") == "It was late."
-    assert continued("It was late", ".") == "It was late."
-    assert continued("Line one.\n", "Line two") == "Line one.\nLine two"
-    assert continued("the quick brown fox", "brown fox jumps") == "the quick brown fox jumps"
-    code = "Run:\n```python\nx = 1\n"
-    assert continued(code, "```python\ny = 2\n```") == code + "y = 2\n```"
-    assert continued("", "Hi") == "Hi"
 
 
 def test_a_failed_reply_is_tried_again_when_the_node_is_back(qtbot, make_pane, fresh_node):
