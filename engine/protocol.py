@@ -107,10 +107,31 @@ class TemplateCall(TypedDict):
     function: TemplateFunction
 
 
+class ImageInput(TypedDict):
+    """An image a client sent, as the node passes it on: decoded and checked by the API
+    (engine/api/images.py: size, pixels, format), then re-encoded as an RGB PNG, so a
+    worker never parses a client's bytes. `sha256` is of the decoded pixels and size: the
+    prefix cache's key for the image's tokens, so two images never share a cached prefix."""
+    data: str  # base64 of the PNG
+    sha256: str
+    width: int
+    height: int
+
+
+class ContentPart(TypedDict):
+    """One piece of a turn that holds images, in order: text, or an image (an index into
+    GenerateRequest.images). Chat templates of vision models take a turn's content as these
+    parts ({"type": "image"} / {"type": "text", "text": ...})."""
+    type: Literal["text", "image"]
+    text: NotRequired[str]
+    image: NotRequired[int]
+
+
 class TemplateMessage(TypedDict):
     """One turn as Hugging Face chat templates take it, whatever protocol sent it."""
     role: str  # system | user | assistant | tool
-    content: str
+    content: str  # its text (a turn with images: the text parts joined)
+    parts: NotRequired[list[ContentPart]]  # only a turn that holds images
     tool_calls: NotRequired[list[TemplateCall]]
     tool_call_id: NotRequired[str | None]  # a tool turn's answer to that call
     name: NotRequired[str]
@@ -150,6 +171,7 @@ class GenerateRequest:
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, to the template
     show_prompt: bool = False  # Accepted carries the prompt's text and ids (/tokenize)
     add_special: bool | None = None  # a raw prompt's BOS and the like (None: tokenizer's)
+    images: list[ImageInput] | None = None  # what the messages' image parts point at
 
 
 @dataclass(frozen=True)
@@ -158,6 +180,32 @@ class Generate(Message):
     key = "op"
     id: str
     request: GenerateRequest
+
+
+@dataclass(frozen=True)
+class Embed(Message):
+    """Embed each input (a text, or token ids): one vector per input, in order. An
+    embedding model's worker serves it (Ready.capabilities has "embed")."""
+    tag = "embed"
+    key = "op"
+    id: str
+    inputs: list[str | list[int]]
+    dimensions: int | None = None  # keep the first N (Matryoshka models), renormalized
+    normalize: bool = True  # unit length (cosine similarity is then a dot product)
+    truncate: bool = True  # an input longer than the model's context is cut, not refused
+
+
+@dataclass(frozen=True)
+class Rerank(Message):
+    """Score each document's relevance to the query, in the documents' order: a reranker
+    model's own score, or an embedding model's cosine similarity (Ready.capabilities has
+    "rerank")."""
+    tag = "rerank"
+    key = "op"
+    id: str
+    query: str
+    documents: list[str]
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -208,6 +256,8 @@ class Ready(Message):
     load_s: float = 0.0
     streams: int = 1  # the requests it decodes at once
     rank: RankReady | None = None  # a group rank's, what it loaded
+    # what the model does: "generate" (text), "vision" (takes images), "embed", "rerank"
+    capabilities: list[str] = field(default_factory=lambda: ["generate"])
 
 
 @dataclass(frozen=True)
@@ -289,6 +339,24 @@ class Done(Message):
 
 
 @dataclass(frozen=True)
+class Embedded(Message):
+    """The answer to Embed: one vector per input, and the tokens the inputs took."""
+    tag = "embedded"
+    id: str
+    vectors: list[list[float]]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Ranked(Message):
+    """The answer to Rerank: one score per document (higher: more relevant)."""
+    tag = "ranked"
+    id: str
+    scores: list[float]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class Error(Message):
     tag = "error"
     id: str
@@ -307,12 +375,14 @@ class Exited(Message):
     reason: str
 
 
-Event = (Loading | Ready | Fatal | Accepted | Progress | Delta | ToolCall | Done | Error
-         | Exited)
-TERMINAL = (Done, Error)
+Event = (Loading | Ready | Fatal | Accepted | Progress | Delta | ToolCall | Done | Embedded
+         | Ranked | Error | Exited)
+TERMINAL = (Done, Embedded, Ranked, Error)
+CAPABILITIES = ("generate", "vision", "embed", "rerank")
 _CLASSES: dict[tuple[str, str], type[Message]] = {
-    (c.key, c.tag): c for c in (Generate, Cancel, Shutdown, Loading, Ready, Fatal, Accepted,
-                                Progress, Delta, ToolCall, Done, Error, Exited)}
+    (c.key, c.tag): c for c in (Generate, Embed, Rerank, Cancel, Shutdown, Loading, Ready,
+                                Fatal, Accepted, Progress, Delta, ToolCall, Done, Embedded,
+                                Ranked, Error, Exited)}
 
 
 def encode(msg: Message) -> bytes:

@@ -425,11 +425,13 @@ class RunnerLoading(RunnerState):
 
 @dataclass(frozen=True)
 class RunnerReady(RunnerState):
+    optional = ("capabilities",)
     kind = "Ready"
     model: str
     context_length: int
     pid: int
     generating: bool = False
+    capabilities: list[str] | None = None  # "generate", "vision", "embed", "rerank"
 
 
 @dataclass(frozen=True)
@@ -446,8 +448,9 @@ RUNNER_STATES = (RunnerIdle, RunnerPreparing, RunnerLoading, RunnerReady, Runner
 class StatusInfo(Record):
     """GET /shoal/status (and each /shoal/events snapshot)."""
     singles = {"streams": StreamsInfo, "cluster": ClusterInfo, "runner": RunnerState}
+    nested = {"beside": RunnerState}
     states = {"state": NodeState}
-    optional = ("cluster",)
+    optional = ("cluster", "beside")
     state: NodeState = NodeState.IDLE
     model: str | None = None
     error: str | None = None
@@ -458,6 +461,8 @@ class StatusInfo(Record):
     default_model: str | None = None
     streams: StreamsInfo = field(default_factory=StreamsInfo)
     cluster: ClusterInfo | None = None  # this node in its cluster, and its URL there
+    # models served beside the main one (an embedding or reranker model), each one's state
+    beside: list[RunnerState] | None = None
 
 
 # --- the node's plain answers (engine.client's health, models, requests, peers, hub) --------
@@ -474,13 +479,15 @@ class ModelFacts(Record):
     served by an instance on another node, that instance."""
     singles = {"instance": InstanceInfo}
     optional = ("source", "size_bytes", "layers", "quantization", "context_length",
-                "instance")
+                "instance", "capabilities")
     source: str | None = None  # "shoal" | "hf-cache"
     size_bytes: int | None = None
     layers: int | None = None
     quantization: str | None = None
     context_length: int | None = None
     instance: InstanceInfo | None = None  # of a model another node serves
+    # what it does, from its config: "generate", "vision", "embed", "rerank" (protocol.py)
+    capabilities: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -540,7 +547,7 @@ class CatalogModel(Record):
     """One model of the browser's list (engine/hub/catalog.py), with whether it fits the
     cluster: "fit_basis" says if the planner said so or the size was the estimate."""
     nested = {"local": FilesAt}
-    optional = ("fit_reason",)
+    optional = ("fit_reason", "capabilities")
     id: str
     name: str = ""
     parameters: float | None = None
@@ -557,6 +564,7 @@ class CatalogModel(Record):
     fits: bool | None = None
     fit_basis: str = "size"  # "planner" | "size"
     fit_reason: str | None = None  # the planner's, when it finds no placement
+    capabilities: list[str] | None = None  # "generate", "vision", "embed", "rerank"
 
 
 @dataclass(frozen=True)
