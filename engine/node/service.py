@@ -207,7 +207,7 @@ class Node:
                       ) -> tuple[str, ...]:
         """A worker's flags beyond the node's own: the admission budget and the prefix
         cache's disk tier (each rank of a group its own share, engine/runtime/
-        group_disk.py); for one that serves alone also its KV bits and context limit (a
+        group/disk.py); for one that serves alone also its KV bits and context limit (a
         group's ranks read those from their config)."""
         out = [*(("--memory-limit", str(self.memory_limit)) if self.memory_limit else ())]
         if self.prefix_disk_bytes > 0:

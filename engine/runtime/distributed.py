@@ -55,7 +55,7 @@ class DistConfig:
     devices: tuple[tuple[str | None, ...], ...] | None = None
     coordinator: str | None = None
     prefix_cache_tokens: int = 0  # the prefix cache's budget, the same on every rank
-    lanes: int = 1  # micro-batches a batching pipeline keeps in flight (group_batch.py)
+    lanes: int = 1  # micro-batches a batching pipeline keeps in flight (group/batch.py)
     kv_bits: int | None = None  # quantized KV on every rank (8 or 4; None: 16 bits)
     context_limit: int | None = None  # the user's limit below the model's context
     # a random token the owner gives its ranks (over the cluster's TLS): a doorbell

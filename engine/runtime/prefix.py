@@ -15,7 +15,7 @@
   entry per prompt (a longer one replaces it), in memory only.
 - With a disk tier (engine/runtime/disk_cache.py) finished prompts are also written to
   the SSD. In one process a lookup that finds more there than in memory loads it; a
-  group's ranks read their disks only as the group forms (engine/runtime/group_disk.py),
+  group's ranks read their disks only as the group forms (engine/runtime/group/disk.py),
   since disks on different nodes can't promise every rank the same hit.
 """
 

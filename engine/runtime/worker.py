@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dist is not None:
         from functools import partial
 
-        from engine.runtime.group_worker import run_rank
+        from engine.runtime.group.rank import run_rank
         return run_rank(args.model, args.model_id, args.dist, emit, serve,
                         max(1, args.streams), partial(load_drafting, args),
                         (args.prefix_disk, args.prefix_disk_bytes), args.memory_limit)

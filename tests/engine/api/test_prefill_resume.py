@@ -307,9 +307,9 @@ def test_a_groups_leader_and_follower_keep_the_same_cut_entry_and_both_hit_it():
 
     from engine.runtime.batching import Job
     from engine.runtime.chunking import Chunker
-    from engine.runtime.group_schedule import Scheduler
-    from engine.runtime.group_state import State, apply_plan, apply_step
-    from engine.runtime.lockstep import DTYPES
+    from engine.runtime.group.lockstep import DTYPES
+    from engine.runtime.group.schedule import Scheduler
+    from engine.runtime.group.state import State, apply_plan, apply_step
     from engine.runtime.prefix import PrefixCache
     from engine.runtime.sampling import Sampling
 

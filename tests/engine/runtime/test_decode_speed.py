@@ -103,7 +103,7 @@ class InProcessRunner:
 
 
 def test_lockstep(loaded):
-    from engine.runtime.lockstep import generate
+    from engine.runtime.group.lockstep import generate
     from engine.runtime.sampling import Sampling
 
     model, tok, _ = loaded

@@ -20,7 +20,7 @@ from engine.runtime.distributed import (
     check_layer_ranges,
     mlx_environment,
 )
-from engine.runtime.lockstep import Header, prefill_chunks
+from engine.runtime.group.lockstep import Header, prefill_chunks
 from engine.runtime.sampling import Sampling
 from tiny import LLAMA, make_tiny_model  # noqa: E402
 
@@ -173,7 +173,7 @@ def test_doorbell_sockets_watch_their_path(monkeypatch, caplog):
     logged, not fatal (the group's watchdog still bounds every wait)."""
     import socket
 
-    from engine.runtime.doorbell import DEAD_PATH_S, watch_path
+    from engine.runtime.group.doorbell import DEAD_PATH_S, watch_path
 
     with socket.create_server(("127.0.0.1", 0)) as srv, \
             socket.create_connection(srv.getsockname()) as s:
@@ -198,7 +198,7 @@ def test_a_doorbell_waits_for_a_busy_neighbours_answer():
     import socket
     import time
 
-    from engine.runtime.doorbell import _HELLO_LEN, Doorbell
+    from engine.runtime.group.doorbell import _HELLO_LEN, Doorbell
 
     with socket.create_server(("127.0.0.1", 0)) as srv:
         port = srv.getsockname()[1]
@@ -237,7 +237,7 @@ def test_a_doorbell_whose_neighbour_never_comes_gives_up_at_its_timeout():
     import time
 
     from engine.errors import PeerUnreachable
-    from engine.runtime.doorbell import Doorbell
+    from engine.runtime.group.doorbell import Doorbell
 
     with socket.socket() as a, socket.socket() as b:  # two free ports, then closed
         a.bind(("127.0.0.1", 0))
@@ -264,7 +264,7 @@ def test_a_doorbell_admits_only_a_rank_of_its_own_group():
     import time
 
     from engine.errors import PeerUnreachable
-    from engine.runtime.doorbell import Doorbell
+    from engine.runtime.group.doorbell import Doorbell
 
     with socket.socket() as a, socket.socket() as b:
         a.bind(("127.0.0.1", 0))

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from engine.runtime.batching import Job
 from engine.runtime.chunking import Chunker
-from engine.runtime.group_schedule import Scheduler
-from engine.runtime.group_state import Plan, State, apply_plan, apply_step
-from engine.runtime.lockstep import DTYPES
+from engine.runtime.group.lockstep import DTYPES
+from engine.runtime.group.schedule import Scheduler
+from engine.runtime.group.state import Plan, State, apply_plan, apply_step
 from engine.runtime.prefix import PrefixCache
 from engine.runtime.sampling import Sampling
 

@@ -5,7 +5,7 @@ Over the ring backend (TCP) a send completes as soon as the kernel holds the byt
 plain loopback a circle of waits can't show. Here the ranks run in a network namespace
 whose TCP buffers are 4 KB: a send of a hidden state (4-16 KB for this model) then blocks
 until the peer reads, as over RDMA, and a circle of waits turns into a watchdog failure.
-(Checked: letting rank 0 keep one more item in flight than engine/runtime/group_batch.py
+(Checked: letting rank 0 keep one more item in flight than engine/runtime/group/batch.py
 allows fails the 2-rank case.) Root and iproute2 only; skipped with the reason elsewhere.
 """
 

@@ -64,7 +64,7 @@ def run(path, tiny, prompt, s):
     """The records of one request on `path`; a batched one runs beside another request."""
     from engine.runtime.drafting import Drafting, drafted_generate
     from engine.runtime.generate import generate
-    from engine.runtime.lockstep import generate as lockstep
+    from engine.runtime.group.lockstep import generate as lockstep
 
     model, tok = tiny
     if path == "one":

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.runtime.distributed import DistConfig, Watchdog
-from engine.runtime.doorbell import END, Doorbell
 from engine.runtime.generate import Record, decode_tps
+from engine.runtime.group.doorbell import END, Doorbell
 from engine.runtime.sampling import Sampling
 from engine.runtime.stops import Shown
 

@@ -2,7 +2,7 @@
 stepped in a test beside a follower's state.
 
 One step rule for every rank: rank 0 decides who leaves and applies it with
-group_state.apply_leavers, decides who joins (looking the prompts up in the prefix cache)
+state.apply_leavers, decides who joins (looking the prompts up in the prefix cache)
 and applies it with apply_admissions, then decides what the step feeds and which chunk
 runs; a follower applies the same plan with apply_plan, i.e. the same two functions in
 the same order. After the step's compute every rank runs apply_step. So nothing but the
@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.runtime.batching import Job, Prefilled
 from engine.runtime.chunking import SMALLEST, Chunker
-from engine.runtime.group_state import (
+from engine.runtime.group.state import (
     Plan,
     Seq,
     State,

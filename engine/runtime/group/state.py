@@ -1,5 +1,5 @@
 """What every rank of a batching group holds about the requests in flight, and the plan
-rank 0 sends before each step (engine/runtime/group_batch.py runs the steps).
+rank 0 sends before each step (engine/runtime/group/batch.py runs the steps).
 
 The decoding sequences sit in lanes: each lane's KV is one batched cache per layer
 (mlx-lm's BatchKVCache and friends: merge, extend, filter, extract), and a step runs one
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.runtime.batching import Job
-from engine.runtime.lockstep import DTYPES
+from engine.runtime.group.lockstep import DTYPES
 from engine.runtime.prefix import PrefixCache
 
 HEAD_LEN = 13

@@ -26,7 +26,7 @@ from engine.runtime.distributed import DistConfig
 log = logging.getLogger(__name__)
 
 REQUEST, STEP, TOKEN, END, QUIT, LOADED = b"R", b"S", b"T", b"E", b"Q", b"L"
-BATCH = b"B"  # a batched step's plan (engine/runtime/group_batch.py)
+BATCH = b"B"  # a batched step's plan (engine/runtime/group/batch.py)
 HELLO = b"SHOALBELL1"
 _HELLO_LEN = len(HELLO) + 4 + 16
 

@@ -3,7 +3,7 @@
 Rank 0 schedules as engine/runtime/batching.py does on one node: the requests in flight
 decode together, and prompts are prefilled one time-sized chunk at a time between decode
 steps, the shortest remaining first, so a short request never waits behind a long prompt
-for more than a chunk. Before each step rank 0 sends a `Plan` (engine/runtime/group_state.py)
+for more than a chunk. Before each step rank 0 sends a `Plan` (engine/runtime/group/state.py)
 that every rank applies in the same order.
 
 A pipeline keeps every stage busy: the decoding sequences are split into one lane per rank,
@@ -28,9 +28,10 @@ from typing import Any
 
 from engine.runtime.batching import Prefilled, Streams
 from engine.runtime.chunking import Chunker
-from engine.runtime.doorbell import BATCH, END, STEP, TOKEN
-from engine.runtime.group_schedule import Scheduler
-from engine.runtime.group_state import (
+from engine.runtime.group.doorbell import BATCH, END, STEP, TOKEN
+from engine.runtime.group.lockstep import DTYPES, Link
+from engine.runtime.group.schedule import Scheduler
+from engine.runtime.group.state import (
     HEAD_LEN,
     OutOfStep,
     Plan,
@@ -39,7 +40,6 @@ from engine.runtime.group_state import (
     apply_plan,
     apply_step,
 )
-from engine.runtime.lockstep import DTYPES, Link
 from engine.runtime.prefix import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -196,8 +196,8 @@ class TensorSteps:
     lanes = 1
 
     def __init__(self, model: Any, link: Link, kv: Any = None):
+        from engine.runtime.group.tensor import head_is_sharded
         from engine.runtime.quant_kv import KV
-        from engine.runtime.tensor import head_is_sharded
 
         self.model, self.link = model, link
         self.kv = kv if kv is not None else KV()  # quantized KV or not (quant_kv.py)
@@ -290,7 +290,7 @@ def serve_follower(steps: PipelineSteps | TensorSteps, link: Link,
 class GroupBatcher(Streams):
     """Rank 0's generator for a group that serves several requests at once: a thread that
     takes the requests' arrivals and departures, asks the Scheduler for each step's plan
-    (engine/runtime/group_schedule.py), runs it and samples."""
+    (engine/runtime/group/schedule.py), runs it and samples."""
 
     def __init__(self, steps: PipelineSteps | TensorSteps, tokenizer: Any,
                  prefix: PrefixCache, streams: int, on_fatal: Callable[[str], None],

@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from engine.runtime.doorbell import END, REQUEST, TOKEN
-from engine.runtime.lockstep import DTYPES, HEADER_LEN, Header, Link, prefill_chunks
+from engine.runtime.group.doorbell import END, REQUEST, TOKEN
+from engine.runtime.group.lockstep import DTYPES, HEADER_LEN, Header, Link, prefill_chunks
 from engine.runtime.prefix import PrefixCache
 from engine.runtime.sampling import Sampling
 

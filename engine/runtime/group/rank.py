@@ -52,14 +52,14 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     """One rank of a group. `drafting` makes rank 0's Drafting from the tokenizer and the
     model (loading the draft model, if the node has one): rank 0 drafts for the whole group.
     `disk`: the folder and size of this node's prefix cache on disk (engine/runtime/
-    group_disk.py); `memory_limit`: the node's cap for admission, in bytes."""
+    group/disk.py); `memory_limit`: the node's cap for admission, in bytes."""
     import mlx.core as mx
 
     from engine.placement.families import batching_refusal
     from engine.runtime.checkpoint import model_context
     from engine.runtime.distributed import DistConfig, Fatal, Watchdog, init_group
-    from engine.runtime.doorbell import LOADED, Doorbell
-    from engine.runtime.lockstep import Link
+    from engine.runtime.group.doorbell import LOADED, Doorbell
+    from engine.runtime.group.lockstep import Link
 
     t0 = time.perf_counter()
     try:
@@ -146,8 +146,8 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
                          list(info.files), info.bytes_read, peak_rss_bytes(),
                          cfg.lanes if streams > 1 else 1)))
     link = Link(cfg, group, bell, watchdog, on_broken=fatal.peer_lost)
-    if streams > 1:  # requests decode together (engine/runtime/group_batch.py)
-        from engine.runtime.group_batch import GroupBatcher, serve_follower
+    if streams > 1:  # requests decode together (engine/runtime/group/batch.py)
+        from engine.runtime.group.batch import GroupBatcher, serve_follower
         steps = _steps(cfg.strategy, model, link, kv)
         if cfg.rank != 0:
             serve_follower(steps, link, prefix)  # ends by quit or fatal
@@ -181,7 +181,7 @@ def _prefix(cfg: Any, model: Path, disk: tuple[Path | None, int], group: Any,
     """This rank's prefix cache, filled from its disk with what every rank holds there."""
     import mlx.core as mx
 
-    from engine.runtime.group_disk import open_disk, restore
+    from engine.runtime.group.disk import open_disk, restore
     from engine.runtime.prefix import PrefixCache
 
     tier = open_disk(disk[0], disk[1], model, cfg)
@@ -253,11 +253,11 @@ def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict
 
 
 def _lockstep(runner: Any, fatal: Any, admission: Any) -> Callable[..., Iterator[Any]]:
-    """One request at a time through the group (engine/runtime/lockstep.py); each must
+    """One request at a time through the group (engine/runtime/group/lockstep.py); each must
     fit alone (a 503 where it can't)."""
     def generate(_model: Any, tok: Any, prompt: list[int], sampling: Any,
                  cancel: threading.Event | None, progress: Any = None) -> Iterator[Any]:
-        from engine.runtime.lockstep import generate as lockstep_generate
+        from engine.runtime.group.lockstep import generate as lockstep_generate
         if admission is not None:
             admission.check(admission.need(len(prompt), 0, sampling.max_tokens), 0, 0)
         try:  # a lockstep prefill runs whole once begun: progress at its start and end
@@ -270,22 +270,22 @@ def _lockstep(runner: Any, fatal: Any, admission: Any) -> Callable[..., Iterator
 
 # A pipeline's Stage makes its caches (quantized by Stage.quantize_kv); tensor ranks get `kv`.
 def _steps(strategy: str, model: Any, link: Any, kv: Any) -> Any:
-    from engine.runtime.group_batch import PipelineSteps, TensorSteps
+    from engine.runtime.group.batch import PipelineSteps, TensorSteps
     return PipelineSteps(model, link) if strategy == "pipeline" else \
         TensorSteps(model, link, kv)
 
 
 def _leader(strategy: str, model: Any, link: Any, prefix: Any, kv: Any) -> Any:
     if strategy == "pipeline":
-        from engine.runtime.pipeline import PipelineLeader
+        from engine.runtime.group.pipeline import PipelineLeader
         return PipelineLeader(model, link, model.hidden, model.dtype, prefix)
-    from engine.runtime.tensor import TensorLeader
+    from engine.runtime.group.tensor import TensorLeader
     return TensorLeader(model, link, prefix, kv)
 
 
 def _follower(strategy: str, model: Any, link: Any, prefix: Any, kv: Any) -> Any:
     if strategy == "pipeline":
-        from engine.runtime.pipeline import PipelineFollower
+        from engine.runtime.group.pipeline import PipelineFollower
         return PipelineFollower(model, link, prefix)
-    from engine.runtime.tensor import TensorFollower
+    from engine.runtime.group.tensor import TensorFollower
     return TensorFollower(model, link, prefix, kv)

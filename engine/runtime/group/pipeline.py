@@ -10,8 +10,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from engine.runtime.doorbell import END, REQUEST, STEP, TOKEN
-from engine.runtime.lockstep import HEADER_LEN, Header, Link, prefill_chunks
+from engine.runtime.group.doorbell import END, REQUEST, STEP, TOKEN
+from engine.runtime.group.lockstep import HEADER_LEN, Header, Link, prefill_chunks
 from engine.runtime.prefix import PrefixCache
 from engine.runtime.sampling import Sampling
 from engine.runtime.stage import Stage
