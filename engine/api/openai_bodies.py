@@ -127,6 +127,7 @@ class ModelShoal(TypedDict, total=False):
     quantization: str | None
     context_length: int | None
     instance: dict[str, Any]  # Instance.to_json: a model served by another node
+    capabilities: list[str]  # "generate", "vision", "embed", "rerank" (protocol.CAPABILITIES)
 
 
 class ModelCard(TypedDict):

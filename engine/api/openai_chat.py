@@ -45,7 +45,8 @@ routes = web.RouteTableDef()
 def _model_card(m: Any) -> ModelCard:
     return {"id": m.id, "object": "model", "created": 0, "owned_by": "shoal",
             "shoal": {"source": m.source, "size_bytes": m.size_bytes, "layers": m.layers,
-                      "quantization": m.quantization, "context_length": m.context_length}}
+                      "quantization": m.quantization, "context_length": m.context_length,
+                      "capabilities": list(m.capabilities)}}
 
 
 @routes.get("/v1/models")

@@ -16,6 +16,11 @@ log = logging.getLogger(__name__)
 CATALOG = Path(__file__).resolve().parent.parent.parent / "resources" / "catalog.json"
 HEADROOM = 1.15  # weights plus KV cache and activations for a modest context
 SEARCH_TIMEOUT_S = 10.0
+# the Hub's pipeline_tag, as Shoal's capabilities (engine.protocol.CAPABILITIES)
+_PIPELINE_CAPABILITIES = {
+    "text-generation": ["generate"], "image-text-to-text": ["generate", "vision"],
+    "feature-extraction": ["embed", "rerank"], "sentence-similarity": ["embed", "rerank"],
+    "text-ranking": ["rerank"], "text-classification": ["rerank"]}
 
 
 @cache
@@ -28,7 +33,8 @@ def load_catalog(path: Path = CATALOG) -> tuple[CatalogModel, ...]:
             parameters=m.get("parameters"), quantization=m.get("quantization"),
             size_bytes=m.get("size_bytes"), layers=m.get("layers"),
             context_length=m.get("context_length"), licence=m.get("licence"),
-            approximate=list(m.get("approximate") or ())) for m in doc["models"])
+            approximate=list(m.get("approximate") or ()),
+            capabilities=_row_capabilities(m.get("capabilities"))) for m in doc["models"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("the model catalog %s is unreadable (%s)", path, e)
         return ()
@@ -58,7 +64,9 @@ def search_hub(query: str, limit: int = 30, token: str | None = None,
         raise hub_error(e, query, "main", endpoint, bool(token)) from None
     return [CatalogModel(id=m.id, name=m.id.split("/")[-1],
                          quantization=_quant_from_name(m.id), source="hub",
-                         downloads=m.downloads, likes=m.likes) for m in found]
+                         downloads=m.downloads, likes=m.likes,
+                         capabilities=_PIPELINE_CAPABILITIES.get(m.pipeline_tag or ""))
+            for m in found]
 
 
 def browse(models_dir: Path, query: str | None = None, memory_bytes: int | None = None,
@@ -75,12 +83,15 @@ def browse(models_dir: Path, query: str | None = None, memory_bytes: int | None 
         where = FilesAt(source=m.source, path=str(m.path))
         known = entries.get(m.id)
         if known is not None:
-            entries[m.id] = replace(known, local=[*known.local, where])
+            # the files' own config says what the model does, whatever the row says
+            entries[m.id] = replace(known, local=[*known.local, where],
+                                    capabilities=list(m.capabilities))
         else:
             entries[m.id] = CatalogModel(
                 id=m.id, name=m.id.split("/")[-1], quantization=m.quantization,
                 size_bytes=m.size_bytes, layers=m.layers,
-                context_length=m.context_length, source="local", local=[where])
+                context_length=m.context_length, source="local", local=[where],
+                capabilities=list(m.capabilities))
     hub_error = None
     offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
     if online and query and not offline:
@@ -88,7 +99,8 @@ def browse(models_dir: Path, query: str | None = None, memory_bytes: int | None 
             for e in search_hub(query, token=token):
                 known = entries.get(e.id)
                 entries[e.id] = e if known is None else replace(
-                    known, downloads=e.downloads, likes=e.likes)
+                    known, downloads=e.downloads, likes=e.likes,
+                    capabilities=known.capabilities or e.capabilities)
         except Exception as e:  # the catalog and local models still answer
             hub_error = getattr(e, "message", str(e))
     words = (query or "").lower().split()
@@ -131,6 +143,14 @@ def fits(size_bytes: int | None, memory_bytes: int | None) -> bool | None:
     if not size_bytes or not memory_bytes:
         return None
     return size_bytes * HEADROOM <= memory_bytes
+
+
+def _row_capabilities(value: object) -> list[str]:
+    """A curated row's capabilities, the names Shoal knows; a row without them generates."""
+    from engine.protocol import CAPABILITIES
+    if not isinstance(value, list):
+        return ["generate"]
+    return [c for c in CAPABILITIES if c in value] or ["generate"]
 
 
 def _quant_from_name(repo_id: str) -> str | None:

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +32,8 @@ class LocalModel:
     quantization: str  # "4-bit (group 32)", "bf16", ...
     model_type: str
     context_length: int | None
+    # what it does (engine.modelconfig.capabilities): "generate", "vision", "embed", "rerank"
+    capabilities: list[str] = field(default_factory=lambda: ["generate"])
 
 
 def default_hf_cache() -> Path:
@@ -142,13 +144,16 @@ def _describe(folder: Path, model_id: str, source: Source) -> LocalModel | None:
         layers = config.get("num_hidden_layers", text.get("num_hidden_layers"))
         from engine.runtime.checkpoint import model_context
         context = model_context(config)
-        size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        files = [p for p in folder.iterdir() if p.is_file()]
+        size = sum(p.stat().st_size for p in files)
+        from engine.modelconfig import capabilities
         return LocalModel(
             id=model_id, path=folder, source=source, size_bytes=size,
             layers=layers if isinstance(layers, int) else None,
             quantization=_quantization(config, weights),
             model_type=model_type,
-            context_length=context if isinstance(context, int) else None)
+            context_length=context if isinstance(context, int) else None,
+            capabilities=capabilities(config, frozenset(p.name for p in files)))
     except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
         log.info("skipping %s: not a loadable model (%s)", folder, e)
         return None
