@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.placement.gpu_memory import mac_gpu_budget
+from engine.platform.gpu_memory import mac_gpu_budget
 
 LINK_NAMES = {"thunderbolt-rdma": "Thunderbolt RDMA", "thunderbolt-ip": "Thunderbolt IP",
               "ethernet": "Ethernet", "wifi": "Wi-Fi", "wi-fi": "Wi-Fi",
@@ -110,7 +110,7 @@ def moves(rule: str) -> bool:
 def usable_memory(total: int, available: int, rule: str) -> int:
     """What Shoal may use on a machine, steady while other programs come and go: the
     node's budget; where the node reports only what is free now, the planner's rule for
-    a machine known by its RAM alone (engine.placement.gpu_memory)."""
+    a machine known by its RAM alone (engine.platform.gpu_memory)."""
     return mac_gpu_budget(total, None, None)[0] if moves(rule) else available
 
 

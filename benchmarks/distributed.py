@@ -94,7 +94,7 @@ def main() -> None:
     p.add_argument("--rank-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for the ranks only")
     args = p.parse_args()
-    from engine.runtime.cpu import worker_env
+    from engine.platform.cpu import worker_env
     env = {**worker_env(), **dict(kv.split("=", 1) for kv in args.env)}
     rank_env = {**env, **dict(kv.split("=", 1) for kv in args.rank_env)}
 

@@ -60,7 +60,7 @@ def together(w: Worker, tag: str, tokens: int) -> float:
 
 
 def measure(kind: str, tmp: Path, tokens: int, rounds: int) -> dict[str, float]:
-    from engine.runtime.cpu import worker_env
+    from engine.platform.cpu import worker_env
 
     folder = make_model(kind, tmp)
     n = json.loads((folder / "config.json").read_text())["num_hidden_layers"]

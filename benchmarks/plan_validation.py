@@ -94,7 +94,7 @@ def main() -> None:
     a = ap.parse_args()
     from benchmarks_distributed import make_model  # type: ignore[import-not-found]
 
-    from engine.runtime.cpu import worker_env
+    from engine.platform.cpu import worker_env
     from engine.telemetry.calibrate import measure
     cal = measure(worker_env())
     hop = loopback_hop()

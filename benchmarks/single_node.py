@@ -132,7 +132,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     from engine.hub.bundled import DEFAULT_MODEL_ID, ensure_default_model
-    from engine.runtime.cpu import worker_env
+    from engine.platform.cpu import worker_env
 
     tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
     try:

@@ -38,7 +38,7 @@ from plan_validation import loopback_hop  # noqa: E402
 
 def calibrate(cores: str | None) -> dict[str, float]:
     """The node's calibration, on `cores` only (taskset) or on all of them."""
-    from engine.runtime.cpu import worker_env
+    from engine.platform.cpu import worker_env
     from engine.telemetry.calibrate import _MEASURE
     cmd = [sys.executable, "-c", _MEASURE]
     out = subprocess.run((["taskset", "-c", cores] if cores else []) + cmd, env=worker_env(),

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.cluster.probes import PlatformReport
+from engine.platform.probes import PlatformReport
 from engine.records import (
     DraftInfo,
     FollowerInfo,

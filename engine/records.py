@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, Self, cast
 
-from engine.cluster.probes import PlatformReport
+from engine.platform.probes import PlatformReport
 
 
 # States go on the wire as the same strings, and compare equal to them.
@@ -43,7 +43,7 @@ class DownloadState(StrEnum):
 
 class JsonObject(Protocol):
     """A value that spells itself as one JSON object: a Record, or a report that reads
-    its own (engine.cluster.probes.PlatformReport)."""
+    its own (engine.platform.probes.PlatformReport)."""
     def to_json(self) -> dict[str, Any]: ...
 
     @classmethod

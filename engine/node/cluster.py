@@ -21,7 +21,6 @@ from typing import Any
 
 from engine import __version__
 from engine.api.common import parse
-from engine.cluster.probes import PlatformReport
 from engine.errors import ShoalError
 from engine.node.facts import Facts, capped
 from engine.node.followers import Followers
@@ -43,6 +42,7 @@ from engine.node.launch import (
 from engine.node.peers import Peers
 from engine.node.planning import ModelFacts, PlanInputs, cluster_view
 from engine.node.service import Node
+from engine.platform.probes import PlatformReport
 from engine.records import (
     ENDED,
     ClusterInfo,

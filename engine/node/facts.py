@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.cluster.probes import PlatformReport
+from engine.platform.probes import PlatformReport
 from engine.records import MachineInfo, PowerInfo, SpeedInfo
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def capped(facts: Facts, limit: int | None) -> Facts:
 def _platform() -> PlatformReport:
     """This machine's platform report, or, with SHOAL_PLATFORM_RECORDING set (tests on
     Linux), a Mac's as its commands printed it."""
-    from engine.cluster.probes import probe_platform, recorded_runner
+    from engine.platform.probes import probe_platform, recorded_runner
     recording = os.environ.get("SHOAL_PLATFORM_RECORDING")
     if recording:
         return probe_platform(system="darwin", runner=recorded_runner(Path(recording)))

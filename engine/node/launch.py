@@ -17,7 +17,6 @@ from pydantic import Field, StrictBool, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.api.openai_schemas import Strict
-from engine.cluster.probes import PlatformReport
 from engine.cluster.secret import write_private
 from engine.cluster_records import RankPorts
 from engine.errors import BadRequest, InsufficientMemory
@@ -35,6 +34,7 @@ from engine.placement.validate import (
     check_tensor,
     max_lanes,
 )
+from engine.platform.probes import PlatformReport
 from engine.records import InstanceInfo, InstanceState, LoadReport, RankInfo
 from engine.runtime.distributed import Backend, DistConfig
 
@@ -251,8 +251,8 @@ def rdma_matrix(ranks: list[Rank], backend: str,
                 platforms: Mapping[str, PlatformReport | None]) -> list[list[str | None]]:
     """The jaccl device matrix from every rank node's Thunderbolt and RDMA report, or
     BadRequest naming the pair that lacks a cable or RDMA."""
-    from engine.cluster.rdma import device_matrix
-    from engine.cluster.thunderbolt import cable_graph
+    from engine.platform.rdma import device_matrix
+    from engine.platform.thunderbolt import cable_graph
     reports = {node: p or PlatformReport.from_json(None) for node, p in platforms.items()}
     m = device_matrix([r.node for r in ranks],
                       cable_graph({k: v.thunderbolt for k, v in reports.items()}),

@@ -20,13 +20,13 @@ from engine.cluster_records import (
 )
 from engine.errors import BadRequest
 from engine.placement.families import kv_group, strategy_refusal
-from engine.placement.gpu_memory import mac_gpu_budget
 from engine.placement.memory import MemoryUse, context_label
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec, kv_value_bytes
 from engine.placement.planner import Placement, Rejection, evaluate, explain, plan
 from engine.placement.profiles import links_from
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import PlacementError
+from engine.platform.gpu_memory import mac_gpu_budget
 from engine.records import DraftInfo, MachineInfo, NodeInfo
 
 Layout = tuple[str, str, list[Any]]  # strategy, backend, node names or {"node", "layers"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from engine.cluster.probes import PlatformReport
-from engine.cluster.rdma import RdmaReport, cable_problem
-from engine.cluster.thunderbolt import Cable, cable_graph
 from engine.cluster_records import CableInfo, TopologyInfo, TopologyLink, TopologyNode
 from engine.node.peers import Peer
+from engine.platform.probes import PlatformReport
+from engine.platform.rdma import RdmaReport, cable_problem
+from engine.platform.thunderbolt import Cable, cable_graph
 from engine.records import NodeInfo
 
 

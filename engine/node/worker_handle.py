@@ -38,7 +38,7 @@ from engine.protocol import (
     decode,
     encode,
 )
-from engine.runtime.cpu import worker_env
+from engine.platform.cpu import worker_env
 
 log = logging.getLogger(__name__)
 

@@ -90,7 +90,7 @@ class _Rates:
 
 def _bpp(r: _Rates, node: NodeSpec, layers: tuple[int, int], shards: int) -> float:
     """Bytes a weight takes as the rank runs it: a CPU node unpacks quantized weights to
-    float32 where that copy fits in half its memory (engine/runtime/cpu.py), else the
+    float32 where that copy fits in half its memory (engine/platform/cpu.py), else the
     checkpoint's."""
     bpp = r.model.bytes_per_param
     if node.unpacks and bpp < 4:

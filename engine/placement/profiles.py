@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.placement.gpu_memory import mac_gpu_budget
 from engine.placement.model import QUANTIZATIONS, LinkSpec, ModelSpec, NodeSpec
 from engine.placement.validate import PlacementError
+from engine.platform.gpu_memory import mac_gpu_budget
 
 GIB = 2 ** 30
 

@@ -224,7 +224,7 @@ def unpacks_on_cpu(modules: Any, world: int = 1) -> bool:
     import mlx.core as mx
     from mlx_lm.utils import get_total_parameters
 
-    from engine.runtime.cpu import available_memory_bytes, should_dequantize
+    from engine.platform.cpu import available_memory_bytes, should_dequantize
 
     quantized = any(hasattr(m, "bits") for _, m in modules.named_modules())
     half = any(v.dtype in (mx.bfloat16, mx.float16) for _, v in _leaves(modules))

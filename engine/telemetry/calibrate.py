@@ -70,7 +70,7 @@ def measure(env: dict[str, str] | None = None, timeout: float = 120.0) -> dict[s
 def calibration(home: Path, key: str) -> SpeedInfo | None:
     """The cached measurement for `key` (machine + MLX version), measuring when missing.
     None (logged) when it can't be measured."""
-    from engine.runtime.cpu import worker_env
+    from engine.platform.cpu import worker_env
     path = home / "calibration.json"
     try:
         cached = json.loads(path.read_text())

@@ -15,10 +15,16 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from engine.cluster.probes import CommandResult, run_command
-from engine.placement.gpu_memory import mac_gpu_budget
+from engine.platform.device import (
+    mac_gpu_name,
+    metal_working_set,
+    mlx_backend,
+    mlx_device_info,
+    nvidia_gpu_names,
+)
+from engine.platform.gpu_memory import mac_gpu_budget
+from engine.platform.probes import CommandResult, run_command
 from engine.records import MachineInfo, MemoryInfo
 
 log = logging.getLogger(__name__)
@@ -66,41 +72,6 @@ def memory_info(system: str | None = None, sysctl: Sysctl = _sysctl,
         return MemoryInfo(None, None, "", unavailable=f"unavailable: can't read {meminfo} ({e})")
 
 
-def metal_working_set() -> int | None:
-    info = _mlx_device_info("metal")
-    v = info.get("max_recommended_working_set_size") if info else None
-    return int(v) if isinstance(v, (int, float)) and v > 0 else None
-
-
-def _mlx_device_info(backend: str) -> dict[str, Any] | None:
-    try:
-        import mlx.core as mx
-        if backend == "metal" and not mx.metal.is_available():
-            return None
-        # mx.device_info() is the newer name; mx.metal.device_info() the older one.
-        fn = getattr(mx, "device_info", None) or mx.metal.device_info
-        return dict(fn())
-    except Exception as e:  # mlx missing or broken: a fact to report, not a crash
-        log.debug("mlx device info unavailable: %s", e)
-        return None
-
-
-def mlx_backend() -> tuple[str | None, str | None]:
-    """(mlx version, backend): metal, cuda or cpu; (None, None) when mlx can't load."""
-    try:
-        import mlx.core as mx
-    except Exception as e:
-        log.warning("mlx can't be imported: %s", e)
-        return None, None
-    version = getattr(mx, "__version__", None)
-    if mx.metal.is_available():
-        return version, "metal"
-    cuda = getattr(mx, "cuda", None)
-    if cuda is not None and cuda.is_available():
-        return version, "cuda"
-    return version, "cpu"
-
-
 def parse_cpuinfo(text: str) -> str | None:
     """/proc/cpuinfo → the first "model name" (x86) or "Model"/"Hardware" (ARM boards)."""
     for key in ("model name", "Model", "Hardware"):
@@ -113,27 +84,6 @@ def parse_cpuinfo(text: str) -> str | None:
 def parse_os_release(text: str) -> str | None:
     m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
     return m.group(1) if m else None
-
-
-def mac_gpu_name(profiler_json: str) -> str | None:
-    """`system_profiler SPDisplaysDataType -json` → "Apple M3 Ultra (80-core GPU)"."""
-    import json
-    try:
-        gpus = json.loads(profiler_json).get("SPDisplaysDataType") or []
-        g = next(x for x in gpus if isinstance(x, dict) and x.get("sppci_model"))
-    except (ValueError, AttributeError, StopIteration):
-        return None
-    cores = g.get("sppci_cores")
-    return f"{g['sppci_model']} ({cores}-core GPU)" if cores else str(g["sppci_model"])
-
-
-def nvidia_gpu_names(root: Path = Path("/proc/driver/nvidia/gpus")) -> list[str]:
-    names = []
-    for info in sorted(root.glob("*/information")):
-        m = re.search(r"^Model:\s*(.+)$", info.read_text(errors="replace"), re.M)
-        if m:
-            names.append(m.group(1).strip())
-    return names
 
 
 def _read(path: Path) -> str:
@@ -160,6 +110,6 @@ def machine_info(system: str | None = None) -> MachineInfo:
     except OSError:
         gpu = None
     if gpu is None and backend == "cuda":
-        gpu = str((_mlx_device_info("cuda") or {}).get("device_name") or "CUDA GPU")
+        gpu = str((mlx_device_info("cuda") or {}).get("device_name") or "CUDA GPU")
     return MachineInfo(chip or platform.processor() or None, os_name or platform.system(),
                        platform.release(), gpu, version, backend, memory_info(system))

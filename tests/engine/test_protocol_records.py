@@ -181,7 +181,7 @@ def test_a_plan_goes_over_the_wire_and_back_with_the_planners_keys():
 def test_a_node_describes_its_machine_speed_links_power_and_draft_as_records():
     """GET /shoal/node as a peer reads it: the planner reads attributes, not dict keys, and
     what goes back on the wire is what came (unmeasured speed and power stay absent)."""
-    from engine.cluster.probes import probe_platform
+    from engine.platform.probes import probe_platform
     from engine.records import MachineInfo, MemoryInfo, NodeInfo, SpeedInfo
 
     linux = json.loads(json.dumps(probe_platform(system="linux", net_root=Path("/none"))

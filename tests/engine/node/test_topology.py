@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.cluster.probes import probe_platform, recorded_runner
 from engine.cluster_records import TopologyInfo
 from engine.node.peers import Peer
 from engine.node.topology import topology_info
+from engine.platform.probes import probe_platform, recorded_runner
 from engine.records import NodeInfo, PeerLink
 
 DOCK = Path(__file__).resolve().parents[2] / "fixtures" / "macos" / "dock"

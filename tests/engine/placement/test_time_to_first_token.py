@@ -205,6 +205,6 @@ def test_a_cpu_node_reads_the_float32_weights_it_unpacks_where_they_fit():
         return predict(four_bit, "single", [Stage(nd, (0, four_bit.layers), True)], [],
                        8192).decode_tps
     # a Mac runs the 4-bit weights; a CPU node too where float32 doesn't fit in half its
-    # memory (engine/runtime/cpu.py keeps them packed); where it fits, it reads 4 bytes
+    # memory (engine/platform/cpu.py keeps them packed); where it fits, it reads 4 bytes
     assert decode(cpu) == pytest.approx(decode(mac))
     assert decode(roomy) < 0.2 * decode(replace(roomy, unpacks=False))

@@ -42,7 +42,7 @@ class Worker:
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None,
                  prefix: list[str] | None = None):
-        from engine.runtime.cpu import worker_env
+        from engine.platform.cpu import worker_env
 
         self.log = log
         self._logf = log.open("ab")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.cluster.rdma import (
+from engine.node.topology import thunderbolt_links
+from engine.platform.rdma import (
     ENABLE_HELP,
     TB4_FINAL,
     RdmaReport,
@@ -20,8 +21,7 @@ from engine.cluster.rdma import (
     parse_rdma_ctl,
     rdma_report,
 )
-from engine.cluster.thunderbolt import ProbeParseError, cable_graph, thunderbolt_report
-from engine.node.topology import thunderbolt_links
+from engine.platform.thunderbolt import ProbeParseError, cable_graph, thunderbolt_report
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
 REAL = MAC / "captured"

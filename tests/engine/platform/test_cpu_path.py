@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine.runtime import cpu
+from engine.platform import cpu
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is a Linux fix")

@@ -8,16 +8,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.cluster.probes import (
+from engine.node.topology import cluster_cables
+from engine.platform.probes import (
     CommandResult,
     PlatformReport,
     linux_interface_kinds,
     probe_platform,
     run_command,
 )
-from engine.cluster.rdma import TB4_FINAL, device_matrix
-from engine.cluster.thunderbolt import cable_graph
-from engine.node.topology import cluster_cables
+from engine.platform.rdma import TB4_FINAL, device_matrix
+from engine.platform.thunderbolt import cable_graph
 
 MAC = Path(__file__).resolve().parents[2] / "fixtures" / "macos"
 FILES = {("system_profiler", "SPThunderboltDataType", "-json"):

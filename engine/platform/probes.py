@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.cluster.rdma import RdmaReport, rdma_report
-from engine.cluster.thunderbolt import (
+from engine.platform.rdma import RdmaReport, rdma_report
+from engine.platform.thunderbolt import (
     ThunderboltReport,
     bridge_loop_warning,
     interface_kinds,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cluster.thunderbolt import (
+from engine.platform.thunderbolt import (
     ProbeParseError,
     ThunderboltReport,
     bridge_loop_warning,

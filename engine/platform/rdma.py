@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.cluster.thunderbolt import Cable, ProbeParseError, cables_between
+from engine.platform.thunderbolt import Cable, ProbeParseError, cables_between
 
 ENABLE_HELP = ("RDMA over Thunderbolt is disabled on this Mac. To enable it (once per Mac): shut "
                "down, start up into Recovery (hold the power button, then Options), open "
