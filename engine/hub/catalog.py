@@ -145,12 +145,13 @@ def fits(size_bytes: int | None, memory_bytes: int | None) -> bool | None:
     return size_bytes * HEADROOM <= memory_bytes
 
 
-def _row_capabilities(value: object) -> list[str]:
-    """A curated row's capabilities, the names Shoal knows; a row without them generates."""
+def _row_capabilities(value: object) -> list[str] | None:
+    """A curated row's capabilities, the names Shoal knows; None (unknown) where the row
+    doesn't say, so the app guesses from the name rather than showing a wrong badge."""
     from engine.protocol import CAPABILITIES
     if not isinstance(value, list):
-        return ["generate"]
-    return [c for c in CAPABILITIES if c in value] or ["generate"]
+        return None
+    return [c for c in CAPABILITIES if c in value] or None
 
 
 def _quant_from_name(repo_id: str) -> str | None:

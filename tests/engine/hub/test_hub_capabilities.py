@@ -48,7 +48,8 @@ def test_model_cards_and_catalog_carry_them(models_dir: Path) -> None:
     assert cards["minilm"].shoal.capabilities == ["embed", "rerank"]
     listed = {m.id: m.capabilities for m in browse(models_dir).models}
     assert listed["eyes"] == ["generate", "vision"] and listed["chat"] == ["generate"]
-    assert all(m.capabilities for m in browse(models_dir).models)  # curated rows too
+    curated = next(m for m in browse(models_dir).models if m.source == "catalog")
+    assert curated.capabilities is None  # a row that doesn't say: unknown, not a guess
 
 
 def test_catalog_rows_keep_only_known_capabilities(tmp_path: Path) -> None:
@@ -60,5 +61,5 @@ def test_catalog_rows_keep_only_known_capabilities(tmp_path: Path) -> None:
         {**row, "id": "org/odd", "capabilities": ["teleport", "embed"]},
         {**row, "id": "org/bad", "capabilities": "vision"}]}))
     got = {e.id: e.capabilities for e in load_catalog(path)}
-    assert got == {"org/plain": ["generate"], "org/eyes": ["generate", "vision"],
-                   "org/odd": ["embed"], "org/bad": ["generate"]}
+    assert got == {"org/plain": None, "org/eyes": ["generate", "vision"],
+                   "org/odd": ["embed"], "org/bad": None}
