@@ -4,7 +4,7 @@ Every field the official API defines (beta ones included: the SDK's types are th
 accepted. What changes the answer is honoured: system turns inside `messages` (and their
 `clear_at`), deferred tools (offered once a tool_reference or tool_addition names them, as
 the API does), the client tools Anthropic defines (bash, the text editor, memory) with
-their published schemas. What can't be honoured is refused naming it (images, documents,
+their published schemas. What can't be honoured is refused naming it (documents,
 MCP servers, containers, compaction requests, a thread to continue). Bookkeeping and hints
 (metadata, cache_control, context_management, service tiers, billing) are accepted and
 logged once per client; tools that run on Anthropic's servers (web search, code
@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from engine import protocol as wire
+from engine.api import content, images
 from engine.api.openai_schemas import TOP_K_LIMIT, Drafts, Loose, Strict
 from engine.errors import BadRequest
 
@@ -135,8 +136,8 @@ class CountTokensRequest(Strict):
         "thread": "only {type: create}: this node keeps no conversation state",
         "tools": "custom tools and the client tools Anthropic defines (bash, text editor, "
                  "memory); server tools are left out of the prompt, computer use refused",
-        "messages": "text, thinking, tool use and results, search results; images and "
-                    "documents refused"}
+        "messages": "text, images (base64 and url sources), thinking, tool use and "
+                    "results (their images too), search results; documents refused"}
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
     system: str | list[Block] | None = None
@@ -207,22 +208,39 @@ def _refuse_unrunnable(body: CountTokensRequest) -> None:
                          "conversation in 'messages'.", param="thread")
 
 
+def _block_text(b: Block, where: str) -> str:
+    if b.type == "text":
+        return b.text or ""
+    if b.type == "search_result":  # a retrieval result: its title, source and text
+        inner = _text(b.content, f"{where}.content")
+        return f"{b.title or ''} ({b.source or ''})\n{inner}".strip()
+    if b.type == "tool_reference":
+        return f"Tool {b.tool_name} is now available."
+    raise BadRequest(f"'{where}': {b.type!r} blocks can't be read by this model "
+                     "(text only).", param=f"{where}.type")
+
+
 def _text(blocks: str | list[Block] | None, where: str) -> str:
     if blocks is None or isinstance(blocks, str):
         return blocks or ""
-    out = []
+    return "".join(_block_text(b, f"{where}[{i}]") for i, b in enumerate(blocks))
+
+
+def _image(b: Block, where: str) -> content.Piece:
+    got = content.piece(b.model_dump(exclude_none=True), where)
+    assert got is not None  # content.piece reads every "image" block
+    return got
+
+
+def _pieces(blocks: str | list[Block] | None, where: str) -> list[content.Piece]:
+    """Text and images (a tool result's too), in order."""
+    if blocks is None or isinstance(blocks, str):
+        return [blocks or ""]
+    out: list[content.Piece] = []
     for i, b in enumerate(blocks):
-        if b.type == "text":
-            out.append(b.text or "")
-        elif b.type == "search_result":  # a retrieval result: its title, source and text
-            inner = _text(b.content, f"{where}[{i}].content")
-            out.append(f"{b.title or ''} ({b.source or ''})\n{inner}".strip())
-        elif b.type == "tool_reference":
-            out.append(f"Tool {b.tool_name} is now available.")
-        else:
-            raise BadRequest(f"'{where}[{i}]': {b.type!r} blocks can't be read by this model "
-                             "(text only).", param=f"{where}[{i}].type")
-    return "".join(out)
+        out.append(_image(b, f"{where}[{i}]") if b.type == "image"
+                   else _block_text(b, f"{where}[{i}]"))
+    return out
 
 
 def _system_text(system: str | list[Block] | None) -> str:
@@ -252,12 +270,14 @@ def _system_turn(m: Message, i: int, later_user: bool,
     return {"role": "system", "content": "".join(text)}
 
 
-def template_messages(body: CountTokensRequest, tools: Tools | None = None
-                      ) -> list[wire.TemplateMessage]:
+def template_messages(body: CountTokensRequest, tools: Tools | None = None,
+                      turns: content.Turns | None = None) -> list[wire.TemplateMessage]:
     """Anthropic turns as chat-template messages: tool_use blocks become an assistant's
     tool_calls, tool_result blocks become tool messages, thinking becomes reasoning_content,
-    system turns stay system turns where they are."""
+    system turns stay system turns where they are; image blocks (a tool result's too) are
+    numbered in `turns`."""
     tools = tools or Tools([])
+    turns = turns or content.Turns()
     out: list[wire.TemplateMessage] = []
     if (system := _system_text(body.system)):
         out.append({"role": "system", "content": system})
@@ -274,19 +294,22 @@ def template_messages(body: CountTokensRequest, tools: Tools | None = None
                              param=f"messages[{i}].{field}")
         blocks = [Block(type="text", text=m.content)] if isinstance(m.content, str) \
             else m.content
-        text, reasoning = "", ""
+        pieces: list[content.Piece] = []
+        reasoning = ""
         calls: list[wire.TemplateCall] = []
         for j, b in enumerate(blocks):
             where = f"messages[{i}].content[{j}]"
             if b.type in ("text", "search_result"):
-                text += _text([b], where)
+                pieces.append(_block_text(b, where))
+            elif b.type == "image" and m.role == "user":
+                pieces.append(_image(b, where))
             elif b.type == "thinking" and m.role == "assistant":
                 reasoning += b.thinking or ""
             elif b.type == "redacted_thinking" and m.role == "assistant":
                 continue  # nothing readable to give the model
             elif b.type == "compaction":  # an earlier summary stands for the turns it ate
-                text += str(b.content or "") if not isinstance(b.content, list) \
-                    else _text(b.content, f"{where}.content")
+                pieces.append(str(b.content or "") if not isinstance(b.content, list)
+                              else _text(b.content, f"{where}.content"))
             elif b.type == "tool_use" and m.role == "assistant":
                 if not b.id or not b.name:
                     raise BadRequest(f"'{where}': a tool_use block needs id and name.",
@@ -297,15 +320,15 @@ def template_messages(body: CountTokensRequest, tools: Tools | None = None
                 for ref in b.content if isinstance(b.content, list) else []:
                     if ref.type == "tool_reference" and ref.tool_name:
                         tools.load(ref.tool_name)
-                result = _text(b.content, f"{where}.content")
+                result = _pieces(b.content, f"{where}.content")
                 if b.is_error:
-                    result = f"Error: {result}"
-                out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": result})
+                    result = ["Error: ", *result]
+                out.append({**turns.turn("tool", result), "tool_call_id": b.tool_use_id})
             else:
                 raise BadRequest(f"'{where}': {b.type!r} blocks are not supported in "
                                  f"{m.role} messages.", param=f"{where}.type")
-        if text or calls or reasoning or m.role == "user" and not out[-1:]:
-            msg: wire.TemplateMessage = {"role": m.role, "content": text}
+        if any(pieces) or calls or reasoning or m.role == "user" and not out[-1:]:
+            msg = turns.turn(m.role, pieces)
             if calls:
                 msg["tool_calls"] = calls
             if reasoning:
@@ -386,7 +409,8 @@ class Tools:
 def to_request(body: CountTokensRequest, count_only: bool = False) -> wire.GenerateRequest:
     _refuse_unrunnable(body)
     tools = Tools(body.tools or [])
-    messages = template_messages(body, tools)
+    turns = content.Turns()
+    messages = template_messages(body, tools, turns)
     offered = tools.listed()
     choice: str | dict[str, str] = "auto"
     tc = body.tool_choice
@@ -412,10 +436,10 @@ def to_request(body: CountTokensRequest, count_only: bool = False) -> wire.Gener
     last = body.messages[-1]
     prefill = last.role == "assistant" and bool(messages) and \
         messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
-    return wire.GenerateRequest(
+    return images.pending(wire.GenerateRequest(
         messages=messages, tools=offered, tool_choice=choice,
         parallel_tool_calls=not (tc and tc.disable_parallel_tool_use), thinking=thinking,
-        sampling=sampling, count_only=count_only, continue_final=prefill)
+        sampling=sampling, count_only=count_only, continue_final=prefill), turns.sources)
 
 
 def dropped_tools(body: CountTokensRequest) -> list[str]:

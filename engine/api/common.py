@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from engine import protocol as wire
+from engine.api import images
 from engine.api.backend import backend
 from engine.api.render import Answer, error_of
 from engine.errors import BadRequest, ShoalError, WorkerFailed
@@ -213,6 +214,12 @@ async def generation(request: web.Request, model: str | None,
     """Start `req` on the backend's worker for `model`; errors before the first token are
     raised (so they become a proper HTTP error), later ones arrive as Error events."""
     t0 = time.perf_counter()
+    if isinstance(req, images.PendingRequest):  # decoded and checked here, not in a worker
+        param = req.sources[0].param
+        req = await images.resolve(req)
+        b = backend(request)
+        images.check_vision(model or b.loaded_model(),
+                            [(m.id, m.capabilities) for m in await b.models()], param)
     async with backend(request).generate(model, req) as started:
         first = await anext(started.events)
         if isinstance(first, wire.Error):

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal, cast
 from pydantic import Field
 
 from engine import protocol as wire
+from engine.api import content, images
 from engine.api.common import tool_arguments
 from engine.api.openai_schemas import TOP_K_LIMIT, Drafts, Loose, Strict
 from engine.errors import BadRequest
@@ -113,7 +114,7 @@ class ChatRequest(Common):
 class GenerateRequest(Common):
     TREATMENT: ClassVar[dict[str, str]] = {**Common.TREATMENT,
         "suffix": "refused", "template": "refused", "context": "refused",
-        "images": "refused", "width": "refused", "height": "refused", "steps": "refused"}
+        "width": "refused", "height": "refused", "steps": "refused"}
     prompt: str = ""
     suffix: str | None = None
     system: str | None = None
@@ -156,11 +157,6 @@ def sampling(body: Common, ctx_hint: int | None = None) -> wire.SamplingRequest:
         logprobs=(body.top_logprobs or 0) if body.logprobs else None, **o.drafts())
 
 
-def _no_images(images: list[Any] | None, where: str) -> None:
-    if images:
-        raise BadRequest(f"'{where}': this model takes text only.", param=where)
-
-
 def _call(c: ToolCallIn, where: str) -> wire.TemplateCall:
     """A call of an earlier assistant turn (arguments an object or its JSON text), with
     the id Open WebUI adds."""
@@ -176,9 +172,11 @@ def _call(c: ToolCallIn, where: str) -> wire.TemplateCall:
 
 def chat_request(body: ChatRequest) -> wire.GenerateRequest:
     msgs: list[wire.TemplateMessage] = []
+    turns = content.Turns()
     for i, m in enumerate(body.messages):
-        _no_images(m.images, f"messages[{i}].images")
-        d: wire.TemplateMessage = {"role": m.role, "content": m.content or ""}
+        # Ollama puts a turn's images before its text
+        d = turns.turn(m.role, [*content.ollama_images(m.images, f"messages[{i}].images"),
+                                m.content or ""])
         if m.tool_calls:
             d["tool_calls"] = [_call(c, f"messages[{i}].tool_calls[{j}].function.arguments")
                                for j, c in enumerate(m.tool_calls)]
@@ -197,12 +195,15 @@ def chat_request(body: ChatRequest) -> wire.GenerateRequest:
                              "description, parameters}}}}.", param=f"tools[{i}]")
     think = None if body.think is None else bool(body.think)
     tools = cast(list[wire.ToolSpec], body.tools)  # checked above: templates take them as sent
-    return wire.GenerateRequest(messages=msgs, tools=tools or None, thinking=think,
-                                sampling=sampling(body))
+    return images.pending(wire.GenerateRequest(
+        messages=msgs, tools=tools or None, thinking=think, sampling=sampling(body)),
+        turns.sources)
 
 
 def generate_request(body: GenerateRequest) -> wire.GenerateRequest:
-    _no_images(body.images, "images")
+    if body.images and body.raw:
+        raise BadRequest("'images' can't go with a raw prompt (no template places them): "
+                         "send raw false, or use /api/chat.", param="images")
     for name in ("suffix", "template", "context"):
         if getattr(body, name):
             raise BadRequest(f"'{name}' is not supported: send the whole prompt (raw) or "
@@ -215,8 +216,11 @@ def generate_request(body: GenerateRequest) -> wire.GenerateRequest:
         return wire.GenerateRequest(prompt=body.prompt, sampling=sampling(body))
     msgs: list[wire.TemplateMessage] = [{"role": "system", "content": body.system}] \
         if body.system else []
-    msgs.append({"role": "user", "content": body.prompt})
-    return wire.GenerateRequest(messages=msgs, thinking=think, sampling=sampling(body))
+    turns = content.Turns()
+    msgs.append(turns.turn("user", [*content.ollama_images(body.images, "images"),
+                                    body.prompt]))
+    return images.pending(wire.GenerateRequest(messages=msgs, thinking=think,
+                                               sampling=sampling(body)), turns.sources)
 
 
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "cancelled": "stop"}

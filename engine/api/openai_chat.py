@@ -7,9 +7,10 @@ from typing import Any, cast
 from aiohttp import web
 
 from engine import protocol as wire
-from engine.api import common, dialect_map
+from engine.api import common, content, dialect_map, images
 from engine.api.backend import backend
 from engine.api.dialect_render import TokenCount, echo_of, vllm_prompt_logprobs
+from engine.api.images import Source
 from engine.api.openai_bodies import (
     AnthropicModel,
     ChatCompletion,
@@ -84,23 +85,29 @@ async def get_model(request: web.Request) -> web.Response:
     raise ModelNotFound(f"The model '{mid}' is not on this node.", param="model")
 
 
-def _text(m: ChatMessage, i: int) -> str:
+def _pieces(m: ChatMessage, i: int) -> list[content.Piece]:
     if m.content is None or isinstance(m.content, str):
-        return m.content or ""
+        return [m.content or ""]
+    out: list[content.Piece] = []
     for j, p in enumerate(m.content):
-        if p.type not in ("text", "input_text") or p.text is None:
-            raise BadRequest(f"messages[{i}].content[{j}]: only text parts are supported "
-                             f"(got {p.type!r}).", param=f"messages[{i}].content[{j}].type")
-    return "".join(p.text or "" for p in m.content)
+        got = content.piece(p.model_dump(exclude_none=True), f"messages[{i}].content[{j}]")
+        if got is None:
+            raise BadRequest(f"messages[{i}].content[{j}]: only text and image_url parts are "
+                             f"supported (got {p.type!r}).",
+                             param=f"messages[{i}].content[{j}].type")
+        out.append(got)
+    return out
 
 
-def template_messages(msgs: list[ChatMessage]) -> list[wire.TemplateMessage]:
-    """Messages as Hugging Face chat templates take them (tool arguments as objects)."""
+def chat_turns(msgs: list[ChatMessage]) -> tuple[list[wire.TemplateMessage], list[Source]]:
+    """Messages as Hugging Face chat templates take them (tool arguments as objects), and
+    the images their parts hold, in order."""
+    turns = content.Turns()
     out = []
     for i, m in enumerate(msgs):
-        # an earlier answer that was a refusal said its refusal: the model reads it
-        d: wire.TemplateMessage = {"role": "system" if m.role == "developer" else m.role,
-                                   "content": _text(m, i) or m.refusal or ""}
+        d = turns.turn("system" if m.role == "developer" else m.role, _pieces(m, i))
+        if not d["content"] and "parts" not in d:
+            d["content"] = m.refusal or ""  # an earlier answer that was a refusal said it
         if m.tool_calls:
             d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": common.tool_arguments(
@@ -113,6 +120,15 @@ def template_messages(msgs: list[ChatMessage]) -> list[wire.TemplateMessage]:
         if m.reasoning_content:
             d["reasoning_content"] = m.reasoning_content
         out.append(d)
+    return out, turns.sources
+
+
+def template_messages(msgs: list[ChatMessage]) -> list[wire.TemplateMessage]:
+    """chat_turns for routes that take no images (a 400 naming the first)."""
+    out, sources = chat_turns(msgs)
+    if sources:
+        raise BadRequest(f"'{sources[0].param}': images aren't taken on this route.",
+                         param=sources[0].param)
     return out
 
 
@@ -175,14 +191,15 @@ def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
         {"type": "function", "function": cast(wire.ToolFunction, t.function.model_dump(
             exclude_none=True))} for t in body.tools] if body.tools else None
     think, kwargs = thinking_of(body)
-    return wire.GenerateRequest(
-        messages=template_messages(body.messages), tools=tools,
+    messages, sources = chat_turns(body.messages)
+    return images.pending(wire.GenerateRequest(
+        messages=messages, tools=tools,
         tool_choice=choose_tool(body.tools, body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,
         thinking=think, sampling=sampling, continue_final=cont,
         add_generation_prompt=not cont if body.add_generation_prompt is None
         else body.add_generation_prompt,
-        documents=body.documents, template_kwargs=kwargs or None)
+        documents=body.documents, template_kwargs=kwargs or None), sources)
 
 
 def usage(done: wire.Done) -> Usage:

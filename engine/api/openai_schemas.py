@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.api import dialect_map
+from engine.api import content, dialect_map
 from engine.api.dialect_fields import MAX_TOKENS_LIMIT, LlamaCppFields, VllmFields
 from engine.errors import BadRequest
 from engine.protocol import Constraint, SamplingRequest
@@ -159,6 +159,8 @@ class ToolCallIn(Loose):
 
 
 class Part(Loose):
+    """A content part: text, or an image_url ({url, detail}); engine/api/content.py reads
+    it."""
     type: str
     text: str | None = None
 
@@ -256,7 +258,9 @@ class ChatCompletionRequest(SamplingFields, VllmFields, LlamaCppFields):
 
     def hints(self) -> list[str]:
         """The bookkeeping and hint fields this request carries (accepted, not used)."""
-        return dialect_map.hints_of(self, self.TREATMENT)
+        parts = [p.model_dump() for m in self.messages if isinstance(m.content, list)
+                 for p in m.content]
+        return dialect_map.hints_of(self, self.TREATMENT) + content.image_hints(parts)
 
 
 def constraint_of(fmt: ResponseFormat | None) -> Constraint | None:

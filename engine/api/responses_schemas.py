@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from engine import protocol as wire
+from engine.api import content, images
 from engine.api.common import tool_arguments
 from engine.api.openai_schemas import MAX_TOKENS_LIMIT, Drafts, Loose, Strict
 from engine.errors import BadRequest
@@ -32,6 +33,7 @@ BUILT_IN = ("web_search", "web_search_preview", "file_search", "computer",
 CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string"}},
                 "required": ["input"]}  # a freeform tool's text, as one argument
 TOOL_NAME = r"^[A-Za-z0-9_.\-]+$"
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
 class FunctionTool(Loose):
@@ -110,7 +112,8 @@ class ResponsesRequest(Drafts):
         "include": "only message.output_text.logprobs and reasoning.encrypted_content",
         "tools": "function and custom tools, namespaces; built-in tools are left out of "
                  "the prompt",
-        "input": "text items, function and custom tool calls and outputs; images refused"}
+        "input": "text and image items (input_image by image_url; file_id refused), function "
+                 "and custom tool calls and outputs"}
     model: str | None = Field(default=None, min_length=1)
     input: str | list[Item]
     instructions: str | None = None
@@ -151,6 +154,8 @@ class ResponsesRequest(Drafts):
 
     def hints(self) -> list[str]:
         out = [k for k in HINTS if getattr(self, k) is not None]
+        out += content.image_hints(p for it in self.input if isinstance(it, Item)
+                                   and isinstance(it.content, list) for p in it.content)
         if self.text and self.text.verbosity:
             out.append("text.verbosity")
         for k in ("summary", "generate_summary", "mode"):
@@ -221,22 +226,27 @@ def flatten_tools(tools: list[ToolEntry] | None) -> ToolNames:
     return out
 
 
-def _text(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    out = ""
-    for i, p in enumerate(content):
-        if p.get("type") not in ("input_text", "output_text", "text", "summary_text",
-                                 "reasoning_text"):
-            raise BadRequest(f"'{where}[{i}]': only text content is supported (got "
-                             f"{p.get('type')!r}).", param=f"{where}[{i}].type")
-        out += str(p.get("text") or "")
+def _pieces(parts: Any, where: str) -> list[content.Piece]:
+    """A message's or a tool output's text and images, in order."""
+    if parts is None or isinstance(parts, str):
+        return [parts or ""]
+    out: list[content.Piece] = []
+    for i, p in enumerate(parts):
+        kind = p.get("type")
+        got = str(p.get("text") or "") if kind in TEXT_PARTS else content.piece(
+            p, f"{where}[{i}]")
+        if got is None:
+            raise BadRequest(f"'{where}[{i}]': only text and image content is supported "
+                             f"(got {kind!r}).", param=f"{where}[{i}].type")
+        out.append(got)
     return out
 
 
-def template_messages(body: ResponsesRequest, names: ToolNames | None = None
-                      ) -> list[wire.TemplateMessage]:
+def template_messages(body: ResponsesRequest, names: ToolNames | None = None,
+                      turns: content.Turns | None = None) -> list[wire.TemplateMessage]:
+    """The input items as chat-template turns; their images numbered in `turns`."""
     names = names or flatten_tools(body.tools)
+    turns = turns or content.Turns()
     msgs: list[wire.TemplateMessage] = []
     if body.instructions:
         msgs.append({"role": "system", "content": body.instructions})
@@ -249,7 +259,7 @@ def template_messages(body: ResponsesRequest, names: ToolNames | None = None
             if it.role is None:
                 raise BadRequest(f"'{where}.role' is required.", param=f"{where}.role")
             role = "system" if it.role == "developer" else it.role
-            msgs.append({"role": role, "content": _text(it.content, f"{where}.content")})
+            msgs.append(turns.turn(role, _pieces(it.content, f"{where}.content")))
         elif kind in ("function_call", "custom_tool_call"):
             if not it.name or not it.call_id:
                 raise BadRequest(f"'{where}': a {kind} needs name and call_id.", param=where)
@@ -263,8 +273,8 @@ def template_messages(body: ResponsesRequest, names: ToolNames | None = None
             else:
                 msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            msgs.append({"role": "tool", "tool_call_id": it.call_id,
-                         "content": _text(it.output, f"{where}.output")})
+            msgs.append({**turns.turn("tool", _pieces(it.output, f"{where}.output")),
+                         "tool_call_id": it.call_id})
         elif kind == "reasoning":
             continue  # the model's own earlier reasoning: templates drop it between turns
         else:
@@ -326,8 +336,10 @@ def to_request(body: ResponsesRequest) -> wire.GenerateRequest:
                              param="tool_choice")
         choice = body.tool_choice
     effort = body.reasoning.effort if body.reasoning else None
-    return wire.GenerateRequest(
-        messages=template_messages(body, names), tools=tools, tool_choice=choice,
+    turns = content.Turns()
+    messages = template_messages(body, names, turns)
+    return images.pending(wire.GenerateRequest(
+        messages=messages, tools=tools, tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         thinking=None if effort is None else effort != "none",
-        sampling=sampling)
+        sampling=sampling), turns.sources)
