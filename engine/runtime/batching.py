@@ -56,6 +56,12 @@ class Job:
     cut: bool = False  # memory ran short: its next token is its last ("length")
     cancel: threading.Event | None = None  # set when its client leaves
     ends: frozenset[int] = frozenset()  # the tokens that end it (rules.stop_tokens)
+    images: Any = None  # engine.runtime.vision.images.ImagePrompt: prefilled as embeddings
+
+    @property
+    def key(self) -> list[int]:
+        """The prompt as the prefix cache keys it (an image's tokens by its sha256)."""
+        return self.images.keys if self.images is not None else self.prompt
 
     def __post_init__(self) -> None:
         from engine.runtime.rules import stop_tokens
@@ -78,8 +84,8 @@ class Streams:
 
     def __call__(self, model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
                  cancel: threading.Event | None = None,
-                 progress: ProgressFn | None = None) -> Iterator[Record]:
-        job = Job(prompt, sampling, tokenizer, cancel=cancel)
+                 progress: ProgressFn | None = None, images: Any = None) -> Iterator[Record]:
+        job = Job(prompt, sampling, tokenizer, cancel=cancel, images=images)
         self._inbox.put(("add", job))
         shown = Shown(tokenizer, sampling)
         tic, first, n, done = time.perf_counter(), 0.0, 0, False
@@ -214,7 +220,10 @@ class Batcher(Streams):
                 owner.out.put((token, lp, r.finish_reason))
                 if r.finish_reason is not None:
                     self._drop(r.uid)
-                    self._keep(r.all_tokens, r.prompt_cache)
+                    tokens = list(r.all_tokens or [])
+                    if owner.images is not None:  # keyed by the images' hashes
+                        tokens[:len(owner.key)] = owner.key
+                    self._keep(tokens, r.prompt_cache)
                     finished = True
             self._guard(responses)
             if self._held and finished:
@@ -290,7 +299,7 @@ class Batcher(Streams):
         n = len(tokens)
         if job.cached < n < len(job.prompt) and tokens == job.prompt[:n] \
                 and cache_holds(cache, n):
-            self.prefix.partial(tokens, cache)
+            self.prefix.partial(job.key[:n], cache)
 
     def _add(self, job: Job) -> None:
         from mlx_lm.generate import StopSequences
@@ -299,7 +308,7 @@ class Batcher(Streams):
         from engine.runtime.sampling import make_sampling
 
         job.sampler, job.processors = make_sampling(job.sampling, job.tokenizer)
-        cache, job.cached = self.prefix.fetch(job.prompt)
+        cache, job.cached = self.prefix.fetch(job.key)
         adm = self.admission
         if adm is not None and not adm.check(
                 adm.need(len(job.prompt), job.cached, job.sampling.max_tokens),
@@ -308,9 +317,15 @@ class Batcher(Streams):
             return
         if cache is None:
             cache = self.kv.make(self.model)
-        (uid,) = self._gen.insert([job.prompt[job.cached:]],
+        start = job.cached
+        if job.images is not None:  # its prompt runs here as embeddings, all but the last
+            got = self._embedded(job, cache)
+            if got is None:  # its client left mid-prefill
+                return
+            start = got
+        (uid,) = self._gen.insert([job.prompt[start:]],
                                   max_tokens=[job.sampling.max_tokens], caches=[cache],
-                                  all_tokens=[job.prompt[:job.cached]],
+                                  all_tokens=[job.prompt[:start]],
                                   samplers=[job.sampler], logits_processors=[job.processors],
                                   stop_sequences=[StopSequences(
                                       [(t,) for t in sorted(job.ends)] or None)])
@@ -320,6 +335,36 @@ class Batcher(Streams):
                 and self.drafting.wanted(job.sampling):
             self._batch.rows[uid] = Row(job, self.drafting.drafter())
         job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
+
+    def _embedded(self, job: Job, cache: list[Any]) -> int | None:
+        """Prefill an image request's prompt but its last token from its input embeddings
+        (image features in), in chunks, on this thread: mlx-lm's BatchGenerator takes
+        token ids only. Those in flight wait meanwhile. Returns the tokens now in `cache`,
+        or None where its client left (what was done is kept for a retry)."""
+        import mlx.core as mx
+
+        done, end = job.cached, len(job.prompt) - 1
+        embedded = job.images.embeddings(done)
+        while done < end:
+            if job.cancel is not None and job.cancel.is_set():
+                if done > job.cached:
+                    self.prefix.partial(job.key[:done], cache)
+                return None
+            n = min(self.chunker.size(alone=not self._jobs), end - done)
+            tic = time.perf_counter()
+            ids = mx.array([job.prompt[done:done + n]])
+            if embedded is not None:
+                at = done - job.cached
+                self.model(ids, cache=cache, input_embeddings=embedded[None, at:at + n])
+            else:
+                self.model(ids, cache=cache)
+            mx.eval([c.state for c in cache])
+            self.chunker.took(n, time.perf_counter() - tic)
+            done += n
+            job.out.put(Prefilled(job.cached, done))
+        if self._recurrent and done == end:  # the chat's next turn starts here
+            self.prefix.snapshot(job.key, cache)
+        return done
 
     def _admit_held(self) -> None:
         """Start the waiting requests that fit now, in order (a 503 for one that can't
@@ -343,7 +388,7 @@ class Batcher(Streams):
         job = self._jobs.get(uid)
         if job is not None:
             cache, _ = self._gen.extract_cache([uid])[uid]
-            self.prefix.snapshot(job.prompt, cache)
+            self.prefix.snapshot(job.key, cache)
 
     def _keep(self, tokens: Any, cache: Any) -> None:
         """A finished request's KV goes into the prefix cache (keyed as mlx-lm keys it)."""

@@ -93,14 +93,19 @@ def drafted_generate(drafting: Drafting, model: Any, tokenizer: Any, prompt: lis
                      sampling: Sampling, cancel: threading.Event | None = None,
                      prefix: Any = None, progress: ProgressFn | None = None,
                      fallback: Callable[..., Iterator[Record]] | None = None,
-                     kv: Any = None) -> Iterator[Record]:
+                     kv: Any = None, images: Any = None) -> Iterator[Record]:
     """engine.runtime.generate.generate with drafts where this request can have them
-    (`kv`, an engine.runtime.quant_kv.KV, makes a fresh cache)."""
+    (`kv`, an engine.runtime.quant_kv.KV, makes a fresh cache; a request with `images`
+    has none: its prompt runs as embeddings)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from engine.runtime.generate import generate
 
     plain = fallback or generate
+    if images is not None:
+        yield from generate(model, tokenizer, prompt, sampling, cancel, prefix=prefix,
+                            progress=progress, kv=kv, images=images)
+        return
     if not drafting.wanted(sampling) or len(prompt) < 1:
         yield from plain(model, tokenizer, prompt, sampling, cancel, prefix=prefix,
                          progress=progress, kv=kv)

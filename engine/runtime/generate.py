@@ -65,12 +65,15 @@ class _Cancelled(Exception):
 
 def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
              cancel: threading.Event | None = None, prefix: Any = None,
-             progress: ProgressFn | None = None, kv: Any = None) -> Iterator[Record]:
+             progress: ProgressFn | None = None, kv: Any = None,
+             images: Any = None) -> Iterator[Record]:
     """Stream records for `prompt`. Setting `cancel` ends the stream at the next token, or
     at the next prefill chunk, with finish_reason "cancelled". With a `prefix`
     (engine.runtime.prefix.PrefixCache) the prompt starts from the longest cached prefix,
     and its KV is kept afterwards. `progress` hears how far the prefill is; `kv`
-    (engine.runtime.quant_kv.KV) makes a fresh cache (quantized, say)."""
+    (engine.runtime.quant_kv.KV) makes a fresh cache (quantized, say). With `images`
+    (engine.runtime.vision.images.ImagePrompt) the prompt runs as input embeddings with
+    the image features in, and the prefix cache keys it by images.keys."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step, generation_stream, wired_limit
     from mlx_lm.models.cache import make_prompt_cache
@@ -80,10 +83,12 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
 
     sampler, processors = make_sampling(sampling, tokenizer)
     shown, ends = Shown(tokenizer, sampling), stop_tokens(sampling, tokenizer)
-    cache, cached = prefix.fetch(prompt) if prefix is not None else (None, 0)
+    key = images.keys if images is not None else prompt  # what the prefix cache sees
+    cache, cached = prefix.fetch(key) if prefix is not None else (None, 0)
     if cache is None:
         cache = kv.make(model) if kv is not None else make_prompt_cache(model)
-    fed = list(prompt)  # every token the cache holds: mlx-lm feeds each one it yields
+    embedded = images.embeddings(cached) if images is not None else None
+    fed = list(key)  # every token the cache holds: mlx-lm feeds each one it yields
     tell = progress or (lambda cached, done, total: None)
     tell(cached, cached, len(prompt))
     held = [cached]  # the prompt tokens the cache holds: every chunk done is in
@@ -91,7 +96,7 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
     def prefilled(done: int, total: int) -> None:
         held[0] = cached + done
         if prefix is not None and cached + done == len(prompt) - 1:  # all but its last
-            prefix.mark(prompt, cache)
+            prefix.mark(key, cache)
         tell(cached, cached + done, len(prompt))
         if cancel is not None and cancel.is_set() and done < total:
             raise _Cancelled
@@ -103,7 +108,9 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
             for n, (y, logprobs) in enumerate(generate_step(
                     mx.array(prompt[cached:]), model, max_tokens=sampling.max_tokens,
                     sampler=sampler, logits_processors=processors, prompt_cache=cache,
-                    prompt_progress_callback=prefilled), start=1):
+                    prompt_progress_callback=prefilled,
+                    **({} if embedded is None else {"input_embeddings": embedded})),
+                    start=1):
                 token, now = int(y), time.perf_counter()  # mlx-lm yields ints
                 if n == 1:  # the first token's time is the prefill's (as mlx-lm counts it)
                     first, prompt_tps = now, (len(prompt) - cached) / (now - tic)
@@ -125,7 +132,7 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
     except _Cancelled:  # left during the prefill: nothing was generated, but the chunks
         fed = []         # done are kept, so a retry of the prompt starts where this stopped
         if prefix is not None and held[0] > cached and cache_holds(cache, held[0]):
-            prefix.partial(prompt[:held[0]], cache)
+            prefix.partial(key[:held[0]], cache)
         yield Record("", None, "cancelled", len(prompt), 0, 0.0, 0.0, 0.0,
                      cached_tokens=cached)
     finally:

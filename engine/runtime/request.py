@@ -129,10 +129,16 @@ def _encode(tokenizer: Any, text: str, ctx_len: int | None, **kw: Any) -> list[i
     return list(tokenizer.encode(text, **kw))
 
 
-def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
-            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, Constraint | None]:
-    """(prompt tokens, prompt text, splitter, constraint) for a request. Given the context
-    length, a prompt that certainly exceeds it is refused before it is tokenized whole."""
+Prepared = tuple[list[int], str, OutputSplitter | HarmonySplitter, Constraint | None, Any]
+
+
+def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None,
+            vision: Any = None) -> Prepared:
+    """(prompt tokens, prompt text, splitter, constraint, images) for a request. Given the
+    context length, a prompt that certainly exceeds it is refused before it is tokenized
+    whole. A request with images needs `vision` (engine.runtime.vision.tower.Vision): the
+    turns' parts go to the template as content lists, each image expanded to its tokens
+    (images: the vision.images.ImagePrompt, else None)."""
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     harmony = hasattr(tokenizer, "get_vocab") and is_harmony(tokenizer)
     native = bool(tools) and (harmony or bool(getattr(tokenizer, "has_tool_calling", False)))
@@ -146,10 +152,22 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
         text = req.prompt if isinstance(req.prompt, str) else tokenizer.decode(prompt)
         if req.suffix is not None:
             prompt = _fill_in_the_middle(tokenizer, prompt, req.suffix)
-        return prompt, text, OutputSplitter(), None
+        return prompt, text, OutputSplitter(), None, None
     msgs = _messages(req, generic=bool(tools) and not native)
+    images = None
     kwargs: dict[str, Any] = {**template_kwargs(req), **({"tools": tools} if native else {})}
-    if getattr(tokenizer, "has_chat_template", False):
+    if req.images:
+        from engine.runtime.vision.images import content_lists
+        from engine.runtime.vision.tower import image_order
+
+        if vision is None or not getattr(tokenizer, "has_chat_template", False):
+            raise BadRequest("This model doesn't take images; send them to a vision model "
+                             "(its capabilities list 'vision').", param="messages")
+        turns, _ = content_lists(msgs, len(req.images))
+        text = render(tokenizer, turns, req, kwargs)  # type: ignore[arg-type]
+        images = vision.prompt(text, image_order(req))
+        prompt = images.ids
+    elif getattr(tokenizer, "has_chat_template", False):
         text = render(tokenizer, msgs, req, kwargs)
         prompt = _encode(tokenizer, text, ctx_len, add_special_tokens=bool(req.add_special))
     else:
@@ -177,7 +195,7 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None
         tool_first=forced)
     if harmony and not forced:  # gpt-oss: channels, not markers mlx-lm knows
         splitter = HarmonySplitter()
-    return prompt, text, splitter, constraint
+    return prompt, text, splitter, constraint, images
 
 
 FIM_TOKENS = [("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
@@ -199,11 +217,10 @@ def _fill_in_the_middle(tokenizer: Any, prefix: list[int], suffix: str) -> list[
 LIST_MAX_TOKENS = 131_072  # a listing's ids and pieces must fit one pipe line (16 MiB)
 
 
-def _listed(tokenizer: Any, req: GenerateRequest
-            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, Constraint | None]:
+def _listed(tokenizer: Any, req: GenerateRequest, vision: Any = None) -> Prepared:
     """_prompt() for /tokenize and the like: any length up to LIST_MAX_TOKENS."""
     try:
-        found = _prompt(tokenizer, req, LIST_MAX_TOKENS)
+        found = _prompt(tokenizer, req, LIST_MAX_TOKENS, vision)
     except ContextTooLong:
         found = None
     if found is None or len(found[0]) > LIST_MAX_TOKENS:
@@ -212,21 +229,24 @@ def _listed(tokenizer: Any, req: GenerateRequest
     return found
 
 
-def _prompt(tokenizer: Any, req: GenerateRequest, ctx_len: int | None
-            ) -> tuple[list[int], str, OutputSplitter | HarmonySplitter, Constraint | None]:
+def _prompt(tokenizer: Any, req: GenerateRequest, ctx_len: int | None,
+            vision: Any = None) -> Prepared:
     """prepare(), then the prompt's last truncate_prompt_tokens tokens where it asks for
     fewer (the prompt's text then is theirs)."""
     k = req.sampling.truncate_prompt_tokens
     if k is None:
-        return prepare(tokenizer, req, ctx_len)
+        return prepare(tokenizer, req, ctx_len, vision)
     if req.suffix is not None:  # cutting it would cut the fill-in-the-middle markers
         raise BadRequest("'truncate_prompt_tokens' can't be combined with 'suffix'.",
                          param="truncate_prompt_tokens")
-    prompt, text, splitter, constraint = prepare(tokenizer, req, None)  # may run past ctx
+    if req.images:  # cutting it could cut an image's tokens in two
+        raise BadRequest("'truncate_prompt_tokens' can't be combined with images.",
+                         param="truncate_prompt_tokens")
+    prompt, text, splitter, constraint, _ = prepare(tokenizer, req, None)  # may pass ctx
     if len(prompt) > k:
         prompt = prompt[-k:]
         text = str(tokenizer.decode(prompt))
-    return prompt, text, splitter, constraint
+    return prompt, text, splitter, constraint, None
 
 
 PROGRESS_EVERY_S = 0.5  # prefill progress reaches the node at most this often
@@ -249,10 +269,13 @@ def _progress_emitter(rid: str, emit: Callable[[Message], None]
 
 def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int,
         gen: Callable[..., Iterator[Any]], cancel: threading.Event,
-        emit: Callable[[Message], None], limit: int | None = None) -> None:
+        emit: Callable[[Message], None], limit: int | None = None,
+        vision: Any = None) -> None:
     """Serve one request, emitting Accepted, Delta/ToolCall…, Done (or raising ShoalError).
     `limit`: one past the largest token id the model takes (engine/runtime/bounds.py);
-    every id the request carries is checked against it before anything indexes with it."""
+    every id the request carries is checked against it before anything indexes with it.
+    `vision` (engine.runtime.vision.tower.Vision) takes the request's images, if any:
+    `gen` then gets them as `images` (their tokens count in the prompt and the context)."""
     from engine.runtime.bounds import check_prompt, check_request, token_limit
 
     s = req.sampling
@@ -261,10 +284,13 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     check_request(req, limit, ctx_len)
     if s.prompt_logprobs is not None:
         refuse_split(model)
+        if req.images:
+            raise BadRequest("'prompt_logprobs' can't be combined with images yet.",
+                             param="prompt_logprobs")
     # /tokenize and the like list a prompt's tokens whatever its length, as vLLM's do
     listing = req.count_only and req.show_prompt
-    prompt, text, splitter, constraint = _listed(tokenizer, req) if listing else \
-        _prompt(tokenizer, req, ctx_len)
+    prompt, text, splitter, constraint, images = _listed(tokenizer, req, vision) \
+        if listing else _prompt(tokenizer, req, ctx_len, vision)
     check_prompt(prompt, limit, req)
     if not listing and (len(prompt) > ctx_len or (len(prompt) == ctx_len
                                                    and s.max_tokens != 0)):
@@ -292,7 +318,8 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
     sampling = Sampling.of(s, min(s.max_tokens or ctx_len, ctx_len - len(prompt)), grammar)
     lps: list[TokenLogprob] = []
     records = gen(model, tokenizer, prompt, sampling, cancel,
-                  progress=_progress_emitter(rid, emit))
+                  progress=_progress_emitter(rid, emit),
+                  **({"images": images} if images is not None else {}))
     try:
         for r in records:
             if r.logprob is not None and r.token is not None:

@@ -112,13 +112,24 @@ def fold_turns(msgs: list[TemplateMessage]) -> list[TemplateMessage]:
             continue
         m = m.copy()
         if carry and m["role"] == "user":
-            m["content"], carry = carry + str(m.get("content") or ""), ""
+            m["content"], carry = _join(carry, m.get("content"), ""), ""
         prev = out[-1] if out else None
         if prev and prev["role"] == m["role"] and m["role"] in ("user", "assistant") \
                 and not prev.get("tool_calls") and not m.get("tool_calls"):
-            prev["content"] = f"{prev.get('content') or ''}\n\n{m.get('content') or ''}"
+            prev["content"] = _join(prev.get("content"), m.get("content"))
             continue
         out.append(m)
     if carry:
         out.append({"role": "user", "content": carry.strip()})
     return out
+
+
+def _join(a: Any, b: Any, sep: str = "\n\n") -> Any:
+    """Two turns' contents as one: text, or (a vision model's turn) a list of parts."""
+    if isinstance(a, list) or isinstance(b, list):
+        def parts(c: Any) -> list[Any]:
+            return list(c) if isinstance(c, list) else \
+                ([{"type": "text", "text": str(c)}] if c else [])
+        return [*parts(a), *([{"type": "text", "text": sep}] if sep and a and b else []),
+                *parts(b)]
+    return f"{a or ''}{sep}{b or ''}"

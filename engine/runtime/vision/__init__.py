@@ -1,0 +1,48 @@
+"""Vision models: mlx-lm's language model with mlx-vlm's vision tower and projector in
+front (what exo does). A request with images is rendered with its turns' parts as content
+lists, each image expanded to the model's image tokens (images.py), and its prompt runs as
+input embeddings with the image features at those tokens; text requests are the text
+engine's, batching, prefix cache and drafts included. On one node only: a group serves
+the model's text and refuses images (engine/runtime/group)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar
+
+from engine.protocol import GenerateRequest
+from engine.runtime.engine import Emit
+from engine.runtime.text_engine import TextEngine
+
+
+class VisionEngine(TextEngine):
+    """A text engine that also takes images (`vision`: engine.runtime.vision.tower.Vision)."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset({"generate", "vision"})
+
+    def __init__(self, text: TextEngine, vision: Any):
+        self.__dict__.update(text.__dict__)
+        self.vision = vision
+
+    def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
+                 emit: Emit) -> None:
+        from engine.runtime.request import run
+
+        self.on_request(rid, True)
+        try:
+            run(rid, request, self.model, self.tokenizer, self.context_length, self.gen,
+                cancel, emit, self.limit, vision=self.vision)
+        finally:
+            self.on_request(rid, False)
+
+
+def load_engine(model_dir: str, args: Any, emit: Emit) -> VisionEngine:
+    """The text engine for the checkpoint's language model, with its vision tower and
+    projector loaded beside it. Raises ShoalError where mlx-vlm can't load them."""
+    from pathlib import Path
+
+    from engine.runtime.text_engine import load_text_engine
+    from engine.runtime.vision.tower import Vision
+
+    text = load_text_engine(model_dir, args, emit)
+    return VisionEngine(text, Vision(Path(model_dir), text.model))

@@ -1,0 +1,94 @@
+"""The vision side of a vision checkpoint: mlx-vlm's vision tower and projector (its own
+model code, sanitize and quantization), beside mlx-lm's language model, whose token
+embeddings the image features are merged into by mlx-vlm's own get_input_embeddings."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from engine.errors import BadRequest, UnsupportedModel
+from engine.protocol import GenerateRequest, ImageInput
+from engine.runtime.vision.images import ImagePrompt, decode, key_ids
+
+log = logging.getLogger(__name__)
+
+# tokens that belong to an image's span besides the image token (Pixtral's row breaks)
+SPAN_TOKENS = ("[IMG_BREAK]",)
+
+
+class _Tokens:
+    """Stands in for mlx-vlm's language model where get_input_embeddings reads the token
+    embeddings: mlx-lm's (the one loaded model's)."""
+
+    def __init__(self, embed_tokens: Any):
+        self.model = self
+        self.embed_tokens = embed_tokens
+
+
+def embed_tokens(lm: Any) -> Any:
+    inner = getattr(lm, "language_model", lm)
+    return inner.model.embed_tokens
+
+
+class Vision:
+    """Loaded beside the language model `lm` (mlx-lm's): the tower and projector weights
+    only are read; mlx-vlm's copy of the language model is never materialised."""
+
+    def __init__(self, folder: Path, lm: Any):
+        import mlx.core as mx
+        from mlx_vlm.utils import load_image_processor, load_model, load_processor
+
+        try:
+            vlm = load_model(Path(folder), lazy=True)
+            processor = load_processor(folder, add_detokenizer=False)
+        except (ValueError, KeyError, TypeError, OSError, ImportError) as e:
+            raise UnsupportedModel(f"mlx-vlm can't load this model's vision tower: "
+                                   f"{str(e)[:200]}") from e
+        image_processor = load_image_processor(folder)
+        if image_processor is not None:
+            processor.image_processor = image_processor
+        # the lazy language model goes unread: get_input_embeddings uses mlx-lm's tokens
+        vlm.language_model = _Tokens(embed_tokens(lm))
+        mx.eval([vlm.vision_tower.parameters(), vlm.multi_modal_projector.parameters()])
+        self.model, self.processor, self.config = vlm, processor, vlm.config
+        self.image_token = int(getattr(self.config, "image_token_index", None)
+                               or self.config.image_token_id)
+        tok = getattr(processor, "tokenizer", processor)
+        vocab = tok.get_vocab()
+        self.span_ids = frozenset({self.image_token} | {vocab[t] for t in SPAN_TOKENS
+                                                        if t in vocab})
+
+    def prompt(self, text: str, images: list[ImageInput]) -> ImagePrompt:
+        """The prompt for a rendered chat template's `text` holding `images` in order."""
+        from mlx_vlm.utils import prepare_inputs
+
+        pictures = [decode(im) for im in images]
+        try:
+            inputs = prepare_inputs(self.processor, images=pictures, prompts=text,
+                                    image_token_index=self.image_token,
+                                    add_special_tokens=False)
+        except (ValueError, TypeError, IndexError) as e:  # e.g. placeholders != images
+            raise BadRequest(f"The images couldn't be placed in the prompt: {str(e)[:160]}",
+                             param="messages") from None
+        ids = [int(t) for t in inputs.pop("input_ids")[0].tolist()]
+        inputs = {k: v for k, v in inputs.items() if v is not None}
+        return ImagePrompt(ids, key_ids(ids, self.span_ids, images), inputs, self)
+
+    def embeddings(self, ids: list[int], inputs: dict[str, Any]) -> Any:
+        """Input embeddings of the whole prompt: image features at the image tokens."""
+        import mlx.core as mx
+
+        rest = dict(inputs)
+        pixels, mask = rest.pop("pixel_values", None), rest.pop("attention_mask", None)
+        out = self.model.get_input_embeddings(mx.array([ids]), pixels, mask=mask, **rest)
+        return out.inputs_embeds[0]
+
+
+def image_order(req: GenerateRequest) -> list[ImageInput]:
+    """The request's images in the order its turns' parts place them."""
+    from engine.runtime.vision.images import content_lists
+
+    _, order = content_lists(list(req.messages or []), len(req.images or []))
+    return [(req.images or [])[i] for i in order]

@@ -1,0 +1,195 @@
+"""Vision models in the runtime: mlx-lm's language model with mlx-vlm's vision tower in
+front answers an image request token for token as in-process mlx-vlm does greedily on the
+same weights; the prefix cache keys an image by its hash; an image request batched with a
+text request both come out right; bad images are a 400."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.errors import BadRequest, ContextTooLong
+from engine.protocol import Delta, Done, GenerateRequest, SamplingRequest
+from tiny_vision import image_input, make_tiny_gemma3, png
+
+ASK = "What is in this picture?"
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_gemma3(tmp_path_factory.mktemp("vision") / "gemma3")
+
+
+@pytest.fixture(scope="module")
+def loaded(gemma3: Path) -> tuple[Any, Any, Any]:
+    from engine.runtime.load import load_model
+    from engine.runtime.vision.tower import Vision
+
+    model, tokenizer, _ = load_model(gemma3)
+    return model, tokenizer, Vision(gemma3, model)
+
+
+def request(images: list[bytes], text: str = ASK, max_tokens: int = 8,
+            **kw: Any) -> GenerateRequest:
+    parts: list[Any] = [{"type": "text", "text": text}]
+    parts += [{"type": "image", "image": i} for i in range(len(images))]
+    msg = {"role": "user", "content": text, "parts": parts}
+    return GenerateRequest(messages=[msg], images=[image_input(b) for b in images],
+                           sampling=SamplingRequest(max_tokens=max_tokens, temperature=0.0),
+                           **kw)
+
+
+def shoal_tokens(loaded: tuple[Any, Any, Any], req: GenerateRequest,
+                 prefix: Any = None) -> tuple[list[int], Any, list[Any]]:
+    from engine.runtime.generate import generate
+    from engine.runtime.request import prepare
+    from engine.runtime.sampling import Sampling
+
+    model, tokenizer, vision = loaded
+    ids, text, _, _, images = prepare(tokenizer, req, 4096, vision)
+    sampling = Sampling.of(req.sampling, req.sampling.max_tokens or 8, None)
+    recs = list(generate(model, tokenizer, ids, sampling, prefix=prefix, images=images))
+    return [r.token for r in recs], (ids, text, images), recs
+
+
+def mlx_vlm_tokens(folder: Path, text: str, images: list[bytes], max_tokens: int,
+                   tmp: Path) -> tuple[list[int], list[int]]:
+    from mlx_vlm import load
+    from mlx_vlm.generate import generate
+    from mlx_vlm.utils import prepare_inputs
+
+    model, processor = load(str(folder))
+    paths = []
+    for i, data in enumerate(images):
+        (tmp / f"{i}.png").write_bytes(data)
+        paths.append(str(tmp / f"{i}.png"))
+    from PIL import Image
+    ids = prepare_inputs(processor, images=[Image.open(p) for p in paths], prompts=text,
+                         image_token_index=model.config.image_token_index)["input_ids"]
+    out = generate(model, processor, text, image=paths, max_tokens=max_tokens,
+                   temperature=0.0, verbose=False)
+    return list(out.token_ids), [int(t) for t in ids[0].tolist()]
+
+
+def test_greedy_matches_mlx_vlm(gemma3: Path, loaded: Any, tmp_path: Path) -> None:
+    imgs = [png(40, 30, 1), png(64, 48, 2)]
+    req = request(imgs, max_tokens=10)
+    ours, (ids, text, images), recs = shoal_tokens(loaded, req)
+    theirs, their_ids = mlx_vlm_tokens(gemma3, text, imgs, 10, tmp_path)
+    assert ids == their_ids
+    assert images.image_tokens == 8  # 4 an image: counted in the prompt's tokens
+    assert recs[-1].prompt_tokens == len(ids)
+    assert ours == theirs
+
+
+def test_cache_keys_follow_the_image(loaded: Any) -> None:
+    from engine.runtime.prefix import PrefixCache
+
+    prefix = PrefixCache(10_000)
+    first, _, _ = shoal_tokens(loaded, request([png(40, 30, 1)]), prefix)
+    again, _, recs = shoal_tokens(loaded, request([png(40, 30, 1)]), prefix)
+    assert again == first and recs[-1].cached_tokens == recs[-1].prompt_tokens - 1
+    other, (ids, _, images), recs = shoal_tokens(loaded, request([png(40, 30, 3)]), prefix)
+    # the other image's tokens are keyed apart: the hit stops at its first image token
+    assert recs[-1].cached_tokens < images.keys.index(min(images.keys))
+    assert other != first
+    fresh, _, _ = shoal_tokens(loaded, request([png(40, 30, 3)]))
+    assert other == fresh  # a partial hit answers as a cold prompt does
+
+
+def test_batched_with_text(gemma3: Path, loaded: Any) -> None:
+    from engine.runtime.batching import Batcher
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.request import run
+
+    model, tokenizer, vision = loaded
+    img_req = request([png(40, 30, 1)], max_tokens=12)
+    txt_req = GenerateRequest(messages=[{"role": "user", "content": "Say something long."}],
+                              sampling=SamplingRequest(max_tokens=12, temperature=0.0))
+    alone = {}
+    for name, req in (("image", img_req), ("text", txt_req)):
+        alone[name] = answer(run, req, model, tokenizer, vision, None)
+    batcher = Batcher(model, tokenizer, PrefixCache(10_000), 4)
+    got: dict[str, str] = {}
+    threads = [threading.Thread(target=lambda n=n, r=r: got.__setitem__(
+        n, answer(run, r, model, tokenizer, vision, batcher)))
+        for n, r in (("text", txt_req), ("image", img_req))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == alone
+
+
+def answer(run: Any, req: GenerateRequest, model: Any, tokenizer: Any, vision: Any,
+           gen: Any) -> str:
+    from functools import partial
+
+    from engine.runtime.generate import generate
+    from engine.runtime.prefix import PrefixCache
+
+    out: list[Any] = []
+    run("r", req, model, tokenizer, 4096, gen or partial(generate, prefix=PrefixCache(0)),
+        threading.Event(), out.append, vision=vision)
+    assert isinstance(out[-1], Done)
+    return "".join(m.text for m in out if isinstance(m, Delta))
+
+
+def test_image_tokens_count_in_the_context(loaded: Any) -> None:
+    from engine.runtime.request import run
+
+    model, tokenizer, vision = loaded
+    req = request([png(40, 30, 1)] * 3)
+    counted: list[Any] = []
+    run("r", GenerateRequest(**{**req.__dict__, "count_only": True}), model, tokenizer,
+        4096, None, threading.Event(), counted.append, vision=vision)  # type: ignore[arg-type]
+    n = counted[0].prompt_tokens
+    with pytest.raises(ContextTooLong):
+        run("r", req, model, tokenizer, n - 1, None, threading.Event(), lambda m: None,
+            vision=vision)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("data", [
+    b"not an image at all",
+    png(40, 30)[:60],  # truncated
+    None,  # a JPEG where a PNG is promised
+])
+def test_bad_images_are_a_400(loaded: Any, data: bytes | None) -> None:
+    import io
+
+    from PIL import Image
+
+    from engine.runtime.request import prepare
+
+    model, tokenizer, vision = loaded
+    req = request([png(40, 30)])
+    if data is None:
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(buf, format="JPEG")
+        data = buf.getvalue()
+    bad = {**req.images[0], "data": base64.b64encode(data).decode()}  # type: ignore[index]
+    with pytest.raises(BadRequest):
+        prepare(tokenizer, GenerateRequest(**{**req.__dict__, "images": [bad]}), 4096, vision)
+
+
+def test_parts_that_point_past_the_images_are_a_400(loaded: Any) -> None:
+    from engine.runtime.request import prepare
+
+    _, tokenizer, vision = loaded
+    req = request([png(40, 30)])
+    msg = {**req.messages[0], "parts": [{"type": "image", "image": 5}]}  # type: ignore[index]
+    with pytest.raises(BadRequest, match="image 5"):
+        prepare(tokenizer, GenerateRequest(**{**req.__dict__, "messages": [msg]}), 4096,
+                vision)
+
+
+def test_a_text_model_refuses_images(loaded: Any) -> None:
+    from engine.runtime.request import prepare
+
+    _, tokenizer, _ = loaded
+    with pytest.raises(BadRequest, match="doesn't take images"):
+        prepare(tokenizer, request([png(40, 30)]), 4096, None)

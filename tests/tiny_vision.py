@@ -1,0 +1,156 @@
+"""Tiny random-weight vision checkpoints from real published configs: each family's vision
+config kept, sizes shrunk so an image is a few tokens; written the way mlx-community ships
+them (mlx-vlm's own tensor names, safetensors), with a byte-level tokenizer that has the
+family's image tokens, a chat template that takes content lists, and the image
+processor's preprocessor_config.json. Both mlx-vlm's load() and Shoal's loader read them."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+REFERENCE = Path("/work/shared/reference/model-configs")
+LOCAL = Path(__file__).resolve().parent / "fixtures" / "model-configs"
+
+GEMMA3_SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>",
+                   "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] | trim }}{% else %}"
+    "{% for p in m['content'] %}{% if p['type'] == 'image' %}<start_of_image>"
+    "{% elif p['type'] == 'text' %}{{ p['text'] | trim }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+    "{% endif %}")
+IMAGE_SIZE, PATCH = 56, 14  # 4 x 4 patches, pooled to 2 x 2 = 4 image tokens
+
+
+def published(name: str) -> dict[str, Any]:
+    for folder in (LOCAL, REFERENCE):
+        p = folder / f"{name}.json"
+        if p.exists():
+            return json.loads(p.read_text())
+    raise FileNotFoundError(name)
+
+
+def write_tokenizer(folder: Path, specials: list[str], template: str,
+                    extra: dict[str, Any]) -> dict[str, int]:
+    """Specials first (so <pad> is id 0, as Gemma's is), then one token per byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    vocab = {s: i for i, s in enumerate(specials)}
+    for ch in sorted(ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
+        "model_max_length": 4096, "clean_up_tokenization_spaces": False, **extra}))
+    return vocab
+
+
+def gemma3_config(vocab: dict[str, int]) -> dict[str, Any]:
+    c = copy.deepcopy(published("google__gemma-3-27b-it"))
+    t, v = c["text_config"], c["vision_config"]
+    t.update(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, num_hidden_layers=6, sliding_window=8,
+             query_pre_attn_scalar=16, vocab_size=len(vocab))
+    v.update(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+             num_hidden_layers=2, image_size=IMAGE_SIZE, patch_size=PATCH)
+    c.update(mm_tokens_per_image=4, vocab_size=len(vocab), pad_token_id=0,
+             image_token_index=vocab["<image_soft_token>"],
+             boi_token_index=vocab["<start_of_image>"],
+             eoi_token_index=vocab["<end_of_image>"],
+             eos_token_id=[vocab["<eos>"], vocab["<end_of_turn>"]])
+    t["mm_tokens_per_image"] = 4
+    return c
+
+
+def make_tiny_gemma3(folder: Path, seed: int = 0) -> Path:
+    """A Gemma 3 vision checkpoint: SigLIP tower, the pooling projector, 4 tokens an image."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(folder, GEMMA3_SPECIALS, GEMMA3_TEMPLATE, {
+        "bos_token": "<bos>", "eos_token": "<end_of_turn>", "pad_token": "<pad>",
+        "extra_special_tokens": {"image_token": "<image_soft_token>",
+                                 "boi_token": "<start_of_image>",
+                                 "eoi_token": "<end_of_image>"}})
+    config = gemma3_config(vocab)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+        "do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None,
+        "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5], "image_seq_length": 4, "resample": 2,
+        "rescale_factor": 1 / 255, "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}}))
+    (folder / "processor_config.json").write_text(json.dumps({
+        "image_seq_length": 4, "processor_class": "Gemma3Processor"}))
+    ends = config["eos_token_id"]
+    _write_weights(folder, config, seed, lambda w: _zero_rows(
+        w, "language_model.model.embed_tokens.weight", ends))
+    return folder
+
+
+def _zero_rows(weights: dict[str, Any], name: str, rows: list[int]) -> None:
+    """End-of-turn logits exactly 0 (tied embeddings): greedy answers run their length."""
+    import mlx.core as mx
+
+    w = weights[name]
+    keep = mx.ones((w.shape[0],))
+    for r in rows:
+        keep = keep * (mx.arange(w.shape[0]) != r)
+    weights[name] = w * keep[:, None].astype(w.dtype)
+
+
+def _write_weights(folder: Path, config: dict[str, Any], seed: int, fix: Any) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    arch, _ = get_model_and_args(config)
+    cfg = copy.deepcopy(config)
+    mc = arch.ModelConfig.from_dict(cfg)
+    mc = update_module_configs(mc, arch, cfg, ["text", "vision", "projector"])
+    mx.random.seed(seed)
+    model = arch.Model(mc)
+    weights = dict(tree_flatten(model.parameters()))
+    # mlx-vlm's ones-initialised projector would make every image look alike
+    for k, w in weights.items():
+        if "multi_modal_projector" in k or "norm" in k:
+            weights[k] = w + 0.1 * mx.random.normal(w.shape).astype(w.dtype)
+    if not config.get("text_config", {}).get("lm_head"):  # tied, as Gemma 3 ships
+        weights.pop("language_model.lm_head.weight", None)
+    fix(weights)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def png(width: int, height: int, seed: int = 0) -> bytes:
+    """A random RGB PNG."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def image_input(data: bytes) -> dict[str, Any]:
+    """protocol.ImageInput for a PNG, as the API hands it on."""
+    import numpy as np
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(data)).convert("RGB")
+    digest = hashlib.sha256(f"{im.width}x{im.height}".encode() +
+                            np.asarray(im).tobytes()).hexdigest()
+    return {"data": base64.b64encode(data).decode(), "sha256": digest,
+            "width": im.width, "height": im.height}
