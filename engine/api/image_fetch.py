@@ -142,5 +142,7 @@ async def _follow(s: aiohttp.ClientSession, url: URL, param: str,
 
 
 def _too_big(param: str, policy: Policy) -> BadRequest:
-    return BadRequest(f"'{param}': the image is over {policy.max_bytes / 2**20:g} MiB.",
+    n = policy.max_bytes
+    size = f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n} bytes"
+    return BadRequest(f"'{param}': the image is over {size}.",
                       param=param)

@@ -158,7 +158,7 @@ def decode(raw: bytes, declared: str | None, param: str) -> wire.ImageInput:
                              param=param) from None
     w, h = rgb.size
     pixels = rgb.tobytes()
-    digest = hashlib.sha256(f"{w}x{h}:".encode() + pixels).hexdigest()
+    digest = hashlib.sha256(f"{w}x{h}".encode() + pixels).hexdigest()
     buf = io.BytesIO()
     rgb.save(buf, format="PNG", compress_level=1)  # a local pipe: speed over size
     return {"data": base64.b64encode(buf.getvalue()).decode("ascii"), "sha256": digest,
