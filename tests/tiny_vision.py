@@ -58,24 +58,37 @@ def write_tokenizer(folder: Path, specials: list[str], template: str,
     return vocab
 
 
-def gemma3_config(vocab: dict[str, int]) -> dict[str, Any]:
+TINY = {"text": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, num_hidden_layers=6,
+                     sliding_window=8, query_pre_attn_scalar=16),
+        "vision": dict(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                       num_hidden_layers=2, image_size=IMAGE_SIZE, patch_size=PATCH),
+        "image_tokens": 4}
+# a bigger shrink for benchmarks: 256 patches an image pooled to 64 tokens
+SMALL = {"text": dict(hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=64, num_hidden_layers=6,
+                      sliding_window=512, query_pre_attn_scalar=64),
+         "vision": dict(hidden_size=384, intermediate_size=1536, num_attention_heads=6,
+                        num_hidden_layers=6, image_size=224, patch_size=14),
+         "image_tokens": 64}
+
+
+def gemma3_config(vocab: dict[str, int], sizes: dict[str, Any] = TINY) -> dict[str, Any]:
     c = copy.deepcopy(published("google__gemma-3-27b-it"))
     t, v = c["text_config"], c["vision_config"]
-    t.update(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, num_hidden_layers=6, sliding_window=8,
-             query_pre_attn_scalar=16, vocab_size=len(vocab))
-    v.update(hidden_size=32, intermediate_size=64, num_attention_heads=2,
-             num_hidden_layers=2, image_size=IMAGE_SIZE, patch_size=PATCH)
-    c.update(mm_tokens_per_image=4, vocab_size=len(vocab), pad_token_id=0,
+    t.update(**sizes["text"], vocab_size=len(vocab))
+    v.update(**sizes["vision"])
+    n = sizes["image_tokens"]
+    c.update(mm_tokens_per_image=n, vocab_size=len(vocab), pad_token_id=0,
              image_token_index=vocab["<image_soft_token>"],
              boi_token_index=vocab["<start_of_image>"],
              eoi_token_index=vocab["<end_of_image>"],
              eos_token_id=[vocab["<eos>"], vocab["<end_of_turn>"]])
-    t["mm_tokens_per_image"] = 4
+    t["mm_tokens_per_image"] = n
     return c
 
 
-def make_tiny_gemma3(folder: Path, seed: int = 0) -> Path:
+def make_tiny_gemma3(folder: Path, seed: int = 0, sizes: dict[str, Any] = TINY) -> Path:
     """A Gemma 3 vision checkpoint: SigLIP tower, the pooling projector, 4 tokens an image."""
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(folder, GEMMA3_SPECIALS, GEMMA3_TEMPLATE, {
@@ -83,15 +96,16 @@ def make_tiny_gemma3(folder: Path, seed: int = 0) -> Path:
         "extra_special_tokens": {"image_token": "<image_soft_token>",
                                  "boi_token": "<start_of_image>",
                                  "eoi_token": "<end_of_image>"}})
-    config = gemma3_config(vocab)
+    config = gemma3_config(vocab, sizes)
+    side, n = sizes["vision"]["image_size"], sizes["image_tokens"]
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
         "do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None,
         "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5], "image_seq_length": 4, "resample": 2,
-        "rescale_factor": 1 / 255, "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}}))
+        "image_std": [0.5, 0.5, 0.5], "image_seq_length": n, "resample": 2,
+        "rescale_factor": 1 / 255, "size": {"height": side, "width": side}}))
     (folder / "processor_config.json").write_text(json.dumps({
-        "image_seq_length": 4, "processor_class": "Gemma3Processor"}))
+        "image_seq_length": n, "processor_class": "Gemma3Processor"}))
     ends = config["eos_token_id"]
     _write_weights(folder, config, seed, lambda w: _zero_rows(
         w, "language_model.model.embed_tokens.weight", ends))
