@@ -139,7 +139,7 @@ def _write_weights(folder: Path, config: dict[str, Any], seed: int, fix: Any) ->
     for k, w in weights.items():
         if "multi_modal_projector" in k or "norm" in k:
             weights[k] = w + 0.1 * mx.random.normal(w.shape).astype(w.dtype)
-    if not config.get("text_config", {}).get("lm_head"):  # tied, as Gemma 3 ships
+    if config.get("model_type") == "gemma3":  # tied embeddings, as Gemma 3 ships
         weights.pop("language_model.lm_head.weight", None)
     fix(weights)
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
@@ -168,3 +168,46 @@ def image_input(data: bytes) -> dict[str, Any]:
                             np.asarray(im).tobytes()).hexdigest()
     return {"data": base64.b64encode(data).decode(), "sha256": digest,
             "width": im.width, "height": im.height}
+
+
+MISTRAL3_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]",
+                     "[IMG_END]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"]
+MISTRAL3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST]"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}[IMG]{% elif p['type'] == 'text' %}{{ p['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}[/INST]{% elif m['role'] == 'system' %}"
+    "[SYSTEM_PROMPT]{{ m['content'] }}[/SYSTEM_PROMPT]{% else %}{{ m['content'] }}"
+    "{{ eos_token }}{% endif %}{% endfor %}")
+
+
+def make_tiny_mistral3(folder: Path, seed: int = 0) -> Path:
+    """A Mistral Small 3.1 checkpoint: a Pixtral tower (2-D RoPE over the patches, any
+    aspect ratio), the patch merger, [IMG] per merged patch with [IMG_BREAK] per row."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(folder, MISTRAL3_SPECIALS, MISTRAL3_TEMPLATE, {
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    c = copy.deepcopy(published("mistralai__Mistral-Small-3.1-24B-Instruct-2503"))
+    c["text_config"].update(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                            vocab_size=len(vocab))
+    c["vision_config"].update(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                              head_dim=16, num_hidden_layers=2, image_size=IMAGE_SIZE,
+                              patch_size=PATCH)
+    c.update(image_token_index=vocab["[IMG]"], vocab_size=len(vocab),
+             eos_token_id=vocab["</s>"], bos_token_id=vocab["<s>"])
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "PixtralImageProcessor", "do_convert_rgb": True,
+        "do_normalize": True, "do_rescale": True, "do_resize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "patch_size": {"height": PATCH, "width": PATCH}, "resample": 3,
+        "rescale_factor": 1 / 255, "size": {"longest_edge": IMAGE_SIZE}}))
+    (folder / "processor_config.json").write_text(json.dumps({
+        "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]",
+        "image_token": "[IMG]", "patch_size": PATCH, "processor_class": "PixtralProcessor",
+        "spatial_merge_size": 2}))
+    eos = vocab["</s>"]
+    _write_weights(folder, c, seed, lambda w: _zero_rows(
+        w, "language_model.lm_head.weight", [eos]))
+    return folder

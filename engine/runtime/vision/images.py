@@ -19,6 +19,7 @@ from engine.errors import BadRequest
 from engine.protocol import ImageInput, TemplateMessage
 
 MAX_PIXELS = 50_000_000  # the API checks sizes first; this bounds a worker's decode too
+MAX_IMAGES = 16  # image parts in one request (engine/api/images.py takes as many)
 KEY_SPAN = (1 << 31) - 2  # negative key ids stay within int32 (the disk tier's index)
 
 
@@ -41,6 +42,9 @@ def content_lists(msgs: list[TemplateMessage], n_images: int
                     raise BadRequest(f"An image part points at image {i!r}, but the request "
                                      f"holds {n_images}.", param="messages")
                 order.append(i)
+                if len(order) > MAX_IMAGES:
+                    raise BadRequest(f"At most {MAX_IMAGES} images may be placed in one "
+                                     "request.", param="messages")
                 content.append({"type": "image"})
             else:
                 content.append({"type": "text", "text": str(p.get("text") or "")})

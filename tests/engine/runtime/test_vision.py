@@ -14,7 +14,7 @@ import pytest
 
 from engine.errors import BadRequest, ContextTooLong
 from engine.protocol import Delta, Done, GenerateRequest, SamplingRequest
-from tiny_vision import image_input, make_tiny_gemma3, png
+from tiny_vision import image_input, make_tiny_gemma3, make_tiny_mistral3, png
 
 ASK = "What is in this picture?"
 
@@ -83,6 +83,22 @@ def test_greedy_matches_mlx_vlm(gemma3: Path, loaded: Any, tmp_path: Path) -> No
     assert ids == their_ids
     assert images.image_tokens == 8  # 4 an image: counted in the prompt's tokens
     assert recs[-1].prompt_tokens == len(ids)
+    assert ours == theirs
+
+
+def test_mistral3_greedy_matches_mlx_vlm(tmp_path: Path) -> None:
+    """Pixtral's tower: any aspect ratio, [IMG_BREAK] per row, [IMG_END]; two images of
+    different shapes in one turn."""
+    from engine.runtime.load import load_model
+    from engine.runtime.vision.tower import Vision
+
+    folder = make_tiny_mistral3(tmp_path / "mistral3")
+    model, tokenizer, _ = load_model(folder)
+    loaded = (model, tokenizer, Vision(folder, model))
+    imgs = [png(40, 30, 1), png(20, 56, 2)]
+    ours, (ids, text, images), _ = shoal_tokens(loaded, request(imgs, max_tokens=10))
+    theirs, their_ids = mlx_vlm_tokens(folder, text, imgs, 10, tmp_path)
+    assert ids == their_ids and images.image_tokens > 2
     assert ours == theirs
 
 
@@ -157,7 +173,7 @@ def test_image_tokens_count_in_the_context(loaded: Any) -> None:
     b"not an image at all",
     png(40, 30)[:60],  # truncated
     None,  # a JPEG where a PNG is promised
-])
+], ids=["not-an-image", "truncated", "jpeg"])
 def test_bad_images_are_a_400(loaded: Any, data: bytes | None) -> None:
     import io
 
@@ -193,3 +209,14 @@ def test_a_text_model_refuses_images(loaded: Any) -> None:
     _, tokenizer, _ = loaded
     with pytest.raises(BadRequest, match="doesn't take images"):
         prepare(tokenizer, request([png(40, 30)]), 4096, None)
+
+
+def test_image_parts_are_bounded(loaded: Any) -> None:
+    from engine.runtime.request import prepare
+
+    _, tokenizer, vision = loaded
+    req = request([png(40, 30)])
+    msg = {**req.messages[0], "parts": [{"type": "image", "image": 0}] * 17}  # type: ignore[index]
+    with pytest.raises(BadRequest, match="At most 16"):
+        prepare(tokenizer, GenerateRequest(**{**req.__dict__, "messages": [msg]}), 4096,
+                vision)
