@@ -69,7 +69,14 @@ async def resolve(req: wire.GenerateRequest,
     `fetching`: whether and where URLs are fetched (None: the node's setting)."""
     if not isinstance(req, PendingRequest):
         return req
-    out = [await load(s, fetching) for s in req.sources]
+    # fetched together (one request waits one fetch's bound, not 16); decodes are gated
+    tasks = [asyncio.ensure_future(load(s, fetching)) for s in req.sources]
+    try:
+        out = [await t for t in tasks]  # the first bad image in order is the 400
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     plain = {f.name: getattr(req, f.name) for f in fields(wire.GenerateRequest)}
     return replace(wire.GenerateRequest(**plain), images=out)
 

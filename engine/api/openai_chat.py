@@ -192,6 +192,9 @@ def to_request(body: ChatCompletionRequest) -> wire.GenerateRequest:
             exclude_none=True))} for t in body.tools] if body.tools else None
     think, kwargs = thinking_of(body)
     messages, sources = chat_turns(body.messages)
+    if sources and body.mm_processor_kwargs:  # it would change how the images are read
+        raise BadRequest("'mm_processor_kwargs': the model's own image processor settings "
+                         "are used here; leave it out.", param="mm_processor_kwargs")
     return images.pending(wire.GenerateRequest(
         messages=messages, tools=tools,
         tool_choice=choose_tool(body.tools, body.tool_choice),

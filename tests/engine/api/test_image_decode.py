@@ -281,3 +281,15 @@ def test_hostile_servers_are_a_400(server: Callable[[dict[str, Route]], str], ro
 def test_fetch_refuses_when_off():
     with pytest.raises(BadRequest, match="doesn't fetch images"):
         asyncio.run(fetch("http://example.com/", "p", Policy()))
+
+
+def test_a_requests_urls_are_fetched_together(server: Callable[[dict[str, Route]], str]):
+    base = server({"/slow": slow})
+    policy = Policy(allowed=True, private=LOOPBACK.private, timeout_s=0.5)
+    req = images.pending(wire.GenerateRequest(), [
+        Source(base + "/slow", f"messages[0].content[{i}].image_url.url") for i in range(4)])
+    t0 = time.monotonic()
+    with pytest.raises(BadRequest) as e:
+        asyncio.run(images.resolve(req, policy))
+    assert e.value.param == "messages[0].content[0].image_url.url"
+    assert time.monotonic() - t0 < 1.5  # one bound, not four

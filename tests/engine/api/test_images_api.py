@@ -269,3 +269,11 @@ def test_too_many_images_is_a_400_naming_the_first_beyond(node: NodeProcess):
             {"role": "user", "content": "x", "images": [b64(png())] * 17}]})
     assert r.status_code == 400 and f"at most {images.MAX_IMAGES}" in r.json()["error"]
     lives(node)
+
+
+def test_vllms_processor_kwargs_with_images_are_refused():
+    body = {"model": TINY, "mm_processor_kwargs": {"max_pixels": 1000}, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url(png())}}]}]}
+    with pytest.raises(BadRequest) as e:
+        chat_request(common.parse(ChatCompletionRequest, body))
+    assert e.value.param == "mm_processor_kwargs"
