@@ -6,18 +6,18 @@ the request's event, which the engine polls between steps. What an engine can do
 `capabilities` (protocol.CAPABILITIES), sent to the node in Ready; a command it can't serve
 is answered with a 400 that says which kind of model serves it.
 
-`make_engine` picks the implementation for a model folder: a text model (mlx-lm), a vision
-model (mlx-lm's language model with mlx-vlm's vision tower in front), an embedding or
-reranker model; one process, or one rank of a group."""
+`engine.runtime.factory.make_engine` picks the implementation for a model folder: a text
+model (mlx-lm), a vision model (mlx-lm's language model with mlx-vlm's vision tower in
+front), an embedding or reranker model; one process, or one rank of a group."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from engine.errors import BadRequest
-from engine.protocol import Embed, GenerateRequest, Message, Rerank
+from engine.protocol import Embed, GenerateRequest, Message, RankReady, Rerank
 
 Emit = Callable[..., None]  # worker.Emitter: emit(message)
 
@@ -28,6 +28,7 @@ class Engine:
     capabilities: ClassVar[frozenset[str]] = frozenset()
     context_length: int = 0
     streams: int = 1  # requests served at once (each on its own thread when above 1)
+    rank: RankReady | None = None  # a group's rank 0: what it loaded (sent in Ready)
 
     def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
                  emit: Emit) -> None:
@@ -54,9 +55,3 @@ class Engine:
 
     def serves(self, cmd: Message) -> bool:
         return isinstance(cmd, (Embed, Rerank)) or hasattr(cmd, "request")
-
-
-def make_engine(model_dir: str, args: Any, emit: Emit) -> Engine:
-    """The engine for a model folder (its config.json says which kind), loaded. Raises
-    ShoalError with what to do where it can't load."""
-    raise NotImplementedError  # filled in by the seam's implementation (worker.py moves here)

@@ -1,9 +1,11 @@
-"""The worker process: loads one model and generates, driven by its node over pipes.
+"""The worker process: loads one model behind the Engine seam (engine/runtime/engine.py)
+and serves it, driven by its node over pipes.
 
 Protocol: the typed messages of engine/protocol.py, one JSON line each. The node writes
-commands to stdin (Generate, Cancel, Shutdown); the worker writes events to its stdout
-(Loading, Ready, Accepted, Delta, ToolCall, Done, Error, Fatal). Everything else the process
-prints goes to stderr, which the node sends to a log file.
+commands to stdin (Generate, Embed, Rerank, Cancel, Shutdown); the worker writes events to
+its stdout (Loading, Ready, Accepted, Delta, ToolCall, Done, Embedded, Ranked, Error,
+Fatal). Everything else the process prints goes to stderr, which the node sends to a log
+file.
 """
 
 from __future__ import annotations
@@ -16,24 +18,25 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from engine.errors import BadRequest, ShoalError
 from engine.protocol import (
     Cancel,
+    Embed,
     Error,
     Fatal,
     Generate,
-    Loading,
     Message,
     Ready,
+    Rerank,
     Shutdown,
     decode,
     encode,
     make,
 )
+from engine.runtime.engine import Engine
 
 log = logging.getLogger("engine.runtime.worker")
 
@@ -80,54 +83,44 @@ def read_commands(commands: queue.Queue[Message | None],
             if ev is not None:
                 ev.set()
             continue
-        if isinstance(cmd, Generate):
+        if isinstance(cmd, (Generate, Embed, Rerank)):
             cancels[cmd.id] = threading.Event()
         commands.put(cmd)
     commands.put(None)  # the node closed our stdin: it is gone or wants us gone
 
 
-def serve(model: Any, tokenizer: Any, ctx_len: int, emit: Emitter,
-          gen: Callable[..., Iterator[Any]] | None = None,
-          on_request: Callable[[str, bool], None] = lambda rid, active: None,
-          concurrent: bool = False) -> None:
-    """Run requests one at a time, or each on its own thread when `gen` batches them
-    (`concurrent`; the node sends no more at once than the worker said it takes). `gen`
-    replaces the one-process generator (rank 0 of a group); `on_request(id, active)` is
-    told when each request starts and ends."""
-    from engine.runtime.bounds import token_limit
-    from engine.runtime.generate import generate
-
-    gen = gen or generate
-    limit = token_limit(model, tokenizer)  # every request's ids are checked against it
+def serve(engine: Engine, emit: Emitter) -> None:
+    """Hand each command to the engine: in order, or each on its own thread where the
+    engine serves several at once (the node sends no more at once than Ready said)."""
     commands: queue.Queue[Message | None] = queue.Queue()
     cancels: dict[str, threading.Event] = {}
     threading.Thread(target=read_commands, args=(commands, cancels), daemon=True).start()
     while (cmd := commands.get()) is not None:
         if isinstance(cmd, Shutdown):
             break
-        if not isinstance(cmd, Generate):
+        if not isinstance(cmd, (Generate, Embed, Rerank)):
             continue
-        if concurrent:
+        if engine.streams > 1:
             threading.Thread(target=_serve_one, name=f"request-{cmd.id[:8]}", daemon=True,
-                             args=(cmd, model, tokenizer, ctx_len, gen, cancels, emit,
-                                   on_request, limit)).start()
+                             args=(engine, cmd, cancels, emit)).start()
         else:
-            _serve_one(cmd, model, tokenizer, ctx_len, gen, cancels, emit, on_request, limit)
+            _serve_one(engine, cmd, cancels, emit)
 
 
-def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
-               gen: Callable[..., Iterator[Any]], cancels: dict[str, threading.Event],
-               emit: Emitter, on_request: Callable[[str, bool], None],
-               limit: int | None = None) -> None:
-    from engine.runtime.request import run
-
+def _serve_one(engine: Engine, cmd: Generate | Embed | Rerank,
+               cancels: dict[str, threading.Event], emit: Emitter) -> None:
     rid = cmd.id
+    cancel = cancels.get(rid) or threading.Event()
     # the node names this id when the worker crashes: a crash's dump in the log sits
     # after the line of each request it was serving
     log.info("request %s started", rid)
     try:
-        on_request(rid, True)
-        run(rid, cmd.request, model, tokenizer, ctx_len, gen, cancels[rid], emit, limit)
+        if isinstance(cmd, Generate):
+            engine.generate(rid, cmd.request, cancel, emit)
+        elif isinstance(cmd, Embed):
+            engine.embed(cmd, cancel, emit)
+        else:
+            engine.rerank(cmd, cancel, emit)
     except ShoalError as e:
         emit(Error(rid, e.code, e.message, e.param, e.status))
     except (TypeError, ValueError, KeyError) as e:  # a request the checks let through
@@ -136,93 +129,10 @@ def _serve_one(cmd: Generate, model: Any, tokenizer: Any, ctx_len: int,
                    None, 400))
     except Exception as e:  # the worker stays up for the next request
         log.exception("request %s failed", rid)
-        emit(Error(rid, "generation_failed", f"Generation failed: {e}", None, 500))
+        what = "generation" if isinstance(cmd, Generate) else cmd.tag  # embed, rerank
+        emit(Error(rid, f"{what}_failed", f"{what.capitalize()} failed: {e}", None, 500))
     finally:
-        on_request(rid, False)
         cancels.pop(rid, None)
-
-
-def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], streams: int,
-                          prefix_tokens: int, drafting: Any = None, kv_bits: int | None = None,
-                          disk: Any = None, memory_limit: int | None = None
-                          ) -> tuple[Callable[..., Iterator[Any]], int]:
-    """(the generator a one-process worker serves with, the requests it takes at once):
-    mlx-lm's BatchGenerator for several, one at a time where the family can't batch; with
-    `drafting` (engine.runtime.drafting.Drafting) requests decode with drafts; `kv_bits`
-    quantizes the KV (a ValueError where the model's heads can't be); `disk`
-    (engine.runtime.disk_cache.DiskCache) keeps finished prompts' KV on disk too. Every
-    request is admitted where its KV fits (engine/runtime/admission.py; `memory_limit`
-    the user's cap in bytes)."""
-    from functools import partial
-
-    from engine.placement.families import batching_refusal
-    from engine.runtime.admission import Admission, kv_bytes_per_token
-    from engine.runtime.drafting import Drafting, drafted_generate
-    from engine.runtime.prefix import PrefixCache
-    from engine.runtime.quant_kv import KV
-
-    drafting = drafting if drafting is not None else Drafting(enabled=False)
-    admission = Admission(kv_bytes_per_token(config, kv_bits), memory_limit)
-
-    prefix, streams = PrefixCache(prefix_tokens, disk=disk), max(1, streams)
-    why = batching_refusal(str(config.get("model_type")))
-    if why and streams > 1:
-        log.warning("%s", why)
-        streams = 1
-    if streams > 1:
-        from engine.runtime.batching import Batcher
-        return Batcher(model, tokenizer, prefix, streams, drafting=drafting,
-                       kv_bits=kv_bits, admission=admission), streams
-    kv = KV.for_model(model, kv_bits)  # (the Batcher makes its own)
-    return admitted(partial(drafted_generate, drafting, prefix=prefix, kv=kv), admission,
-                    prefix), 1
-
-
-def admitted(gen: Callable[..., Iterator[Any]], admission: Any,
-             prefix: Any) -> Callable[..., Iterator[Any]]:
-    """One request at a time: each must fit alone (a 503 where it can't)."""
-    def run(model: Any, tokenizer: Any, prompt: list[int], sampling: Any,
-            *args: Any, **kwargs: Any) -> Iterator[Any]:
-        admission.check(admission.need(len(prompt), 0, sampling.max_tokens), 0,
-                        prefix.drop_oldest)
-        yield from gen(model, tokenizer, prompt, sampling, *args, **kwargs)
-    return run
-
-
-def disk_tier(args: argparse.Namespace, model: Any) -> Any:
-    """The prefix cache's disk tier its flags ask for (None: none, or its folder can't be
-    read, which the log says)."""
-    if args.prefix_disk is None or args.prefix_disk_bytes <= 0:
-        return None
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-    from engine.runtime.disk_cache import DiskCache, fingerprint
-    try:
-        folder = args.prefix_disk / fingerprint(Path(args.model), args.kv_bits)
-    except OSError as e:
-        log.warning("no prefix cache on disk: can't read the model's files (%s)", e)
-        return None
-    return DiskCache(folder, args.prefix_disk_bytes,
-                     can_trim_prompt_cache(make_prompt_cache(model)))
-
-
-def load_drafting(args: argparse.Namespace, tokenizer: Any, target: Any = None) -> Any:
-    """The worker's drafting as its flags say; a draft model that can't serve this target
-    (another vocabulary) is refused, naming both. Its guesses stay within the token ids
-    both it and the `target` model take."""
-    from engine.runtime.bounds import model_vocab, token_limit
-    from engine.runtime.drafting import Drafting
-    from engine.runtime.load import load_model
-    from engine.runtime.speculative import check_draft
-
-    if args.draft_model is None:
-        return Drafting(enabled=args.speculative == "on", max_draft=args.draft_tokens)
-    draft, draft_tok, _ = load_model(Path(args.draft_model), lambda done, total: None)
-    check_draft(tokenizer, draft_tok, args.model_id, Path(args.draft_model).name)
-    limits = [model_vocab(draft), token_limit(target, tokenizer) if target is not None else None]
-    return Drafting(enabled=args.speculative == "on", draft_model=draft,
-                    max_draft=args.draft_tokens,
-                    limit=min((n for n in limits if n), default=None))
 
 
 def _reexec_with_quiet_blas_threads() -> None:
@@ -280,53 +190,23 @@ def main(argv: list[str] | None = None) -> int:
     from engine.logs import OncePerSecond
     for h in logging.getLogger().handlers:  # a warning repeated in a flood: once a second
         h.addFilter(OncePerSecond())
-    if args.dist is not None:
-        from functools import partial
-
-        from engine.runtime.group.rank import run_rank
-        return run_rank(args.model, args.model_id, args.dist, emit, serve,
-                        max(1, args.streams), partial(load_drafting, args),
-                        (args.prefix_disk, args.prefix_disk_bytes), args.memory_limit)
-    from engine.runtime.checkpoint import model_context
-    from engine.runtime.load import load_model
+    from engine.runtime.factory import make_engine
 
     t0 = time.perf_counter()
     try:
-        model, tokenizer, config = load_model(
-            Path(args.model), lambda done, total: emit(Loading(done, total)))
+        engine = make_engine(args.model, args, emit)
     except ShoalError as e:
         emit(Fatal(e.code, e.message))
         return 1
-    except Exception as e:  # anything mlx-lm raises on a model it can't build
+    except Exception as e:  # anything a loader raises on a model it can't build
         log.exception("loading %s failed", args.model)
         emit(Fatal("load_failed", f"Couldn't load the model in {args.model}: {e}"))
         return 1
-    ctx = min(model_context(config), args.context_limit or 1 << 62)
-    from engine.runtime.prefix import default_budget
-    budget = default_budget(ctx) if args.prefix_cache_tokens is None \
-        else max(0, args.prefix_cache_tokens)
-    try:
-        drafting = load_drafting(args, tokenizer, model)
-    except ShoalError as e:
-        emit(Fatal(e.code, e.message))
-        return 1
-    except Exception as e:  # a draft model that can't load, or can't serve this target
-        log.exception("the draft model %s can't be used", args.draft_model)
-        emit(Fatal("draft_refused", f"Couldn't use the draft model {args.draft_model}: {e}"))
-        return 1
-    try:
-        gen, streams = one_process_generator(model, tokenizer, config, args.streams, budget,
-                                             drafting, args.kv_bits,
-                                             disk_tier(args, model), args.memory_limit)
-    except ValueError as e:  # quantized KV this model's heads can't take
-        emit(Fatal("kv_bits_refused", f"Couldn't quantize the KV cache of "
-                                      f"{args.model_id}: {e}"))
-        return 1
-    emit(Ready(args.model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams))
-    serve(model, tokenizer, ctx, emit, gen=gen, concurrent=streams > 1)
-    rest = getattr(gen, "rest", None)
-    if rest is not None:  # the last answer's KV is kept (on disk too) before we go
-        rest(4.0)  # within the node's grace (WorkerHandle.stop)
+    emit(Ready(args.model_id, engine.context_length, os.getpid(),
+               round(time.perf_counter() - t0, 3), engine.streams, engine.rank,
+               sorted(engine.capabilities)))
+    serve(engine, emit)
+    engine.close()  # within the node's grace (WorkerHandle.stop)
     return 0
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ShoalError
+from engine.runtime.text_engine import TextEngine
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +45,27 @@ def _follow_stdin(quit_group: Callable[[], None]) -> None:
     quit_group()
 
 
-def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
-             serve: Callable[..., None], streams: int = 1,
-             drafting: Callable[[Any, Any], Any] | None = None,
-             disk: tuple[Path | None, int] = (None, 0),
-             memory_limit: int | None = None) -> int:
-    """One rank of a group. `drafting` makes rank 0's Drafting from the tokenizer and the
-    model (loading the draft model, if the node has one): rank 0 drafts for the whole group.
-    `disk`: the folder and size of this node's prefix cache on disk (engine/runtime/
-    group/disk.py); `memory_limit`: the node's cap for admission, in bytes."""
+def load_rank(model_dir: str, args: Any, emit: Any) -> Any:
+    """One rank of a group, as the worker's flags say (`args.dist`: its DistConfig file).
+    Rank 0 returns its engine (a TextEngine over the group's generator) once every rank
+    has loaded; the other ranks emit Ready and follow rank 0 until the group ends, which
+    ends their process."""
+    from functools import partial
+
+    from engine.runtime.text_engine import load_drafting
+    return _load_rank(model_dir, args.model_id, args.dist, emit, max(1, args.streams),
+                      partial(load_drafting, args), (args.prefix_disk, args.prefix_disk_bytes),
+                      args.memory_limit)
+
+
+def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
+               streams: int = 1, drafting: Callable[[Any, Any], Any] | None = None,
+               disk: tuple[Path | None, int] = (None, 0),
+               memory_limit: int | None = None) -> Any:
+    """`drafting` makes rank 0's Drafting from the tokenizer and the model (loading the
+    draft model, if the node has one): rank 0 drafts for the whole group. `disk`: the
+    folder and size of this node's prefix cache on disk (engine/runtime/group/disk.py);
+    `memory_limit`: the node's cap for admission, in bytes."""
     import mlx.core as mx
 
     from engine.placement.families import batching_refusal
@@ -141,11 +154,12 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
 
     ctx = min(model_context(config), cfg.context_limit or 1 << 62)
     from engine.protocol import RankReady, Ready
-    emit(Ready(model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams,
-               RankReady(cfg.rank, cfg.world, cfg.strategy, list(info.layers),
-                         list(info.files), info.bytes_read, peak_rss_bytes(),
-                         cfg.lanes if streams > 1 else 1)))
+    rank = RankReady(cfg.rank, cfg.world, cfg.strategy, list(info.layers), list(info.files),
+                     info.bytes_read, peak_rss_bytes(), cfg.lanes if streams > 1 else 1)
     link = Link(cfg, group, bell, watchdog, on_broken=fatal.peer_lost)
+    if cfg.rank != 0:  # a follower's Ready, then it follows until quit or fatal ends it
+        emit(Ready(model_id, ctx, os.getpid(), round(time.perf_counter() - t0, 3), streams,
+                   rank))
     if streams > 1:  # requests decode together (engine/runtime/group/batch.py)
         from engine.runtime.group.batch import GroupBatcher, serve_follower
         steps = _steps(cfg.strategy, model, link, kv)
@@ -163,17 +177,26 @@ def run_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     def on_request(rid: str, active: bool) -> None:
         (fatal.inflight.add if active else fatal.inflight.discard)(rid)
 
-    serve(model, tokenizer, ctx, emit, gen=gen, on_request=on_request,
-          concurrent=streams > 1)
-    rest = getattr(gen, "rest", None)
-    if rest is not None:  # the batcher's last round (its drop plan, its END) ends first
-        rest(5.0)
-    bell.quit()  # QUIT travels round the ring; every rank leaves with exit code 0
-    bell.closed.wait(5)
-    # Leave now: the stdin reader may still be blocked, and MLX's group teardown after
-    # the peers are gone is not worth waiting for.
-    logging.shutdown()
-    os._exit(0)
+    return GroupLeader(model, tokenizer, ctx, gen, streams, on_request, rank, bell)
+
+
+class GroupLeader(TextEngine):
+    """Rank 0's engine: a text engine whose generator drives the group; closing it ends
+    the whole group (and this process)."""
+
+    def __init__(self, model: Any, tokenizer: Any, ctx: int, gen: Any, streams: int,
+                 on_request: Callable[[str, bool], None], rank: Any, bell: Any):
+        super().__init__(model, tokenizer, ctx, gen, streams, on_request)
+        self.rank, self.bell = rank, bell
+
+    def close(self, grace_s: float = 5.0) -> None:
+        super().close(grace_s)  # the batcher's last round (its drop plan, its END) ends first
+        self.bell.quit()  # QUIT travels round the ring; every rank leaves with exit code 0
+        self.bell.closed.wait(5)
+        # Leave now: the stdin reader may still be blocked, and MLX's group teardown after
+        # the peers are gone is not worth waiting for.
+        logging.shutdown()
+        os._exit(0)
 
 
 def _prefix(cfg: Any, model: Path, disk: tuple[Path | None, int], group: Any,

@@ -63,7 +63,7 @@ def test_one_request_alone(loaded):
 
 def test_batched(loaded):
     from engine.runtime.sampling import Sampling
-    from engine.runtime.worker import one_process_generator
+    from engine.runtime.text_engine import one_process_generator
 
     model, tok, config = loaded
     gen, streams = one_process_generator(model, tok, config, 2, 0)

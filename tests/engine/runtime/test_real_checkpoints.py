@@ -98,7 +98,7 @@ RUNS = [n for n in names() if n not in REFUSED]
 def test_one_node_batched_with_a_prefix_hit(folders, name):
     from engine.runtime.load import load_model
     from engine.runtime.sampling import Sampling
-    from engine.runtime.worker import one_process_generator
+    from engine.runtime.text_engine import one_process_generator
 
     model, tok, config = load_model(folders[name])
     assert lazy_arrays(model) == []
