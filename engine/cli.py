@@ -39,7 +39,7 @@ def _cmd_node(a: argparse.Namespace) -> int:
         print(f"shoal node: --draft-tokens must be 1 to 16 (got {a.draft_tokens}).",
               file=sys.stderr)
         return 2
-    from engine.node.state import duration_seconds
+    from engine.durations import duration_seconds
     try:
         unload_after = duration_seconds(a.unload_after)
     except ValueError as e:

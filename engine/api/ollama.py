@@ -23,8 +23,8 @@ from engine.api.ollama_schemas import (
 )
 from engine.api.render import Answer, Context, drafts, logprobs_json
 from engine.api.serve import Endpoint, handler
+from engine.durations import duration_seconds
 from engine.errors import BadRequest, ModelNotFound
-from engine.node.state import duration_seconds
 
 routes = web.RouteTableDef()
 OLLAMA_VERSION = "0.12.0"  # the Ollama API level these routes follow
@@ -221,7 +221,7 @@ class OllamaRenderer:
 
 
 def keep_alive_seconds(v: Any) -> float | None:
-    """Ollama's keep_alive (engine.node.state.duration_seconds), or a 400 naming it."""
+    """Ollama's keep_alive (engine.durations.duration_seconds), or a 400 naming it."""
     try:
         return duration_seconds(v)
     except ValueError as e:

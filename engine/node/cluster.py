@@ -25,6 +25,7 @@ from engine.errors import ShoalError
 from engine.node.facts import Facts, capped
 from engine.node.followers import Followers
 from engine.node.group_start import WATCH_S, follower_state, peer_record, start_ranks
+from engine.node.healing import Healer
 from engine.node.launch import (
     Instance,
     LaunchRequest,
@@ -73,7 +74,6 @@ class Cluster:
         self.followers = Followers(node, peers, node_name, host)
         self.facts: Any = None  # engine.node.facts.NodeFacts, set by the node's main
         self.draft: DraftInfo | None = None  # its draft model's size, set by main
-        from engine.node.healing import Healer
         self.healer = Healer(self)  # main turns it off for --no-heal
 
     # --- what other nodes and the GUI see ----------------------------------------------

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import ShoalError
 from engine.node.followers import LEAVING
@@ -29,8 +29,8 @@ from engine.records import HealInfo, InstanceInfo
 from engine.words import joined
 
 if TYPE_CHECKING:
-    from engine.node.cluster import Cluster
     from engine.node.launch import Instance
+    from engine.node.peers import Peers
 
 log = logging.getLogger(__name__)
 PROBE_S = 3.0  # a peer that doesn't answer within this is left out of the new placement
@@ -50,8 +50,21 @@ def estimate_s(inst: Instance, nodes_left: int) -> float:
     return float(math.ceil(1 + took))
 
 
+class Healed(Protocol):
+    """What healing needs of the node's cluster (engine.node.cluster.Cluster): its id, its
+    peers, the instance it runs, names for ids, and a launch that leaves nodes out."""
+    id: str
+    peers: Peers
+    instance: Instance | None
+
+    def name_of(self, node_id: str) -> str: ...
+
+    async def launch(self, raw: Any, exclude: set[str] | frozenset[str] = ...,
+                     healing: bool = ...) -> InstanceInfo: ...
+
+
 class Healer:
-    def __init__(self, cluster: Cluster, enabled: bool = True):
+    def __init__(self, cluster: Healed, enabled: bool = True):
         self.cluster, self.enabled = cluster, enabled
         self.info: HealInfo | None = None
         self._task: asyncio.Task | None = None

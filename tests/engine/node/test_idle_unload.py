@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from engine.node.state import duration_seconds
+from engine.durations import duration_seconds
 from engine.records import RunnerIdle, RunnerReady
 from nodes import NodeProcess, home_with
 from tests_support import wait_until
