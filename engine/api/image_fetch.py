@@ -103,10 +103,12 @@ async def fetch(url: str, param: str, policy: Policy | None) -> tuple[bytes, str
                          "image inline as a data: URL (base64), or start the node with "
                          "SHOAL_FETCH_IMAGES=on.", param=param)
     resolver = CheckedResolver(policy)
+    # no proxies from the environment; a compressed body stays compressed (not an image),
+    # so no gzip bomb is inflated here
     conn = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False, limit=1)
     try:
         async with asyncio.timeout(policy.timeout_s), aiohttp.ClientSession(
-                connector=conn, trust_env=False) as s:
+                connector=conn, trust_env=False, auto_decompress=False) as s:
             return await _follow(s, URL(url), param, policy)
     except TimeoutError:
         raise BadRequest(f"'{param}': fetching the image took over {policy.timeout_s:g} s.",
