@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
 
 from app import replies, theme
+from app.attachments import Image, carries_images
+from app.chat_images import PendingImages
 from app.chat_list import ConversationList
 from app.chat_settings import ChatSettings
 from app.common import message_of as _message_of
@@ -55,7 +59,9 @@ class ChatPane(QWidget):
         self._stream: StreamTask | None = None
         self._stream_conv: Conversation | None = None
         self._stream_reply: Message | None = None
-        self._queued: tuple[Conversation, str] | None = None  # sent when the reply ends
+        # a message sent while a reply streams, with its pictures: sent when the reply ends
+        self._queued: tuple[Conversation, str, list[Image]] | None = None
+        self._capabilities: dict[str, list[str] | None] = {}  # model -> what it does
         self._retry: Message | None = None  # a failed reply to send again once the node answers
         self._lost: str | None = None  # why the app's node went, while it restarts
         self._build()
@@ -96,6 +102,12 @@ class ChatPane(QWidget):
         self.prompt.setMaximumHeight(110)
         self.prompt.setMinimumHeight(48)
         self.prompt.submitted.connect(self.send)
+        self.prompt.images_given.connect(self._take_mime)
+        self.pending = PendingImages()
+        self.attach_button = self.pending.button
+        self.model_picker.currentTextChanged.connect(lambda _t: self._show_takes_images())
+        self.setAcceptDrops(True)  # an image file dropped anywhere on the chat
+        self.view.image = self.store.image
         self.send_button = QPushButton("Send")
         self.send_button.setAccessibleName("Send the message")
         self.send_button.clicked.connect(self.send)
@@ -117,10 +129,12 @@ class ChatPane(QWidget):
         rv.addWidget(self.error_label)
         rv.addWidget(self.view, 1)
         rv.addWidget(self.queued_bar)
+        rv.addWidget(self.pending)
         bottom = QHBoxLayout()
         bottom.addWidget(self.prompt, 1)
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
+        buttons.addWidget(self.attach_button)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.regenerate_button)
         bottom.addLayout(buttons)
@@ -139,7 +153,8 @@ class ChatPane(QWidget):
         order = [self.conversation_list, self.new_button, self.delete_button,
                  self.undo_bar.button, self.model_picker, self.system_edit,
                  self.temperature, self.top_p, self.max_tokens, self.view,
-                 self.queued_bar.button, self.prompt, self.send_button, self.stop_button,
+                 self.queued_bar.button, self.prompt, self.send_button, self.attach_button,
+                 self.stop_button,
                  self.regenerate_button]
         for a, b in zip(order, order[1:]):
             QWidget.setTabOrder(a, b)
@@ -179,6 +194,36 @@ class ChatPane(QWidget):
 
     def _fill_models(self, models: list[ModelCard]) -> None:
         self.model_picker.set_models(models)
+        self._capabilities = {m.id: m.shoal.capabilities for m in models}
+        self._show_takes_images()
+
+    def takes_images(self, model: str | None) -> bool | None:
+        """Does `model` take images? The worker's word when it is the one loaded, else
+        its card's; None when neither says (an older node)."""
+        if not model:
+            return None
+        runner = self.node_status.get("runner") or {}
+        caps = runner.get("capabilities") if runner.get("model") == model else None
+        caps = caps if caps is not None else self._capabilities.get(model)
+        return None if caps is None else "vision" in caps
+
+    def _show_takes_images(self) -> None:
+        model = self.model_picker.currentText().strip() or self.node_status.get("model")
+        self.pending.set_model(model, self.takes_images(model))
+
+    # --- images: the Image… button, a paste, a drop ----------------------------------------
+    def _take_mime(self, mime: Any) -> None:
+        self.pending.take_mime(mime)
+        self.prompt.setFocus()
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 - Qt's name
+        if carries_images(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 - Qt's name
+        if carries_images(event.mimeData()):
+            event.acceptProposedAction()
+            self._take_mime(event.mimeData())
 
     def set_cards(self, cards: list[NodeCard]) -> None:
         """The cluster's machines, for whether each model fits (the picker's badges)."""
@@ -208,6 +253,7 @@ class ChatPane(QWidget):
         was_down = self.node_status.get("state") in DOWN
         self.node_status = status
         self.settings.show_status(status)
+        self._show_takes_images()
         runner = status.get("runner") or {}
         # the app's own node given up on: its banner says why, and the node is still down
         given_up = self._lost is not None and status.get("state") == "error"
@@ -284,47 +330,62 @@ class ChatPane(QWidget):
         return self._stream is not None
 
     def send(self) -> None:
-        """Send the prompt box's text and stream the answer into a new reply; while a
-        reply streams, the text waits its turn (queued) instead."""
+        """Send the prompt box's text and the pictures waiting above it, and stream the
+        answer into a new reply; while a reply streams, they wait their turn (queued)."""
         text = self.prompt.toPlainText().strip()
-        if not text:
+        if not text and not self.pending.images:
             return
+        images = self.pending.take()
         self.prompt.clear()
         self.prompt.setFocus()
         if self.streaming:
-            self._queue(text)
+            self._queue(text, images)
             return
-        self._send_text(self.current() or self.new_conversation(), text)
+        self._send_text(self.current() or self.new_conversation(), text, images)
 
-    def _send_text(self, conv: Conversation, text: str) -> None:
+    def _send_text(self, conv: Conversation, text: str, images: Sequence[Image] = ()) -> None:
         self.clear_error()
+        try:  # the pictures are kept before they are sent: a reply never outlives them
+            for image in images:
+                self.store.keep_image(image.data, image.name)
+        except OSError as e:
+            self.pending.put_back(list(images))
+            self.prompt.setPlainText(text)
+            self.show_error(f"Couldn't keep the image in {self.store.images_dir}: {e}. "
+                            "Free some disk space and send it again.")
+            return
         if conv is not self.current():
             self._select(conv)
         if self.system_edit.text() != conv.system:
             conv.system = self.system_edit.text()
         if not any(m.role == "user" for m in conv.messages):
-            conv.title = text.splitlines()[0][:48]
+            conv.title = text.splitlines()[0][:48] if text else images[0].label[:48]
             self.conversations.set_current_title(conv.title)
-        conv.messages.append(Message("user", text))
+        conv.messages.append(Message("user", text, images=[i.name for i in images]))
         self.view.add(conv.messages[-1])
         self._answer(conv)
 
     # --- a message sent while a reply streams ---------------------------------------------
-    def _queue(self, text: str) -> None:
+    def _queue(self, text: str, images: Sequence[Image] = ()) -> None:
         conv = self._stream_conv or self.current() or self.new_conversation()
+        images = list(images)
         if self._queued is not None:  # a second message joins the first
-            text = f"{self._queued[1]}\n\n{text}"
-        self._queued = (conv, text)
+            text = "\n\n".join(t for t in (self._queued[1], text) if t)
+            images = self._queued[2] + images
+        self._queued = (conv, text, images)
         short = text if len(text) <= 60 else text[:59] + "…"
-        self.queued_bar.show_notice(f"Queued: “{short}” is sent when this reply ends.",
+        pictures = f"{len(images)} image{'s' if len(images) > 1 else ''}" if images else ""
+        what = f"“{short}”" + (f" with {pictures}" if short and pictures else pictures)
+        self.queued_bar.show_notice(f"Queued: {what} is sent when this reply ends.",
                                     "Cancel", self._unqueue)
 
     def _unqueue(self) -> None:
         """Cancel: the queued text goes back into the message box."""
         if self._queued is None:
             return
-        text = self._queued[1]
+        text, images = self._queued[1], self._queued[2]
         self._queued = None
+        self.pending.put_back(images)
         self.queued_bar.dismiss()
         rest = self.prompt.toPlainText()
         self.prompt.setPlainText(text + (f"\n{rest}" if rest else ""))
@@ -333,7 +394,7 @@ class ChatPane(QWidget):
     def _send_queued(self, failed: bool) -> None:
         if self._queued is None:
             return
-        conv, text = self._queued
+        conv, text, images = self._queued
         if failed or self.store.get(conv.id) is None:
             self._unqueue()
             self.queued_bar.show_notice(
@@ -343,7 +404,7 @@ class ChatPane(QWidget):
             return
         self._queued = None
         self.queued_bar.dismiss()
-        self._send_text(conv, text)
+        self._send_text(conv, text, images)
 
     def regenerate(self) -> None:
         """Drop the last reply and answer the last message again (with the current model,
@@ -369,7 +430,7 @@ class ChatPane(QWidget):
         self.clear_error()
         # The reply is the last turn, unfinished: the model continues that same message
         # (no hidden request, no second answer to join on).
-        history = conv.history()
+        history = conv.history(self.store.image)
         history[-1] = {"role": "assistant", "content": replies.go_on(reply)}
         self._start(conv, reply, history, continue_final=True)
 
@@ -417,14 +478,14 @@ class ChatPane(QWidget):
             self.try_again(reply)
 
     def _answer(self, conv: Conversation) -> None:
-        history = conv.history()
+        history = conv.history(self.store.image)
         reply = Message("assistant", "")
         conv.messages.append(reply)
         self.view.add(reply)
         self._start(conv, reply, history)
 
     def _start(self, conv: Conversation, reply: Message,
-               history: list[dict[str, str]], continue_final: bool = False) -> None:
+               history: list[dict[str, Any]], continue_final: bool = False) -> None:
         model = self.model_picker.currentText().strip() or None
         conv.model = model or conv.model
         params = dict(self.chat_params)

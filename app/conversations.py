@@ -1,4 +1,6 @@
-"""Conversations kept across restarts, in HOME/conversations.json.
+"""Conversations kept across restarts, in HOME/conversations.json; the images attached to
+messages beside it, in HOME/images/, each file named by its sha256 (the same picture sent
+twice is one file), so the JSON stays small and is rewritten fast after every reply.
 
 Written atomically (temp file in the same folder, fsync, os.replace) so a crash mid-write
 leaves the previous file. A file that can't be read is moved aside, never overwritten, and
@@ -7,12 +9,15 @@ the store starts empty with a `warning` the window shows.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,13 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "conversations.json"
 FORMAT_VERSION = 1
+IMAGES_DIR = "images"
+# A kept image's name: never a path, whatever a hand-edited file says.
+IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.(png|jpg|webp|gif)")
+MIME_OF_EXT = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp",
+               "gif": "image/gif"}
+MAX_IMAGE_BYTES = 20 * 2**20  # as app.attachments takes them
+MAX_IMAGES = 16  # per message read back (the node takes 16 per request)
 
 
 @dataclass
@@ -32,6 +44,7 @@ class Message:
     stats: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # a failed reply; shown, never sent back to the model
     reasoning: str = ""  # a thinking model's reasoning: shown folded, never sent back
+    images: list[str] = field(default_factory=list)  # kept images' names (HOME/images/)
 
 
 @dataclass
@@ -43,12 +56,32 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
     system: str = ""  # the system prompt, sent first with every request
 
-    def history(self) -> list[dict[str, str]]:
+    def history(self, image: Callable[[str], bytes | None] | None = None
+                ) -> list[dict[str, Any]]:
         """The messages to send to the node: the system prompt, then the conversation
-        with errors and empty replies left out."""
+        with errors and empty replies left out. A message with images is OpenAI content
+        parts (its text, then each image as a data URL); `image` reads a kept image by
+        name (one gone since is left out)."""
         head = [{"role": "system", "content": self.system}] if self.system.strip() else []
-        return head + [{"role": m.role, "content": m.content} for m in self.messages
-                       if m.error is None and m.content]
+        out: list[dict[str, Any]] = []
+        for m in self.messages:
+            if m.error is not None or not (m.content or m.images):
+                continue
+            found = [(n, image(n)) for n in m.images] if image and m.images else []
+            parts = [image_part(data, n) for n, data in found if data is not None]
+            if not parts:
+                out.append({"role": m.role, "content": m.content})
+                continue
+            text = [{"type": "text", "text": m.content}] if m.content else []
+            out.append({"role": m.role, "content": text + parts})
+        return head + out
+
+
+def image_part(data: bytes, name: str) -> dict[str, Any]:
+    """One OpenAI content part: the image as a base64 data URL of its type."""
+    mime = MIME_OF_EXT[name.rsplit(".", 1)[-1]]
+    url = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _conversation_from(d: dict[str, Any]) -> Conversation:
@@ -57,8 +90,10 @@ def _conversation_from(d: dict[str, Any]) -> Conversation:
         stats = dict(m.get("stats") or {})
         # files written before reasoning had its own field kept it in the stats
         reasoning = str(m.get("reasoning") or stats.pop("reasoning", "") or "")
+        images = [n for n in m.get("images") or [] if isinstance(n, str)
+                  and IMAGE_NAME.fullmatch(n)][:MAX_IMAGES]
         msgs.append(Message(role=str(m["role"]), content=str(m["content"]), stats=stats,
-                            error=m.get("error"), reasoning=reasoning))
+                            error=m.get("error"), reasoning=reasoning, images=images))
     return Conversation(id=str(d["id"]), title=str(d.get("title") or "Conversation"),
                         created=float(d.get("created") or 0.0), model=d.get("model"),
                         messages=msgs, system=str(d.get("system") or ""))
@@ -69,6 +104,7 @@ class ConversationStore:
 
     def __init__(self, home: Path):
         self.path = Path(home) / FILE_NAME
+        self.images_dir = Path(home) / IMAGES_DIR
         self.conversations: list[Conversation] = []
         self.warning: str | None = None
         self._load()
@@ -110,6 +146,41 @@ class ConversationStore:
         """Put a deleted conversation back where it was (Undo)."""
         if self.get(conv.id) is None:
             self.conversations.insert(min(max(index, 0), len(self.conversations)), conv)
+
+    def keep_image(self, data: bytes, name: str) -> None:
+        """Write an attached image under its name (sha256.ext), once; atomically, so a
+        crash leaves no half picture. Raises OSError (e.g. disk full)."""
+        if not IMAGE_NAME.fullmatch(name):
+            raise ValueError(f"not an image name: {name!r}")
+        target = self.images_dir / name
+        if target.is_file():
+            return
+        self.images_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.images_dir, prefix=".image-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def image(self, name: str) -> bytes | None:
+        """A kept image's bytes; None when the name isn't one or the file is gone or
+        larger than any image the app keeps."""
+        if not IMAGE_NAME.fullmatch(name):
+            return None
+        try:
+            with open(self.images_dir / name, "rb") as f:
+                data = f.read(MAX_IMAGE_BYTES + 1)
+        except OSError:
+            return None
+        return data if len(data) <= MAX_IMAGE_BYTES else None
 
     def save(self) -> None:
         """Write every conversation atomically. Raises OSError (e.g. disk full); the

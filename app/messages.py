@@ -8,9 +8,10 @@ message box); with the conversation focused, the arrow keys walk its buttons."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, QMimeData, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QKeyEvent
 from PySide6.QtWidgets import (
     QFrame,
@@ -26,8 +27,10 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
+from app.attachments import carries_images
 from app.codeblock import CodeBlock, CopyButton
 from app.conversations import Conversation, Message
+from app.image_strip import SENT_PX, ImageStrip
 from app.markdown import split_fences, to_html, to_plain
 
 READABLE_PX = 860  # the message column's widest: lines longer than this are hard to read
@@ -117,7 +120,8 @@ class MessageWidget(QFrame):
     continue_requested = Signal(object)  # the Message
     retry_requested = Signal(object)  # a failed reply, to be answered again
 
-    def __init__(self, message: Message, parent: QWidget | None = None):
+    def __init__(self, message: Message, parent: QWidget | None = None,
+                 image: Callable[[str], bytes | None] | None = None):
         super().__init__(parent)
         self.message = message
         self.streaming = False
@@ -185,6 +189,13 @@ class MessageWidget(QFrame):
         layout.addLayout(head)
         layout.addWidget(self.reasoning_button, 0, Qt.AlignmentFlag.AlignLeft)
         layout.addWidget(self.reasoning_label)
+        # the pictures sent with the message, read from where the conversations keep them
+        self.images = ImageStrip(SENT_PX, removable=False)
+        if message.images and image is not None:
+            n = len(message.images)
+            self.images.set_images([(image(name) or b"", f"Image {i + 1} of {n}")
+                                    for i, name in enumerate(message.images)])
+        layout.addWidget(self.images)
         layout.addLayout(self.body)
         layout.addWidget(self.pending_label)
         layout.addLayout(foot)
@@ -260,6 +271,8 @@ class MessageWidget(QFrame):
             "The reply reached the answer length: ask for the rest of it")
         self.retry_button.setVisible(offer and m.error is not None)
         role = "Your message" if m.role == "user" else "Reply"
+        if m.images:
+            role += f" with {len(m.images)} image{'s' if len(m.images) > 1 else ''}"
         self.setAccessibleName(role)
         self.setAccessibleDescription(self.text()[:DESCRIPTION_CHARS])
 
@@ -308,6 +321,7 @@ class MessageView(QScrollArea):
         self.setWidget(self._inner)
         self.conversation: Conversation | None = None
         self._widgets: dict[int, MessageWidget] = {}  # id(Message) -> its widget
+        self.image: Callable[[str], bytes | None] | None = None  # a kept image, by name
 
     def resizeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(event)
@@ -328,7 +342,7 @@ class MessageView(QScrollArea):
             if older.last:
                 older.last = False
                 older.refresh()
-        w = MessageWidget(message, self._column)
+        w = MessageWidget(message, self._column, self.image)
         w.continue_requested.connect(self.continue_requested)
         w.retry_requested.connect(self.retry_requested)
         self._layout.insertWidget(self._layout.count() - 1, w)
@@ -399,9 +413,11 @@ class MessageView(QScrollArea):
 
 class PromptEdit(QPlainTextEdit):
     """The input box: Enter sends, Shift+Enter starts a new line, Tab moves on (a prompt
-    box that keeps Tab traps keyboard users)."""
+    box that keeps Tab traps keyboard users). A pasted or dropped picture or file is not
+    text: images_given(mime) hands it to the chat."""
 
     submitted = Signal()
+    images_given = Signal(object)  # the QMimeData of a paste or a drop
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -415,3 +431,12 @@ class PromptEdit(QPlainTextEdit):
             self.insertPlainText("\n")  # a plain newline, not Qt's soft line separator
         else:
             super().keyPressEvent(event)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802 - Qt's name
+        return carries_images(source) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802 - Qt's name
+        if carries_images(source):
+            self.images_given.emit(source)
+        else:
+            super().insertFromMimeData(source)

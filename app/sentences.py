@@ -100,6 +100,11 @@ SENTENCES: dict[str, Entry] = {
     "invalid_api_key": Entry(
         "The API key was missing or wrong.", "",
         "Use the key shown in Settings → API (or set SHOAL_API_KEY)."),
+    "images_unsupported": Entry(
+        SAID, "Your message and its images are kept.",
+        "Choose a model marked 'vision' in Models and press Regenerate, or start a new "
+        "conversation without the images.",
+        fallback="This model doesn't take images."),
     "cancelled": Entry(SAID, fallback="Stopped, as asked."),
     "not_found": Entry(SAID, fallback="That item doesn't exist on {machine}.",
                        todo="Check its name."),
