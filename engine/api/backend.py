@@ -1,6 +1,7 @@
 """What the protocol adapters need from whatever serves them: the models it has, the one
-loaded, loading and unloading, one generation's events, and passing a request on to the
-node that serves its model. The node implements it (engine/node/backend.py); the adapters
+loaded, loading and unloading, one generation's events, an embedding or rerank answer
+from a model served beside the main one, and passing a request on to the node that serves
+its model. The node implements it (engine/node/backend.py); the adapters
 never see the node, its worker or the cluster."""
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class Backend(Protocol):
                  ) -> AbstractAsyncContextManager[Started]: ...
     async def relay(self, request: web.Request, model: str | None,
                     body: Any) -> web.StreamResponse | None: ...
+    async def embed(self, model: str, cmd: wire.Embed) -> wire.Embedded | wire.Error: ...
+    async def rerank(self, model: str, cmd: wire.Rerank) -> wire.Ranked | wire.Error: ...
+    async def prepare(self, model: str, need: str) -> None: ...
+    def serving(self, need: str) -> list[str]: ...
 
 
 BACKEND = web.AppKey("backend", Backend)

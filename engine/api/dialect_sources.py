@@ -68,6 +68,29 @@ LLAMA_CPP_DETOKENIZE = {"tokens"}
 # 581e9bec6e7b732ee48b9f6da16f0185179b8f47 sends them
 LLAMA_CPP_APPLY_TEMPLATE = {"messages", "tools", "add_generation_prompt"}
 
+# vLLM's pooling routes: vllm/entrypoints/pooling/base/protocol.py (PoolingBasicRequestMixin,
+# CompletionRequestMixin, EncodingRequestMixin, EmbedRequestMixin) and score/protocol.py
+# (RerankRequest) at commits 020638a6b026e4d96f34e6e7ed12c3390fbf7416 and
+# 08a48e2b51ac2ea9c2cfad361806fc8cdaef866a; `normalize`, the earlier name of use_activation.
+VLLM_EMBEDDINGS = {
+    "model", "user", "input", "dimensions", "encoding_format", "truncate_prompt_tokens",
+    "padding", "truncation_side", "request_id", "priority", "mm_processor_kwargs",
+    "cache_salt", "add_special_tokens", "embed_dtype", "endianness", "use_activation",
+    "normalize"}
+VLLM_RERANK = {"model", "query", "documents", "top_n", "truncate_prompt_tokens",
+               "mm_processor_kwargs", "priority", "use_activation"}
+# llama.cpp: tools/server/server.cpp's rerank handler (query, documents, top_n) and
+# README's /v1/embeddings (the OpenAI fields)
+LLAMA_CPP_RERANK = {"model", "query", "documents", "top_n"}
+LLAMA_CPP_EMBEDDINGS = {"model", "input", "encoding_format"}
+# Jina's rerank API (api.jina.ai/v1/rerank) and Cohere's (v1 and v2 rerank), as their
+# clients send them: Open WebUI's external reranker sends Jina's shape.
+JINA_RERANK = {"model", "query", "documents", "top_n", "return_documents"}
+COHERE_RERANK = {"model", "query", "documents", "top_n", "return_documents",
+                 "max_tokens_per_doc", "rank_fields"}
+_RERANK = {"vLLM": VLLM_RERANK, "llama.cpp": LLAMA_CPP_RERANK, "Jina": JINA_RERANK,
+           "Cohere": COHERE_RERANK}
+
 # Ollama's server (github.com/ollama/ollama api/types.go, Options) takes min_p, which the
 # ollama package's Options lacks.
 OLLAMA_SERVER = {"options.min_p"}
@@ -84,7 +107,10 @@ EXTENSIONS: dict[str, dict[str, set[str]]] = {
     "/v1/responses": {"Codex": CODEX},
     "/v1/messages": {"Anthropic (older SDKs)": ANTHROPIC_SAMPLING},
     "/api/chat": {"Ollama": OLLAMA_SERVER}, "/api/generate": {"Ollama": OLLAMA_SERVER},
+    "/api/embed": {"Ollama": OLLAMA_SERVER}, "/api/embeddings": {"Ollama": OLLAMA_SERVER},
     "/tokenize": {"llama.cpp": LLAMA_CPP_TOKENIZE, "vLLM": VLLM_TOKENIZE},
     "/detokenize": {"llama.cpp": LLAMA_CPP_DETOKENIZE, "vLLM": VLLM_DETOKENIZE},
     "/apply-template": {"llama.cpp": LLAMA_CPP_APPLY_TEMPLATE, "vLLM": VLLM_TOKENIZE},
+    "/v1/embeddings": {"vLLM": VLLM_EMBEDDINGS, "llama.cpp": LLAMA_CPP_EMBEDDINGS},
+    "/v1/rerank": _RERANK, "/rerank": _RERANK, "/v2/rerank": _RERANK,
 }

@@ -22,18 +22,23 @@ from aiohttp import web
 from pydantic import BaseModel
 from typing_extensions import is_typeddict
 
-from engine.api import dialect_sources, utility
+from engine.api import dialect_sources, embedding_schemas, rerank, utility
 
 DEFINED_BY = Path(__file__).with_name("defined_by.json")
 SHOAL = "Shoal"
 MESSAGES_ONLY = "Anthropic (on /v1/messages)"
 # the user API: what /openapi.json describes and the table lists
-USER_PATHS = ("/tokenize", "/detokenize", "/apply-template", "/props", "/metrics")
+USER_PATHS = ("/tokenize", "/detokenize", "/apply-template", "/props", "/metrics",
+              "/rerank", "/v2/rerank")
 # handlers that read their body themselves (one of several dialects): their schemas
 BODIES: dict[str, tuple[type[BaseModel], ...]] = {
     "/tokenize": (utility.LlamaTokenize, utility.VllmTokenizePrompt,
                   utility.VllmTokenizeChat),
-    "/detokenize": (utility.Detokenize,), "/apply-template": (utility.ApplyTemplate,)}
+    "/detokenize": (utility.Detokenize,), "/apply-template": (utility.ApplyTemplate,),
+    "/v1/embeddings": (embedding_schemas.EmbeddingsRequest,),
+    "/api/embed": (embedding_schemas.OllamaEmbed,),
+    "/api/embeddings": (embedding_schemas.OllamaEmbeddings,),
+    **dict.fromkeys(("/v1/rerank", "/rerank", "/v2/rerank"), (rerank.RerankRequest,))}
 Treatment = Literal["honoured", "partly", "hint", "refused"]
 
 
@@ -157,7 +162,7 @@ _RECORDED: dict[str, dict[str, list[str]]] | None = None
 
 # the order of a route's rows: the official API's fields first, then the extensions'
 ORDER = ("OpenAI", "Anthropic", "Anthropic (older SDKs)", "Anthropic beta", MESSAGES_ONLY,
-         "Ollama", "Codex",
+         "Ollama", "Codex", "Jina", "Cohere",
          "vLLM", "llama.cpp", SHOAL)
 
 
@@ -217,6 +222,7 @@ def official_fields() -> dict[str, dict[str, set[str]]]:
     from anthropic.types.message_create_params import MessageCreateParamsStreaming
     from ollama import _types as ollama
     from openai.types import completion_create_params as legacy
+    from openai.types import embedding_create_params as embeddings
     from openai.types.chat import completion_create_params as chat
     from openai.types.responses import response_create_params as responses
 
@@ -237,6 +243,9 @@ def official_fields() -> dict[str, dict[str, set[str]]]:
             MESSAGES_ONLY: messages | beta},
         "/api/chat": {"Ollama": model_fields_of(ollama.ChatRequest)},
         "/api/generate": {"Ollama": model_fields_of(ollama.GenerateRequest)},
+        "/v1/embeddings": {"OpenAI": typed_dict_fields(embeddings.EmbeddingCreateParams)},
+        "/api/embed": {"Ollama": model_fields_of(ollama.EmbedRequest)},
+        "/api/embeddings": {"Ollama": model_fields_of(ollama.EmbeddingsRequest)},
     }
 
 

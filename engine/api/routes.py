@@ -7,11 +7,13 @@ from aiohttp import web
 
 from engine.api import (
     anthropic,
+    embeddings,
     ollama,
     openai_chat,
     openai_completions,
     openai_responses,
     openapi,
+    rerank,
     utility,
 )
 from engine.api.anthropic_bodies import ErrorBody as AnthropicError
@@ -20,7 +22,8 @@ from engine.errors import ErrorBody, ShoalError
 
 routes: list[web.RouteDef] = [  # type: ignore[list-item]
     *openai_chat.routes, *openai_completions.routes, *openai_responses.routes,
-    *anthropic.routes, *ollama.routes, *utility.routes]
+    *anthropic.routes, *ollama.routes, *utility.routes,
+    *embeddings.routes, *rerank.routes]
 routes.append(web.get("/openapi.json", openapi.route(routes)))
 
 

@@ -43,6 +43,8 @@ class NodeBackend:
         return (await self.node.ensure_loaded(model)).model_id
 
     async def unload(self, model: str) -> None:
+        if await self.node.beside.unload(model):
+            return
         if self.loaded_model() == model:
             await self.node.unload()
 
@@ -58,6 +60,28 @@ class NodeBackend:
         worker = await self.node.ensure_loaded(model)
         async with worker.generate(req, self.node.on_turn) as events:
             yield Started(worker.model_id, events)
+
+    async def embed(self, model: str, cmd: wire.Embed) -> wire.Embedded | wire.Error:
+        """`cmd` answered by `model`'s worker (beside the main one, started if need be)."""
+        worker = await self.node.beside.worker(model, "embed")
+        return await worker.embed(cmd, self._turn(worker))
+
+    async def rerank(self, model: str, cmd: wire.Rerank) -> wire.Ranked | wire.Error:
+        worker = await self.node.beside.worker(model, "rerank")
+        return await worker.rerank(cmd, self._turn(worker))
+
+    async def prepare(self, model: str, need: str) -> None:
+        """Start `model`'s worker for `need` ("embed", "rerank") if it isn't running."""
+        await self.node.beside.worker(model, need)
+
+    def serving(self, need: str) -> list[str]:
+        """The models here that do `need` ("embed", "rerank")."""
+        return self.node.beside.serving(need)
+
+    def _turn(self, worker: Any) -> Any:
+        if worker is self.node.worker:
+            return self.node.on_turn
+        return lambda busy: self.node.beside.on_turn(worker.model_id, busy)
 
     async def relay(self, request: web.Request, model: str | None,
                     body: Any) -> web.StreamResponse | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from engine import __version__, protocol
 from engine.errors import ModelNotFound, ShoalError, WorkerFailed
+from engine.node.beside import Beside
 from engine.node.state import status_record
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
@@ -74,6 +75,8 @@ class Node:
         # the figures of the requests served here: /metrics and the app's charts
         self.metrics = NodeMetrics()
         self.metrics.live = self._live
+        # embedding and reranker models, each in its own worker beside the main one
+        self.beside = Beside(self, self._publish)
 
     # --- status ----------------------------------------------------------------------
     def status(self, cluster: ClusterInfo | None = None) -> StatusInfo:
@@ -82,7 +85,7 @@ class Node:
             self.runner, __version__,
             worker_pid=self.worker.pid if self.worker and self.worker.alive else None,
             models_dir=str(self.models_dir), default_model=self.default_model,
-            streams=self._streams(), cluster=cluster)
+            streams=self._streams(), cluster=cluster, beside=self.beside.runners())
 
     def generating(self) -> bool:
         """Whether this node's worker has requests in flight (safe from any thread)."""
@@ -113,6 +116,10 @@ class Node:
         if state == self.runner:
             return
         self.runner = state
+        self._publish()
+
+    def _publish(self) -> None:
+        """Send the status to every subscriber (the GUI's event stream)."""
         snapshot = self.status()
         for q in list(self._subscribers):
             if q.full():  # a stalled reader only ever needs the latest snapshot
@@ -154,9 +161,9 @@ class Node:
         return Path(found.path)
 
     async def check_model(self, path: Path, all_files: bool = True) -> Any:
-        """engine.runtime.checkpoint.inspect off the event loop, remembered while the
+        """engine.hub.checkpoint.inspect off the event loop, remembered while the
         folder's config and index are unchanged: a refusal names the field or file."""
-        from engine.runtime.checkpoint import inspect
+        from engine.hub.checkpoint import inspect
 
         stamp = tuple(_mtime(path / n) for n in ("config.json", "model.safetensors.index.json",
                                                   "tokenizer_config.json"))
@@ -247,7 +254,8 @@ class Node:
         except ShoalError as e:
             self._set(RunnerFailed(model_id, e.message))
             raise
-        self._set(RunnerReady(model_id, ready.context_length, ready.pid))
+        self._set(RunnerReady(model_id, ready.context_length, ready.pid,
+                              capabilities=list(ready.capabilities)))
         log.info("model %s ready in %.1f s (worker pid %s)", model_id, ready.load_s, ready.pid)
         return w
 
@@ -312,7 +320,8 @@ class Node:
         self._used = time.monotonic()
         r = self.runner
         if isinstance(r, RunnerReady):
-            self._set(RunnerReady(r.model, r.context_length, r.pid, generating=busy))
+            self._set(RunnerReady(r.model, r.context_length, r.pid, generating=busy,
+                                  capabilities=r.capabilities))
 
     async def unload(self, idle: RunnerIdle | None = None) -> None:
         async with self._load_lock:
@@ -328,6 +337,8 @@ class Node:
 
     def expires_in(self, model: str) -> float | None:
         """Seconds until the loaded `model` unloads if nobody uses it (None: never)."""
+        if model in self.beside.workers:
+            return self.beside.expires_in(model)
         limit, w = self.idle_limit(model), self.worker
         if limit is None or w is None or w.dist_config is not None:
             return None
@@ -338,6 +349,7 @@ class Node:
         the next request for it loads it again. Runs until cancelled."""
         while True:
             await asyncio.sleep(every)
+            await self.beside.unload_idle()
             w, r = self.worker, self.runner
             if w is None or not w.alive or w.dist_config is not None or w.in_flight \
                     or not isinstance(r, RunnerReady):
@@ -351,6 +363,7 @@ class Node:
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()
+        await self.beside.close()
         if self.worker is not None:
             self.worker.dead_reason = self.worker.dead_reason or "stopped"
             await self.worker.stop()

@@ -22,9 +22,12 @@ from typing import Any
 
 from engine.errors import Overloaded, ShoalError, WorkerFailed
 from engine.logs import rotate_if_big
+from engine.platform.cpu import worker_env
 from engine.protocol import (
     TERMINAL,
     Cancel,
+    Embed,
+    Embedded,
     Error,
     Event,
     Exited,
@@ -33,12 +36,13 @@ from engine.protocol import (
     GenerateRequest,
     Loading,
     Message,
+    Ranked,
     Ready,
+    Rerank,
     Shutdown,
     decode,
     encode,
 )
-from engine.platform.cpu import worker_env
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +246,58 @@ class WorkerHandle:
             else:
                 # The caller left early (client gone, Stop): cancel, and keep the worker's
                 # turn until it confirms, so the next request can't see this one's tokens.
+                with contextlib.suppress(WorkerFailed):
+                    self._send(Cancel(rid))
+                asyncio.get_running_loop().create_task(self._drain(rid, q, on_turn))
+
+    async def embed(self, cmd: Embed, on_turn: Callable[[bool], None] | None = None
+                    ) -> Embedded | Error:
+        """Send one Embed and await its answer (Embedded, or Error)."""
+        return await self._ask(cmd, on_turn)  # type: ignore[return-value]
+
+    async def rerank(self, cmd: Rerank, on_turn: Callable[[bool], None] | None = None
+                     ) -> Ranked | Error:
+        """Send one Rerank and await its answer (Ranked, or Error)."""
+        return await self._ask(cmd, on_turn)  # type: ignore[return-value]
+
+    async def _ask(self, cmd: Embed | Rerank, on_turn: Callable[[bool], None] | None
+                   ) -> Event:
+        """One command with one answer: queued for a turn as a generation is, its wait
+        bounded by token_timeout; a caller that leaves (the client went away) cancels it
+        in the worker, whose turn ends when the worker confirms."""
+        rid = uuid.uuid4().hex
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(self._turn.acquire(), self.queue_wait_s)
+        except TimeoutError:
+            raise Overloaded(f"{self.model_id} is serving as many requests as it takes and "
+                             f"none finished within {self.queue_wait_s:.0f} s; try again "
+                             "shortly.") from None
+        finally:
+            self.waiting -= 1
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = q
+        finished = False
+        try:
+            if on_turn:
+                on_turn(True)
+            self._send(replace(cmd, id=rid))
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), self.token_timeout)
+                except TimeoutError:
+                    finished = True
+                    await self.kill(f"The worker for {self.model_id} answered nothing for "
+                                    f"{self.token_timeout:.0f} s and was stopped.")
+                    failed = WorkerFailed(self.dead_reason or "The worker stalled.")
+                    return Error(rid, failed.code, failed.message, None, failed.status)
+                if isinstance(ev, TERMINAL):
+                    finished = True
+                    return ev
+        finally:
+            if finished or not self.alive:
+                self._end_turn(rid, on_turn)
+            else:
                 with contextlib.suppress(WorkerFailed):
                     self._send(Cancel(rid))
                 asyncio.get_running_loop().create_task(self._drain(rid, q, on_turn))
