@@ -41,8 +41,8 @@ def piece(p: Mapping[str, Any], where: str) -> Piece | None:
 
 def _source(value: Any, where: str, media_type: str | None = None) -> Source:
     if not isinstance(value, str) or not value:
-        raise BadRequest(f"'{where}' must be the image as a data: URL (or an http(s) URL).",
-                         param=where)
+        raise BadRequest(f"'{where}' must be an image: base64 or a data: URL (an http(s) "
+                         "URL where this node fetches images).", param=where)
     return Source(value, where, media_type)
 
 
