@@ -1,7 +1,7 @@
 """The model list as the models view shows it, from the node's catalog entries: grouped by
 family, one badge per variant saying whether it fits this machine (or how many machines
 it needs, or that it is too large, with the planner's reason where the node gave one),
-what it is good at (thinking, code, vision) and whether it is downloaded, and which
+what it is good at (thinking, code, vision, embedding) and whether it is downloaded, and which
 variant of a size suits this machine best. Qt-free: tested as plain values."""
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ THINKING = ("qwen3-", "qwq", "deepseek-r1", "-r1-", "gpt-oss", "thinking", "reas
 CODE = ("coder", "codestral", "devstral", "starcoder", "codellama", "code-")
 VISION = ("-vl", "vision", "llava", "gemma-3", "llama-4", "pixtral", "smolvlm")
 FILTERS = (("fits", "Fits this machine"), ("downloaded", "Downloaded"),
-           ("thinking", "Thinking"), ("code", "Code"), ("vision", "Vision"))
+           ("thinking", "Thinking"), ("code", "Code"), ("vision", "Takes images"))
+TAG_TIPS = {"thinking": "Reasons before it answers (shown folded in the chat)",
+            "code": "Tuned for programming",
+            "vision": "Takes images: attach, paste or drop one in the chat",
+            "vision?": "Its name says it reads images; Shoal can't tell until it is "
+                       "downloaded (it may run its text part only)",
+            "embedding": "Turns text into vectors for search (/v1/embeddings); served "
+                         "beside a chat model",
+            "reranker": "Orders passages by relevance to a query (/v1/rerank)"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,7 @@ class Badge:
 class Variant:
     entry: CatalogModel
     fit: Badge
-    tags: tuple[str, ...]  # thinking, code, vision
+    tags: tuple[str, ...]  # thinking, code, vision, embedding, reranker
     downloaded: bool
     best: bool = False  # the variant of its size that suits this machine best
 
@@ -64,10 +72,9 @@ class Variant:
         elif peers := [x for x in self.entry.local if x.source == "peer"]:
             names = ", ".join(str(x.node) for x in peers)
             out.append(Badge("plain", f"on {names}", "Copied from there, not the Hub"))
-        tips = {"thinking": "Reasons before it answers (shown folded in the chat)",
-                "code": "Tuned for programming", "vision": "Reads images where the "
-                "runtime supports them; Shoal runs its text part"}
-        out += [Badge("plain", tag, tips[tag]) for tag in self.tags]
+        guessed = self.entry.capabilities is None
+        out += [Badge("plain", tag, TAG_TIPS[f"{tag}?" if guessed and tag == "vision"
+                                             else tag]) for tag in self.tags]
         return out
 
 
@@ -103,9 +110,20 @@ def family_of(entry: CatalogModel) -> str:
 
 
 def tags_of(entry: CatalogModel) -> tuple[str, ...]:
+    """What the model is good at: thinking and code from its name; vision, embedding and
+    reranker from what the node read in its config (capabilities), or, where the node
+    doesn't know (a curated or Hub entry not downloaded), vision from the name."""
     text = f"{entry.id} {entry.name}".lower().replace(" ", "-")
-    return tuple(tag for tag, marks in (("thinking", THINKING), ("code", CODE),
-                                        ("vision", VISION)) if any(m in text for m in marks))
+    caps = entry.capabilities
+    named = [tag for tag, marks in (("thinking", THINKING), ("code", CODE))
+             if any(m in text for m in marks)]
+    if caps is None:
+        return tuple(named + (["vision"] if any(m in text for m in VISION) else []))
+    if "generate" not in caps:  # an embedding model or reranker: it neither thinks nor codes
+        named = []
+    return tuple(named + [tag for tag, cap in (("vision", "vision"), ("embedding", "embed"))
+                          if cap in caps]
+                 + (["reranker"] if caps == ["rerank"] else []))
 
 
 def downloaded(entry: CatalogModel) -> bool:

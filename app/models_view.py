@@ -187,7 +187,8 @@ class ModelsView(QWidget):
         if self.hub_available is False:  # no catalog from this node: the local list alone
             self.catalog = [CatalogModel(m.id, m.id, source="local", local=[FilesAt("shoal")],
                                          size_bytes=m.shoal.size_bytes,
-                                         quantization=m.shoal.quantization)
+                                         quantization=m.shoal.quantization,
+                                         capabilities=m.shoal.capabilities)
                             for m in models]
             self._fill_tree()
 
@@ -272,7 +273,13 @@ class ModelsView(QWidget):
         row.setContentsMargins(2, 0, 2, 0)
         repo = v.id
         hub = repo.count("/") == 1 and not any(x.source == "shoal" for x in v.entry.local)
-        if v.downloaded:
+        caps = v.entry.capabilities
+        if v.downloaded and caps is not None and "generate" not in caps:
+            main = _button("Serves search", lambda: None, f"{repo} doesn't chat")
+            main.setEnabled(False)  # an embedding model or reranker has no chat to open
+            main.setToolTip("An embedding or reranking model: the node serves it beside "
+                            "the chat model (/v1/embeddings, /v1/rerank); it doesn't chat.")
+        elif v.downloaded:
             main = _button("Chat", lambda: self.chat_requested.emit(repo), f"Chat with {repo}")
         elif v.fit.kind == "error":
             main = _button("Too large", lambda: None, f"{repo} is too large")
