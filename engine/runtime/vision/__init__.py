@@ -7,12 +7,15 @@ the model's text and refuses images (engine/runtime/group)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, ClassVar
 
 from engine.protocol import GenerateRequest
 from engine.runtime.engine import Emit
 from engine.runtime.text_engine import TextEngine
+
+log = logging.getLogger(__name__)
 
 
 class VisionEngine(TextEngine):
@@ -36,13 +39,20 @@ class VisionEngine(TextEngine):
             self.on_request(rid, False)
 
 
-def load_engine(model_dir: str, args: Any, emit: Emit) -> VisionEngine:
+def load_engine(model_dir: str, args: Any, emit: Emit) -> TextEngine:
     """The text engine for the checkpoint's language model, with its vision tower and
-    projector loaded beside it. Raises ShoalError where mlx-vlm can't load them."""
+    projector loaded beside it; where mlx-vlm can't load them, the text engine alone
+    (the log says why; Ready's capabilities then don't list vision, and images get the
+    text model's 400)."""
     from pathlib import Path
 
+    from engine.errors import ShoalError
     from engine.runtime.text_engine import load_text_engine
     from engine.runtime.vision.tower import Vision
 
     text = load_text_engine(model_dir, args, emit)
-    return VisionEngine(text, Vision(Path(model_dir), text.model))
+    try:
+        return VisionEngine(text, Vision(Path(model_dir), text.model))
+    except ShoalError as e:
+        log.warning("serving %s as text only: %s", model_dir, e.message)
+        return text

@@ -43,10 +43,10 @@ class Vision:
         try:
             vlm = load_model(Path(folder), lazy=True)
             processor = load_processor(folder, add_detokenizer=False)
-        except (ValueError, KeyError, TypeError, OSError, ImportError) as e:
+            image_processor = load_image_processor(folder)
+        except Exception as e:  # anything mlx-vlm or transformers raise on these files
             raise UnsupportedModel(f"mlx-vlm can't load this model's vision tower: "
                                    f"{str(e)[:200]}") from e
-        image_processor = load_image_processor(folder)
         if image_processor is not None:
             processor.image_processor = image_processor
         # the lazy language model goes unread: get_input_embeddings uses mlx-lm's tokens

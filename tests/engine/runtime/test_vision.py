@@ -220,3 +220,22 @@ def test_image_parts_are_bounded(loaded: Any) -> None:
     with pytest.raises(BadRequest, match="At most 16"):
         prepare(tokenizer, GenerateRequest(**{**req.__dict__, "messages": [msg]}), 4096,
                 vision)
+
+
+def test_a_tower_mlx_vlm_cant_load_leaves_the_text_engine(tmp_path: Path) -> None:
+    """A vision checkpoint whose tower can't load still serves text (as a text model)."""
+    import argparse
+
+    import engine.runtime.vision as vision
+    from engine.runtime.text_engine import TextEngine
+
+    folder = make_tiny_gemma3(tmp_path / "g")
+    (folder / "preprocessor_config.json").write_text("{not json")
+    args = argparse.Namespace(context_limit=None, prefix_cache_tokens=0, draft_model=None,
+                              speculative="off", draft_tokens=4, streams=1, kv_bits=None,
+                              prefix_disk=None, prefix_disk_bytes=0, memory_limit=None,
+                              model=str(folder), model_id="g")
+    engine = vision.load_engine(str(folder), args, lambda m: None)
+    assert type(engine) is TextEngine and "vision" not in engine.capabilities
+    make_tiny_gemma3(folder)  # whole again: it takes images
+    assert "vision" in vision.load_engine(str(folder), args, lambda m: None).capabilities
