@@ -24,6 +24,10 @@ MAX_BYTES = 20 * 2**20
 MAX_PIXELS = 50_000_000
 MAX_SIDE = 16_384
 MAX_IMAGES = 8  # per message: more is rarely meant, and each one costs the model context
+# A node takes request bodies up to 4 MB by default (--max-body-mb), base64 adds a third:
+# a larger picture is sent reduced (vision models read far fewer pixels than a photo has).
+SEND_BYTES = int(2.5 * 2**20)
+SEND_SIDES = (2048, 1536, 1024, 768)
 FORMATS = {"png": ("image/png", "png"), "jpeg": ("image/jpeg", "jpg"), "jpg": ("image/jpeg", "jpg"),
            "webp": ("image/webp", "webp"), "gif": ("image/gif", "gif")}
 KINDS = "PNG, JPEG, WebP or GIF"
@@ -41,6 +45,7 @@ class Image:
     label: str  # what the user knows it as: the file name, or "Pasted image"
     width: int
     height: int
+    reduced_from: tuple[int, int] | None = None  # the original's size, when sent smaller
 
     @property
     def name(self) -> str:
@@ -81,7 +86,27 @@ def from_bytes(data: bytes, label: str) -> Image:
         raise Refused(damaged) from None
     if kind not in FORMATS or w < 1 or h < 1:
         raise Refused(f"{label} isn't a {KINDS} picture, so it can't be attached.")
-    return Image(data, FORMATS[kind][0], label, w, h)
+    image = Image(data, FORMATS[kind][0], label, w, h)
+    return image if len(data) <= SEND_BYTES else _reduced(image)
+
+
+def _reduced(image: Image) -> Image:
+    """`image` made small enough to send: at most 2048 pixels a side (less if need be),
+    JPEG unless it has transparency. The original file is left as it was."""
+    with _open(image.data) as im:
+        im.load()
+        alpha = im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info
+        source = im.convert("RGBA" if alpha else "RGB")
+    for side in SEND_SIDES:
+        copy = source.copy()
+        copy.thumbnail((side, side))
+        out = io.BytesIO()
+        copy.save(out, "PNG" if alpha else "JPEG", quality=90)
+        if out.tell() <= SEND_BYTES:
+            break
+    mime = "image/png" if alpha else "image/jpeg"
+    return Image(out.getvalue(), mime, image.label, copy.width, copy.height,
+                 reduced_from=(image.width, image.height))
 
 
 def from_file(path: str | Path) -> Image:

@@ -100,5 +100,13 @@ class PendingImages(QWidget):
         self._show()
 
     def _show(self) -> None:
-        self.strip.set_images([(i.data, i.label) for i in self.images])
+        self.strip.set_images([(i.data, _label(i)) for i in self.images])
         self.changed.emit()
+
+
+def _label(image: Image) -> str:
+    if image.reduced_from is None:
+        return image.label
+    w, h = image.reduced_from
+    return (f"{image.label} (sent at {image.width} x {image.height}: the {w} x {h} original "
+            "is larger than a request to the node can carry)")

@@ -207,3 +207,20 @@ def test_pictures_decode_without_qt_reading_bad_bytes(qtbot):
     assert thumbnail(b"garbage", 64).isNull()
     with pytest.raises(Refused):
         from_bytes(b"GIF89a" + b"\0" * 10, "short.gif")
+
+
+def test_a_photo_too_large_for_a_request_is_sent_reduced(qtbot, make_pane, dead_url,
+                                                         tmp_path, monkeypatch):
+    import os
+
+    from app.attachments import SEND_BYTES
+    pane, _ = make_pane(dead_url)
+    noise = Pillow.frombytes("RGB", (3000, 2000), os.urandom(3000 * 2000 * 3))
+    noise.save(tmp_path / "big.png")  # ~18 MB: under the 20 MB bound, over a request's
+    choose(monkeypatch, tmp_path / "big.png")
+    qtbot.mouseClick(pane.attach_button, Qt.MouseButton.LeftButton)
+    (image,) = pane.pending.images
+    assert len(image.data) <= SEND_BYTES and image.mime == "image/jpeg"
+    assert max(image.width, image.height) <= 2048 and image.reduced_from == (3000, 2000)
+    (label,) = waiting(pane)
+    assert label.startswith("big.png (sent at ") and "3000 x 2000 original" in label
