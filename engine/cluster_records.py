@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.cluster.dist_config import DistConfig
 from engine.platform.probes import PlatformReport
 from engine.records import (
     DraftInfo,
@@ -26,7 +27,6 @@ from engine.records import (
     Record,
     SpeedInfo,
 )
-from engine.runtime.distributed import DistConfig
 
 
 @dataclass(frozen=True)

@@ -243,8 +243,8 @@ class NetnsLan:
 def memory_limit_gb(model_dir: Path) -> float:
     """A --memory-limit (GB) between the memory one node needs for the model and what
     each of two needs: it fits on two nodes, never one (the healing tests and benchmark)."""
+    from engine.hub.checkpoint import memory_bytes
     from engine.node.planning import plan_from_cluster
-    from engine.runtime.checkpoint import memory_bytes
     config = json.loads((model_dir / "config.json").read_text())
     facts = {"model_config": config, "weight_bytes": memory_bytes(model_dir, config)}
     infos = [{"id": n, "name": n, "memory_usable_bytes": 100e9} for n in ("a", "b")]

@@ -199,3 +199,54 @@ def test_no_module_imports_its_way_back_to_itself():
 
 def test_the_circle_check_sees_a_circle():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# Folder order, bottom to top: a module imports only from its own floor or below (anywhere
+# in it, functions included; `if TYPE_CHECKING:` aside). Top-level modules of engine/ are
+# named alone; a folder stands for everything in it.
+FLOORS: list[tuple[str, ...]] = [
+    ("engine", "engine.errors", "engine.words", "engine.paths", "engine.logs", "engine.net",
+     "engine.durations", "engine.modelconfig"),  # the basics: no engine import but these
+    ("engine.platform",),  # what this machine is: device, BLAS, memory rule, probes
+    ("engine.records", "engine.protocol"),  # the shared vocabulary
+    ("engine.placement", "engine.placement_profiles"),  # pure planning
+    ("engine.cluster", "engine.cluster_records", "engine.hub", "engine.telemetry"),
+    ("engine.runtime",),  # the worker
+    ("engine.api",),  # one adapter per wire protocol
+    ("engine.node",),  # the daemon
+    ("engine.cli", "engine.client", "engine.connect", "engine.connect_files",
+     "engine.connect_fit", "engine.connect_jsonc", "engine.placement_cli",
+     "engine.selftest", "app"),  # what people run
+]
+
+
+def _floor(module: str) -> int:
+    """The floor of `module`: that of the longest name in FLOORS it is, or is inside."""
+    best, at = "", -1
+    for i, names in enumerate(FLOORS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > len(best):
+                best, at = name, i
+    return at
+
+
+def _backward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, bs in graph.items() for b in bs
+                  if _floor(b) > _floor(a))
+
+
+def test_every_module_has_a_floor():
+    assert [m for m in _import_graph() if _floor(m) < 0] == []
+
+
+def test_imports_go_to_their_own_floor_or_below():
+    """engine/records.py can't import the node, placement can't import the runtime, the API
+    can't import the node: each floor is read knowing only the floors below it."""
+    assert _backward(_import_graph()) == []
+
+
+def test_the_floor_check_sees_a_backward_import():
+    graph = {"engine.records": {"engine.errors"}, "engine.api.ollama": {"engine.node.state"},
+             "engine.platform.cpu": {"engine.runtime.load"}, "app.chat": {"engine.client"}}
+    assert _backward(graph) == ["engine.api.ollama -> engine.node.state",
+                                "engine.platform.cpu -> engine.runtime.load"]

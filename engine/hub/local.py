@@ -142,7 +142,7 @@ def _describe(folder: Path, model_id: str, source: Source) -> LocalModel | None:
         text = config.get("text_config")
         text = text if isinstance(text, dict) else {}  # multimodal configs nest the LM
         layers = config.get("num_hidden_layers", text.get("num_hidden_layers"))
-        from engine.runtime.checkpoint import model_context
+        from engine.hub.checkpoint import model_context
         context = model_context(config)
         files = [p for p in folder.iterdir() if p.is_file()]
         size = sum(p.stat().st_size for p in files)

@@ -121,7 +121,7 @@ class Cluster:
     def model_facts(self, model: str) -> ModelFacts:
         """plan_from_cluster's model inputs: config.json, the weights' bytes in memory and
         the context, read from the checkpoint here."""
-        from engine.runtime.checkpoint import memory_bytes, model_context
+        from engine.hub.checkpoint import memory_bytes, model_context
         config = self.model_config(model)
         return {"model_config": config,
                 "weight_bytes": memory_bytes(self.node.resolve(model), config),

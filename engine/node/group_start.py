@@ -14,13 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from engine.cluster.dist_config import DistConfig
 from engine.cluster_records import FollowerState, RankPorts, RankPrepare, RankStart
 from engine.errors import PeerUnreachable, ShoalError, WorkerFailed
 from engine.node.launch import Instance, Rank, fresh_ports, host_of, write_config
 from engine.node.peers import Peers
 from engine.node.service import Node
 from engine.records import ENDED, InstanceState, Record
-from engine.runtime.distributed import DistConfig
 from engine.runtime.prefix import default_budget
 
 R = TypeVar("R", bound=Record)

@@ -311,7 +311,7 @@ async def model_settings(request: web.Request) -> web.Response:
     model = next((m for m in node.local_models() if m.id == model_id), None)
     if model is None:
         raise ModelNotFound(f"No model {model_id!r} on this node.", param="id")
-    from engine.runtime.checkpoint import model_context, read_config
+    from engine.hub.checkpoint import model_context, read_config
     declared = model_context(await asyncio.to_thread(read_config, model.path))
     node.model_settings.set_context_limit(model_id, body.get("context_limit"), declared)
     loaded = getattr(node.runner, "model", None) == model_id

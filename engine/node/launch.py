@@ -17,6 +17,7 @@ from pydantic import Field, StrictBool, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.api.openai_schemas import Strict
+from engine.cluster.dist_config import Backend, DistConfig
 from engine.cluster.secret import write_private
 from engine.cluster_records import RankPorts
 from engine.errors import BadRequest, InsufficientMemory
@@ -36,7 +37,6 @@ from engine.placement.validate import (
 )
 from engine.platform.probes import PlatformReport
 from engine.records import InstanceInfo, InstanceState, LoadReport, RankInfo
-from engine.runtime.distributed import Backend, DistConfig
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ def check_instance_id(inst_id: object) -> str:
 
 
 def write_config(home: Path, inst_id: str, cfg: DistConfig) -> Path:
-    """The rank's config file, which its worker reads (engine/runtime/distributed.py)."""
+    """The rank's config file, which its worker reads (engine/cluster/dist_config.py)."""
     folder = home / "instances" / check_instance_id(inst_id)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank{cfg.rank}.json"

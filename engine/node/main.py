@@ -104,8 +104,8 @@ def draft_size(folder: Path | None) -> DraftInfo | None:
         return None
     import json
 
+    from engine.hub.checkpoint import memory_bytes
     from engine.placement.model import ModelSpec
-    from engine.runtime.checkpoint import memory_bytes
 
     config = json.loads((folder / "config.json").read_text())
     spec = ModelSpec.from_config(config, name=folder.name)

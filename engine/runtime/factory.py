@@ -39,8 +39,8 @@ def make_engine(model_dir: str, args: Any, emit: Emit) -> Engine:
 def _capabilities(folder: Path) -> list[str]:
     """What the folder's checkpoint does; a folder that can't be read is taken for a text
     model, whose loading then says what is wrong with it."""
+    from engine.hub.checkpoint import read_config
     from engine.modelconfig import capabilities
-    from engine.runtime.checkpoint import read_config
 
     try:
         config = read_config(folder)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import CorruptModel, ShardMismatch, UnsupportedModel
-from engine.runtime.checkpoint import read_config, weight_map
+from engine.hub.checkpoint import read_config, weight_map
 from engine.runtime.realize import flat, realize
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ def materialise(layers: list[Any], whole: Any, progress: Progress | None) -> Non
 def load_model(folder: Path, progress: Progress | None = None
                ) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, config). Every weight file is checked before loading."""
-    from engine.runtime.checkpoint import check_files, weight_files
+    from engine.hub.checkpoint import check_files, weight_files
     from engine.runtime.stage import layer_list
 
     config = read_config(folder)

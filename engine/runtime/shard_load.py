@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelNotFound, ShardMismatch, UnsupportedModel
+from engine.hub.checkpoint import check_safetensors, weight_map
 from engine.hub.shards import rank_keeps
-from engine.runtime.checkpoint import check_safetensors, weight_map
 from engine.runtime.load import (
     check_loaded,
     cpu_fast_path,

@@ -67,7 +67,7 @@ def _has_image_parts(request: GenerateRequest) -> bool:
 def load_text_engine(model_dir: str, args: argparse.Namespace, emit: Emit) -> TextEngine:
     """A one-process text engine as the worker's flags say. Raises ShoalError (with the
     code the node shows) where the model, its draft model or its KV bits can't be used."""
-    from engine.runtime.checkpoint import model_context
+    from engine.hub.checkpoint import model_context
     from engine.runtime.load import load_model
     from engine.runtime.prefix import default_budget
 

@@ -65,8 +65,8 @@ def totals_at(model_dir, context: int) -> dict[int, int]:
     same function the node plans with, on a node with room to spare."""
     import json
 
+    from engine.hub.checkpoint import memory_bytes
     from engine.node.planning import plan_from_cluster
-    from engine.runtime.checkpoint import memory_bytes
 
     config = json.loads((model_dir / "config.json").read_text())
     out = {}

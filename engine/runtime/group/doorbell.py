@@ -20,8 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine.cluster.dist_config import DistConfig
 from engine.errors import PeerUnreachable
-from engine.runtime.distributed import DistConfig
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.runtime.distributed import DistConfig, Watchdog
+from engine.cluster.dist_config import DistConfig
 from engine.runtime.generate import Record, decode_tps
+from engine.runtime.group.distributed import Watchdog
 from engine.runtime.group.doorbell import END, Doorbell
 from engine.runtime.sampling import Sampling
 from engine.runtime.stops import Shown

@@ -68,9 +68,10 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     `memory_limit`: the node's cap for admission, in bytes."""
     import mlx.core as mx
 
+    from engine.cluster.dist_config import DistConfig
+    from engine.hub.checkpoint import model_context
     from engine.placement.families import batching_refusal
-    from engine.runtime.checkpoint import model_context
-    from engine.runtime.distributed import DistConfig, Fatal, Watchdog, init_group
+    from engine.runtime.group.distributed import Fatal, Watchdog, init_group
     from engine.runtime.group.doorbell import LOADED, Doorbell
     from engine.runtime.group.lockstep import Link
 
@@ -250,7 +251,7 @@ def _admission(cfg: Any, config: dict[str, Any], prefix: Any, limit: int | None,
 
 def _load(folder: Path, cfg: Any, group: Any, emit: Any) -> tuple[Any, Any, dict, Any]:
     """(model or stage, tokenizer on rank 0, config, ShardInfo)."""
-    from engine.runtime.distributed import check_layer_ranges
+    from engine.cluster.dist_config import check_layer_ranges
     from engine.runtime.load import load_tokenizer, read_config
     from engine.runtime.shard_load import load_pipeline_stage, load_tensor_shard
 

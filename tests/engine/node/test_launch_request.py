@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine.api.common import parse
+from engine.cluster.dist_config import DistConfig
 from engine.errors import BadRequest
 from engine.node.launch import LaunchRequest, NodeRef
-from engine.runtime.distributed import DistConfig
 
 
 @pytest.mark.parametrize("body,param,words", [

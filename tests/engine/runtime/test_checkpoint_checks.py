@@ -1,4 +1,4 @@
-"""What Shoal reads off a checkpoint before anything starts (engine/runtime/checkpoint.py):
+"""What Shoal reads off a checkpoint before anything starts (engine/hub/checkpoint.py):
 the context every part shows and enforces, the bytes the planner counts, and a refusal
 naming the field or file for everything mlx-lm can't run."""
 
@@ -30,12 +30,12 @@ CONTEXTS = {
 
 @pytest.mark.parametrize("name, want", sorted(CONTEXTS.items()))
 def test_the_context_is_the_one_the_config_declares(name, want):
-    from engine.runtime.checkpoint import model_context
+    from engine.hub.checkpoint import model_context
     assert model_context(published(name)) == want
 
 
 def test_yarn_added_to_a_config_extends_its_context():
-    from engine.runtime.checkpoint import model_context
+    from engine.hub.checkpoint import model_context
     qwen = published("Qwen__Qwen2.5-7B-Instruct")
     qwen["rope_scaling"] = {"type": "yarn", "factor": 4.0,
                             "original_max_position_embeddings": 32768}
@@ -43,15 +43,15 @@ def test_yarn_added_to_a_config_extends_its_context():
 
 
 def _tensor_bytes(folder: Path) -> int:
-    from engine.runtime.checkpoint import tensor_bytes
+    from engine.hub.checkpoint import tensor_bytes
     return sum(tensor_bytes(f) for f in folder.glob("*.safetensors"))
 
 
 def test_the_planner_counts_a_mixed_quantized_checkpoints_real_bytes(tmp_path):
     """Ring-mini: 4-bit with 8-bit gates, layers whose width the group doesn't divide
     left in bfloat16: the bytes on disk, not 4.5 bits times the parameters."""
+    from engine.hub.checkpoint import memory_bytes, read_config
     from engine.placement.model import ModelSpec
-    from engine.runtime.checkpoint import memory_bytes, read_config
 
     folder = write_checkpoint(tmp_path / "ring", "mlx-community__Ring-mini-linear-2.0-4bit",
                               shards=2)
@@ -65,7 +65,7 @@ def test_the_planner_counts_a_mixed_quantized_checkpoints_real_bytes(tmp_path):
 
 def test_fp8_blocks_count_twice_their_size(tmp_path):
     """mlx-lm unpacks DeepSeek's FP8 blocks to bfloat16 as it loads them."""
-    from engine.runtime.checkpoint import memory_bytes, read_config, stored_bytes
+    from engine.hub.checkpoint import memory_bytes, read_config, stored_bytes
 
     folder = write_checkpoint(tmp_path / "ds", "deepseek-ai__DeepSeek-V3")
     config = read_config(folder)
@@ -95,7 +95,7 @@ def _edit_config(folder: Path, **changes) -> None:
     ({"quantization": {"bits": 7, "group_size": 64}}, "quantization", "bits"),
 ])
 def test_what_mlx_lm_cant_run_is_refused_naming_the_field(llama, changes, field, words):
-    from engine.runtime.checkpoint import inspect
+    from engine.hub.checkpoint import inspect
     _edit_config(llama, **changes)
     with pytest.raises(UnsupportedModel) as e:
         inspect(llama)
@@ -111,7 +111,7 @@ def test_a_rope_block_the_model_code_cant_build_is_named_at_load(llama):
 
 
 def test_a_tokenizer_that_is_code_in_the_folder_is_refused(llama):
-    from engine.runtime.checkpoint import inspect
+    from engine.hub.checkpoint import inspect
     tc = json.loads((llama / "tokenizer_config.json").read_text())
     tc["auto_map"] = {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}
     (llama / "tokenizer_config.json").write_text(json.dumps(tc))
@@ -121,7 +121,7 @@ def test_a_tokenizer_that_is_code_in_the_folder_is_refused(llama):
 
 
 def test_damaged_files_are_named(llama):
-    from engine.runtime.checkpoint import inspect
+    from engine.hub.checkpoint import inspect
     shard = llama / "model-00002-of-00002.safetensors"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
@@ -137,7 +137,7 @@ def test_damaged_files_are_named(llama):
 
 def test_a_pipeline_ranks_partial_copy_passes_the_node_check(llama):
     """A node that fetched only its layers' files holds part of the index's files."""
-    from engine.runtime.checkpoint import inspect
+    from engine.hub.checkpoint import inspect
     (llama / "model-00002-of-00002.safetensors").unlink()
     assert inspect(llama, all_files=False).context == 131072
 

@@ -12,14 +12,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from engine.cluster.dist_config import BadDistConfig, DistConfig, check_layer_ranges
 from engine.errors import ModelNotFound, ShardMismatch
-from engine.runtime.distributed import (
-    BadDistConfig,
-    DistConfig,
-    Watchdog,
-    check_layer_ranges,
-    mlx_environment,
-)
+from engine.runtime.group.distributed import Watchdog, mlx_environment
 from engine.runtime.group.lockstep import Header, prefill_chunks
 from engine.runtime.sampling import Sampling
 from tiny import LLAMA, make_tiny_model  # noqa: E402

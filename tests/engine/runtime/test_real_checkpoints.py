@@ -175,7 +175,7 @@ def test_pipeline_ranks_loaded_from_their_shards(folders, name):
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_what_mlx_lm_cant_run_is_refused_naming_the_field(folders, name):
     from engine.errors import UnsupportedModel
-    from engine.runtime.checkpoint import inspect
+    from engine.hub.checkpoint import inspect
 
     with pytest.raises(UnsupportedModel) as e:
         inspect(folders[name])

@@ -353,7 +353,7 @@ def try_build(folder: Path, config: dict[str, Any], timeout: float = 300) -> Non
     """mlx-lm builds the model over the headers (lazily, nothing read) in a child process;
     a failure is a refusal naming the quantization format."""
     try:
-        out = subprocess.run([sys.executable, "-m", "engine.runtime.checkpoint", str(folder)],
+        out = subprocess.run([sys.executable, "-m", "engine.hub.checkpoint", str(folder)],
                              capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         log.warning("the trial build of %s took over %.0f s; not checked", folder, timeout)
