@@ -260,9 +260,10 @@ class NodeClient:
             raise PeerUnreachable(f"Lost the node's event stream: {e}") from e
 
     # --- chat ---------------------------------------------------------------------------
-    def chat(self, messages: list[dict[str, str]], model: str | None = None,
+    def chat(self, messages: list[dict[str, Any]], model: str | None = None,
              continue_final: bool = False, **params: Any) -> ChatStream:
-        """Stream a chat completion. params are OpenAI's (max_tokens, temperature, ...).
+        """Stream a chat completion. params are OpenAI's (max_tokens, temperature, ...);
+        a message's content may be OpenAI content parts (text, image_url with a data URL).
         continue_final: the last message is the assistant's unfinished answer, which the
         model goes on with (vLLM's continue_final_message)."""
         body = {"messages": messages, "stream": True,
