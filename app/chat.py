@@ -193,7 +193,9 @@ class ChatPane(QWidget):
             self.show_error(f"Couldn't list models: {_message_of(error)}")
 
     def _fill_models(self, models: list[ModelCard]) -> None:
-        self.model_picker.set_models(models)
+        # an embedding model or reranker has no chat: it isn't offered here
+        self.model_picker.set_models([m for m in models if m.shoal.capabilities is None
+                                      or "generate" in m.shoal.capabilities])
         self._capabilities = {m.id: m.shoal.capabilities for m in models}
         self._show_takes_images()
 

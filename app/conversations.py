@@ -33,6 +33,7 @@ MIME_OF_EXT = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp",
                "gif": "image/gif"}
 MAX_IMAGE_BYTES = 20 * 2**20  # as app.attachments takes them
 MAX_IMAGES = 16  # per message read back (the node takes 16 per request)
+PRUNE_AFTER_S = 3600.0
 
 
 @dataclass
@@ -119,6 +120,24 @@ class ConversationStore:
             self._set_aside(e)
             return
         self.conversations = sorted(convs, key=lambda c: c.created, reverse=True)
+        self._prune_images()
+
+    def _prune_images(self) -> None:
+        """Delete kept images no conversation names any more (their conversations were
+        deleted in an earlier run), so attached photos don't fill the disk. Only files
+        an hour old: one another window is sending now isn't in the file yet."""
+        used = {n for c in self.conversations for m in c.messages for n in m.images}
+        try:
+            files = list(self.images_dir.iterdir()) if self.images_dir.is_dir() else []
+        except OSError:
+            return
+        for f in files:
+            try:
+                if (IMAGE_NAME.fullmatch(f.name) and f.name not in used
+                        and time.time() - f.stat().st_mtime > PRUNE_AFTER_S):
+                    f.unlink()
+            except OSError as e:
+                log.info("Couldn't delete the unused image %s: %s", f, e)
 
     def _set_aside(self, error: Exception) -> None:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -224,3 +224,24 @@ def test_a_photo_too_large_for_a_request_is_sent_reduced(qtbot, make_pane, dead_
     assert max(image.width, image.height) <= 2048 and image.reduced_from == (3000, 2000)
     (label,) = waiting(pane)
     assert label.startswith("big.png (sent at ") and "3000 x 2000 original" in label
+
+
+def test_images_no_conversation_names_are_deleted_at_the_next_start(home):
+    import os
+    import time
+    kept, gone, fresh = ("a" * 64 + ".png", "b" * 64 + ".jpg", "c" * 64 + ".gif")
+    (home / "images").mkdir()
+    for name in (kept, gone, fresh):
+        (home / "images" / name).write_bytes(b"x")
+    old = time.time() - 2 * 3600
+    for name in (kept, gone):
+        os.utime(home / "images" / name, (old, old))
+    (home / "conversations.json").write_text(json.dumps({"version": 1, "conversations": [{
+        "id": "c1", "created": 1.0, "messages": [
+            {"role": "user", "content": "", "images": [kept]}]}]}))
+    ConversationStore(home)
+    assert sorted(p.name for p in (home / "images").iterdir()) == [kept, fresh]
+    # a file that can't be read deletes nothing: its conversations may name them all
+    (home / "conversations.json").write_text("{ not json")
+    ConversationStore(home)
+    assert sorted(p.name for p in (home / "images").iterdir()) == [kept, fresh]
