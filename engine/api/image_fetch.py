@@ -18,9 +18,9 @@ import aiohttp
 from aiohttp.resolver import ThreadedResolver
 from yarl import URL
 
-from engine.api.images import MAX_BYTES
 from engine.errors import BadRequest
 
+MAX_BYTES = 20 * 2**20  # one image's encoded bytes, fetched or inline (images.py)
 TIMEOUT_S = 10.0  # the whole fetch, redirects included
 MAX_REDIRECTS = 5
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -17,15 +17,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 from engine import protocol as wire
+from engine.api import image_fetch
+from engine.api.image_fetch import MAX_BYTES, Policy
 from engine.errors import BadRequest
 
 if TYPE_CHECKING:
     from PIL.Image import Image as Picture
 
-    from engine.api.image_fetch import Policy
-
 MAX_IMAGES = 16  # per request
-MAX_BYTES = 20 * 2**20  # one image's encoded bytes
 MAX_PIXELS = 50_000_000
 MAX_SIDE = 16_384  # a 30,000-px strip is no picture a vision tower reads
 MAX_DECODES = 2  # at once, per event loop: each may hold ~150 MB of pixels
@@ -86,7 +85,6 @@ async def load(src: Source, fetching: Policy | None = None) -> wire.ImageInput:
     v = src.value.strip()
     low = v[:8].lower()
     if low.startswith(("http://", "https://")):
-        from engine.api import image_fetch
         policy = fetching or image_fetch.policy_from_env()
         raw, declared = await image_fetch.fetch(v, src.param, policy)
     elif low.startswith("data:"):
