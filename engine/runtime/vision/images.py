@@ -84,7 +84,7 @@ def key_ids(ids: list[int], image_ids: frozenset[int], order: list[ImageInput]
             n = 0
             if run >= len(order):
                 break
-            base = int(str(order[run].get("sha256") or "0")[:12] or "0", 16)
+            base = _digest(order[run])
         keys[pos] = -1 - (base + n) % KEY_SPAN
         n += 1
     if run + 1 != len(order):
@@ -92,6 +92,15 @@ def key_ids(ids: list[int], image_ids: frozenset[int], order: list[ImageInput]
                          f"{len(order)}; this model's template doesn't take images where "
                          "they were sent.", param="messages")
     return keys
+
+
+def _digest(image: ImageInput) -> int:
+    """The image's sha256 as a number; a 400 where it isn't a sha256 (the API computes it
+    from the pixels; a worker checks what it indexes with)."""
+    digest = str(image.get("sha256") or "")
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()):
+        raise BadRequest("An image came without its sha256.", param="messages")
+    return int(digest[:15], 16)
 
 
 @dataclass

@@ -55,7 +55,7 @@ class Vision:
         self.model, self.processor, self.config = vlm, processor, vlm.config
         self.image_token = int(getattr(self.config, "image_token_index", None)
                                or self.config.image_token_id)
-        tok = getattr(processor, "tokenizer", processor)
+        tok: Any = getattr(processor, "tokenizer", processor)
         vocab = tok.get_vocab()
         self.span_ids = frozenset({self.image_token} | {vocab[t] for t in SPAN_TOKENS
                                                         if t in vocab})

@@ -239,3 +239,22 @@ def test_a_tower_mlx_vlm_cant_load_leaves_the_text_engine(tmp_path: Path) -> Non
     assert type(engine) is TextEngine and "vision" not in engine.capabilities
     make_tiny_gemma3(folder)  # whole again: it takes images
     assert "vision" in vision.load_engine(str(folder), args, lambda m: None).capabilities
+
+
+def test_a_group_refuses_images_saying_why() -> None:
+    from engine.runtime.vision.group import refuse_images_in_group
+
+    refuse_images_in_group(GenerateRequest(messages=[{"role": "user", "content": "hi"}]))
+    with pytest.raises(BadRequest, match="on one node") as e:
+        refuse_images_in_group(request([png(8, 8)]))
+    assert e.value.code == "images_unsupported"
+
+
+def test_an_image_without_its_hash_is_a_400(loaded: Any) -> None:
+    from engine.runtime.request import prepare
+
+    _, tokenizer, vision = loaded
+    req = request([png(40, 30)])
+    bad = {**req.images[0], "sha256": "zz"}  # type: ignore[index]
+    with pytest.raises(BadRequest, match="sha256"):
+        prepare(tokenizer, GenerateRequest(**{**req.__dict__, "images": [bad]}), 4096, vision)
