@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import http.server
 import io
 import json
 import struct
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -167,12 +170,16 @@ def test_ollama_images_come_before_the_turns_text():
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
          ) -> Iterator[NodeProcess]:
-    """The tiny text model, a tiny vision model beside it, URL fetching on."""
+    """The tiny text model, a tiny vision model beside it, URL fetching on (and from
+    127.0.0.1, where the tests' image server listens: every other private address is
+    refused)."""
     from tiny_vision import make_tiny_gemma3
 
     home = home_with(tmp_path_factory.mktemp("images-node"), tiny_model_dir)
     make_tiny_gemma3(home / "models" / VISION)
-    n = NodeProcess(home, TINY, env={"SHOAL_FETCH_IMAGES": "on"}).wait_healthy()
+    n = NodeProcess(home, TINY, env={"SHOAL_FETCH_IMAGES": "on",
+                                     "SHOAL_FETCH_IMAGES_PRIVATE": "127.0.0.1/32"}
+                    ).wait_healthy()
     try:
         n.wait_ready()
         yield n
@@ -246,20 +253,65 @@ def noisy_png() -> bytes:
     (url(bomb(8000, 7000)), "8000x7000 pixels is over"),
     (url(png(), "image/jpeg"), "declared image/jpeg but the data is PNG"),
     ("data:image/png;base64,not base64!", "not valid base64"),
-    ("http://127.0.0.1:1/a.png", "(127.0.0.1)"),
+    ("http://127.0.0.2:1/a.png", "(127.0.0.2)"),
+    ("http://[::1]:1/a.png", "(::1)"),
     ("http://169.254.169.254/latest/meta-data/", "(169.254.169.254)"),
     ("http://10.20.30.40/a.png", "(10.20.30.40)"),
-    ("http://localhost:1/a.png", "localhost is a private"),
+    ("{base}/to-metadata", "(169.254.169.254)"),
+    ("{base}/to-private", "(192.168.0.1)"),
+    ("{base}/huge", "over 20 MiB"),
+    ("{base}/missing", "answered 404"),
+    ("ftp://127.0.0.1/a.png", "only data: URLs"),
 ])
-def test_hostile_images_are_a_400_and_the_node_lives(node: NodeProcess, image: str,
-                                                     says: str):
+def test_hostile_images_are_a_400_and_the_node_lives(node: NodeProcess, image_server: str,
+                                                     image: str, says: str):
     r = httpx.post(node.url + "/v1/chat/completions", timeout=60, json={
         "model": TINY, "max_tokens": 2, "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url(png())}},
-            {"type": "image_url", "image_url": {"url": image}}]}]})
+            {"type": "image_url", "image_url": {"url": image.format(base=image_server)}}]}]})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert says in err["message"] and err["param"] == "messages[0].content[1].image_url.url"
+    lives(node)
+
+
+@pytest.fixture(scope="module")
+def image_server() -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1: an image, redirects to private addresses, 21 MiB."""
+    routes: dict[str, tuple[int, dict[str, str], bytes]] = {
+        "/a.png": (200, {"Content-Type": "image/png"}, png()),
+        "/to-metadata": (302, {"Location": "http://169.254.169.254/latest/"}, b""),
+        "/to-private": (307, {"Location": "http://192.168.0.1/a.png"}, b""),
+        "/huge": (200, {"Content-Type": "image/png"}, b"\0" * (21 * 2**20))}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            status, headers, body = routes.get(self.path, (404, {}, b""))
+            self.send_response(status)
+            for k, v in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            with contextlib.suppress(OSError):  # the node stops reading at its bound
+                self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    s.daemon_threads = True
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{s.server_address[1]}"
+    finally:
+        s.shutdown()
+        s.server_close()
+
+
+def test_a_fetched_image_reaches_the_model_check(node: NodeProcess, image_server: str):
+    r = httpx.post(node.url + "/v1/messages", timeout=60, json={
+        "model": TINY, "max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": image_server + "/a.png"}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == UNSUPPORTED
     lives(node)
 
 
