@@ -72,7 +72,7 @@ class Variant:
         elif peers := [x for x in self.entry.local if x.source == "peer"]:
             names = ", ".join(str(x.node) for x in peers)
             out.append(Badge("plain", f"on {names}", "Copied from there, not the Hub"))
-        guessed = self.entry.capabilities is None
+        guessed = capabilities_of(self.entry.capabilities) is None
         out += [Badge("plain", tag, TAG_TIPS[f"{tag}?" if guessed and tag == "vision"
                                              else tag]) for tag in self.tags]
         return out
@@ -109,12 +109,20 @@ def family_of(entry: CatalogModel) -> str:
     return family if " " in name else family[:1].upper() + family[1:]
 
 
+def capabilities_of(value: Any) -> list[str] | None:
+    """What a node says a model does, as a list of names; None when it doesn't say, or
+    says something that isn't a list of names (a node is not trusted to send types)."""
+    if not isinstance(value, list):
+        return None
+    return [c for c in value if isinstance(c, str)]
+
+
 def tags_of(entry: CatalogModel) -> tuple[str, ...]:
     """What the model is good at: thinking and code from its name; vision, embedding and
     reranker from what the node read in its config (capabilities), or, where the node
     doesn't know (a curated or Hub entry not downloaded), vision from the name."""
     text = f"{entry.id} {entry.name}".lower().replace(" ", "-")
-    caps = entry.capabilities
+    caps = capabilities_of(entry.capabilities)
     named = [tag for tag, marks in (("thinking", THINKING), ("code", CODE))
              if any(m in text for m in marks)]
     if caps is None:

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSplitter, QVBox
 
 from app import replies, theme
 from app.attachments import Image, carries_images
+from app.catalog import capabilities_of
 from app.chat_images import PendingImages
 from app.chat_list import ConversationList
 from app.chat_settings import ChatSettings
@@ -194,9 +195,9 @@ class ChatPane(QWidget):
 
     def _fill_models(self, models: list[ModelCard]) -> None:
         # an embedding model or reranker has no chat: it isn't offered here
-        self.model_picker.set_models([m for m in models if m.shoal.capabilities is None
-                                      or "generate" in m.shoal.capabilities])
-        self._capabilities = {m.id: m.shoal.capabilities for m in models}
+        self._capabilities = {m.id: capabilities_of(m.shoal.capabilities) for m in models}
+        self.model_picker.set_models([m for m in models if self._capabilities[m.id] is None
+                                      or "generate" in self._capabilities[m.id]])
         self._show_takes_images()
 
     def takes_images(self, model: str | None) -> bool | None:
@@ -205,7 +206,8 @@ class ChatPane(QWidget):
         if not model:
             return None
         runner = self.node_status.get("runner") or {}
-        caps = runner.get("capabilities") if runner.get("model") == model else None
+        caps = capabilities_of(runner.get("capabilities")) \
+            if runner.get("model") == model else None
         caps = caps if caps is not None else self._capabilities.get(model)
         return None if caps is None else "vision" in caps
 

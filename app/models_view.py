@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
-from app.catalog import FILTERS, Badge, Variant, group, matches
+from app.catalog import FILTERS, Badge, Variant, capabilities_of, group, matches
 from app.cluster_state import ClusterState
 from app.common import fmt_bytes, message_of, route_missing
 from app.downloads import DownloadsPanel
@@ -273,7 +273,7 @@ class ModelsView(QWidget):
         row.setContentsMargins(2, 0, 2, 0)
         repo = v.id
         hub = repo.count("/") == 1 and not any(x.source == "shoal" for x in v.entry.local)
-        caps = v.entry.capabilities
+        caps = capabilities_of(v.entry.capabilities)
         if v.downloaded and caps is not None and "generate" not in caps:
             main = _button("Serves search", lambda: None, f"{repo} doesn't chat")
             main.setEnabled(False)  # an embedding model or reranker has no chat to open

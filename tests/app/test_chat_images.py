@@ -245,3 +245,26 @@ def test_images_no_conversation_names_are_deleted_at_the_next_start(home):
     (home / "conversations.json").write_text("{ not json")
     ConversationStore(home)
     assert sorted(p.name for p in (home / "images").iterdir()) == [kept, fresh]
+
+
+def test_the_buttons_tip_follows_what_the_node_says_and_survives_nonsense(qtbot, make_pane,
+                                                                          dead_url):
+    from engine.records import ModelCard
+    pane, _ = make_pane(dead_url)
+
+    def cards(**caps):
+        return [ModelCard.from_json({"id": m, "shoal": {"capabilities": c}})
+                for m, c in caps.items()]
+    pane._fill_models(cards(eyes=["generate", "vision"], text=["generate"], odd=5,
+                            minilm=["embed", "rerank"]))
+    offered = [pane.model_picker.itemText(i) for i in range(pane.model_picker.count())]
+    assert "minilm" not in offered and {"eyes", "text", "odd"} <= set(offered)
+    for model, says in (("text", "text doesn't take images"), ("eyes", "Attach a PNG"),
+                        ("odd", "Attach a PNG")):
+        pane.model_picker.setCurrentText(model)
+        assert says in pane.attach_button.toolTip(), model
+    # the loaded worker's word wins over the card's
+    pane.set_node_status({"state": "idle", "model": "text", "runner": {
+        "type": "Ready", "model": "text", "capabilities": ["generate", "vision"]}})
+    pane.model_picker.setCurrentText("text")
+    assert "Attach a PNG" in pane.attach_button.toolTip()

@@ -80,3 +80,13 @@ def test_what_the_node_read_wins_over_the_name():
     known = Variant(CatalogModel("y", capabilities=["generate", "vision"]), None,
                     ("vision",), False)
     assert "can't tell" in guessed.badges()[-1].tip and "attach" in known.badges()[-1].tip
+
+
+def test_a_node_that_sends_nonsense_capabilities_changes_no_badge_and_breaks_nothing():
+    from app.catalog import capabilities_of, tags_of
+    from engine.records import CatalogModel
+    assert capabilities_of(5) is None and capabilities_of("vision") is None
+    assert capabilities_of(["vision", 3, None]) == ["vision"]
+    # "vision" as a string is not a list saying so: the name decides, as when unknown
+    assert tags_of(CatalogModel("x/Plain-7B", capabilities="vision")) == ()
+    assert tags_of(CatalogModel("x/Plain-7B", capabilities=5)) == ()
