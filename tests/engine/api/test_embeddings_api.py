@@ -208,3 +208,23 @@ def test_a_beside_model_that_does_not_fit_is_refused_with_a_503(tmp_path):
         beside._check_room(Found("big-embedder", tmp_path, ["embed"], 2 * 10**9))
     assert e.value.status == 503 and "big-embedder" in e.value.message
     beside._check_room(Found("small", tmp_path, ["embed"], 10**6))  # fits: no error
+
+
+def test_a_client_that_leaves_cancels_its_request(node):
+    import time
+    oa(node).embeddings.create(model=MINILM, input="warm")
+    many = [f"text {i} " + "about rivers and mountains " * 20 for i in range(2048)]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(node.url + "/v1/embeddings", json={"model": MINILM, "input": many},
+                   timeout=1.0)
+    deadline = time.monotonic() + 60  # the worker stops between batches, the turn ends
+    while time.monotonic() < deadline:
+        beside = {r.model: r for r in node.client.status().beside or []}
+        if isinstance(beside.get(MINILM), RunnerReady) and not beside[MINILM].generating:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the beside model stayed busy after its client left")
+    t = time.monotonic()
+    assert oa(node).embeddings.create(model=MINILM, input="after").data
+    assert time.monotonic() - t < 30
