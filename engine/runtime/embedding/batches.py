@@ -8,18 +8,22 @@ import mlx.core as mx
 
 TOKENS_PER_BATCH = 4096  # padded tokens in one forward pass
 MAX_BATCH = 64
+SPREAD = 1.25  # a batch's longest input is at most this times its shortest (plus SLACK)
+SLACK = 4
 
 
 def buckets(lengths: list[int], tokens: int = TOKENS_PER_BATCH,
             most: int = MAX_BATCH) -> list[list[int]]:
     """The inputs' indices in batches: sorted by length, each batch's padded size (its
-    count x its longest) within `tokens` and its count within `most`; an input longer than
-    `tokens` alone. Every index appears exactly once."""
+    count x its longest) within `tokens`, its count within `most`, its longest within
+    SPREAD x its shortest + SLACK (padding is work: on a CPU, all of it); an input longer
+    than `tokens` alone. Every index appears exactly once."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     out: list[list[int]] = []
     batch: list[int] = []
     for i in order:  # ascending: the input added last is the batch's longest
-        if batch and (len(batch) >= most or (len(batch) + 1) * lengths[i] > tokens):
+        if batch and (len(batch) >= most or (len(batch) + 1) * lengths[i] > tokens
+                      or lengths[i] > lengths[batch[0]] * SPREAD + SLACK):
             out.append(batch)
             batch = []
         batch.append(i)
