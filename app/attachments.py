@@ -138,19 +138,27 @@ def from_qimage(image: QImage, label: str = "Pasted image") -> Image:
     return from_bytes(bytes(buf.data().data()), label)
 
 
-def from_mime(mime: QMimeData) -> tuple[list[Image], list[str]]:
-    """The images in a paste or a drop (local files, or a picture), and the sentences for
-    what was refused. A paste with neither gives ([], [])."""
-    images, refused = [], []
+def mime_sources(mime: QMimeData) -> tuple[list[str], QImage | None]:
+    """What a paste or a drop holds, read on the GUI thread (QMimeData lives there): its
+    local files, or else its picture (a QImage, which any thread may then use)."""
     files = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()] if mime.hasUrls() else []
+    picture = QImage(mime.imageData()) if not files and mime.hasImage() else None
+    return files, picture
+
+
+def read_all(files: list[str], picture: QImage | None = None
+             ) -> tuple[list[Image], list[str]]:
+    """The images among `files` (and `picture`), and the sentences for what was refused;
+    off the GUI thread (a large picture takes a second to check and reduce)."""
+    images, refused = [], []
     for path in files:
         try:
             images.append(from_file(path))
         except Refused as e:
             refused.append(str(e))
-    if not files and mime.hasImage():
+    if picture is not None:
         try:
-            images.append(from_qimage(QImage(mime.imageData())))
+            images.append(from_qimage(picture))
         except Refused as e:
             refused.append(str(e))
     return images, refused

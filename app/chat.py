@@ -104,7 +104,7 @@ class ChatPane(QWidget):
         self.prompt.setMinimumHeight(48)
         self.prompt.submitted.connect(self.send)
         self.prompt.images_given.connect(self._take_mime)
-        self.pending = PendingImages()
+        self.pending = PendingImages(self.tasks)
         self.attach_button = self.pending.button
         self.model_picker.currentTextChanged.connect(lambda _t: self._show_takes_images())
         self.setAcceptDrops(True)  # an image file dropped anywhere on the chat
@@ -337,6 +337,9 @@ class ChatPane(QWidget):
         """Send the prompt box's text and the pictures waiting above it, and stream the
         answer into a new reply; while a reply streams, they wait their turn (queued)."""
         text = self.prompt.toPlainText().strip()
+        if self.pending.reading:  # the message would go without the picture being read
+            self.pending.add([], ["An image is still being read: send again in a moment."])
+            return
         if not text and not self.pending.images:
             return
         images = self.pending.take()

@@ -8,8 +8,9 @@ from PySide6.QtCore import QMimeData, Signal
 from PySide6.QtWidgets import QFileDialog, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app import theme
-from app.attachments import DIALOG_FILTER, MAX_IMAGES, Image, Refused, from_file, from_mime
+from app.attachments import DIALOG_FILTER, MAX_IMAGES, Image, mime_sources, read_all
 from app.image_strip import PENDING_PX, ImageStrip
+from app.tasks import Tasks
 
 TAKES = "Attach a PNG, JPEG, WebP or GIF picture (or paste or drop one in the chat)"
 
@@ -19,9 +20,11 @@ class PendingImages(QWidget):
 
     changed = Signal()
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, tasks: Tasks, parent: QWidget | None = None):
         super().__init__(parent)
+        self.tasks = tasks
         self.images: list[Image] = []
+        self.reading = 0  # pictures being checked off the GUI thread
         self.button = QPushButton("Image…")
         self.button.setAccessibleName("Attach an image")
         self.button.setToolTip(TAKES)
@@ -53,17 +56,28 @@ class PendingImages(QWidget):
     def choose_files(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self.window(), "Attach images", "",
                                                 DIALOG_FILTER)
-        images, refused = [], []
-        for path in paths:
-            try:
-                images.append(from_file(path))
-            except Refused as e:
-                refused.append(str(e))
-        self.add(images, refused)
+        if paths:
+            self._read(paths, None)
 
     def take_mime(self, mime: QMimeData) -> None:
         """A paste or a drop: its image files, or its picture."""
-        self.add(*from_mime(mime))
+        files, picture = mime_sources(mime)
+        if files or picture is not None:
+            self._read(files, picture)
+
+    def _read(self, files: list[str], picture: object) -> None:
+        self.reading += 1
+        self.changed.emit()
+        self.tasks.run(read_all, files, picture, on_done=self._read_done,
+                       on_error=self._read_failed, owner=self)
+
+    def _read_done(self, found: tuple[list[Image], list[str]]) -> None:
+        self.reading -= 1
+        self.add(*found)
+
+    def _read_failed(self, error: BaseException) -> None:
+        self.reading -= 1
+        self.add([], [f"The image couldn't be read: {error}."])
 
     def add(self, images: list[Image], refused: list[str] | None = None) -> None:
         """Add pictures (one already waiting isn't added twice) and say what was refused."""

@@ -75,6 +75,16 @@ def choose(monkeypatch, *paths: Path) -> None:
                         staticmethod(lambda *a, **k: ([str(p) for p in paths], "")))
 
 
+def read(qtbot, pane) -> None:
+    """Wait for the pictures being checked off the GUI thread."""
+    qtbot.waitUntil(lambda: pane.pending.reading == 0, timeout=20000)
+
+
+def attach(qtbot, pane) -> None:
+    qtbot.mouseClick(pane.attach_button, Qt.MouseButton.LeftButton)
+    read(qtbot, pane)
+
+
 def waiting(pane) -> list[str]:
     return [t.label for t in pane.pending.strip.tiles if not t.isHidden()]
 
@@ -88,7 +98,7 @@ def test_an_attached_image_goes_as_a_content_part_and_a_text_model_refuses_it(
                     timeout=20000)
     photo = picture(tmp_path / "photo.png")
     choose(monkeypatch, photo)
-    qtbot.mouseClick(pane.attach_button, Qt.MouseButton.LeftButton)
+    attach(qtbot, pane)
     assert waiting(pane) == ["photo.png"] and pane.pending.strip.isVisible()
     assert not pane.pending.strip.tiles[0].picture.pixmap().isNull()
 
@@ -130,6 +140,7 @@ def test_paste_and_drop_attach_and_a_thumbnail_can_be_removed(qtbot, make_pane, 
     QGuiApplication.clipboard().setImage(shot)
     pane.prompt.setFocus()
     pane.prompt.paste()
+    read(qtbot, pane)
     assert waiting(pane) == ["Pasted image"] and pane.prompt.toPlainText() == ""
 
     mime = QMimeData()
@@ -141,10 +152,12 @@ def test_paste_and_drop_attach_and_a_thumbnail_can_be_removed(qtbot, make_pane, 
     drop = QDropEvent(QPointF(20, 20), Qt.DropAction.CopyAction, mime,
                       Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     QApplication.sendEvent(pane, drop)
+    read(qtbot, pane)
     assert waiting(pane) == ["Pasted image", "drop.jpg"]
     assert pane.pending.images[1].mime == "image/jpeg"
     # a file dropped on the message box is a picture too, not its path as text
     pane.prompt.insertFromMimeData(mime)
+    read(qtbot, pane)
     assert waiting(pane) == ["Pasted image", "drop.jpg"] and pane.prompt.toPlainText() == ""
 
     qtbot.mouseClick(pane.pending.strip.tiles[0].remove_button, Qt.MouseButton.LeftButton)
@@ -170,13 +183,13 @@ def test_hostile_files_are_refused_in_the_apps_words(qtbot, make_pane, dead_url,
              huge: "is 22.0 MB: Shoal attaches images up to 20 MB", bmp: "isn't a PNG, JPEG"}
     for path, said in cases.items():
         choose(monkeypatch, path)
-        qtbot.mouseClick(pane.attach_button, Qt.MouseButton.LeftButton)
+        attach(qtbot, pane)
         assert waiting(pane) == [], path
         assert pane.pending.note.isVisible() and said in pane.pending.note.text(), path
         assert path.name in pane.pending.note.text()
     # a good one beside a bad one: the good one waits, the bad one is named
     choose(monkeypatch, good, cut)
-    qtbot.mouseClick(pane.attach_button, Qt.MouseButton.LeftButton)
+    attach(qtbot, pane)
     assert waiting(pane) == ["good.png"] and "cut.png" in pane.pending.note.text()
     assert sent == []  # nothing reached any node
 
@@ -218,7 +231,7 @@ def test_a_photo_too_large_for_a_request_is_sent_reduced(qtbot, make_pane, dead_
     noise = Pillow.frombytes("RGB", (3000, 2000), os.urandom(3000 * 2000 * 3))
     noise.save(tmp_path / "big.png")  # ~18 MB: under the 20 MB bound, over a request's
     choose(monkeypatch, tmp_path / "big.png")
-    qtbot.mouseClick(pane.attach_button, Qt.MouseButton.LeftButton)
+    attach(qtbot, pane)
     (image,) = pane.pending.images
     assert len(image.data) <= SEND_BYTES and image.mime == "image/jpeg"
     assert max(image.width, image.height) <= 2048 and image.reduced_from == (3000, 2000)
@@ -268,3 +281,15 @@ def test_the_buttons_tip_follows_what_the_node_says_and_survives_nonsense(qtbot,
         "type": "Ready", "model": "text", "capabilities": ["generate", "vision"]}})
     pane.model_picker.setCurrentText("text")
     assert "Attach a PNG" in pane.attach_button.toolTip()
+
+
+def test_send_waits_for_a_picture_still_being_read(qtbot, make_pane, dead_url, tmp_path,
+                                                   monkeypatch):
+    pane, _ = make_pane(dead_url)
+    choose(monkeypatch, picture(tmp_path / "slow.png"))
+    pane.pending.reading += 1  # as while a large picture is checked
+    pane.prompt.setPlainText("Look")
+    pane.send()
+    assert pane.view.widgets() == [] and pane.prompt.toPlainText() == "Look"
+    assert "still being read" in pane.pending.note.text()
+    pane.pending.reading -= 1
