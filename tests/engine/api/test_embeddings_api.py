@@ -228,3 +228,22 @@ def test_a_client_that_leaves_cancels_its_request(node):
     t = time.monotonic()
     assert oa(node).embeddings.create(model=MINILM, input="after").data
     assert time.monotonic() - t < 30
+
+
+def test_a_beside_worker_that_dies_is_started_again(node):
+    import os
+    import signal
+    import time
+    oa(node).embeddings.create(model=MINILM, input="alive")
+    pid = {r.model: r for r in node.client.status().beside or []}[MINILM].pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the status says it failed, the chat model stays
+        s = node.client.status()
+        if not isinstance({r.model: r for r in s.beside or []}.get(MINILM), RunnerReady):
+            break
+        time.sleep(0.1)
+    assert isinstance(s.runner, RunnerReady) and s.runner.model == CHAT
+    assert oa(node).embeddings.create(model=MINILM, input="again").data
+    after = {r.model: r for r in node.client.status().beside or []}[MINILM]
+    assert isinstance(after, RunnerReady) and after.pid != pid
