@@ -293,3 +293,14 @@ def test_send_waits_for_a_picture_still_being_read(qtbot, make_pane, dead_url, t
     assert pane.view.widgets() == [] and pane.prompt.toPlainText() == "Look"
     assert "still being read" in pane.pending.note.text()
     pane.pending.reading -= 1
+
+
+def test_a_message_queued_with_pictures_gives_them_back_when_cancelled(qtbot, make_pane,
+                                                                       dead_url, tmp_path):
+    from app.attachments import from_file
+    pane, _ = make_pane(dead_url)
+    image = from_file(picture(tmp_path / "q.png"))
+    pane._queue("Then this", [image])  # as Send does while a reply streams
+    assert "“Then this” with 1 image" in pane.queued_bar.label.text()
+    pane._unqueue()
+    assert pane.pending.images == [image] and pane.prompt.toPlainText() == "Then this"
