@@ -329,3 +329,35 @@ def test_vllms_processor_kwargs_with_images_are_refused():
     with pytest.raises(BadRequest) as e:
         chat_request(common.parse(ChatCompletionRequest, body))
     assert e.value.param == "mm_processor_kwargs"
+
+
+def test_each_sdks_image_reaches_a_vision_model(node: NodeProcess):
+    """Last here: it switches the node to the vision model. Each SDK's shape is answered,
+    and the image's tokens are in the prompt's count."""
+    oa = openai.OpenAI(base_url=node.url + "/v1", api_key="k", max_retries=0, timeout=120)
+    ask = [{"type": "text", "text": "what?"}]
+    text = oa.chat.completions.create(model=VISION, max_tokens=2, temperature=0,
+                                      messages=[{"role": "user", "content": ask}])
+    seen = oa.chat.completions.create(model=VISION, max_tokens=2, temperature=0, messages=[
+        {"role": "user", "content": [*ask, {"type": "image_url",
+                                            "image_url": {"url": url(png())}}]}])
+    assert text.usage and seen.usage
+    assert seen.usage.prompt_tokens > text.usage.prompt_tokens
+    r = oa.responses.create(model=VISION, max_output_tokens=2, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "what?"},
+                                     {"type": "input_image", "image_url": url(png()),
+                                      "detail": "auto"}]}])
+    assert r.usage and r.usage.input_tokens == seen.usage.prompt_tokens
+    an = anthropic.Anthropic(base_url=node.url, api_key="k", max_retries=0, timeout=120)
+    m = an.messages.create(model=VISION, max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "what?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": b64(png())}}]}])
+    read = m.usage.cache_read_input_tokens or 0  # Anthropic counts the cache's part apart
+    assert m.usage.input_tokens + read == seen.usage.prompt_tokens
+    ol = ollama.Client(host=node.url, timeout=120)
+    c = ol.chat(model=VISION, options={"num_predict": 2}, messages=[
+        {"role": "user", "content": "what?", "images": [png()]}])
+    assert (c.prompt_eval_count or 0) > text.usage.prompt_tokens
+    g = ol.generate(model=VISION, prompt="what?", images=[png()], options={"num_predict": 2})
+    assert g.done
