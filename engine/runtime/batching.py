@@ -24,6 +24,7 @@ from engine.runtime.drafting import Drafting
 from engine.runtime.generate import ProgressFn, Record, decode_tps
 from engine.runtime.sampling import Sampling
 from engine.runtime.stops import Shown
+from engine.runtime.vision.batched import Filling
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,8 @@ class Batcher(Streams):
         # linear-attention state and sliding windows can't be rewound: keep a copy at each
         # prompt's end
         self._recurrent = prefix.budget_tokens > 0 and not _trimmable(model)
+        self._filling = Filling(model, prefix, self.chunker, self._recurrent,  # images
+                                Prefilled)
         self._resting = threading.Event()  # nothing in flight, every finish kept
         threading.Thread(target=self._run, name="batcher", daemon=True).start()
 
@@ -174,10 +177,12 @@ class Batcher(Streams):
         from engine.runtime.sampling import token_logprobs
 
         while True:
-            if not self._jobs:
+            if not self._jobs and not self._filling:
                 self._resting.set()
-            self._take(block=not self._jobs)
+            self._take(block=not self._jobs and not self._filling)
             self._resting.clear()
+            if self._filling:
+                self._fill_step()
             if not self._jobs:
                 continue
             try:
@@ -229,6 +234,21 @@ class Batcher(Streams):
             if self._held and finished:
                 self._admit_held()  # someone finished: room for those waiting?
 
+    def _fill_step(self) -> None:
+        """One chunk of an image request's prefill; it joins the batch once done."""
+        try:
+            done = self._filling.step(alone=not self._jobs)
+        except Exception as e:
+            log.exception("prefilling an image request failed")
+            self._filling.fail(RuntimeError(f"generation failed: {e}"))
+            return
+        if done is not None:
+            job, cache, start = done
+            try:
+                self._insert(job, cache, start)
+            except Exception as e:  # e.g. a grammar that can't be built
+                job.out.put(e)
+
     def _guard(self, responses: list[Any]) -> None:
         """Every GUARD_STEPS decode steps: where memory can't hold the answers' next
         steps, the longest ends at its next token (engine/runtime/admission.py)."""
@@ -264,6 +284,8 @@ class Batcher(Streams):
                     job.out.put(e)
             elif job in self._held:
                 self._held.remove(job)
+            elif self._filling.leave(job):
+                pass
             elif job.uid in self._jobs:
                 self._leave(job.uid)
                 if self._held:
@@ -273,6 +295,7 @@ class Batcher(Streams):
         """Prompts whose clients left mid-prefill leave now, before anyone joins: the node
         sends the cancel before a retry, so a retry sent at once finds what they
         prefilled (their own threads would tell this one only at their next poll)."""
+        self._filling.sweep()
         left = [uid for uid, j in self._jobs.items()
                 if not j.emitted and j.cancel is not None and j.cancel.is_set()]
         for uid in left:
@@ -302,9 +325,6 @@ class Batcher(Streams):
             self.prefix.partial(job.key[:n], cache)
 
     def _add(self, job: Job) -> None:
-        from mlx_lm.generate import StopSequences
-
-        from engine.runtime.batch_drafts import Row
         from engine.runtime.sampling import make_sampling
 
         job.sampler, job.processors = make_sampling(job.sampling, job.tokenizer)
@@ -312,17 +332,23 @@ class Batcher(Streams):
         adm = self.admission
         if adm is not None and not adm.check(
                 adm.need(len(job.prompt), job.cached, job.sampling.max_tokens),
-                len(self._jobs), self.prefix.drop_oldest):
+                len(self._jobs) + len(self._filling), self.prefix.drop_oldest):
             self._held.append(job)  # (its prefix hit is looked up again when it starts)
             return
         if cache is None:
             cache = self.kv.make(self.model)
-        start = job.cached
-        if job.images is not None:  # its prompt runs here as embeddings, all but the last
-            got = self._embedded(job, cache)
-            if got is None:  # its client left mid-prefill
-                return
-            start = got
+        if job.images is not None:  # prefilled from its embeddings first (vision/batched.py)
+            self._filling.add(job, cache)
+            job.out.put(Prefilled(job.cached, job.cached))
+            return
+        self._insert(job, cache, job.cached)
+
+    def _insert(self, job: Job, cache: list[Any], start: int) -> None:
+        """Into the batch, with `cache` holding the prompt's first `start` tokens."""
+        from mlx_lm.generate import StopSequences
+
+        from engine.runtime.batch_drafts import Row
+
         (uid,) = self._gen.insert([job.prompt[start:]],
                                   max_tokens=[job.sampling.max_tokens], caches=[cache],
                                   all_tokens=[job.prompt[:start]],
@@ -335,36 +361,6 @@ class Batcher(Streams):
                 and self.drafting.wanted(job.sampling):
             self._batch.rows[uid] = Row(job, self.drafting.drafter())
         job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
-
-    def _embedded(self, job: Job, cache: list[Any]) -> int | None:
-        """Prefill an image request's prompt but its last token from its input embeddings
-        (image features in), in chunks, on this thread: mlx-lm's BatchGenerator takes
-        token ids only. Those in flight wait meanwhile. Returns the tokens now in `cache`,
-        or None where its client left (what was done is kept for a retry)."""
-        import mlx.core as mx
-
-        done, end = job.cached, len(job.prompt) - 1
-        embedded = job.images.embeddings(done)
-        while done < end:
-            if job.cancel is not None and job.cancel.is_set():
-                if done > job.cached:
-                    self.prefix.partial(job.key[:done], cache)
-                return None
-            n = min(self.chunker.size(alone=not self._jobs), end - done)
-            tic = time.perf_counter()
-            ids = mx.array([job.prompt[done:done + n]])
-            if embedded is not None:
-                at = done - job.cached
-                self.model(ids, cache=cache, input_embeddings=embedded[None, at:at + n])
-            else:
-                self.model(ids, cache=cache)
-            mx.eval([c.state for c in cache])
-            self.chunker.took(n, time.perf_counter() - tic)
-            done += n
-            job.out.put(Prefilled(job.cached, done))
-        if self._recurrent and done == end:  # the chat's next turn starts here
-            self.prefix.snapshot(job.key, cache)
-        return done
 
     def _admit_held(self) -> None:
         """Start the waiting requests that fit now, in order (a 503 for one that can't

@@ -258,3 +258,33 @@ def test_an_image_without_its_hash_is_a_400(loaded: Any) -> None:
     bad = {**req.images[0], "sha256": "zz"}  # type: ignore[index]
     with pytest.raises(BadRequest, match="sha256"):
         prepare(tokenizer, GenerateRequest(**{**req.__dict__, "images": [bad]}), 4096, vision)
+
+
+def test_batched_image_prefill_cut_short_is_kept_for_the_retry(loaded: Any) -> None:
+    """An image prompt prefills in chunks between the batch's steps; a client that leaves
+    mid-prefill leaves its chunks in the prefix cache, and the retry answers as a cold
+    request does."""
+    from engine.runtime.batching import Batcher
+    from engine.runtime.chunking import Chunker
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.request import prepare
+    from engine.runtime.sampling import Sampling
+
+    model, tokenizer, vision = loaded
+    req = request([png(40, 30, 1), png(30, 40, 2)], text=ASK * 3, max_tokens=6)
+    ids, _, _, _, images = prepare(tokenizer, req, 4096, vision)
+    sampling = Sampling.of(req.sampling, 6, None)
+    batcher = Batcher(model, tokenizer, PrefixCache(10_000), 4,
+                      chunker=Chunker(target_s=1e-9, first=16, alone_s=1e-9))
+    cancel = threading.Event()
+
+    def heard(cached: int, done: int, total: int) -> None:
+        if done > cached:
+            cancel.set()  # after the first chunk
+    cut = list(batcher(model, tokenizer, ids, sampling, cancel, heard, images=images))
+    assert [r.finish_reason for r in cut] == ["cancelled"]
+    retry = list(batcher(model, tokenizer, ids, sampling, threading.Event(), images=images))
+    assert 0 < retry[-1].cached_tokens < len(ids)
+    cold = list(Batcher(model, tokenizer, PrefixCache(0), 4)(
+        model, tokenizer, ids, sampling, threading.Event(), images=images))
+    assert [r.token for r in retry] == [r.token for r in cold]
