@@ -288,3 +288,20 @@ def test_batched_image_prefill_cut_short_is_kept_for_the_retry(loaded: Any) -> N
     cold = list(Batcher(model, tokenizer, PrefixCache(0), 4)(
         model, tokenizer, ids, sampling, threading.Event(), images=images))
     assert [r.token for r in retry] == [r.token for r in cold]
+
+
+def test_a_4bit_conversion_loads_and_answers(gemma3: Path, tmp_path: Path) -> None:
+    """mlx-vlm's own 4-bit conversion (as mlx-community ships): the tower loads through
+    mlx-vlm's quantization handling, beside mlx-lm's (quantized) language model."""
+    from mlx_vlm.convert import convert
+
+    from engine.runtime.load import load_model
+    from engine.runtime.vision.tower import Vision
+
+    out = tmp_path / "q4"
+    convert(hf_path=str(gemma3), mlx_path=str(out), quantize=True, q_group_size=32, q_bits=4)
+    model, tokenizer, _ = load_model(out)
+    tokens, (ids, _, images), recs = shoal_tokens((model, tokenizer, Vision(out, model)),
+                                                  request([png(40, 30, 1)], max_tokens=4))
+    assert len(tokens) == 4 and images.image_tokens == 4
+    assert recs[-1].prompt_tokens == len(ids)
