@@ -144,6 +144,9 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None,
     native = bool(tools) and (harmony or bool(getattr(tokenizer, "has_tool_calling", False)))
     forced = tools is not None and req.tool_choice != "auto"
     constraint: Constraint | None = None
+    if req.messages is None and req.images:  # nothing says where they go
+        raise BadRequest("Images go in chat messages; a raw prompt can't take them.",
+                         param="images")
     if req.messages is None:  # a raw prompt: no template, no markers
         # (a token prompt's ids were checked before: the tokenizer decodes only u32)
         special = {} if req.add_special is None else {"add_special_tokens": req.add_special}

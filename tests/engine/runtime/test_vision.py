@@ -305,3 +305,12 @@ def test_a_4bit_conversion_loads_and_answers(gemma3: Path, tmp_path: Path) -> No
                                                   request([png(40, 30, 1)], max_tokens=4))
     assert len(tokens) == 4 and images.image_tokens == 4
     assert recs[-1].prompt_tokens == len(ids)
+
+
+def test_a_raw_prompt_with_images_is_a_400(loaded: Any) -> None:
+    from engine.runtime.request import prepare
+
+    _, tokenizer, vision = loaded
+    req = GenerateRequest(prompt="hi", images=[image_input(png(8, 8))])  # type: ignore[list-item]
+    with pytest.raises(BadRequest, match="raw prompt"):
+        prepare(tokenizer, req, 4096, vision)
