@@ -185,7 +185,7 @@ def test_keep_alive_zero_unloads_the_beside_model(node):
                                                    "keep_alive": 0}, timeout=60)
     assert r.status_code == 200 and r.json()["embeddings"] == []
     assert not any(r.model == MINILM for r in node.client.status().beside or [])
-    assert c.embed(model=MINILM, input="back again").embeddings  # loads it again
+    assert c.embed(model=MINILM, input="back again", keep_alive="5m").embeddings  # loaded
     assert isinstance(node.client.status().runner, RunnerReady)  # the chat model stayed
 
 
@@ -220,7 +220,8 @@ def test_a_client_that_leaves_cancels_its_request(node):
     deadline = time.monotonic() + 60  # the worker stops between batches, the turn ends
     while time.monotonic() < deadline:
         beside = {r.model: r for r in node.client.status().beside or []}
-        if isinstance(beside.get(MINILM), RunnerReady) and not beside[MINILM].generating:
+        state = beside.get(MINILM)
+        if state is None or isinstance(state, RunnerReady) and not state.generating:
             break
         time.sleep(0.2)
     else:
