@@ -36,6 +36,8 @@ class EmbeddingEngine(Engine):
         self.net = net
         self.tokenizer = tokenizer
         self.context_length = min(spec.context, context_limit or spec.context)
+        pad_id = spec.config.get("pad_token_id")
+        self.pad_id = pad_id if isinstance(pad_id, int) and 0 <= pad_id < net.vocab_size else 0
 
     def embed(self, cmd: Embed, cancel: threading.Event, emit: Emit) -> None:
         dims = self.check_dimensions(cmd.dimensions)
@@ -69,18 +71,18 @@ class EmbeddingEngine(Engine):
         """One pooled float32 vector per row, in order."""
         def forward(ids: mx.array, mask: mx.array, types: mx.array | None) -> mx.array:
             return pool(self.net.hidden(ids, mask, types), mask, self.spec.pooling)
-        return run(forward, rows, None, cancel)
+        return run(forward, rows, None, cancel, self.pad_id)
 
 
 def run(forward: Forward, rows: list[list[int]], types: list[list[int]] | None,
-        cancel: threading.Event) -> mx.array:
+        cancel: threading.Event, pad_id: int = 0) -> mx.array:
     """`forward` over the rows in length buckets, its outputs stacked in the rows' order.
     Each batch is evaluated before the next, so only one batch's activations are alive."""
     out: list[mx.array | None] = [None] * len(rows)
     for batch in buckets([len(r) for r in rows]):
         if cancel.is_set():
             raise Cancelled("The request was cancelled.")
-        ids, mask = pad([rows[i] for i in batch])
+        ids, mask = pad([rows[i] for i in batch], pad_id)
         type_ids = pad([types[i] for i in batch])[0] if types is not None else None
         result = forward(ids, mask, type_ids)
         mx.eval(result)
@@ -130,7 +132,7 @@ class RerankEngine(EmbeddingEngine):
             def forward(ids: mx.array, mask: mx.array, t: mx.array | None) -> mx.array:
                 return mx.sigmoid(net.scores(ids, mask, t).astype(mx.float32))
         rows = fit(rows, self.context_length, False, "documents")
-        scores = run(forward, rows, types, cancel)
+        scores = run(forward, rows, types, cancel, self.pad_id)
         emit(Ranked(cmd.id, scores.tolist(), sum(map(len, rows))))
 
 

@@ -58,16 +58,20 @@ class Encoder(nn.Module):
         self.encoder = module.Model(args)
         self.vocab_size = int(args.vocab_size)
         self.hidden_size = int(args.hidden_size)
+        # segment ids only where the model has segments: RoBERTa's one type row would be
+        # indexed past its end by a BERT-style tokenizer's pair (an out-of-bounds read)
+        self.segments = not self.roberta and int(getattr(args, "type_vocab_size", 1)) > 1
         if spec.kind == "classify":
             n, h = num_labels(spec.config), self.hidden_size
             self.classifier = (_RobertaHead(h, n) if self.roberta else nn.Linear(h, n))
 
     def hidden(self, ids: mx.array, mask: mx.array, types: mx.array | None) -> mx.array:
         return self.encoder(input_ids=ids, attention_mask=mask,
-                            token_type_ids=types).last_hidden_state
+                            token_type_ids=types if self.segments else None).last_hidden_state
 
     def scores(self, ids: mx.array, mask: mx.array, types: mx.array | None) -> mx.array:
-        out = self.encoder(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        out = self.encoder(input_ids=ids, attention_mask=mask,
+                           token_type_ids=types if self.segments else None)
         x = out.last_hidden_state[:, 0] if self.roberta else out.pooler_output
         return self.classifier(x)[:, 0]
 

@@ -89,3 +89,41 @@ def make_tiny_qwen3_reranker(folder: Path) -> Path:
     assert tok.get_vocab_size() <= 264
     tok.save(str(folder / "tokenizer.json"))
     return folder
+
+
+# an XLM-RoBERTa config (bge-m3's, bge-reranker-v2-m3's) shrunk; positions start past the
+# padding id, so 66 positions hold 64 tokens
+XLMR = {"architectures": ["XLMRobertaModel"], "model_type": "xlm-roberta", "hidden_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 66, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
+        "pad_token_id": 1, "vocab_size": 30522}
+
+
+def make_tiny_xlmr(folder: Path, tokenizer_from: Path, classifier: bool = False,
+                   seed: int = 0) -> Path:
+    """A random XLM-RoBERTa (no modules.json: mean pooling); with `classifier`, an
+    XLMRobertaForSequenceClassification reranker (weights under "roberta.", RoBERTa's
+    dense + out_proj head, one label)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_embeddings.models import xlm_roberta
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_from / name, folder / name)
+    config = dict(XLMR)
+    mx.random.seed(seed)
+    model = xlm_roberta.Model(xlm_roberta.ModelArgs.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    if classifier:
+        config |= {"architectures": ["XLMRobertaForSequenceClassification"],
+                   "id2label": {"0": "LABEL_0"}}
+        weights = {f"roberta.{k}": v for k, v in weights.items() if not k.startswith("pooler.")}
+        h = config["hidden_size"]
+        weights |= {"classifier.dense.weight": mx.random.normal((h, h)) * 0.2,
+                    "classifier.dense.bias": mx.zeros((h,)),
+                    "classifier.out_proj.weight": mx.random.normal((1, h)),
+                    "classifier.out_proj.bias": mx.array([0.0])}
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -20,6 +20,7 @@ from embedding_tiny import (  # noqa: E402
     make_tiny_bert,
     make_tiny_qwen3_embedding,
     make_tiny_qwen3_reranker,
+    make_tiny_xlmr,
 )
 
 from engine.hub.bundled_embedding import bundled_zip, ensure_embedding_model  # noqa: E402
@@ -181,6 +182,34 @@ def test_bert_cross_encoder_scores(tmp_path, minilm_dir):
     logits = np.array(pooled) @ np.array(weights["classifier.weight"]).T + 0.1
     assert np.allclose(got.scores, 1 / (1 + np.exp(-logits[:, 0])), atol=1e-5)
     assert got.prompt_tokens == int(enc["attention_mask"].sum())
+
+
+def test_xlm_roberta_embedding_and_cross_encoder(tmp_path, minilm_dir):
+    folder = make_tiny_xlmr(tmp_path / "tiny-xlmr", minilm_dir)
+    engine = load(folder)
+    assert engine.context_length == 64 and engine.spec.pooling == "mean"
+    want = np.array(reference(folder, TEXTS).text_embeds)
+    assert np.allclose(embed(engine, TEXTS).vectors, want, atol=1e-5)
+
+    from mlx_embeddings.models import xlm_roberta
+
+    folder = make_tiny_xlmr(tmp_path / "tiny-xlmr-ce", minilm_dir, classifier=True)
+    engine = load(folder)
+    assert engine.capabilities == {"rerank"}
+    docs = ["a cat on a mat", "the weather in winter"]
+    got = rerank(engine, "where is the cat?", docs)
+    w = {k: np.array(v) for k, v in mx.load(str(folder / "model.safetensors")).items()}
+    model = xlm_roberta.Model(xlm_roberta.ModelArgs.from_dict(
+        engine.spec.config | {"add_pooling_layer": False}))
+    model.eval()
+    model.load_weights([(k.removeprefix("roberta."), mx.array(v)) for k, v in w.items()
+                        if k.startswith("roberta.")])
+    enc = engine.tokenizer(["where is the cat?"] * 2, docs, padding=True, return_tensors="np")
+    first = np.array(model(mx.array(enc["input_ids"]), attention_mask=mx.array(
+        enc["attention_mask"])).last_hidden_state[:, 0])
+    x = np.tanh(first @ w["classifier.dense.weight"].T + w["classifier.dense.bias"])
+    logits = x @ w["classifier.out_proj.weight"].T + w["classifier.out_proj.bias"]
+    assert np.allclose(got.scores, 1 / (1 + np.exp(-logits[:, 0])), atol=1e-5)
 
 
 def test_qwen3_embedding_equals_mlx_embeddings(tmp_path):
