@@ -349,7 +349,10 @@ class Node:
         the next request for it loads it again. Runs until cancelled."""
         while True:
             await asyncio.sleep(every)
-            await self.beside.unload_idle()
+            try:
+                await self.beside.unload_idle()
+            except Exception:  # one model's failed stop must not end the idle check
+                log.exception("unloading an idle model beside the main one failed")
             w, r = self.worker, self.runner
             if w is None or not w.alive or w.dist_config is not None or w.in_flight \
                     or not isinstance(r, RunnerReady):

@@ -248,3 +248,13 @@ def test_a_beside_worker_that_dies_is_started_again(node):
     assert oa(node).embeddings.create(model=MINILM, input="again").data
     after = {r.model: r for r in node.client.status().beside or []}[MINILM]
     assert isinstance(after, RunnerReady) and after.pid != pid
+
+
+def test_a_long_input_is_cut_unless_truncate_is_false(node):
+    long = "rivers and mountains " * 400  # about 1,200 tokens, past MiniLM's 512
+    assert oa(node).embeddings.create(model=MINILM, input=long).usage.prompt_tokens <= 512
+    r = httpx.post(node.url + "/api/embed", timeout=60,
+                   json={"model": MINILM, "input": long, "truncate": False})
+    assert r.status_code == 400 and "error" in r.json(), r.text
+    ok = httpx.post(node.url + "/api/embed", timeout=60, json={"model": MINILM, "input": long})
+    assert ok.status_code == 200 and len(ok.json()["embeddings"][0]) == 384
