@@ -8,6 +8,8 @@ one warm-up; the image is decoded and processed inside the timed span, as a requ
 Also the same image request again with the prefix cache on (a chat's next turn re-sends
 its images): the vision tower doesn't run when every image token is cached.
 
+The process runs itself again with the worker's BLAS (the system OpenBLAS preloaded).
+
 Run: .venv/bin/python benchmarks/vision.py [--rounds 5]
 """
 
@@ -72,8 +74,23 @@ def measure(folder: Path, rounds: int) -> dict[str, Any]:
     return out
 
 
+def with_worker_blas() -> None:
+    """Run again as a worker runs (engine/platform/cpu.py: the system OpenBLAS preloaded):
+    without it MLX's CPU matmuls are many times slower than a node's."""
+    import os
+
+    from engine.platform.cpu import worker_env
+
+    env = worker_env()
+    if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", ""):
+        env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+
+
 def main() -> None:
     from tiny_vision import SMALL, TINY, make_tiny_gemma3
+
+    with_worker_blas()
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
