@@ -51,6 +51,7 @@ class Vision:
             processor.image_processor = image_processor
         # the lazy language model goes unread: get_input_embeddings uses mlx-lm's tokens
         vlm.language_model = _Tokens(embed_tokens(lm))
+        _cpu_fast_path(vlm)
         mx.eval([vlm.vision_tower.parameters(), vlm.multi_modal_projector.parameters()])
         self.model, self.processor, self.config = vlm, processor, vlm.config
         self.image_token = int(getattr(self.config, "image_token_index", None)
@@ -84,6 +85,19 @@ class Vision:
         pixels, mask = rest.pop("pixel_values", None), rest.pop("attention_mask", None)
         out = self.model.get_input_embeddings(mx.array([ids]), pixels, mask=mask, **rest)
         return out.inputs_embeds[0]
+
+
+def _cpu_fast_path(vlm: Any) -> None:
+    """The tower and projector as load.cpu_fast_path makes the language model on the CPU
+    (unpacked, float32: BLAS runs float32 only), where that copy fits."""
+    import mlx.nn as nn
+
+    from engine.runtime.load import cpu_fast_path
+
+    side = nn.Module()
+    side.vision_tower, side.multi_modal_projector = vlm.vision_tower, vlm.multi_modal_projector
+    side = cpu_fast_path(side)
+    vlm.vision_tower, vlm.multi_modal_projector = side.vision_tower, side.multi_modal_projector
 
 
 def image_order(req: GenerateRequest) -> list[ImageInput]:

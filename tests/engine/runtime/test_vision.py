@@ -305,6 +305,12 @@ def test_a_4bit_conversion_loads_and_answers(gemma3: Path, tmp_path: Path) -> No
                                                   request([png(40, 30, 1)], max_tokens=4))
     assert len(tokens) == 4 and images.image_tokens == 4
     assert recs[-1].prompt_tokens == len(ids)
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    if mx.default_device() == mx.cpu:  # unpacked and widened, as the language model is
+        tower = images.vision.model.vision_tower.parameters()
+        assert {v.dtype for _, v in tree_flatten(tower)} == {mx.float32}
 
 
 def test_a_raw_prompt_with_images_is_a_400(loaded: Any) -> None:
