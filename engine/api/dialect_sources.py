@@ -88,8 +88,12 @@ LLAMA_CPP_EMBEDDINGS = {"model", "input", "encoding_format"}
 JINA_RERANK = {"model", "query", "documents", "top_n", "return_documents"}
 COHERE_RERANK = {"model", "query", "documents", "top_n", "return_documents",
                  "max_tokens_per_doc", "rank_fields"}
-_RERANK = {"vLLM": VLLM_RERANK, "llama.cpp": LLAMA_CPP_RERANK, "Jina": JINA_RERANK,
-           "Cohere": COHERE_RERANK}
+# Text Embeddings Inference's /rerank (github.com/huggingface/text-embeddings-inference,
+# router/src/http/types.rs RerankRequest), whose `texts` and `return_text` llama.cpp takes
+TEI_RERANK = {"query", "texts", "truncate", "truncation_direction", "raw_scores",
+              "return_text"}
+_RERANK = {"vLLM": VLLM_RERANK, "llama.cpp": LLAMA_CPP_RERANK | {"texts", "return_text"},
+           "Jina": JINA_RERANK, "Cohere": COHERE_RERANK, "TEI": TEI_RERANK}
 
 # Ollama's server (github.com/ollama/ollama api/types.go, Options) takes min_p, which the
 # ollama package's Options lacks.

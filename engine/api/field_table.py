@@ -162,7 +162,7 @@ _RECORDED: dict[str, dict[str, list[str]]] | None = None
 
 # the order of a route's rows: the official API's fields first, then the extensions'
 ORDER = ("OpenAI", "Anthropic", "Anthropic (older SDKs)", "Anthropic beta", MESSAGES_ONLY,
-         "Ollama", "Codex", "Jina", "Cohere",
+         "Ollama", "Codex", "Jina", "Cohere", "TEI",
          "vLLM", "llama.cpp", SHOAL)
 
 

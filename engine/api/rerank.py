@@ -3,12 +3,14 @@ and llama.cpp's servers serve, which Open WebUI's external reranker and Cohere's
 Jina's clients send: {model, query, documents: [str | {"text"}], top_n, return_documents}
 -> {id, model, usage, results: [{index, relevance_score, document?}]}, best first. One
 Rerank to the model's worker (a reranker's own score, or an embedding model's cosine
-similarity), served beside the chat model."""
+similarity), served beside the chat model. Text Embeddings Inference's shape, which
+llama.cpp's /rerank takes too, is told apart by `texts` in place of `documents`: its answer
+is a bare list of {index, score, text?}."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from aiohttp import web
 from pydantic import Field, field_validator
@@ -35,10 +37,12 @@ class RerankRequest(Strict):
         "truncate_prompt_tokens": "only -1 (cut to the model's context, as here by default)",
         "use_activation": "only true (scores are the model's, after its activation)",
         "max_tokens_per_doc": "refused", "rank_fields": "refused",
-        "mm_processor_kwargs": "refused"}
+        "mm_processor_kwargs": "refused", "raw_scores": "only false",
+        "truncation_direction": "only Right (the end is cut)"}
     model: str | None = Field(default=None, min_length=1)
     query: str = Field(min_length=1)
-    documents: list[str | Document] = Field(min_length=1, max_length=MAX_INPUTS)
+    documents: list[str | Document] | None = Field(default=None, min_length=1,
+                                                   max_length=MAX_INPUTS)
     top_n: int | None = Field(default=None, ge=1)
     return_documents: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
@@ -47,11 +51,17 @@ class RerankRequest(Strict):
     max_tokens_per_doc: int | None = None  # Cohere v2's
     rank_fields: list[str] | None = None  # Cohere v1's, for documents as objects
     mm_processor_kwargs: dict[str, Any] | None = None
+    # Text Embeddings Inference's (llama.cpp's /rerank takes `texts` and `return_text` too)
+    texts: list[str] | None = Field(default=None, min_length=1, max_length=MAX_INPUTS)
+    return_text: bool = False
+    truncate: bool | None = None  # None: cut, as the other shapes are
+    raw_scores: bool = False
+    truncation_direction: Literal["Left", "Right", "left", "right"] | None = None
 
-    @field_validator("documents")
+    @field_validator("documents", "texts")
     @classmethod
-    def _size(cls, v: list[str | Document]) -> list[str | Document]:
-        total = sum(len(d if isinstance(d, str) else d.text) for d in v)
+    def _size(cls, v: list[Any] | None) -> list[Any] | None:
+        total = sum(len(d if isinstance(d, str) else d.text) for d in v or [])
         if total > MAX_CHARS:
             raise ValueError(f"more than {MAX_CHARS:,} characters in all")
         return v
@@ -65,12 +75,24 @@ class RerankRequest(Strict):
             raise BadRequest("'truncate_prompt_tokens': only -1 is taken (a pair longer than "
                              "the model's context is cut to it, as by default).",
                              param="truncate_prompt_tokens")
+        if (self.documents is None) == (self.texts is None):
+            raise BadRequest("Send the documents to rank as 'documents' (or as 'texts', Text "
+                             "Embeddings Inference's name), one of the two.",
+                             param="documents")
+        if self.raw_scores:
+            raise BadRequest("'raw_scores': only false is taken (scores are the model's "
+                             "after its activation).", param="raw_scores")
+        if (self.truncation_direction or "right").lower() != "right":
+            raise BadRequest("'truncation_direction': only Right is taken (the end is cut).",
+                             param="truncation_direction")
         if self.use_activation is False:
             raise BadRequest("'use_activation': only true is taken (scores are the model's "
                              "after its activation).", param="use_activation")
 
-    def texts(self) -> list[str]:
-        return [d if isinstance(d, str) else d.text for d in self.documents]
+    def docs(self) -> list[str]:
+        if self.texts is not None:
+            return self.texts
+        return [d if isinstance(d, str) else d.text for d in self.documents or []]
 
 
 async def _model(request: web.Request, body: RerankRequest) -> str:
@@ -89,14 +111,19 @@ async def rerank(request: web.Request) -> web.Response:
     body.check()
     hints.note(request, ["priority"] if body.priority else [])
     model = await _model(request, body)
-    texts = body.texts()
-    ans = await backend(request).rerank(model, wire.Rerank("", body.query, texts))
+    texts = body.docs()
+    ans = await backend(request).rerank(model, wire.Rerank("", body.query, texts,
+                                                           body.truncate is not False))
     if isinstance(ans, wire.Error):
         raise error_of(ans)
     if not isinstance(ans, wire.Ranked) or len(ans.scores) != len(texts):
         raise WorkerFailed(f"The worker for {model} scored {len(getattr(ans, 'scores', []))} "
                            f"of {len(texts)} documents.")
     order = sorted(range(len(texts)), key=lambda i: -ans.scores[i])[:body.top_n]
+    if body.texts is not None:  # Text Embeddings Inference's answer: a bare list
+        return web.json_response([
+            {"index": i, "score": ans.scores[i], **({"text": texts[i]} if body.return_text
+                                                    else {})} for i in order])
     results: list[dict[str, Any]] = []
     for i in order:
         r: dict[str, Any] = {"index": i, "relevance_score": ans.scores[i]}

@@ -69,7 +69,23 @@ def test_model_may_be_left_out(node):
     assert r.json()["model"] == MINILM
 
 
+def test_text_embeddings_inference_shape(node):
+    r = post(node, "/rerank", {"query": QUERY, "texts": DOCS, "return_text": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert isinstance(out, list) and len(out) == len(DOCS)
+    assert {x["index"] for x in out[:2]} == RELEVANT and out[0]["text"] == DOCS[out[0]["index"]]
+    assert set(out[0]) == {"index", "score", "text"}
+    bare = post(node, "/rerank", {"model": MINILM, "query": QUERY, "texts": DOCS}).json()
+    assert set(bare[0]) == {"index", "score"}
+
+
 HOSTILE = [
+    ({"model": MINILM, "query": QUERY}, "documents"),
+    ({"model": MINILM, "query": QUERY, "documents": DOCS, "texts": DOCS}, "documents"),
+    ({"model": MINILM, "query": QUERY, "texts": DOCS, "raw_scores": True}, "raw_scores"),
+    ({"model": MINILM, "query": QUERY, "texts": DOCS, "truncation_direction": "Left"},
+     "truncation_direction"),
     ({"model": MINILM, "query": QUERY, "documents": []}, "documents"),
     ({"model": MINILM, "query": QUERY, "documents": DOCS, "top_n": 0}, "top_n"),
     ({"model": MINILM, "query": "", "documents": DOCS}, "query"),
