@@ -130,6 +130,12 @@ def _join(a: Any, b: Any, sep: str = "\n\n") -> Any:
         def parts(c: Any) -> list[Any]:
             return list(c) if isinstance(c, list) else \
                 ([{"type": "text", "text": str(c)}] if c else [])
-        return [*parts(a), *([{"type": "text", "text": sep}] if sep and a and b else []),
-                *parts(b)]
+        out: list[Any] = []
+        for part in [*parts(a), *([{"type": "text", "text": sep}] if sep and a and b else []),
+                     *parts(b)]:  # neighbouring texts as one (templates trim each part)
+            if out and part.get("type") == "text" and out[-1].get("type") == "text":
+                out[-1] = {**out[-1], "text": out[-1]["text"] + part["text"]}
+            else:
+                out.append(part)
+        return out
     return f"{a or ''}{sep}{b or ''}"

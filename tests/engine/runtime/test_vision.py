@@ -320,3 +320,29 @@ def test_a_raw_prompt_with_images_is_a_400(loaded: Any) -> None:
     req = GenerateRequest(prompt="hi", images=[image_input(png(8, 8))])  # type: ignore[list-item]
     with pytest.raises(BadRequest, match="raw prompt"):
         prepare(tokenizer, req, 4096, vision)
+
+
+def test_folded_turns_keep_their_images_in_order() -> None:
+    from engine.runtime.template import fold_turns
+
+    folded = fold_turns([
+        {"role": "user", "content": "a"}, {"role": "system", "content": "late"},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "b"}]}])
+    assert folded == [{"role": "user", "content": [
+        {"type": "text", "text": "a\n\nlate\n\n"}, {"type": "image"},
+        {"type": "text", "text": "b"}]}]
+
+
+def test_a_chats_next_turn_hits_the_cache_through_its_image(loaded: Any) -> None:
+    from engine.runtime.prefix import PrefixCache
+
+    prefix = PrefixCache(10_000)
+    first = request([png(40, 30, 1)], max_tokens=5)
+    tokens, (ids, _, images), _ = shoal_tokens(loaded, first, prefix)
+    said = loaded[1].decode(tokens)
+    turns = [*(first.messages or []), {"role": "assistant", "content": said},
+             {"role": "user", "content": "And the colours?"}]
+    _, (ids2, _, images2), recs = shoal_tokens(
+        loaded, GenerateRequest(**{**first.__dict__, "messages": turns}), prefix)
+    last_image = max(i for i, k in enumerate(images2.keys) if k < 0)
+    assert recs[-1].cached_tokens > last_image
