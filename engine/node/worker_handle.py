@@ -253,18 +253,21 @@ class WorkerHandle:
     async def embed(self, cmd: Embed, on_turn: Callable[[bool], None] | None = None
                     ) -> Embedded | Error:
         """Send one Embed and await its answer (Embedded, or Error)."""
-        return await self._ask(cmd, on_turn)  # type: ignore[return-value]
+        return await self._ask(cmd, on_turn, len(cmd.inputs))  # type: ignore[return-value]
 
     async def rerank(self, cmd: Rerank, on_turn: Callable[[bool], None] | None = None
                      ) -> Ranked | Error:
         """Send one Rerank and await its answer (Ranked, or Error)."""
-        return await self._ask(cmd, on_turn)  # type: ignore[return-value]
+        return await self._ask(cmd, on_turn,  # type: ignore[return-value]
+                               len(cmd.documents) + 1)
 
-    async def _ask(self, cmd: Embed | Rerank, on_turn: Callable[[bool], None] | None
-                   ) -> Event:
+    async def _ask(self, cmd: Embed | Rerank, on_turn: Callable[[bool], None] | None,
+                   items: int) -> Event:
         """One command with one answer: queued for a turn as a generation is, its wait
-        bounded by token_timeout; a caller that leaves (the client went away) cancels it
-        in the worker, whose turn ends when the worker confirms."""
+        bounded by token_timeout and a second per input (the worker says nothing until
+        the whole answer, which takes longer the more inputs it has); a caller that leaves
+        (the client went away) cancels it in the worker, whose turn ends when the worker
+        confirms."""
         rid = uuid.uuid4().hex
         self.waiting += 1
         try:
@@ -278,17 +281,18 @@ class WorkerHandle:
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
         finished = False
+        bound = self.token_timeout + items * SECONDS_PER_INPUT
         try:
             if on_turn:
                 on_turn(True)
             self._send(replace(cmd, id=rid))
             while True:
                 try:
-                    ev = await asyncio.wait_for(q.get(), self.token_timeout)
+                    ev = await asyncio.wait_for(q.get(), bound)
                 except TimeoutError:
                     finished = True
                     await self.kill(f"The worker for {self.model_id} answered nothing for "
-                                    f"{self.token_timeout:.0f} s and was stopped.")
+                                    f"{bound:.0f} s and was stopped.")
                     failed = WorkerFailed(self.dead_reason or "The worker stalled.")
                     return Error(rid, failed.code, failed.message, None, failed.status)
                 if isinstance(ev, TERMINAL):
@@ -361,6 +365,7 @@ class WorkerHandle:
 
 
 CANCEL_GRACE_S = 15.0
+SECONDS_PER_INPUT = 1.0  # an Embed's or Rerank's wait grows by this per text it carries
 SHOWN_IDS = 8  # request ids named in a crash's message; the rest are counted
 KILLED = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT}  # sent, not a fault of its own
 
