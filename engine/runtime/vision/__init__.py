@@ -1,9 +1,11 @@
 """Vision models: mlx-lm's language model with mlx-vlm's vision tower and projector in
 front (what exo does). A request with images is rendered with its turns' parts as content
 lists, each image expanded to the model's image tokens (images.py), and its prompt runs as
-input embeddings with the image features at those tokens; text requests are the text
-engine's, batching, prefix cache and drafts included. On one node only: a group serves
-the model's text and refuses images (engine/runtime/group)."""
+input embeddings with the image features at those tokens (tower.py): one at a time
+through generate, or batched with text requests, its prefill from embeddings a chunk per
+scheduler step (batched.py). Text requests are the text engine's, batching, prefix cache
+and drafts included. On one node only: a group's rank 0 serves the model's text and
+answers images with group.py's 400."""
 
 from __future__ import annotations
 
