@@ -168,7 +168,7 @@ def prepare(tokenizer: Any, req: GenerateRequest, ctx_len: int | None = None,
                              "(its capabilities list 'vision').", param="messages")
         turns, _ = content_lists(msgs, len(req.images))
         text = render(tokenizer, turns, req, kwargs)  # type: ignore[arg-type]
-        images = vision.prompt(text, image_order(req))
+        images = vision.prompt(text, image_order(req), bool(req.add_special))
         prompt = images.ids
     elif getattr(tokenizer, "has_chat_template", False):
         text = render(tokenizer, msgs, req, kwargs)

@@ -61,15 +61,17 @@ class Vision:
         self.span_ids = frozenset({self.image_token} | {vocab[t] for t in SPAN_TOKENS
                                                         if t in vocab})
 
-    def prompt(self, text: str, images: list[ImageInput]) -> ImagePrompt:
-        """The prompt for a rendered chat template's `text` holding `images` in order."""
+    def prompt(self, text: str, images: list[ImageInput], special: bool = False
+               ) -> ImagePrompt:
+        """The prompt for a rendered chat template's `text` holding `images` in order
+        (`special`: the tokenizer adds its BOS and the like, as add_special_tokens asks)."""
         from mlx_vlm.utils import prepare_inputs
 
         pictures = [decode(im) for im in images]
         try:
             inputs = prepare_inputs(self.processor, images=pictures, prompts=text,
                                     image_token_index=self.image_token,
-                                    add_special_tokens=False)
+                                    add_special_tokens=special)
         except (ValueError, TypeError, IndexError) as e:  # e.g. placeholders != images
             raise BadRequest(f"The images couldn't be placed in the prompt: {str(e)[:160]}",
                              param="messages") from None
