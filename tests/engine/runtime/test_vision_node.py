@@ -1,7 +1,7 @@
 """A real node serving a tiny Gemma 3 vision checkpoint: an image through the OpenAI and
 Anthropic SDKs is answered as the worker's own path answers in process (itself token for
 token mlx-vlm's, test_vision.py), its tokens counted in usage; the same image re-sent hits
-the prefix cache; a text request on the same model still works."""
+the prefix cache; Ollama's images too; a text request on the same model still works."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import ollama
 import openai
 import pytest
 
@@ -84,6 +85,11 @@ def test_sdks_get_the_image_answered(node: NodeProcess) -> None:
                                          "data": data}}]}])
     assert reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0) \
         == prompt_tokens
+    ol = ollama.Client(host=node.url, timeout=120)
+    chat = ol.chat(model=VISION, messages=[{"role": "user", "content": ASK,
+                                            "images": [IMAGE]}],
+                   options={"temperature": 0, "num_predict": 8})
+    assert chat.done and chat.eval_count == 8
     text = oa.chat.completions.create(model=VISION, max_tokens=4, messages=[
         {"role": "user", "content": "Just text."}])
     assert text.choices[0].finish_reason == "length"
