@@ -13,6 +13,7 @@ from engine import protocol as wire
 from engine.api.backend import RemoteModel, Started
 from engine.hub.local import LocalModel
 from engine.node import relay
+from engine.node.beside import canonical
 from engine.node.service import Node
 
 PREPARE_WAIT_S = 120.0  # the bundled model's import takes seconds; a list never hangs
@@ -49,10 +50,10 @@ class NodeBackend:
             await self.node.unload()
 
     def keep_alive(self, model: str, seconds: float | None) -> None:
-        self.node.keep_alive[model] = seconds
+        self.node.keep_alive[canonical(model)] = seconds
 
     def expires_in(self, model: str) -> float | None:
-        return self.node.expires_in(model)
+        return self.node.expires_in(canonical(model))
 
     @contextlib.asynccontextmanager
     async def generate(self, model: str | None,

@@ -25,8 +25,15 @@ from engine.records import RunnerFailed, RunnerLoading, RunnerReady, RunnerState
 
 log = logging.getLogger(__name__)
 
-# Ollama's and sentence-transformers' names of the bundled model
+# Ollama's and sentence-transformers' short names of the bundled model
 BUNDLED_ALIASES = ("all-minilm", "all-MiniLM-L6-v2")
+
+
+def canonical(model: str) -> str:
+    """The bundled model's one id for any of its names (one worker serves them all)."""
+    from engine.hub.bundled_embedding import EMBEDDING_MODEL_ID
+    bare = model.removesuffix(":latest")
+    return EMBEDDING_MODEL_ID if bare in (EMBEDDING_MODEL_ID, *BUNDLED_ALIASES) else model
 NEEDS = {"embed": "embed", "rerank": "rerank"}
 # besides its weights, a worker holds activations, the tokenizer and the runtime
 OVERHEAD_BYTES = 512 * 1024**2
@@ -81,9 +88,7 @@ class Beside:
         """The folder of `model`: the bundled embedding model (unpacked on first use) or
         a model on this node (BadRequest / ModelNotFound as for chat)."""
         from engine.hub import bundled_embedding as bundled
-        short = bundled.EMBEDDING_MODEL_ID.split("/")[-1]
-        if model == bundled.EMBEDDING_MODEL_ID or model in BUNDLED_ALIASES \
-                or model == short:
+        if canonical(model) == bundled.EMBEDDING_MODEL_ID:
             path = await asyncio.to_thread(bundled.ensure_embedding_model,
                                            self.node.models_dir)
             return describe(model, path)
@@ -110,6 +115,7 @@ class Beside:
     async def worker(self, model: str, need: str) -> WorkerHandle:
         """The running worker that serves `model` for `need`: the main worker where it is
         that model, else the beside one, started if it isn't running."""
+        model = canonical(model)
         main = self.node.worker
         if main is not None and main.alive and main.model_id == model and main.ready \
                 and need in main.ready.capabilities:
@@ -204,6 +210,7 @@ class Beside:
     # --- unloading ----------------------------------------------------------------------
     async def unload(self, model: str) -> bool:
         """Stop `model`'s beside worker; False when none runs."""
+        model = canonical(model)
         w = self.workers.pop(model, None)
         if w is None:
             return False

@@ -258,3 +258,13 @@ def test_a_long_input_is_cut_unless_truncate_is_false(node):
     assert r.status_code == 400 and "error" in r.json(), r.text
     ok = httpx.post(node.url + "/api/embed", timeout=60, json={"model": MINILM, "input": long})
     assert ok.status_code == 200 and len(ok.json()["embeddings"][0]) == 384
+
+
+def test_the_bundled_models_names_share_one_worker(node):
+    ref = vectors(oa(node).embeddings.create(model=MINILM, input="x", encoding_format="float"))
+    for name in ("all-minilm", "all-minilm:latest", "all-MiniLM-L6-v2"):
+        r = oa(node).embeddings.create(model=name, input="x", encoding_format="float")
+        assert r.model == name and np.allclose(vectors(r), ref, atol=1e-6)
+    assert np.allclose(ollama.Client(host=node.url).embed(model="all-minilm",
+                                                          input="x").embeddings, ref)
+    assert [r.model for r in node.client.status().beside or []] == [MINILM]
