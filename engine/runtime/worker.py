@@ -94,7 +94,8 @@ def serve(engine: Engine, emit: Emitter) -> None:
     engine serves several at once (the node sends no more at once than Ready said)."""
     commands: queue.Queue[Message | None] = queue.Queue()
     cancels: dict[str, threading.Event] = {}
-    threading.Thread(target=read_commands, args=(commands, cancels), daemon=True).start()
+    reader = threading.Thread(target=read_commands, args=(commands, cancels), daemon=True)
+    reader.start()
     while (cmd := commands.get()) is not None:
         if isinstance(cmd, Shutdown):
             break
@@ -105,6 +106,7 @@ def serve(engine: Engine, emit: Emitter) -> None:
                              args=(engine, cmd, cancels, emit)).start()
         else:
             _serve_one(engine, cmd, cancels, emit)
+    reader.join(timeout=2.0)  # the node closes our stdin after Shutdown: its EOF ends it
 
 
 def _serve_one(engine: Engine, cmd: Generate | Embed | Rerank,
@@ -211,4 +213,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    logging.shutdown()
+    # Not sys.exit: a daemon thread still blocked reading stdin (a node that sent Shutdown
+    # and kept the pipe open) aborts the interpreter's teardown with SIGABRT, which the
+    # node would report as a crash. What must outlive us was written by engine.close().
+    os._exit(code)
