@@ -145,6 +145,14 @@ def test_the_external_reranker_puts_the_answer_first(rag_node):
     context = recorded("chat")[0]["body"]["messages"][0]["content"]
     at = [context.index(f'resource-id="{_file_id()}">{doc}</source>') for doc in best]
     assert at == sorted(at), "the recording's context holds the node's top chunks, in order"
+    # The reranker's key left empty: requests still sends "Bearer " (httpx won't)
+    import http.client
+    conn = http.client.HTTPConnection(rag_node.url.removeprefix("http://"), timeout=60)
+    conn.request("POST", ex["path"], json.dumps(ex["body"]),
+                 headers={**_sent(ex), "Authorization": "Bearer "})
+    empty = conn.getresponse()
+    assert empty.status == 401 and json.loads(empty.read())["error"]["message"]
+    conn.close()
 
 
 def _file_id() -> str:
