@@ -14,7 +14,7 @@ import mlx.core as mx
 
 from engine.errors import BadRequest, Cancelled
 from engine.protocol import Embed, Embedded, Ranked, Rerank
-from engine.runtime.embedding.batches import buckets, pad, pool, unit
+from engine.runtime.embedding.batches import batch_limit, buckets, pad, pool, unit
 from engine.runtime.embedding.folder import ModelSpec
 from engine.runtime.embedding.inputs import check_list, fit, tokenize
 from engine.runtime.embedding.models import Decoder, Encoder
@@ -79,7 +79,7 @@ def run(forward: Forward, rows: list[list[int]], types: list[list[int]] | None,
     """`forward` over the rows in length buckets, its outputs stacked in the rows' order.
     Each batch is evaluated before the next, so only one batch's activations are alive."""
     out: list[mx.array | None] = [None] * len(rows)
-    for batch in buckets([len(r) for r in rows]):
+    for batch in buckets([len(r) for r in rows], most=batch_limit()):
         if cancel.is_set():
             raise Cancelled("The request was cancelled.")
         ids, mask = pad([rows[i] for i in batch], pad_id)
@@ -131,7 +131,7 @@ class RerankEngine(EmbeddingEngine):
 
             def forward(ids: mx.array, mask: mx.array, t: mx.array | None) -> mx.array:
                 return mx.sigmoid(net.scores(ids, mask, t).astype(mx.float32))
-        rows = fit(rows, self.context_length, False, "documents")
+        rows = fit(rows, self.context_length, False, "documents", vocab=net.vocab_size)
         scores = run(forward, rows, types, cancel, self.pad_id)
         emit(Ranked(cmd.id, scores.tolist(), sum(map(len, rows))))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import BadRequest, ContextTooLong
+from engine.errors import BadRequest, ContextTooLong, CorruptModel
 
 MAX_INPUTS = 2048  # texts (or documents) in one request
 MAX_CHARS = 16 * 1024 * 1024  # characters in one request, before tokenizing
@@ -45,12 +45,16 @@ def check_ids(row: list[Any], vocab: int, param: str, index: int) -> list[int]:
 
 
 def fit(rows: list[list[int]], context: int, truncate: bool, param: str,
-        cut: dict[int, list[int]] | None = None) -> list[list[int]]:
+        cut: dict[int, list[int]] | None = None, vocab: int | None = None) -> list[list[int]]:
     """Each row within `context` tokens: where `truncate`, the cut version (`cut[i]`, the
     tokenizer's own, which keeps the closing special token; else the first `context`), or a
-    ContextTooLong naming `param`. Then the total within MAX_TOKENS."""
+    ContextTooLong naming `param`. Then the total within MAX_TOKENS, and every id inside
+    `vocab` (a tokenizer with more tokens than the model's rows would read past them)."""
     out = []
     for i, row in enumerate(rows):
+        if vocab is not None and row and max(row) >= vocab:
+            raise CorruptModel(f"The model's tokenizer gives token id {max(row)}, past its "
+                               f"{vocab} embeddings. Download the model again.")
         if len(row) > context:
             if not truncate:
                 raise ContextTooLong(f"'{param}[{i}]' has {len(row)} tokens; this model takes "
@@ -85,4 +89,4 @@ def tokenize(tokenizer: Any, items: list[str | list[int]], vocab: int, context: 
         encoded = tokenizer([items[i] for i in long], add_special_tokens=True,
                             truncation=True, max_length=context)["input_ids"]
         cut = {i: list(ids) for i, ids in zip(long, encoded)}
-    return fit(rows, context, truncate, param, cut)
+    return fit(rows, context, truncate, param, cut, vocab)

@@ -210,3 +210,16 @@ def test_damaged_folders_are_corrupt_model(tmp_path, models_dir):
     (folder / "config.json").write_text("{ truncated")
     with pytest.raises(CorruptModel, match="config.json"):
         load(folder)
+
+
+def test_a_tokenizer_past_the_models_rows_is_refused(tmp_path):
+    from tokenizers import Tokenizer
+
+    folder = make_tiny_qwen3_embedding(tmp_path / "tiny-Qwen3-Embedding")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_tokens(["hello"])  # id 259: the model has 259 rows
+    tok.save(str(folder / "tokenizer.json"))
+    engine = load(folder)
+    with pytest.raises(CorruptModel, match="past"):
+        engine.embed(Embed("r", ["hello"]), threading.Event(), lambda m: None)
+    assert len(_embed(engine, ["hell"])) == 1
