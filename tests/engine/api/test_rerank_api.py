@@ -18,9 +18,21 @@ DOCS = ["Bananas are a yellow fruit rich in potassium.",
 RELEVANT = {1, 3}
 
 
+CROSS = "tiny-ce"  # a random BERT cross-encoder (a reranker that doesn't embed)
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    yield from embed_node(tmp_path_factory.mktemp("rerank"))
+    import sys
+    from pathlib import Path
+
+    from engine.hub.bundled_embedding import ensure_embedding_model
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "runtime"))
+    from embedding_tiny import make_tiny_bert
+    tmp = tmp_path_factory.mktemp("rerank")
+    minilm = ensure_embedding_model(tmp / "bundled")
+    cross = make_tiny_bert(tmp / "extra" / CROSS, minilm, classifier=True)
+    yield from embed_node(tmp, more=(cross,))
 
 
 def post(node, path: str, body: dict) -> httpx.Response:
@@ -64,19 +76,21 @@ def test_scores_agree_with_embeddings_cosine(node):
 
 
 def test_model_may_be_left_out(node):
+    post(node, "/v1/rerank", {"model": MINILM, "query": QUERY, "documents": DOCS[:1]})
     r = post(node, "/v1/rerank", {"query": QUERY, "documents": DOCS[:2]})
     assert r.status_code == 200, r.text
-    assert r.json()["model"] == MINILM
+    assert r.json()["model"] in (MINILM, CROSS)  # a model that reranks, a running one first
 
 
 def test_text_embeddings_inference_shape(node):
-    r = post(node, "/rerank", {"query": QUERY, "texts": DOCS, "return_text": True})
+    r = post(node, "/rerank", {"model": MINILM, "query": QUERY, "texts": DOCS,
+                               "return_text": True})
     assert r.status_code == 200, r.text
     out = r.json()
     assert isinstance(out, list) and len(out) == len(DOCS)
     assert {x["index"] for x in out[:2]} == RELEVANT and out[0]["text"] == DOCS[out[0]["index"]]
     assert set(out[0]) == {"index", "score", "text"}
-    bare = post(node, "/rerank", {"model": MINILM, "query": QUERY, "texts": DOCS}).json()
+    bare = post(node, "/rerank", {"query": QUERY, "texts": DOCS}).json()  # a running one
     assert set(bare[0]) == {"index", "score"}
 
 
@@ -119,3 +133,19 @@ def test_unknown_model_is_a_404_and_the_node_lives(node):
     assert r.status_code == 400
     assert post(node, "/rerank", {"model": MINILM, "query": QUERY,
                                   "documents": DOCS}).status_code == 200
+
+
+def test_a_cross_encoder_reranks_beside_the_embedding_model(node):
+    r = post(node, "/v1/rerank", {"model": CROSS, "query": QUERY, "documents": DOCS})
+    assert r.status_code == 200, r.text
+    scores = [x["relevance_score"] for x in r.json()["results"]]
+    assert len(scores) == len(DOCS) and scores == sorted(scores, reverse=True)
+    assert all(0.0 <= x <= 1.0 for x in scores)  # a probability (sigmoid of its logit)
+    again = post(node, "/v1/rerank", {"model": CROSS, "query": QUERY, "documents": DOCS})
+    assert again.json()["results"] == r.json()["results"]
+    emb = post(node, "/v1/embeddings", {"model": CROSS, "input": "x"})
+    assert emb.status_code == 400 and emb.json()["error"]["param"] == "model"
+    assert MINILM in emb.json()["error"]["message"]  # names a model that embeds
+    post(node, "/v1/rerank", {"model": MINILM, "query": QUERY, "documents": DOCS})
+    beside = {b.model for b in node.client.status().beside or []}
+    assert {CROSS, MINILM} <= beside
