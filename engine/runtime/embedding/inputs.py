@@ -9,13 +9,13 @@ from typing import Any
 from engine.errors import BadRequest, ContextTooLong, CorruptModel
 
 MAX_INPUTS = 2048  # texts (or documents) in one request
-MAX_CHARS = 16 * 1024 * 1024  # characters in one request, before tokenizing
+MAX_CHARS = 16 * 1024 * 1024  # characters (and token ids) in one request, before tokenizing
 MAX_TOKENS = 1024 * 1024  # tokens in one request, after any cut
 
 
 def check_list(items: Any, param: str, kind: type | tuple[type, ...] = (str, list)) -> None:
     """A non-empty list of at most MAX_INPUTS items of `kind`, none empty, within
-    MAX_CHARS in all; a 400 naming `param` otherwise."""
+    MAX_CHARS characters and token ids in all; a 400 naming `param` otherwise."""
     if not isinstance(items, list) or not items:
         raise BadRequest(f"'{param}' must be a non-empty list.", param=param)
     if len(items) > MAX_INPUTS:
@@ -28,11 +28,10 @@ def check_list(items: Any, param: str, kind: type | tuple[type, ...] = (str, lis
                              param=param)
         if not item:
             raise BadRequest(f"'{param}[{i}]' is empty.", param=param)
-        if isinstance(item, str):
-            chars += len(item)
+        chars += len(item)  # a list of ids counts each: every one is checked
     if chars > MAX_CHARS:
-        raise BadRequest(f"'{param}' holds {chars} characters; at most {MAX_CHARS} per "
-                         "request.", param=param)
+        raise BadRequest(f"'{param}' holds {chars} characters or token ids; at most "
+                         f"{MAX_CHARS} per request.", param=param)
 
 
 def check_ids(row: list[Any], vocab: int, param: str, index: int) -> list[int]:

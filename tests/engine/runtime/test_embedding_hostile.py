@@ -112,6 +112,7 @@ def test_request_bounds_on_tokens_and_characters(bert, monkeypatch):
     assert "tokens" in refused(embed_call(bert, ["a b c d e f g h"] * 20), "input")
     monkeypatch.setattr(inputs, "MAX_CHARS", 1000)
     assert "characters" in refused(embed_call(bert, ["x" * 1001]), "input")
+    assert "token ids" in refused(embed_call(bert, [[5] * 600, [5] * 401]), "input")
 
 
 @pytest.mark.parametrize("engine", ["bert", "cross", "yesno"])
