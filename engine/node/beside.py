@@ -34,7 +34,6 @@ def canonical(model: str) -> str:
     from engine.hub.bundled_embedding import EMBEDDING_MODEL_ID
     bare = model.removesuffix(":latest")
     return EMBEDDING_MODEL_ID if bare in (EMBEDDING_MODEL_ID, *BUNDLED_ALIASES) else model
-NEEDS = {"embed": "embed", "rerank": "rerank"}
 # besides its weights, a worker holds activations, the tokenizer and the runtime
 OVERHEAD_BYTES = 512 * 1024**2
 WEIGHTS_FACTOR = 1.2
