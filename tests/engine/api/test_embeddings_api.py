@@ -268,3 +268,17 @@ def test_the_bundled_models_names_share_one_worker(node):
     assert np.allclose(ollama.Client(host=node.url).embed(model="all-minilm",
                                                           input="x").embeddings, ref)
     assert [r.model for r in node.client.status().beside or []] == [MINILM]
+
+
+def test_vectors_are_the_engines_own_in_process(node):
+    import threading
+
+    from engine.protocol import Embed
+    from engine.runtime.embedding import load_engine
+    http = vectors(oa(node).embeddings.create(model=MINILM, input=TEXTS,
+                                              encoding_format="float"))
+    folder = node.home / "models" / MINILM  # where the node unpacked the bundled model
+    out: list = []
+    engine = load_engine(str(folder), SimpleNamespace(model_id=MINILM), out.append)
+    engine.embed(Embed("ref", list(TEXTS)), threading.Event(), out.append)
+    assert np.allclose(http, np.array(out[-1].vectors), atol=1e-5)
