@@ -71,6 +71,7 @@ class Beside:
         self.states: dict[str, RunnerState] = {}
         self.used: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._starting = asyncio.Lock()
 
     def runners(self) -> list[RunnerState] | None:
         return list(self.states.values()) or None
@@ -133,8 +134,9 @@ class Beside:
             found = await self.find(model)
             if need not in found.capabilities:
                 raise self.refuse(found, need)
-            self._check_room(found)
-            return await self._start(found)
+            async with self._starting:  # one at a time: each sees what the last one took
+                self._check_room(found)
+                return await self._start(found)
 
     def _serving(self, w: WorkerHandle, need: str) -> WorkerHandle:
         """`w`, where its model does `need` (what its worker said when ready)."""
