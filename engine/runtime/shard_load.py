@@ -127,6 +127,7 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
                       ) -> tuple[Any, dict[str, Any], ShardInfo]:
     """(model sharded over `group` with mlx-lm's shard(), config, what was read). Split
     weights are read only in this rank's part where the files allow it (slice_read.py)."""
+    from engine.runtime.group.tensor_split import add_shard
     from engine.runtime.slice_read import Sources, remember_loads, slice_reads
     from engine.runtime.stage import layer_list
 
@@ -139,6 +140,7 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
     sources = Sources()
     with remember_loads(sources):
         model, config, _ = lazy_model(folder)
+    add_shard(model)  # a vision checkpoint's wrapper (engine/runtime/group/tensor_split.py)
     if not hasattr(model, "shard"):
         raise UnsupportedModel(f"mlx-lm has no tensor parallel split for "
                                f"{type(model).__module__.rsplit('.', 1)[-1]} models; use "
@@ -156,6 +158,7 @@ def load_tensor_shard(folder: Path, group: Any, progress: Progress | None = None
         with remember_loads(sources):
             model, config, _ = lazy_model(folder)
         model = cpu_fast_path(model, group.size())
+        add_shard(model)
         with slice_reads(sources):
             model.shard(group)
     log.info("tensor shard: %.1f MB read as slices", sources.bytes_read / 1e6)

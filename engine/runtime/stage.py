@@ -227,9 +227,10 @@ class Stage:
         says."""
         self._cache = kv.quantize(self._cache)
 
-    def __call__(self, x: Any, cache: list[Any]) -> Any:
+    def __call__(self, x: Any, cache: list[Any], input_embeddings: Any = None) -> Any:
         """Token ids (rank 0) or the previous rank's hidden states in; this rank's output
-        hidden states out."""
+        hidden states out. On rank 0 `input_embeddings` (an image prompt's, from the
+        vision tower) stand in for the ids' embeddings."""
         import mlx.core as mx
 
         n = x.shape[1]
@@ -237,8 +238,10 @@ class Stage:
             tokens, self.ctl.inject = x, None
         else:
             tokens, self.ctl.inject = mx.zeros(x.shape[:2], mx.int32), x
+        extra = {"input_embeddings": input_embeddings} \
+            if self.first and input_embeddings is not None else {}
         try:
-            self.model(tokens, cache=cache)
+            self.model(tokens, cache=cache, **extra)
         except Captured as done:
             out = done.h
         else:

@@ -39,6 +39,7 @@ from engine.runtime.group.state import (
     State,
     apply_plan,
     apply_step,
+    chunk_ids,
 )
 from engine.runtime.prefix import PrefixCache
 
@@ -89,7 +90,6 @@ class PipelineSteps:
 
     def lead(self, plan: Plan, state: State) -> Outputs:
         """Send the plan and run rank 0's layers; the outputs taken back meanwhile."""
-        import mlx.core as mx
 
         link, stage = self.link, self.stage
         lane = state.lanes[plan.lane]
@@ -105,10 +105,8 @@ class PipelineSteps:
             self._flights.append(Flight(self._items - 1, plan.lane, list(lane.decoding),
                                         plan.width))
         if plan.chunk >= 0:  # while the next ranks run the decode batch
-            seq = state.pending[plan.chunk]
-            at = len(seq.tokens)
-            h = _as(stage(mx.array(seq.prompt[at:at + plan.chunk_len])[None], seq.cache),
-                    self._dtype)
+            seq, keys, embeds = state.chunk(plan)
+            h = _as(stage(chunk_ids(keys), seq.cache, embeds), self._dtype)
             link.compute(h)
             self._send([(h, STEP)])
         link.stats.steps += 1
@@ -202,6 +200,7 @@ class TensorSteps:
         self.model, self.link = model, link
         self.kv = kv if kv is not None else KV()  # quantized KV or not (quant_kv.py)
         self.hidden, self.dtype = 0, DTYPES[0]
+        self._embed: tuple[int, Any] | None = None  # (hidden, dtype) of image embeddings
         self.body = model if head_is_sharded(model) else getattr(model, "model", model)
 
     def make_cache(self) -> list[Any]:
@@ -221,13 +220,31 @@ class TensorSteps:
             else:
                 link.compute(self.body(x, cache=lane.batch), collective=True)
         if plan.chunk >= 0:
-            seq = state.pending[plan.chunk]
-            at = len(seq.tokens)
+            seq, keys, embeds = state.chunk(plan)
             assert seq.cache is not None
-            self.model(mx.array(seq.prompt[at:at + plan.chunk_len])[None], cache=seq.cache)
+            if seq.embedded:  # rank 0's image embeddings, to every rank
+                embeds = self._share(embeds, len(keys))
+                self.model(chunk_ids(keys), cache=seq.cache, input_embeddings=embeds)
+            else:
+                self.model(mx.array(keys)[None], cache=seq.cache)
             link.compute([c.state for c in seq.cache], collective=True)
         link.stats.steps += 1
         return done
+
+    def _share(self, embeds: Any, n: int) -> Any:
+        """A chunk's input embeddings on every rank: rank 0's (1, n, hidden), zeros
+        elsewhere, summed."""
+        import mlx.core as mx
+
+        from engine.runtime.vision.group import embed_shape
+
+        if self._embed is None:
+            self._embed = embed_shape(self.model)
+        hidden, dtype = self._embed
+        x = embeds.astype(dtype) if embeds is not None else mx.zeros((1, n, hidden), dtype)
+        if x.shape != (1, n, hidden):
+            raise OutOfStep(f"image embeddings of shape {x.shape}, not {(1, n, hidden)}")
+        return self.link.all_sum(x)
 
     def settle(self, lane: int) -> Outputs:
         return []

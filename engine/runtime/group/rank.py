@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ShoalError
+from engine.protocol import GenerateRequest
+from engine.runtime.engine import Emit
 from engine.runtime.text_engine import TextEngine
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,11 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
             streams = 1
         if cfg.strategy == "pipeline":  # every rank's KV alike: 16 bits, or 8 or 4
             model.quantize_kv(kv)
+        vision: Any = None  # rank 0's vision tower, where it serves images
+        if cfg.rank == 0 and streams > 1 and _takes_images(Path(model_path)):
+            from engine.runtime.vision.group import load_group_vision
+            vision = load_group_vision(Path(model_path),
+                                       model.model if cfg.strategy == "pipeline" else model)
         drafts = None
         if cfg.rank == 0 and streams > 1 and drafting is not None:
             try:  # before the others wait on rank 0 (asleep, on the doorbell)
@@ -178,7 +185,19 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     def on_request(rid: str, active: bool) -> None:
         (fatal.inflight.add if active else fatal.inflight.discard)(rid)
 
-    return GroupLeader(model, tokenizer, ctx, gen, streams, on_request, rank, bell)
+    leader = GroupLeader(model, tokenizer, ctx, gen, streams, on_request, rank, bell)
+    if vision is not None:
+        from engine.runtime.vision.group import VisionGroupLeader
+        return VisionGroupLeader(leader, vision)
+    if streams == 1 and _takes_images(Path(model_path)):
+        from engine.runtime.vision.group import LOCKSTEP
+        leader.no_images = LOCKSTEP
+    return leader
+
+
+def _takes_images(folder: Path) -> bool:
+    from engine.runtime.vision.group import is_vision_checkpoint
+    return is_vision_checkpoint(folder)
 
 
 class GroupLeader(TextEngine):
@@ -189,6 +208,14 @@ class GroupLeader(TextEngine):
                  on_request: Callable[[str, bool], None], rank: Any, bell: Any):
         super().__init__(model, tokenizer, ctx, gen, streams, on_request)
         self.rank, self.bell = rank, bell
+        self.no_images: str | None = None  # a vision model's 400 where the group can't
+
+    def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
+                 emit: Emit) -> None:
+        if self.no_images is not None:
+            from engine.runtime.vision.group import refuse_images_in_group
+            refuse_images_in_group(request, self.no_images)
+        super().generate(rid, request, cancel, emit)
 
     def close(self, grace_s: float = 5.0) -> None:
         super().close(grace_s)  # the batcher's last round (its drop plan, its END) ends first

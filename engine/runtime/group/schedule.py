@@ -69,8 +69,9 @@ class Scheduler:
         plan.keep = len(st.prefix)
         self._guard()
         joining, fetched = self._admit(plan)
-        for (job, sample), seq in zip(joining, apply_admissions(plan, st, fetched)):
+        for (job, sample, embeds), seq in zip(joining, apply_admissions(plan, st, fetched)):
             seq.job, seq.sample = job, sample
+            seq.embeds = embeds if seq.embedded else None
         plan.feed = [next_token(s) for s in st.lanes[lane].decoding]
         self._draft(plan)
         ready = [(s.left, i) for i, s in enumerate(st.pending) if s.left > 0]
@@ -98,8 +99,9 @@ class Scheduler:
         seqs = st.lanes[plan.lane].decoding
         if d is None or not seqs or st.pending or self.waiting:
             return
+        # (an image request drafts nothing: its tokens hold image keys no model takes)
         asks = [Ask.of(s.job.sampling, s.job.sampling.max_tokens - s.generated - 1)
-                if s.job is not None and uid(s) not in self.gone
+                if s.job is not None and uid(s) not in self.gone and s.job.images is None
                 and d.wanted(s.job.sampling) else None for s in seqs]
         if not any(asks):
             return
@@ -118,10 +120,11 @@ class Scheduler:
                      for t in [f, *s.guesses, *[f] * (width - len(s.guesses))]]
         plan.guesses = width
 
-    def _admit(self, plan: Plan) -> tuple[list[tuple[Job, Any]], list[tuple[Any, int]]]:
-        """The waiting requests that join now, with their samplers and prefix hits."""
+    def _admit(self, plan: Plan) -> tuple[list[tuple[Job, Any, Any]], list[tuple[Any, int]]]:
+        """The waiting requests that join now, with their samplers, their prompts' input
+        embeddings (image requests) and prefix hits."""
         st = self.state
-        joining: list[tuple[Job, Any]] = []
+        joining: list[tuple[Job, Any, Any]] = []
         fetched: list[tuple[Any, int]] = []
         while self.waiting and not self._full \
                 and len(st.pending) + len(joining) + st.n_decoding < self.streams:
@@ -131,20 +134,26 @@ class Scheduler:
             except Exception as e:  # e.g. a grammar that can't be built
                 job.out.put(e)
                 continue
-            cache, job.cached = st.prefix.fetch(job.prompt)
+            cache, job.cached = st.prefix.fetch(job.key)
             need = self._room(job)
             if need is None:
                 continue
             if need < 0:
                 self.waiting.insert(0, job)
                 break
+            try:  # the vision tower runs here, before the plan goes out
+                embeds = image_embeddings(job)
+            except Exception as e:  # this request's images fail it, not the group
+                log.warning("an image request's embeddings failed: %s", e)
+                job.out.put(e)
+                continue
             job.out.put(Prefilled(job.cached, job.cached))  # admitted: the cache hit is known
             job.uid, self._uid = self._uid, self._uid + 1
             self.jobs[job.uid] = job
             self._taken[job.uid] = need
-            joining.append((job, sample))
+            joining.append((job, sample, embeds))
             fetched.append((cache, job.cached))
-            plan.admit.append(job.prompt)
+            plan.admit.append(job.key)
             plan.cached.append(job.cached)
         return joining, fetched
 
@@ -216,3 +225,22 @@ def uid(seq: Seq) -> int:
 def next_token(seq: Seq) -> int:
     """The token a decoding sequence feeds next: its prompt's last, then what it sampled."""
     return seq.prompt[-1] if seq.next is None else seq.next
+
+
+def image_embeddings(job: Job) -> Any:
+    """An image request's prompt's input embeddings from its cache hit on (evaluated;
+    None where no image token is left to run, or for a text request). The prompt's last
+    token runs in the decode batch by its id, so it can't be an image's."""
+    import mlx.core as mx
+
+    from engine.errors import BadRequest
+
+    if job.images is None:
+        return None
+    if job.key[-1] < 0:
+        raise BadRequest("The prompt ends with an image; a group needs text after it "
+                         "(the chat template's generation prompt).", param="messages")
+    embeds = job.images.embeddings(job.cached)
+    if embeds is not None:
+        mx.eval(embeds)
+    return embeds

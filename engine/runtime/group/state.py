@@ -101,6 +101,10 @@ class Seq:
     guesses: list[int] = field(default_factory=list)  # rank 0: drafted for its step
     drafter: Any = None        # rank 0: its drafter (engine/runtime/speculative.py)
     cached: int = 0            # its prompt tokens the prefix cache gave it
+    # an image's tokens are left to prefill (its prompt is keyed: those tokens' ids are
+    # negative, from the image's hash): its chunks run from input embeddings
+    embedded: bool = False
+    embeds: Any = None         # rank 0: those embeddings, from `cached` on (vision/group.py)
 
     @property
     def left(self) -> int:
@@ -171,7 +175,8 @@ class State:
         self.pending = [s for i, s in enumerate(self.pending) if i not in gone]
 
     def admit(self, prompt: list[int], cache: list[Any] | None, cached: int) -> Seq:
-        seq = Seq(prompt, list(prompt[:cached]), cache or self.make_cache(), cached=cached)
+        seq = Seq(prompt, list(prompt[:cached]), cache or self.make_cache(), cached=cached,
+                  embedded=any(t < 0 for t in prompt[cached:]))
         self.pending.append(seq)
         return seq
 
@@ -189,8 +194,18 @@ class State:
             else:
                 for a, b in zip(lane.batch, merged):
                     a.extend(b)
-            seq.cache = None
+            seq.cache = seq.embeds = None
             lane.decoding.append(seq)
+
+    def chunk(self, plan: Plan) -> tuple[Seq, list[int], Any]:
+        """(the prefilling prompt whose chunk the plan runs, the chunk's ids as the prefix
+        cache keys them, its input embeddings on rank 0 where it runs from them)."""
+        seq = self.pending[plan.chunk]
+        at = len(seq.tokens)
+        keys = seq.prompt[at:at + plan.chunk_len]
+        if seq.embeds is None:
+            return seq, keys, None
+        return seq, keys, seq.embeds[None, at - seq.cached:at - seq.cached + len(keys)]
 
     def fed(self, plan: Plan) -> None:
         w = plan.width  # each sequence fed its token and its (padded) guesses
@@ -199,6 +214,14 @@ class State:
         if plan.chunk >= 0:
             seq = self.pending[plan.chunk]
             seq.tokens += seq.prompt[len(seq.tokens):len(seq.tokens) + plan.chunk_len]
+
+
+def chunk_ids(keys: list[int]) -> Any:
+    """A chunk's ids (1, n) as the model takes them: an image's key ids (negative; the
+    chunk then runs from its input embeddings, so only their shape counts) as 0, so
+    nothing indexes with them."""
+    import mlx.core as mx
+    return mx.array([max(0, t) for t in keys])[None]
 
 
 class OutOfStep(RuntimeError):

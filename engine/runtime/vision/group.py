@@ -1,18 +1,94 @@
-"""A vision model split over a group: its ranks serve the text; the vision tower's features
-don't yet enter the sharded language model's first stage, so a request with images gets a
-400 that says so (not that the model reads text only)."""
+"""A vision model split over a group (as exo does): rank 0 holds the vision tower and
+projector beside its share of the language model, computes an image request's merged
+input embeddings when the request joins the group's batch, and feeds them in place of
+the token embeddings for the prompt's chunks: to its first pipeline stage (the other
+ranks get hidden states as for text), or, tensor parallel, to every rank through an
+all_sum of rank 0's array with zeros elsewhere. The other ranks see the prompt as the
+prefix cache keys it (each image's tokens as ids from its sha256), never the image.
+
+One request at a time (lockstep, --max-streams 1) has no such path: images get a 400."""
 
 from __future__ import annotations
 
-from engine.errors import BadRequest
+import logging
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+from engine.errors import BadRequest, ShoalError
 from engine.protocol import GenerateRequest
+from engine.runtime.engine import Emit
+from engine.runtime.group.rank import GroupLeader
+
+log = logging.getLogger(__name__)
+
+LOCKSTEP = ("Images need this model on one node or in a group that batches requests: "
+            "here it is split over a group that serves one request at a time (its "
+            "worker runs with --max-streams 1), which takes text only. Send the request "
+            "without images, or serve the model with several streams.")
 
 
-def refuse_images_in_group(request: GenerateRequest) -> None:
-    """Raise the 400 for a request with images to a vision model served by a group."""
-    if request.images or any(p.get("type") == "image" for m in request.messages or ()
-                             for p in m.get("parts") or ()):
-        raise BadRequest("Images need this model on one node: here it is split over a group "
-                         "of machines, which serves its text only. Send the request without "
-                         "images, or load the model on a node that holds it whole.",
-                         param="messages", code="images_unsupported")
+def has_images(request: GenerateRequest) -> bool:
+    return bool(request.images) or any(p.get("type") == "image"
+                                       for m in request.messages or ()
+                                       for p in m.get("parts") or ())
+
+
+def refuse_images_in_group(request: GenerateRequest, why: str = LOCKSTEP) -> None:
+    """Raise the 400 for a request with images to a vision model whose group can't take
+    them (`why` says why and what to do)."""
+    if has_images(request):
+        raise BadRequest(why, param="messages", code="images_unsupported")
+
+
+def load_group_vision(folder: Path, lm: Any) -> Any:
+    """Rank 0's vision tower and projector (engine.runtime.vision.tower.Vision) beside its
+    share of the language model `lm` (which holds the token embedding on rank 0); None
+    where mlx-vlm can't load them (the log says why; images then get a 400)."""
+    from engine.runtime.vision.tower import Vision
+
+    try:
+        return Vision(folder, lm)
+    except (ShoalError, ImportError, NotImplementedError) as e:
+        log.warning("the group serves %s as text only: %s", folder,
+                    getattr(e, "message", e))
+        return None
+
+
+def is_vision_checkpoint(folder: Path) -> bool:
+    from engine.runtime.factory import _capabilities
+    return "vision" in _capabilities(folder)
+
+
+class VisionGroupLeader(GroupLeader):
+    """Rank 0's engine for a vision model served by a batching group: image requests are
+    prepared with the tower (their prompts' embeddings go to the batch with them)."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset({"generate", "vision"})
+
+    def __init__(self, leader: GroupLeader, vision: Any):
+        self.__dict__.update(leader.__dict__)
+        self.vision = vision
+
+    def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
+                 emit: Emit) -> None:
+        from engine.runtime.request import run
+
+        self.on_request(rid, True)
+        try:
+            run(rid, request, self.model, self.tokenizer, self.context_length, self.gen,
+                cancel, emit, self.limit, vision=self.vision)
+        finally:
+            self.on_request(rid, False)
+
+
+def embed_shape(model: Any) -> tuple[int, Any]:
+    """(hidden size, dtype) of the model's token embeddings: what an image prompt's
+    input embeddings are shared in between tensor parallel ranks."""
+    import mlx.core as mx
+
+    from engine.runtime.vision.tower import embed_tokens
+
+    out = embed_tokens(model)(mx.array([[0]]))
+    return int(out.shape[-1]), out.dtype
+

@@ -52,7 +52,8 @@ class Vision:
         # the lazy language model goes unread: get_input_embeddings uses mlx-lm's tokens
         vlm.language_model = _Tokens(embed_tokens(lm))
         _cpu_fast_path(vlm)
-        mx.eval([vlm.vision_tower.parameters(), vlm.multi_modal_projector.parameters()])
+        mx.eval([vlm.vision_tower.parameters(), vlm.multi_modal_projector.parameters(),
+                 _held_arrays(vlm.vision_tower)])
         self.model, self.processor, self.config = vlm, processor, vlm.config
         self.image_token = int(getattr(self.config, "image_token_index", None)
                                or self.config.image_token_id)
@@ -87,6 +88,21 @@ class Vision:
         pixels, mask = rest.pop("pixel_values", None), rest.pop("attention_mask", None)
         out = self.model.get_input_embeddings(mx.array([ids]), pixels, mask=mask, **rest)
         return out.inputs_embeds[0]
+
+
+def _held_arrays(module: Any) -> list[Any]:
+    """Arrays a module's plain helpers hold outside its parameters (Pixtral's rotary
+    table): made lazily at load, they must be evaluated here, since MLX runs a graph only
+    on the thread that built it and the tower runs on the generator's thread."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    out = []
+    for _, m in module.named_modules():
+        for v in vars(m).values():
+            if not isinstance(v, (nn.Module, mx.array)) and hasattr(v, "__dict__"):
+                out += [a for a in vars(v).values() if isinstance(a, mx.array)]
+    return out
 
 
 def _cpu_fast_path(vlm: Any) -> None:
