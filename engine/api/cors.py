@@ -32,8 +32,9 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # is reserved for private use, so no web page's DNS can own it
 DOCKER_HOST = "host.docker.internal"
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
-# llama.cpp's and vLLM's utility routes (engine/api/utility.py): user API, not control
-USER_ROUTES = frozenset({"/tokenize", "/detokenize", "/apply-template"})
+# llama.cpp's and vLLM's utility routes (engine/api/utility.py) and the rerank aliases: user
+# API, not control
+USER_ROUTES = frozenset({"/tokenize", "/detokenize", "/apply-template", "/rerank", "/v2/rerank"})
 
 
 class Forbidden(ShoalError):

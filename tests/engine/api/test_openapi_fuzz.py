@@ -82,7 +82,7 @@ def test_no_request_makes_the_node_fail(small_node):
 
         fuzz()
         seen += 1
-    assert seen == 19  # 14 before the utility routes and /metrics
+    assert seen == 25  # 14 before the utility routes and /metrics, 19 before embeddings
     assert small_node.proc.poll() is None and httpx.get(small_node.url + "/health").is_success
     # (keep_alive 0 may have unloaded the model: no worker pid to compare, but none died)
     assert "exited unexpectedly" not in small_node.log.read_text(errors="replace")
