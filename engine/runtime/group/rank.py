@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from engine.errors import ShoalError
 from engine.protocol import GenerateRequest
@@ -187,7 +187,6 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
 
     leader = GroupLeader(model, tokenizer, ctx, gen, streams, on_request, rank, bell)
     if vision is not None:
-        from engine.runtime.vision.group import VisionGroupLeader
         return VisionGroupLeader(leader, vision)
     if streams == 1 and _takes_images(Path(model_path)):
         from engine.runtime.vision.group import LOCKSTEP
@@ -225,6 +224,29 @@ class GroupLeader(TextEngine):
         # the peers are gone is not worth waiting for.
         logging.shutdown()
         os._exit(0)
+
+
+class VisionGroupLeader(GroupLeader):
+    """Rank 0's engine for a vision model served by a batching group: image requests are
+    prepared with the tower (engine/runtime/vision/group.py), their prompts' embeddings
+    going to the batch with them."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset({"generate", "vision"})
+
+    def __init__(self, leader: GroupLeader, vision: Any):
+        self.__dict__.update(leader.__dict__)
+        self.vision = vision
+
+    def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
+                 emit: Emit) -> None:
+        from engine.runtime.request import run
+
+        self.on_request(rid, True)
+        try:
+            run(rid, request, self.model, self.tokenizer, self.context_length, self.gen,
+                cancel, emit, self.limit, vision=self.vision)
+        finally:
+            self.on_request(rid, False)
 
 
 def _prefix(cfg: Any, model: Path, disk: tuple[Path | None, int], group: Any,

@@ -11,14 +11,11 @@ One request at a time (lockstep, --max-streams 1) has no such path: images get a
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.errors import BadRequest, ShoalError
 from engine.protocol import GenerateRequest
-from engine.runtime.engine import Emit
-from engine.runtime.group.rank import GroupLeader
 
 log = logging.getLogger(__name__)
 
@@ -56,30 +53,16 @@ def load_group_vision(folder: Path, lm: Any) -> Any:
 
 
 def is_vision_checkpoint(folder: Path) -> bool:
-    from engine.runtime.factory import _capabilities
-    return "vision" in _capabilities(folder)
+    """The folder's checkpoint takes images (engine.modelconfig.capabilities)."""
+    from engine.hub.checkpoint import read_config
+    from engine.modelconfig import capabilities
 
-
-class VisionGroupLeader(GroupLeader):
-    """Rank 0's engine for a vision model served by a batching group: image requests are
-    prepared with the tower (their prompts' embeddings go to the batch with them)."""
-
-    capabilities: ClassVar[frozenset[str]] = frozenset({"generate", "vision"})
-
-    def __init__(self, leader: GroupLeader, vision: Any):
-        self.__dict__.update(leader.__dict__)
-        self.vision = vision
-
-    def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
-                 emit: Emit) -> None:
-        from engine.runtime.request import run
-
-        self.on_request(rid, True)
-        try:
-            run(rid, request, self.model, self.tokenizer, self.context_length, self.gen,
-                cancel, emit, self.limit, vision=self.vision)
-        finally:
-            self.on_request(rid, False)
+    try:
+        config = read_config(folder)
+        files = frozenset(p.name for p in folder.iterdir() if p.is_file())
+    except (ShoalError, OSError):
+        return False
+    return "vision" in capabilities(config, files)
 
 
 def embed_shape(model: Any) -> tuple[int, Any]:
