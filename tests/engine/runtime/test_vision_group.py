@@ -22,9 +22,6 @@ from engine.errors import BadRequest  # noqa: E402
 from engine.protocol import GenerateRequest, SamplingRequest  # noqa: E402
 from tiny_vision import image_input, make_tiny_gemma3, make_tiny_mistral3, png  # noqa: E402
 
-pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback"),
-              pytest.mark.slow]
-
 ASK = "What is in this picture?"
 CASES = {  # family, strategy, pipeline split
     "gemma3-pipeline": (make_tiny_gemma3, "pipeline", [[0, 3], [3, 6]]),
@@ -82,6 +79,8 @@ def tokens(events: list[dict]) -> list[int]:
     return [lp["id"] for e in events if e["ev"] == "delta" for lp in e.get("logprobs") or []]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback")
 @pytest.mark.parametrize("case", list(CASES))
 def test_images_through_a_group(case: str, tmp_path: Path) -> None:
     make, strategy, layers = CASES[case]
@@ -100,7 +99,8 @@ def test_images_through_a_group(case: str, tmp_path: Path) -> None:
         for rid, req in (("img", first), ("txt", text_only)):  # one batch
             leader.send({"op": "generate", "id": rid, "request": req})
         got = collect_all(leader, ["img", "txt"])
-        leader.send({"op": "generate", "id": "again", "request": first})
+        drafted = {**first, "sampling": {**first["sampling"], "speculative": True}}
+        leader.send({"op": "generate", "id": "again", "request": drafted})
         again = collect_all(leader, ["again"])["again"]
         leader.send({"op": "generate", "id": "other", "request": other})
         moved = collect_all(leader, ["other"])["other"]
@@ -112,7 +112,7 @@ def test_images_through_a_group(case: str, tmp_path: Path) -> None:
     assert tokens(got["img"]) == want
     assert done["img"]["prompt_tokens"] == len(ids)  # the images' tokens count
     assert tokens(got["txt"]) == text_want and done["txt"]["prompt_tokens"] == len(text_ids)
-    assert tokens(again) == want
+    assert tokens(again) == want  # (it asked for drafts: an image request drafts none)
     first_image = _first_image(ids, folder)
     assert done["again"]["cached_tokens"] > first_image  # past the image's tokens
     # another image: no hit past the text before it (none at all where the family's
@@ -142,3 +142,100 @@ def test_a_lockstep_group_refuses_images_naming_messages() -> None:
     with pytest.raises(BadRequest, match="one request at a time") as e:
         leader.generate("r", req, threading.Event(), lambda m: None)
     assert e.value.param == "messages" and e.value.code == "images_unsupported"
+
+
+# --- rank 0's scheduler with an image request, beside a follower (no MLX group) -------
+class Pictures:
+    """An ImagePrompt as the scheduler reads it: keys (image tokens negative) and the
+    tower's embeddings from a position on (a failing tower raises)."""
+
+    def __init__(self, keys: list[int], fail: bool = False):
+        self.keys, self.fail = keys, fail
+        self.asked: list[int] = []
+
+    def embeddings(self, start: int) -> Any:
+        import mlx.core as mx
+
+        self.asked.append(start)
+        if self.fail:
+            raise RuntimeError("the tower failed")
+        return mx.ones((len(self.keys) - start, 4)) if min(self.keys[start:]) < 0 else None
+
+
+def schedule(jobs: list[Any], drafting: Any = None) -> tuple[Any, Any, Any, list[Any]]:
+    from test_group_schedule import make_cache, wire
+
+    from engine.runtime.chunking import Chunker
+    from engine.runtime.group.lockstep import DTYPES
+    from engine.runtime.group.schedule import Scheduler
+    from engine.runtime.group.state import State, apply_plan
+    from engine.runtime.prefix import PrefixCache
+
+    leader = State(PrefixCache(600, leader=True), make_cache, 1)
+    follower = State(PrefixCache(600, leader=False), make_cache, 1)
+    sched = Scheduler(leader, streams=4, chunker=Chunker(first=16), hidden=0,
+                      dtype=DTYPES[0], sampler=lambda job: None, drafting=drafting)
+    sched.waiting += jobs
+    plan = sched.step(0)
+    apply_plan(wire(plan), follower)
+    return sched, leader, follower, [plan]
+
+
+def job(prompt: list[int], images: Any = None) -> Any:
+    from engine.runtime.batching import Job
+    from engine.runtime.sampling import Sampling
+    return Job(prompt, Sampling(max_tokens=4), None, images=images)
+
+
+def test_an_image_request_joins_by_its_keys_with_rank_0s_embeddings() -> None:
+    """The plan carries the prompt as the prefix cache keys it (the follower never sees
+    the image, nor its ids); rank 0 holds the embeddings; both sides agree the chunks run
+    from embeddings; a text request beside it runs from ids."""
+    ids = [1, 2, 9, 9, 9, 3, 4]
+    keys = [1, 2, -11, -12, -13, 3, 4]
+    image, text = job(ids, Pictures(keys)), job([1, 2, 5, 6])
+    _, leader, follower, (plan,) = schedule([image, text])
+    assert plan.admit == [keys, [1, 2, 5, 6]]
+    (lead_img, lead_txt), (foll_img, foll_txt) = leader.pending, follower.pending
+    assert lead_img.embedded and foll_img.embedded and not lead_txt.embedded
+    assert lead_img.embeds.shape == (7, 4) and foll_img.embeds is None
+    assert not foll_txt.embedded and lead_txt.embeds is None
+
+
+def test_a_failing_tower_fails_its_request_only() -> None:
+    bad, text = job([1, 9, 2], Pictures([1, -5, 2], fail=True)), job([1, 2, 3])
+    _, leader, _, (plan,) = schedule([bad, text])
+    assert isinstance(bad.out.get_nowait(), RuntimeError)
+    assert plan.admit == [[1, 2, 3]] and len(leader.pending) == 1
+
+
+def test_a_prompt_ending_in_an_image_is_a_400() -> None:
+    """Its last token runs in the decode batch by its id: an image's can't."""
+    ending = job([1, 2, 9], Pictures([1, 2, -5]))
+    _, leader, _, (plan,) = schedule([ending])
+    err = ending.out.get_nowait()
+    assert isinstance(err, BadRequest) and err.param == "messages"
+    assert plan.admit == [] and not leader.pending
+
+
+def test_an_image_request_drafts_nothing() -> None:
+    """Drafting reads the sequence's tokens, which hold image keys no model takes."""
+    import random
+
+    from test_group_schedule import Drafts, compute
+
+    from engine.runtime.group.state import apply_step
+
+    image, text = job([1, 9, 2], Pictures([1, -5, 2])), job([1, 2, 3])
+    sched, leader, _, (plan,) = schedule([image, text], Drafts(random.Random(0)))
+    while leader.pending:
+        compute(plan, leader)
+        apply_step(plan, leader)
+        plan = sched.step(0)
+    for seq in leader.lanes[0].decoding:
+        seq.next = 7
+    plan = sched.step(0)
+    assert plan.guesses > 0
+    seqs = leader.lanes[0].decoding
+    assert [s.job.images is not None for s in seqs] == [True, False]
+    assert seqs[0].guesses == [] and seqs[1].guesses
