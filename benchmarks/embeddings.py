@@ -1,6 +1,6 @@
 """Embeddings per second, batched against one at a time, on the bundled all-MiniLM-L6-v2.
 
-Run: .venv/bin/python benchmarks/embeddings.py [--texts 256] [--rounds 2]
+Run: .venv/bin/python benchmarks/embeddings.py [--texts 256] [--rounds 2] [--batch N]
 The engine (engine/runtime/embedding/, as a worker runs it, without the pipe) embeds the
 same texts (8 to 40 words each, a fixed seed) as one request, then as one request per
 text; the rounds alternate the two, so drift over the run falls on both. Prints the best
@@ -35,9 +35,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--texts", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--batch", type=int, default=None,
+                   help="the most inputs a batch (default: the engine's for this device)")
     a = p.parse_args()
 
     import mlx.core as mx
+
+    from engine.runtime.embedding import batches
+    if a.batch:
+        batches.CPU_BATCH = batches.MAX_BATCH = a.batch
 
     from engine.hub.bundled_embedding import ensure_embedding_model
     from engine.protocol import Embed
@@ -69,7 +75,7 @@ def main() -> None:
             peak[name] = mx.get_peak_memory()
     tokens = sum(len(engine.tokenizer(t)["input_ids"]) for t in items)
     print(f"all-MiniLM-L6-v2, {a.texts} texts ({tokens} tokens), device "
-          f"{mx.default_device()}, best of {a.rounds}")
+          f"{mx.default_device()}, at most {batches.batch_limit()} a batch, best of {a.rounds}")
     print("| way | seconds | embeddings/s | peak memory MB |")
     print("|---|---|---|---|")
     for name, seconds in best.items():
