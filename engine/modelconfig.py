@@ -70,18 +70,23 @@ def num_layers(config: Mapping[str, Any]) -> int | None:
 # Families whose vision tower Shoal runs (engine/runtime/vision/): the wrapper's model_type.
 VISION_FAMILIES = frozenset({"gemma3", "mistral3"})
 # Encoder families served as embedding models (engine/runtime/embedding/, mlx-embeddings).
-ENCODER_FAMILIES = frozenset({"bert", "xlm-roberta", "roberta", "modernbert", "nomic_bert"})
+ENCODER_FAMILIES = frozenset({"bert", "xlm-roberta", "roberta"})
 
 
-def capabilities(config: Mapping[str, Any], files: frozenset[str] = frozenset()) -> list[str]:
+def capabilities(config: Mapping[str, Any], files: frozenset[str] = frozenset(),
+                 name: str = "") -> list[str]:
     """What a checkpoint does (protocol.CAPABILITIES), from its config.json and, where
-    known, the names of the files beside it: a sentence-transformers folder (modules.json)
-    is an embedding model whatever its family; a BERT-family classifier is a reranker
-    (cross-encoder); an encoder alone embeds; anything else generates text, and takes
-    images where its family's vision tower is one Shoal runs."""
+    known, the names of the files beside it and its id or folder `name`: a
+    sentence-transformers folder (modules.json) is an embedding model whatever its family;
+    a classifier is a reranker (cross-encoder), and so is a causal LM named a reranker
+    (Qwen3-Reranker, whose config.json alone says Qwen3ForCausalLM); an encoder alone
+    embeds; anything else generates text, and takes images where its family's vision tower
+    is one Shoal runs."""
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     kind = str(config.get("model_type") or "")
     if any(a.endswith("ForSequenceClassification") for a in archs):
+        return ["rerank"]
+    if "reranker" in name.lower() and any(a.endswith("ForCausalLM") for a in archs):
         return ["rerank"]
     if "modules.json" in files or kind in ENCODER_FAMILIES:
         return ["embed", "rerank"]  # rerank by cosine similarity, as vLLM scores them

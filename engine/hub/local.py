@@ -153,7 +153,7 @@ def _describe(folder: Path, model_id: str, source: Source) -> LocalModel | None:
             quantization=_quantization(config, weights),
             model_type=model_type,
             context_length=context if isinstance(context, int) else None,
-            capabilities=capabilities(config, frozenset(p.name for p in files)))
+            capabilities=capabilities(config, frozenset(p.name for p in files), model_id))
     except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
         log.info("skipping %s: not a loadable model (%s)", folder, e)
         return None

@@ -58,7 +58,7 @@ def describe(model: str, path: Path) -> Found:
     except (OSError, ValueError):
         config, files = {}, []
     caps = capabilities(config if isinstance(config, dict) else {},
-                        frozenset(p.name for p in files))
+                        frozenset(p.name for p in files), f"{model} {path.name}")
     return Found(model, path, caps, sum(p.stat().st_size for p in files))
 
 
@@ -101,11 +101,11 @@ class Beside:
         from engine.hub import bundled_embedding as bundled
         names = [m for m, s in self.states.items() if isinstance(s, RunnerReady)
                  and need in (s.capabilities or [])]
-        names += [m.id for m in self.node.local_models()
-                  if need in (getattr(m, "capabilities", None) or []) and m.id not in names]
-        if bundled.bundled_zip() is not None and bundled.EMBEDDING_MODEL_ID not in names:
+        names += [canonical(m.id) for m in self.node.local_models()
+                  if need in (getattr(m, "capabilities", None) or [])]
+        if bundled.bundled_zip() is not None:
             names.append(bundled.EMBEDDING_MODEL_ID)
-        return names
+        return list(dict.fromkeys(names))  # the bundled model once, under its one id
 
     def refuse(self, found: Found, need: str) -> BadRequest:
         does = ", ".join(found.capabilities) or "nothing"

@@ -21,7 +21,7 @@ def make_engine(model_dir: str, args: Any, emit: Emit) -> Engine:
     if getattr(args, "dist", None) is not None:
         from engine.runtime.group.rank import load_rank
         return load_rank(model_dir, args, emit)
-    does = _capabilities(Path(model_dir))
+    does = _capabilities(Path(model_dir), getattr(args, "model_id", "") or "")
     if "generate" not in does and ("embed" in does or "rerank" in does):
         from engine.runtime.embedding import load_engine as load_embedding
         return load_embedding(model_dir, args, emit)
@@ -36,7 +36,7 @@ def make_engine(model_dir: str, args: Any, emit: Emit) -> Engine:
     return load_text_engine(model_dir, args, emit)
 
 
-def _capabilities(folder: Path) -> list[str]:
+def _capabilities(folder: Path, name: str = "") -> list[str]:
     """What the folder's checkpoint does; a folder that can't be read is taken for a text
     model, whose loading then says what is wrong with it."""
     from engine.hub.checkpoint import read_config
@@ -47,4 +47,4 @@ def _capabilities(folder: Path) -> list[str]:
         files = frozenset(p.name for p in folder.iterdir() if p.is_file())
     except (ShoalError, OSError):
         return ["generate"]
-    return capabilities(config, files)
+    return capabilities(config, files, f"{name} {folder.name}")

