@@ -1,7 +1,7 @@
 """Embeddings per second, batched against one at a time, on the bundled all-MiniLM-L6-v2.
 
 Run: .venv/bin/python benchmarks/embeddings.py [--texts 256] [--rounds 2] [--batch N]
-The engine (engine/runtime/embedding/, as a worker runs it, without the pipe) embeds the
+The engine (engine/runtime/embedding/, as a worker runs it: its BLAS, without the pipe) embeds the
 same texts (8 to 40 words each, a fixed seed) as one request, then as one request per
 text; the rounds alternate the two, so drift over the run falls on both. Prints the best
 round of each, the ratio, and the peak memory of each way.
@@ -32,6 +32,8 @@ def texts(n: int, seed: int = 0) -> list[str]:
 
 
 def main() -> None:
+    from worker_blas import with_worker_blas
+    with_worker_blas(__file__)  # the engine as a node's worker runs it, BLAS included
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--texts", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)

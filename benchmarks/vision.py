@@ -74,23 +74,11 @@ def measure(folder: Path, rounds: int) -> dict[str, Any]:
     return out
 
 
-def with_worker_blas() -> None:
-    """Run again as a worker runs (engine/platform/cpu.py: the system OpenBLAS preloaded):
-    without it MLX's CPU matmuls are many times slower than a node's."""
-    import os
-
-    from engine.platform.cpu import worker_env
-
-    env = worker_env()
-    if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", ""):
-        env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
-
-
 def main() -> None:
-    from tiny_vision import SMALL, TINY, make_tiny_gemma3
+    from worker_blas import with_worker_blas
 
-    with_worker_blas()
+    from tiny_vision import SMALL, TINY, make_tiny_gemma3
+    with_worker_blas(__file__)
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
