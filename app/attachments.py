@@ -24,8 +24,9 @@ MAX_BYTES = 20 * 2**20
 MAX_PIXELS = 50_000_000
 MAX_SIDE = 16_384
 MAX_IMAGES = 8  # per message: more is rarely meant, and each one costs the model context
-# A node takes request bodies up to 4 MB by default (--max-body-mb), base64 adds a third:
-# a larger picture is sent reduced (vision models read far fewer pixels than a photo has).
+# A larger picture is sent reduced: vision models read far fewer pixels than a photo has,
+# and a conversation resends its images each turn (base64 adds a third; a node takes
+# bodies up to 32 MB by default, --max-body-mb).
 SEND_BYTES = int(2.5 * 2**20)
 SEND_SIDES = (2048, 1536, 1024, 768)
 FORMATS = {"png": ("image/png", "png"), "jpeg": ("image/jpeg", "jpg"), "jpg": ("image/jpeg", "jpg"),

@@ -310,8 +310,9 @@ def parser() -> argparse.ArgumentParser:
                    "--tls-key), for clients on other machines")
     n.add_argument("--tls-key", metavar="FILE", default=os.environ.get("SHOAL_TLS_KEY"),
                    help="the private key of --tls-cert (PEM)")
-    n.add_argument("--max-body-mb", type=float, default=4.0, metavar="MB",
-                   help="refuse request bodies over this size with a 413 (default 4)")
+    n.add_argument("--max-body-mb", type=float, default=32.0, metavar="MB",
+                   help="refuse request bodies over this size with a 413 (default 32: "
+                   "room for a few images inline, as clients send them)")
     n.add_argument("--cluster-host", default=os.environ.get("SHOAL_CLUSTER_HOST", "auto"),
                    help="the addresses (comma-separated) other nodes reach this one at; "
                    "only members holding the cluster secret get through, over TLS. "

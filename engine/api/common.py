@@ -22,7 +22,7 @@ from engine.api.render import Answer, error_of
 from engine.errors import BadRequest, ShoalError, WorkerFailed
 
 M = TypeVar("M", bound=BaseModel)
-MAX_BODY_MB = 4.0  # the default of `shoal node --max-body-mb`
+MAX_BODY_MB = 32.0  # the default of `shoal node --max-body-mb` (images come inline)
 MAX_DEPTH = 64  # deeper JSON is no request any client sends; refuse it before recursing
 _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
 
