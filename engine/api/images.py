@@ -188,7 +188,7 @@ class ImagesUnsupported(BadRequest):
     code = "images_unsupported"
 
 
-VISION_EXAMPLE = "mlx-community/Qwen2.5-VL-3B-Instruct-4bit"
+VISION_EXAMPLE = "mlx-community/gemma-3-4b-it-4bit"  # a family Shoal runs images for
 
 
 def check_vision(target: str | None, models: list[tuple[str, list[str]]],
