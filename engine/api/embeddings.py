@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from aiohttp import web
@@ -75,7 +75,8 @@ async def openai_embeddings(request: web.Request) -> web.Response:
     body = common.parse(EmbeddingsRequest, await common.read_json(request))
     body.check()
     hints.note(request, body.hints())
-    cmd = wire.Embed("", list(body.input), body.dimensions, body.normalized())
+    inputs = cast(list[str | list[int]], body.input)  # the validator made it a list
+    cmd = wire.Embed("", inputs, body.dimensions, body.normalized())
     ans = await embed(request, body.model, cmd)
     data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body)}
             for i, v in enumerate(ans.vectors)]

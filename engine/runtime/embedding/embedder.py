@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -46,17 +46,17 @@ class EmbeddingEngine(Engine):
         vectors = self.vectors(rows, cancel)[:, :dims]
         if cmd.normalize:
             vectors = unit(vectors)
-        emit(Embedded(cmd.id, vectors.tolist(), sum(map(len, rows))))
+        emit(Embedded(cmd.id, cast(list[list[float]], vectors.tolist()), sum(map(len, rows))))
 
     def rerank(self, cmd: Rerank, cancel: threading.Event, emit: Emit) -> None:
         check_query(cmd.query)
         query = tokenize(self.tokenizer, [cmd.query], self.net.vocab_size,
                          self.context_length, cmd.truncate, "query")
-        docs = tokenize(self.tokenizer, documents(cmd.documents), self.net.vocab_size,
+        docs = tokenize(self.tokenizer, list(documents(cmd.documents)), self.net.vocab_size,
                         self.context_length, cmd.truncate, "documents")
         vectors = unit(self.vectors(query + docs, cancel))
         scores = vectors[1:] @ vectors[0]
-        emit(Ranked(cmd.id, scores.tolist(), sum(map(len, query + docs))))
+        emit(Ranked(cmd.id, cast(list[float], scores.tolist()), sum(map(len, query + docs))))
 
     def check_dimensions(self, dims: Any) -> int:
         size = self.net.hidden_size
@@ -97,9 +97,9 @@ def check_query(query: Any) -> None:
         raise BadRequest("'query' must be a non-empty string.", param="query")
 
 
-def documents(docs: Any) -> list[str | list[int]]:
+def documents(docs: Any) -> list[str]:
     check_list(docs, "documents", str)
-    return docs
+    return cast(list[str], docs)
 
 
 class RerankEngine(EmbeddingEngine):
@@ -122,18 +122,20 @@ class RerankEngine(EmbeddingEngine):
                                      cmd.truncate), None
             yes, no = yes_no_ids(self.tokenizer)
 
-            def forward(ids: mx.array, mask: mx.array, _: mx.array | None) -> mx.array:
+            def yesno(ids: mx.array, mask: mx.array, t: mx.array | None) -> mx.array:
                 logits = net.logits(pool(net.hidden(ids, mask, None), mask, "lasttoken"))
                 return mx.sigmoid(logits[:, yes] - logits[:, no])
+            forward = yesno
         else:
             rows, types = pair_rows(self.tokenizer, cmd.query, docs, self.context_length,
                                     cmd.truncate)
 
-            def forward(ids: mx.array, mask: mx.array, t: mx.array | None) -> mx.array:
+            def cross(ids: mx.array, mask: mx.array, t: mx.array | None) -> mx.array:
                 return mx.sigmoid(net.scores(ids, mask, t).astype(mx.float32))
+            forward = cross
         rows = fit(rows, self.context_length, False, "documents", vocab=net.vocab_size)
         scores = run(forward, rows, types, cancel, self.pad_id)
-        emit(Ranked(cmd.id, scores.tolist(), sum(map(len, rows))))
+        emit(Ranked(cmd.id, cast(list[float], scores.tolist()), sum(map(len, rows))))
 
 
 def yes_no_ids(tokenizer: Any) -> tuple[int, int]:

@@ -4,7 +4,8 @@ field)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sized
+from typing import Any, cast
 
 from engine.errors import BadRequest, ContextTooLong, CorruptModel
 
@@ -28,7 +29,7 @@ def check_list(items: Any, param: str, kind: type | tuple[type, ...] = (str, lis
                              param=param)
         if not item:
             raise BadRequest(f"'{param}[{i}]' is empty.", param=param)
-        chars += len(item)  # a list of ids counts each: every one is checked
+        chars += len(cast(Sized, item))  # a list of ids counts each: every one is checked
     if chars > MAX_CHARS:
         raise BadRequest(f"'{param}' holds {chars} characters or token ids; at most "
                          f"{MAX_CHARS} per request.", param=param)

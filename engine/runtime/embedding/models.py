@@ -13,7 +13,7 @@ from __future__ import annotations
 import glob
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,7 +39,7 @@ def read_weights(folder: Path) -> dict[str, mx.array]:
     weights: dict[str, mx.array] = {}
     for file in files:
         try:
-            weights.update(mx.load(file))
+            weights.update(cast(dict[str, mx.array], mx.load(file)))  # safetensors: a dict
         except (OSError, ValueError, RuntimeError) as e:
             raise CorruptModel(f"{Path(file).name} can't be read ({e}). Download the model "
                                "again.") from e
@@ -109,7 +109,8 @@ def load_checked(module: nn.Module, weights: dict[str, mx.array],
                  optional: tuple[str, ...] = ()) -> None:
     """Load `weights`, naming what is missing or unexpected (CorruptModel), where only the
     parameters under `optional` may be absent."""
-    expected = {k: v.shape for k, v in tree_flatten(module.parameters())}
+    flat = cast(list[tuple[str, mx.array]], tree_flatten(module.parameters()))
+    expected = {k: v.shape for k, v in flat}
     missing = [k for k in expected if k not in weights and not k.startswith(optional)]
     extra = [k for k in weights if k not in expected]
     wrong = [k for k, v in weights.items() if k in expected and v.shape != expected[k]]
