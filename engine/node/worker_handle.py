@@ -193,15 +193,7 @@ class WorkerHandle:
         # a count (tokenize, count_tokens) is no generation: not a request in /metrics
         track = None if self.metrics is None or request.count_only \
             else self.metrics.start(self.model_id)
-        self.waiting += 1
-        try:
-            await asyncio.wait_for(self._turn.acquire(), self.queue_wait_s)
-        except TimeoutError:
-            raise Overloaded(f"{self.model_id} is serving as many requests as it takes and "
-                             f"none finished within {self.queue_wait_s:.0f} s; try again "
-                             "shortly.") from None
-        finally:
-            self.waiting -= 1
+        await self._wait_turn()
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
         if track is not None:
@@ -269,15 +261,7 @@ class WorkerHandle:
         (the client went away) cancels it in the worker, whose turn ends when the worker
         confirms."""
         rid = uuid.uuid4().hex
-        self.waiting += 1
-        try:
-            await asyncio.wait_for(self._turn.acquire(), self.queue_wait_s)
-        except TimeoutError:
-            raise Overloaded(f"{self.model_id} is serving as many requests as it takes and "
-                             f"none finished within {self.queue_wait_s:.0f} s; try again "
-                             "shortly.") from None
-        finally:
-            self.waiting -= 1
+        await self._wait_turn()
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
         finished = False
@@ -337,6 +321,18 @@ class WorkerHandle:
             self._proc.kill()
             with contextlib.suppress(ProcessLookupError):
                 await asyncio.wait_for(self._proc.wait(), 10)
+
+    async def _wait_turn(self) -> None:
+        """A place among the requests the worker serves at once, within queue_wait_s."""
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(self._turn.acquire(), self.queue_wait_s)
+        except TimeoutError:
+            raise Overloaded(f"{self.model_id} is serving as many requests as it takes and "
+                             f"none finished within {self.queue_wait_s:.0f} s; try again "
+                             "shortly.") from None
+        finally:
+            self.waiting -= 1
 
     async def stop(self, grace: float = 5.0) -> None:
         """Ask the worker to exit, then make sure it has: nothing is left running."""
