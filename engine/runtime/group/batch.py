@@ -194,14 +194,14 @@ class TensorSteps:
     lanes = 1
 
     def __init__(self, model: Any, link: Link, kv: Any = None):
-        from engine.runtime.group.tensor import head_is_sharded
+        from engine.runtime.group.tensor import body
         from engine.runtime.quant_kv import KV
 
         self.model, self.link = model, link
         self.kv = kv if kv is not None else KV()  # quantized KV or not (quant_kv.py)
         self.hidden, self.dtype = 0, DTYPES[0]
         self._embed: tuple[int, Any] | None = None  # (hidden, dtype) of image embeddings
-        self.body = model if head_is_sharded(model) else getattr(model, "model", model)
+        self.body = body(model)
 
     def make_cache(self) -> list[Any]:
         return list(self.kv.make(self.model))

@@ -90,6 +90,18 @@ class TensorLeader:
         self.link.end_round()
 
 
+def body(model: Any) -> Any:
+    """What a follower runs: the layers without the head, where the head isn't sharded
+    (a vision checkpoint's wrapper holds its language model's)."""
+    from engine.runtime.group.tensor_split import WRAPPERS
+
+    if head_is_sharded(model):
+        return model
+    if type(model).__module__.rsplit(".", 1)[-1] in WRAPPERS:
+        return model.language_model.model
+    return getattr(model, "model", model)
+
+
 def head_is_sharded(model: Any) -> bool:
     """Does anything outside the layers hold a distributed (sharded) linear layer?"""
     from mlx.nn.layers import distributed
@@ -115,7 +127,7 @@ class TensorFollower:
         self.prefix = prefix if prefix is not None else PrefixCache(0, leader=False)
         # The head's slice must run with the other ranks' where it is sharded; otherwise
         # the body (layers and norm) is enough.
-        self.body = model if head_is_sharded(model) else getattr(model, "model", model)
+        self.body = body(model)
 
     def serve(self) -> None:
         import mlx.core as mx

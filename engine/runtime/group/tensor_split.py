@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+WRAPPERS = frozenset({"gemma3", "mistral3"})  # mlx-lm modules split here
+
 
 def add_shard(model: Any) -> None:
     """Give `model` a shard(group) where mlx-lm has none but its language model can be
@@ -14,7 +16,7 @@ def add_shard(model: Any) -> None:
     if hasattr(model, "shard"):
         return
     lm = getattr(model, "language_model", None)
-    if lm is None:
+    if lm is None or type(model).__module__.rsplit(".", 1)[-1] not in WRAPPERS:
         return
     if hasattr(lm, "shard"):
         object.__setattr__(model, "shard", lm.shard)
