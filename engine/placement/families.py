@@ -5,7 +5,7 @@ Pure: a config.json model_type in, a reason out. The tables are mlx-lm 0.32.2's 
 (tests/engine/placement/test_families.py checks them against the installed package):
 - pipeline: any family whose layers form a list runs through its own code
   (engine/runtime/stage.py), so only families known to break are listed;
-- tensor: the families whose Model has `shard()`.
+- tensor: the families whose Model has `shard()`, and the wrappers Shoal splits itself.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ TENSOR_FAMILIES = frozenset({
     "ministral3", "mistral4", "muse_spark", "prism_hadamard_qwen35", "qwen2", "qwen3",
     "qwen3_5", "qwen3_5_moe", "qwen3_moe", "solar_open", "step3p5",
 })
+
+# Wrappers whose language model Shoal splits itself where mlx-lm's Model has no shard()
+# (engine/runtime/group/tensor_split.py): vision checkpoints' Gemma 3 and Mistral 3.
+SPLIT_BY_SHOAL = frozenset({"gemma3", "mistral3"})
 
 # Tensor families whose shard() splits an untied head by vocabulary rows.
 VOCAB_SHARDED = frozenset({"qwen3_5", "qwen3_5_moe"})
@@ -65,7 +69,7 @@ def strategy_refusal(model_type: str, strategy: str) -> str | None:
     if strategy == "pipeline" and family in PIPELINE_REFUSED:
         return (f"{named} models can't be split into a pipeline: "
                 f"{PIPELINE_REFUSED[family]}; run it on one node")
-    if strategy == "tensor" and family not in TENSOR_FAMILIES:
+    if strategy == "tensor" and family not in TENSOR_FAMILIES | SPLIT_BY_SHOAL:
         return (f"{named} models can't run tensor parallel: mlx-lm has no tensor split "
                 "(shard()) for them; use pipeline")
     return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-WRAPPERS = frozenset({"gemma3", "mistral3"})  # mlx-lm modules split here
+from engine.placement.families import SPLIT_BY_SHOAL as WRAPPERS  # mlx-lm modules split here
 
 
 def add_shard(model: Any) -> None:

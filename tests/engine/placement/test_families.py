@@ -7,7 +7,13 @@ import pkgutil
 
 import pytest
 
-from engine.placement.families import REMAPPING, TENSOR_FAMILIES, VOCAB_SHARDED, strategy_refusal
+from engine.placement.families import (
+    REMAPPING,
+    SPLIT_BY_SHOAL,
+    TENSOR_FAMILIES,
+    VOCAB_SHARDED,
+    strategy_refusal,
+)
 
 
 def test_remapping_is_mlx_lms():
@@ -29,12 +35,13 @@ def test_tensor_families_are_exactly_those_with_shard():
         if hasattr(getattr(mod, "Model", None), "shard"):
             have.add(name)
     assert TENSOR_FAMILIES == have
+    assert not SPLIT_BY_SHOAL & have  # Shoal's own splits only where mlx-lm has none
     assert VOCAB_SHARDED <= TENSOR_FAMILIES
 
 
 @pytest.mark.parametrize("mtype,strategy,words", [
     ("phi3", "tensor", "phi3 models can't run tensor parallel"),
-    ("gemma3", "tensor", "use pipeline"),
+    ("gemma3_text", "tensor", "use pipeline"),  # (the 1B, text only; not the wrapper)
     ("gemma3n", "pipeline", "can't be split into a pipeline"),
 ])
 def test_refusals_name_family_strategy_and_why(mtype, strategy, words):
@@ -42,7 +49,7 @@ def test_refusals_name_family_strategy_and_why(mtype, strategy, words):
 
 
 @pytest.mark.parametrize("mtype", ["kimi_k2", "mistral", "deepseek_v3", "qwen3_5_moe",
-                                   "glm4_moe", "gpt_oss", "minimax"])
+                                   "glm4_moe", "gpt_oss", "minimax", "gemma3", "mistral3"])
 def test_remapped_and_moe_families_split_both_ways(mtype):
     assert strategy_refusal(mtype, "pipeline") is None
     assert strategy_refusal(mtype, "tensor") is None

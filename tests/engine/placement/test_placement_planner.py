@@ -88,10 +88,10 @@ def test_manual_placements_say_exactly_why_they_cant_run(strategy, layout, backe
 
 
 def test_a_family_mlx_lm_cant_shard_is_not_offered_tensor_parallel():
-    model = dense(model_type="gemma3", shardable=False)
+    model = dense(model_type="gemma3_text", shardable=False)
     nodes = [node("a", 500), node("b", 500)]
     reasons = [r.reason for r in explain(model, nodes, mesh(nodes)) if r.strategy == "tensor"]
-    assert reasons and all("gemma3 models can't run tensor parallel" in r for r in reasons)
+    assert reasons and all("gemma3_text models can't run tensor parallel" in r for r in reasons)
     assert {p.strategy for p in plan(model, nodes, mesh(nodes))} == {"single", "pipeline"}
 
 
