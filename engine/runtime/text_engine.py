@@ -26,6 +26,7 @@ class TextEngine(Engine):
     ends."""
 
     capabilities: ClassVar[frozenset[str]] = frozenset({"generate"})
+    vision: Any = None  # a vision model's tower (engine.runtime.vision.tower.Vision)
 
     def __init__(self, model: Any, tokenizer: Any, context_length: int, gen: Generator,
                  streams: int = 1,
@@ -41,7 +42,7 @@ class TextEngine(Engine):
                  emit: Emit) -> None:
         from engine.runtime.request import run
 
-        if request.images or _has_image_parts(request):
+        if self.vision is None and (request.images or _has_image_parts(request)):
             raise BadRequest("This model doesn't take images: it reads text only. Send "
                              "the request to a model that takes images (a vision model), "
                              "or leave the images out.", param="messages",
@@ -49,7 +50,7 @@ class TextEngine(Engine):
         self.on_request(rid, True)
         try:
             run(rid, request, self.model, self.tokenizer, self.context_length, self.gen,
-                cancel, emit, self.limit)
+                cancel, emit, self.limit, vision=self.vision)
         finally:
             self.on_request(rid, False)
 

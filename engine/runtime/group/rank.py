@@ -235,18 +235,7 @@ class VisionGroupLeader(GroupLeader):
 
     def __init__(self, leader: GroupLeader, vision: Any):
         self.__dict__.update(leader.__dict__)
-        self.vision = vision
-
-    def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
-                 emit: Emit) -> None:
-        from engine.runtime.request import run
-
-        self.on_request(rid, True)
-        try:
-            run(rid, request, self.model, self.tokenizer, self.context_length, self.gen,
-                cancel, emit, self.limit, vision=self.vision)
-        finally:
-            self.on_request(rid, False)
+        self.vision = vision  # TextEngine.generate hands it to each request
 
 
 def _prefix(cfg: Any, model: Path, disk: tuple[Path | None, int], group: Any,

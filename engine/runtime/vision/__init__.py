@@ -10,10 +10,8 @@ the sharded language model (group.py); a lockstep group answers images with a 40
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, ClassVar
 
-from engine.protocol import GenerateRequest
 from engine.runtime.engine import Emit
 from engine.runtime.text_engine import TextEngine
 
@@ -27,18 +25,7 @@ class VisionEngine(TextEngine):
 
     def __init__(self, text: TextEngine, vision: Any):
         self.__dict__.update(text.__dict__)
-        self.vision = vision
-
-    def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
-                 emit: Emit) -> None:
-        from engine.runtime.request import run
-
-        self.on_request(rid, True)
-        try:
-            run(rid, request, self.model, self.tokenizer, self.context_length, self.gen,
-                cancel, emit, self.limit, vision=self.vision)
-        finally:
-            self.on_request(rid, False)
+        self.vision = vision  # TextEngine.generate hands it to each request
 
 
 def load_engine(model_dir: str, args: Any, emit: Emit) -> TextEngine:
