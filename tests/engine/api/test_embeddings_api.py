@@ -16,6 +16,7 @@ import openai
 import pytest
 from embed_node import CHAT, MINILM, beside_log, embed_node, needs_minilm
 
+from engine.hub.bundled_embedding import EMBEDDING_FOLDER
 from engine.records import RunnerReady
 
 pytestmark = needs_minilm
@@ -277,7 +278,7 @@ def test_vectors_are_the_engines_own_in_process(node):
     from engine.runtime.embedding import load_engine
     http = vectors(oa(node).embeddings.create(model=MINILM, input=TEXTS,
                                               encoding_format="float"))
-    folder = node.home / "models" / MINILM  # where the node unpacked the bundled model
+    folder = node.home / "models" / EMBEDDING_FOLDER  # where the node unpacked it
     out: list = []
     engine = load_engine(str(folder), SimpleNamespace(model_id=MINILM), out.append)
     engine.embed(Embed("ref", list(TEXTS)), threading.Event(), out.append)

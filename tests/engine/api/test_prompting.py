@@ -34,20 +34,20 @@ def tiny(tiny_model_dir, tmp_path_factory):
 
 
 def test_a_template_without_tools_gets_the_generic_tool_prompt(tiny):
-    _, text, splitter, constraint = prepare(tiny, GenerateRequest(messages=ASK, tools=TOOLS))
+    _, text, splitter, constraint, _ = prepare(tiny, GenerateRequest(messages=ASK, tools=TOOLS))
     assert "get_weather" in text and GENERIC_START in text and constraint is None
     pieces = splitter.feed('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>')
     assert [v.name for k, v in pieces if k == "tool"] == ["get_weather"]
 
 
 def test_tool_choice_none_leaves_the_tools_out(tiny):
-    _, text, _, _ = prepare(tiny, GenerateRequest(messages=ASK, tools=TOOLS,
+    _, text, _, _, _ = prepare(tiny, GenerateRequest(messages=ASK, tools=TOOLS,
                                                   tool_choice="none"))
     assert "get_weather" not in text
 
 
 def test_a_named_tool_choice_is_a_grammar_for_that_tool(tiny):
-    _, _, _, constraint = prepare(tiny, GenerateRequest(messages=ASK, tools=TOOLS,
+    _, _, _, constraint, _ = prepare(tiny, GenerateRequest(messages=ASK, tools=TOOLS,
                                                         tool_choice={"name": "get_weather"}))
     assert constraint["json_schema"]["properties"]["name"] == {"const": "get_weather"}
 
