@@ -137,11 +137,11 @@ def home_with(tmp: Path, model_dir: Path) -> Path:
 
 
 def start_cluster(root: Path, model_dir: Path, n: int,
-                  secret: str = "test-cluster-secret", extra: tuple[str, ...] = ()
-                  ) -> list[NodeProcess]:
+                  secret: str = "test-cluster-secret", extra: tuple[str, ...] = (),
+                  each: tuple[tuple[str, ...], ...] = ()) -> list[NodeProcess]:
     """n nodes on loopback, each told about the others with --peer, each holding the model
-    (and started with `extra` arguments); returns once every node sees every other as
-    reachable."""
+    (and started with `extra` arguments, and node i with `each[i]` too); returns once
+    every node sees every other as reachable."""
     from tests_support import wait_until
     cports = [free_port() for _ in range(n)]  # peers meet on their cluster ports
     nodes = []
@@ -150,7 +150,8 @@ def start_cluster(root: Path, model_dir: Path, n: int,
             peers = [a for j, p in enumerate(cports) if j != i
                      for a in ("--peer", f"127.0.0.1:{p}")]
             home = home_with(root / f"node{i}", model_dir)
-            nodes.append(NodeProcess(home, "none", *peers, "--secret", secret, *extra,
+            own = each[i] if i < len(each) else ()
+            nodes.append(NodeProcess(home, "none", *peers, "--secret", secret, *extra, *own,
                                      cluster_port=cports[i]))
         for nd in nodes:
             nd.wait_healthy()

@@ -6,7 +6,8 @@ never see the node, its worker or the cluster."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from engine import protocol as wire
+from engine.errors import Busy, ShoalError
 from engine.hub.local import LocalModel
 
 
@@ -49,6 +51,8 @@ class Backend(Protocol):
     async def rerank(self, model: str, cmd: wire.Rerank) -> wire.Ranked | wire.Error: ...
     async def prepare(self, model: str, need: str) -> None: ...
     def serving(self, need: str) -> list[str]: ...
+    async def elsewhere(self, request: web.Request,
+                        err: ShoalError) -> web.StreamResponse | None: ...
 
 
 BACKEND = web.AppKey("backend", Backend)
@@ -56,3 +60,24 @@ BACKEND = web.AppKey("backend", Backend)
 
 def backend(request: web.Request) -> Backend:
     return request.app[BACKEND]
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def placed(handler: Handler) -> Handler:
+    """A route whose model runs beside the chat model: where it has no room on this node
+    (a 503, insufficient_memory), a member with room answers instead (Backend.elsewhere);
+    without one the 503 stands."""
+    @functools.wraps(handler)
+    async def run(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except Busy as e:
+            if e.code != "insufficient_memory":
+                raise
+            answer = await backend(request).elsewhere(request, e)
+            if answer is None:
+                raise
+            return answer
+    return run

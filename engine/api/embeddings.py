@@ -15,7 +15,7 @@ from aiohttp import web
 
 from engine import protocol as wire
 from engine.api import common, hints
-from engine.api.backend import backend
+from engine.api.backend import backend, placed
 from engine.api.embedding_schemas import (
     MAX_CHARS,
     EmbeddingsRequest,
@@ -70,6 +70,7 @@ def _encoded(v: list[float], body: EmbeddingsRequest) -> list[float] | str:
 
 
 @routes.post("/v1/embeddings")
+@placed
 async def openai_embeddings(request: web.Request) -> web.Response:
     """Embeddings (OpenAI; vLLM's extensions)."""
     body = common.parse(EmbeddingsRequest, await common.read_json(request))
@@ -107,6 +108,7 @@ async def _load_only(request: web.Request, model: str, keep_alive: Any) -> None:
 
 
 @routes.post("/api/embed")
+@placed
 async def ollama_embed(request: web.Request) -> web.Response:
     """Embeddings (Ollama)."""
     t0 = time.perf_counter_ns()
@@ -125,6 +127,7 @@ async def ollama_embed(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/embeddings")
+@placed
 async def ollama_embeddings(request: web.Request) -> web.Response:
     """One embedding (Ollama's older route)."""
     body = common.parse(OllamaEmbeddings, await common.read_json(request))

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 
 from engine import protocol as wire
 from engine.api import common, hints
-from engine.api.backend import backend
+from engine.api.backend import backend, placed
 from engine.api.embedding_schemas import MAX_CHARS, MAX_INPUTS
 from engine.api.openai_schemas import Strict
 from engine.api.render import error_of
@@ -137,4 +137,4 @@ async def rerank(request: web.Request) -> web.Response:
 
 
 for _path in ("/v1/rerank", "/rerank", "/v2/rerank"):
-    routes.post(_path)(rerank)
+    routes.post(_path)(placed(rerank))

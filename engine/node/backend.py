@@ -4,6 +4,7 @@ worker, and the cluster's distributed instances, which other nodes own and answe
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,10 +12,13 @@ from aiohttp import web
 
 from engine import protocol as wire
 from engine.api.backend import RemoteModel, Started
+from engine.errors import ShoalError
 from engine.hub.local import LocalModel
 from engine.node import relay
 from engine.node.beside import canonical
 from engine.node.service import Node
+
+log = logging.getLogger(__name__)
 
 PREPARE_WAIT_S = 120.0  # the bundled model's import takes seconds; a list never hangs
 
@@ -78,6 +82,22 @@ class NodeBackend:
     def serving(self, need: str) -> list[str]:
         """The models here that do `need` ("embed", "rerank")."""
         return self.node.beside.serving(need)
+
+    async def elsewhere(self, request: web.Request,
+                        err: ShoalError) -> web.StreamResponse | None:
+        """A beside model with no room here (`err`: beside.NoRoom) runs on the member with
+        the most room that has it: the request is passed on and its answer streamed back.
+        None (the 503 stands) without one, or for a request a member passed here."""
+        from engine.node.beside import NoRoom, room_elsewhere
+        if not isinstance(err, NoRoom) or self.cluster is None \
+                or request.get("caller") is not None:  # one hop: a member's request stays
+            return None
+        peer = room_elsewhere(err.model, err.need, self.cluster.peers.all())
+        if peer is None:
+            return None
+        log.info("%s has no room here: %s (%s) runs it", err.model, peer.name, peer.id)
+        return await relay.forward(request, self.cluster.peers, peer.url, await request.read(),
+                                   f"running {err.model}")
 
     def _turn(self, worker: Any) -> Any:
         if worker is self.node.worker:

@@ -40,6 +40,33 @@ WEIGHTS_FACTOR = 1.2
 QUEUE_WAIT_S = 600.0  # requests queued to one beside model wait this long for their turn
 
 
+class NoRoom(Busy):
+    """A beside model that doesn't fit this node: the 503, and what another node would
+    need to run it (engine/node/backend.py passes the request to a member with room)."""
+
+    def __init__(self, err: Busy, model: str, need: int):
+        super().__init__(err.message, param=err.param, code=err.code)
+        self.model, self.need = model, need
+
+
+def room_elsewhere(model: str, need: int, peers: list[Any]) -> Any | None:
+    """The member to run `model` where this node has no room: of the trusted, reachable
+    peers that have it (every node has the bundled model) and report room for `need`
+    bytes, the one with the most; None where none does. The peer checks again itself."""
+    from engine.hub.bundled_embedding import EMBEDDING_MODEL_ID
+
+    def room(p: Any) -> int:
+        mem = p.info.machine.memory if p.info and p.info.machine else None
+        return (mem.available_bytes or 0) if mem else 0
+
+    def has(p: Any) -> bool:
+        return canonical(model) == EMBEDDING_MODEL_ID or model in (p.info.models or [])
+
+    fit = [p for p in peers if p.trusted and p.reachable and p.id and p.info is not None
+           and has(p) and room(p) >= need]
+    return max(fit, key=room, default=None)
+
+
 @dataclass(frozen=True)
 class Found:
     """A model folder that may be served beside: what it does and its bytes on disk."""
@@ -177,10 +204,11 @@ class Beside:
         need = int(found.size_bytes * WEIGHTS_FACTOR) + OVERHEAD_BYTES
         room = self._room()
         if room is not None and need > room:
-            raise Busy(f"{found.model} needs about {need / 2**30:.1f} GB to run beside what "
+            err = Busy(f"{found.model} needs about {need / 2**30:.1f} GB to run beside what "
                        f"this node serves, and {max(room, 0) / 2**30:.1f} GB is free. Unload "
                        "a model (or give the node more memory) and try again.",
                        param="model", code="insufficient_memory")
+            raise NoRoom(err, found.model, need)
 
     async def _start(self, found: Found) -> WorkerHandle:
         node, model = self.node, found.model

@@ -149,6 +149,12 @@ def model_shape(config: dict[str, Any]) -> tuple[ModelShape, str]:
 def check_placement(config: dict[str, Any], strategy: str, ranks: list[Rank]) -> None:
     """The family rule, then the layer ranges (pipeline) or the heads' split (tensor), as
     the planner checks them: a BadRequest that says why the placement can't run."""
+    from engine.modelconfig import capabilities
+    if "generate" not in capabilities(config):
+        raise BadRequest("This is an embedding or reranker model: it runs on one node, beside "
+                         "the chat model, started by the first request that names it (POST "
+                         "/v1/embeddings or /v1/rerank); it isn't split over nodes.",
+                         param="model")
     shape, mtype = model_shape(config)
     try:
         check_strategy(mtype, strategy)

@@ -36,10 +36,17 @@ async def relay(request: web.Request, cluster: Any, model: str,
                 f"{model} runs here as a rank of a distributed instance whose owner "
                 f"({owner}) can't be reached. Launch it again once the nodes can reach "
                 "each other.")
-    raw = json.dumps(body).encode()
+    return await forward(request, peers, owner, json.dumps(body).encode())
+
+
+async def forward(request: web.Request, peers: Any, owner: str, raw: bytes,
+                  what: str = "serving this model") -> web.StreamResponse:
+    """Pass `raw` (the request's JSON body) to the peer `owner` at the request's path and
+    stream its answer back; a peer that stops answering midway ends it with an error the
+    client recognises."""
     resp: web.StreamResponse | None = None
 
-    async def forward() -> None:
+    async def pipe() -> None:
         nonlocal resp
         async with peers.stream(owner, "POST", request.path, raw,
                                 {"Content-Type": "application/json"}) as up:
@@ -50,7 +57,7 @@ async def relay(request: web.Request, cluster: Any, model: str,
                 await resp.write(chunk)
             await resp.write_eof()
 
-    task = asyncio.ensure_future(forward())
+    task = asyncio.ensure_future(pipe())
     try:
         # A stream has no read timeout (a long prefill is silent), so the owner's liveness
         # is the peers' poll: a pulled cable ends the answer instead of stalling it.
@@ -61,7 +68,7 @@ async def relay(request: web.Request, cluster: Any, model: str,
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
                     await task
-                gone = PeerUnreachable(f"The node serving this model ({owner}) stopped "
+                gone = PeerUnreachable(f"The node {what} ({owner}) stopped "
                                        "answering; this answer is lost. Try again once it "
                                        "is back, or launch the model on the nodes that are.")
                 if resp is None:
@@ -69,12 +76,14 @@ async def relay(request: web.Request, cluster: Any, model: str,
                 await _end_with(resp, gone)
                 return resp
         task.result()
+        if resp is None:  # (pipe prepares it before it can end without raising)
+            raise PeerUnreachable(f"The node {what} ({owner}) sent no answer.")
         return resp
     except aiohttp.ClientError as e:
-        raise PeerUnreachable(f"The node serving this model ({owner}) did not answer: "
+        raise PeerUnreachable(f"The node {what} ({owner}) did not answer: "
                               f"{e}") from None
     except NotInCluster as e:  # its answer didn't prove the secret: nothing of it passes
-        raise PeerUnreachable(f"The node serving this model ({owner}) could not prove it "
+        raise PeerUnreachable(f"The node {what} ({owner}) could not prove it "
                               f"is in this cluster: {e.message}") from None
     finally:
         task.cancel()

@@ -66,3 +66,14 @@ def test_a_failure_on_a_node_names_it_for_the_app():
     back = ShoalError.from_openai(body, 502)
     assert back.node == "3f9a2c81d4e0" and back.message == err.message
     assert "node" not in ShoalError("plain").to_openai()["error"]
+
+
+def test_an_embedding_model_is_not_split_over_nodes():
+    from engine.node.launch import Rank, check_placement
+    bert = {"model_type": "bert", "architectures": ["BertModel"], "num_hidden_layers": 6,
+            "num_attention_heads": 12, "hidden_size": 384}
+    ranks = [Rank("a", None), Rank("b", "http://10.0.0.2:8421")]
+    for strategy in ("pipeline", "tensor"):
+        with pytest.raises(BadRequest, match="embedding or reranker model") as e:
+            check_placement(bert, strategy, ranks)
+        assert e.value.param == "model"
