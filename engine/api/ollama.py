@@ -111,8 +111,12 @@ async def show(request: web.Request) -> web.Response:
     cfg = Path(m.path) / "tokenizer_config.json"
     if cfg.exists():
         template = str(json.loads(cfg.read_text()).get("chat_template") or "")
-    caps = ["completion"] + (["tools"] if "tools" in template else []) + \
-        (["thinking"] if "<think>" in template else [])
+    does = m.capabilities or ["generate"]
+    # Ollama's names: what clients check before offering tools, images or embeddings
+    caps = (["completion"] + (["tools"] if "tools" in template else []) +
+            (["thinking"] if "<think>" in template else []) if "generate" in does else []) \
+        + (["vision"] if "vision" in does else []) \
+        + (["embedding"] if "embed" in does else [])
     return web.json_response({
         "modelfile": "", "parameters": "", "template": template, "details": _details(m),
         "model_info": {"general.architecture": m.model_type,

@@ -114,6 +114,12 @@ def test_chat_keeps_serving_beside_and_status_shows_both(node):
     assert isinstance(beside.get(MINILM), RunnerReady), s
     assert "embed" in (beside[MINILM].capabilities or [])
     assert beside[MINILM].pid != s.runner.pid
+    # Ollama's /api/show says what each does, as clients check before offering it
+    show = httpx.post(node.url + "/api/show", json={"model": EMBEDDING_FOLDER}, timeout=30)
+    assert show.json()["capabilities"] == ["embedding"]
+    show = httpx.post(node.url + "/api/show", json={"model": CHAT}, timeout=30)
+    assert "completion" in show.json()["capabilities"]
+    assert "embedding" not in show.json()["capabilities"]
 
 
 def test_concurrent_requests_are_all_answered(node):

@@ -361,3 +361,8 @@ def test_each_sdks_image_reaches_a_vision_model(node: NodeProcess):
     assert (c.prompt_eval_count or 0) > text.usage.prompt_tokens
     g = ol.generate(model=VISION, prompt="what?", images=[png()], options={"num_predict": 2})
     assert g.done
+    # Ollama's /api/show says which model takes images (clients check before offering it)
+    caps = {m: httpx.post(node.url + "/api/show", json={"model": m}, timeout=30).json()
+            ["capabilities"] for m in (VISION, TINY)}
+    assert "vision" in caps[VISION] and "completion" in caps[VISION]
+    assert "vision" not in caps[TINY]
