@@ -88,16 +88,19 @@ async def tags(request: web.Request) -> web.Response:
 
 @routes.get("/api/ps")
 async def ps(request: web.Request) -> web.Response:
-    loaded = backend(request).loaded_model()
-    if loaded is None:
-        return web.json_response({"models": []})
-    m = await _find(request, loaded)
-    left = backend(request).expires_in(loaded)  # None: kept loaded until it is stopped
-    expires = "2100-01-01T00:00:00Z" if left is None else \
-        _now(datetime.now(UTC).timestamp() + left)
-    return web.json_response({"models": [{**_entry(m), "expires_at": expires,
-                                          "size_vram": m.size_bytes,
-                                          "context_length": m.context_length}]})
+    """The models loaded: the chat model, and those running beside it (embeddings)."""
+    b = backend(request)
+    loaded = b.loaded_model()
+    running = [await _find(request, loaded)] if loaded is not None else []
+    running += [m for m in await b.running_beside() if m.id != loaded]
+    out = []
+    for m in running:
+        left = b.expires_in(m.id)  # None: kept loaded until it is stopped
+        expires = "2100-01-01T00:00:00Z" if left is None else \
+            _now(datetime.now(UTC).timestamp() + left)
+        out.append({**_entry(m), "expires_at": expires, "size_vram": m.size_bytes,
+                    "context_length": m.context_length})
+    return web.json_response({"models": out})
 
 
 @routes.post("/api/show")

@@ -59,6 +59,12 @@ class NodeBackend:
     def expires_in(self, model: str) -> float | None:
         return self.node.expires_in(canonical(model))
 
+    async def running_beside(self) -> list[LocalModel]:
+        """The models running beside the main one, as the model list has them."""
+        from engine.records import RunnerReady
+        ready = {m for m, s in self.node.beside.states.items() if isinstance(s, RunnerReady)}
+        return [m for m in await self.models() if canonical(m.id) in ready]
+
     @contextlib.asynccontextmanager
     async def generate(self, model: str | None,
                        req: wire.GenerateRequest) -> AsyncIterator[Started]:

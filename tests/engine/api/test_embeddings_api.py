@@ -120,6 +120,9 @@ def test_chat_keeps_serving_beside_and_status_shows_both(node):
     show = httpx.post(node.url + "/api/show", json={"model": CHAT}, timeout=30)
     assert "completion" in show.json()["capabilities"]
     assert "embedding" not in show.json()["capabilities"]
+    # Ollama's /api/ps lists both as loaded (the SDK's own types read it)
+    names = [m.model for m in ollama.Client(node.url).ps().models]
+    assert names[0] == CHAT and EMBEDDING_FOLDER in names
 
 
 def test_concurrent_requests_are_all_answered(node):
