@@ -34,7 +34,7 @@ def test_a_copied_state_folder_is_detected(tmp_path):
             return a.client.status().cluster.id, b.client.status().cluster.id
         wait_until(lambda: len(set(ids())) == 2, 15)
         assert a_id in ids()  # one kept it, the other changed
-        wait_until(lambda: all(p["trusted"] for p in a.client._call("GET", "/shoal/peers")), 10)
+        wait_until(lambda: all(p["trusted"] for p in a.client._call("GET", "/shoal/peers")), 30)
     finally:
         a.stop()
         b.stop()
