@@ -233,14 +233,7 @@ class WorkerHandle:
             self._send(Generate(rid, request))
             yield events()
         finally:
-            if finished or not self.alive:
-                self._end_turn(rid, on_turn)
-            else:
-                # The caller left early (client gone, Stop): cancel, and keep the worker's
-                # turn until it confirms, so the next request can't see this one's tokens.
-                with contextlib.suppress(WorkerFailed):
-                    self._send(Cancel(rid))
-                asyncio.get_running_loop().create_task(self._drain(rid, q, on_turn))
+            self._leave(rid, q, on_turn, finished)
 
     async def embed(self, cmd: Embed, on_turn: Callable[[bool], None] | None = None
                     ) -> Embedded | Error:
@@ -283,12 +276,19 @@ class WorkerHandle:
                     finished = True
                     return ev
         finally:
-            if finished or not self.alive:
-                self._end_turn(rid, on_turn)
-            else:
-                with contextlib.suppress(WorkerFailed):
-                    self._send(Cancel(rid))
-                asyncio.get_running_loop().create_task(self._drain(rid, q, on_turn))
+            self._leave(rid, q, on_turn, finished)
+
+    def _leave(self, rid: str, q: asyncio.Queue, on_turn: Callable[[bool], None] | None,
+               finished: bool) -> None:
+        """A request's end: its turn ends where the worker finished it (or died); a caller
+        that left early (client gone, Stop) cancels it and keeps the worker's turn until
+        the worker confirms, so the next request can't see this one's output."""
+        if finished or not self.alive:
+            self._end_turn(rid, on_turn)
+            return
+        with contextlib.suppress(WorkerFailed):
+            self._send(Cancel(rid))
+        asyncio.get_running_loop().create_task(self._drain(rid, q, on_turn))
 
     async def _drain(self, rid: str, q: asyncio.Queue,
                      on_turn: Callable[[bool], None] | None) -> None:
