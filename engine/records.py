@@ -291,12 +291,54 @@ class PeerLink(Record):
 
 
 @dataclass(frozen=True)
+class ServingInfo(Record):
+    """What a node's worker answers requests for (NodeInfo.serving): one replica of
+    `model`, the node alone or a group it owns, and its load, which peers route by
+    (engine/node/routing.py)."""
+    optional = ("instance",)
+    model: str
+    instance: str | None = None  # the group's id where this node owns a distributed instance
+    strategy: str = "single"  # single | pipeline | tensor
+    nodes: list[str] = field(default_factory=list)  # its ranks' node ids, rank 0 first
+    ready: bool = False  # loaded and answering (not loading, failing or stopping)
+    running: int = 0  # requests generating
+    waiting: int = 0  # requests waiting for a turn
+    streams: int = 1  # requests it runs at once
+
+
+@dataclass(frozen=True)
+class ReplicaInfo(Record):
+    """One replica of a model as a node sees it (GET /shoal/replicas): its load, and the
+    requests this node routed to it."""
+    optional = ("instance", "name")
+    model: str
+    node: str  # the id of the node that answers for it (rank 0)
+    name: str | None = None
+    instance: str | None = None
+    strategy: str = "single"
+    nodes: list[str] = field(default_factory=list)
+    here: bool = False  # this node answers for it
+    running: int = 0
+    waiting: int = 0
+    streams: int = 1
+    routed: int = 0  # requests this node sent it since it started
+    share: float = 0.0  # its part of the requests this node routed for the model
+
+
+@dataclass(frozen=True)
+class ReplicasInfo(Record):
+    """GET /shoal/replicas: every replica of every model this node can route to."""
+    nested = {"replicas": ReplicaInfo}
+    replicas: list[ReplicaInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class NodeInfo(Record):
     """GET /shoal/node: a node as it describes itself. Peers keep the last one they read;
     the planner, the topology and the app read it."""
     nested = {"instances": InstanceInfo, "followers": FollowerInfo, "links": LinkInfo}
     singles = {"machine": MachineInfo, "speed": SpeedInfo, "draft": DraftInfo,
-               "power": PowerInfo, "platform": PlatformReport}
+               "power": PowerInfo, "platform": PlatformReport, "serving": ServingInfo}
     states = {"state": NodeState}
     id: str
     name: str | None = None
@@ -312,6 +354,7 @@ class NodeInfo(Record):
     platform: PlatformReport | None = None  # Thunderbolt, RDMA, interfaces (macOS probes)
     power: PowerInfo | None = None
     draft: DraftInfo | None = None
+    serving: ServingInfo | None = None  # the replica it answers for, if any
 
 
 @dataclass(frozen=True)
