@@ -326,6 +326,14 @@ class ReplicaInfo(Record):
 
 
 @dataclass(frozen=True)
+class LaunchedReplicas(Record):
+    """POST /shoal/instances with "replicas" above 1: each copy launched, in order."""
+    nested = {"instances": InstanceInfo}
+    model: str = ""
+    instances: list[InstanceInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class ReplicasInfo(Record):
     """GET /shoal/replicas: every replica of every model this node can route to."""
     nested = {"replicas": ReplicaInfo}
