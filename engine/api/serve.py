@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from engine import protocol as wire
 from engine.api import common, hints
 from engine.api.backend import backend
+from engine.api.conversation import conversation_key
 from engine.api.render import Context, Renderer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -36,7 +37,9 @@ def handler(ep: Endpoint) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         raw = await common.read_json(request)
         body = ep.prepare(common.parse(ep.schema, raw))
-        relayed = await backend(request).relay(request, body.model, raw)
+        # the replica that answers: where this conversation's start went before
+        relayed = await backend(request).relay(
+            request, body.model, raw, key=lambda: conversation_key(ep.to_request(body)))
         if relayed is not None:
             return relayed
         if ep.shortcut is not None and (done := await ep.shortcut(request, body)) is not None:

@@ -4,8 +4,9 @@ worker, and the cluster's distributed instances, which other nodes own and answe
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from engine.hub.local import LocalModel
 from engine.node import relay
 from engine.node.beside import canonical
 from engine.node.service import Node
+from engine.records import InstanceInfo, InstanceState, RankInfo
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,16 @@ class NodeBackend:
     def remote_models(self) -> list[RemoteModel]:
         if self.cluster is None:
             return []
-        return [RemoteModel(inst.model, url, inst.to_json())
-                for url, inst in self.cluster.remote_instances()]
+        out = [RemoteModel(inst.model, url, inst.to_json())
+               for url, inst in self.cluster.remote_instances()]
+        for p in self.cluster.peers.all():  # a model a peer serves alone
+            s = p.info.serving if p.trusted and p.info else None
+            if s is not None and s.ready and s.instance is None \
+                    and all(m.id != s.model for m in out):
+                out.append(RemoteModel(s.model, p.url, InstanceInfo(
+                    None, s.model, "single", InstanceState.READY,
+                    ranks=[RankInfo(0, p.id)]).to_json()))
+        return out
 
     def loaded_model(self) -> str | None:
         w = self.node.worker
@@ -110,10 +120,26 @@ class NodeBackend:
             return self.node.on_turn
         return lambda busy: self.node.beside.on_turn(worker.model_id, busy)
 
-    async def relay(self, request: web.Request, model: str | None,
-                    body: Any) -> web.StreamResponse | None:
+    async def relay(self, request: web.Request, model: str | None, body: Any,
+                    key: Callable[[], str | None] | None = None
+                    ) -> web.StreamResponse | None:
+        """Pass the request to the replica of `model` that answers it (engine/node/
+        routing.py), or None where that is this node. A request a member passed here stays
+        (one hop); so does one for a model no replica runs (this node loads it)."""
         w = self.node.worker
-        if not model or self.cluster is None or (w is not None and w.alive
-                                                 and w.model_id == model):
+        here = w is not None and w.alive and w.model_id == model
+        if not model or self.cluster is None:
+            return None
+        if request.get("caller") is None:
+            router = self.cluster.router
+            chosen = router.choose(model, key)
+            if chosen is not None:
+                if chosen.url is None:
+                    return None
+                with router.sending(chosen.node):
+                    return await relay.forward(request, self.cluster.peers, chosen.url,
+                                               json.dumps(body).encode(),
+                                               f"serving {model}")
+        if here:
             return None
         return await relay.relay(request, self.cluster, model, body)

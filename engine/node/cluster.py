@@ -42,6 +42,7 @@ from engine.node.launch import (
 )
 from engine.node.peers import Peers
 from engine.node.planning import ModelFacts, PlanInputs, cluster_view
+from engine.node.router import Router
 from engine.node.service import Node
 from engine.platform.probes import PlatformReport
 from engine.records import (
@@ -50,6 +51,7 @@ from engine.records import (
     DraftInfo,
     InstanceInfo,
     InstanceState,
+    LaunchedReplicas,
     LinkInfo,
     NodeInfo,
     RankInfo,
@@ -75,6 +77,7 @@ class Cluster:
         self.facts: Any = None  # engine.node.facts.NodeFacts, set by the node's main
         self.draft: DraftInfo | None = None  # its draft model's size, set by main
         self.healer = Healer(self)  # main turns it off for --no-heal
+        self.router = Router(self)
 
     # --- what other nodes and the GUI see ----------------------------------------------
     def links(self) -> list[LinkInfo]:
@@ -91,7 +94,8 @@ class Cluster:
                         mlx_version(), self.node.status().state,
                         [m.id for m in self.node.local_models()], self.links(),
                         machine=facts.machine, speed=facts.speed,
-                        platform=facts.platform, power=facts.power, draft=self.draft)
+                        platform=facts.platform, power=facts.power, draft=self.draft,
+                        serving=self.router.serving())
 
     def name_of(self, node_id: str) -> str:
         """A node's machine name, for sentences a person reads (its address where it never
@@ -149,6 +153,11 @@ class Cluster:
                     None)
 
     # --- launching (owner side) ----------------------------------------------------------
+    async def launch_replicas(self, raw: Any) -> LaunchedReplicas:
+        """A launch with "replicas": the model as that many copies (engine/node/replicas.py)."""
+        from engine.node.replicas import launch_replicas
+        return await launch_replicas(self, parse(LaunchRequest, raw))
+
     async def launch(self, raw: Any, exclude: set[str] | frozenset[str] = frozenset(),
                      healing: bool = False) -> InstanceInfo:
         """Check a launch, hand it to the node that holds rank 0 if that is another, else

@@ -55,6 +55,13 @@ async def topology(request: web.Request) -> web.Response:
     return web.json_response(topology_info(c.info(), c.peers.all()).to_json())
 
 
+@routes.get("/shoal/replicas")
+async def replicas(request: web.Request) -> web.Response:
+    """Every replica of every model this node can send requests to, with its load and its
+    share of the requests this node sent."""
+    return web.json_response(_cluster(request).router.info().to_json())
+
+
 @routes.get("/shoal/peers")
 async def list_peers(request: web.Request) -> web.Response:
     return web.json_response([p.public().to_json() for p in _cluster(request).peers.all()])
@@ -71,7 +78,9 @@ async def add_peer(request: web.Request) -> web.Response:
 @routes.post("/shoal/instances")
 async def launch(request: web.Request) -> web.Response:
     body = await json_object(request)
-    return web.json_response((await _cluster(request).launch(body)).to_json(), status=201)
+    c = _cluster(request)
+    out = await (c.launch_replicas(body) if body.get("replicas", 1) != 1 else c.launch(body))
+    return web.json_response(out.to_json(), status=201)
 
 
 @routes.get("/shoal/instances")

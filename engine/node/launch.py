@@ -56,6 +56,8 @@ class LaunchRequest(Strict):
     force: StrictBool = False  # launch a placement the memory check refuses, with a warning
     lanes: int | None = None  # micro-batches in flight; default: the planner's choice
     kv_bits: Literal[16, 8, 4] | None = None  # the KV's bits; default: the node's setting
+    # the model as this many copies in all, each on machines of its own (engine/node/replicas.py)
+    replicas: StrictInt = Field(default=1, ge=1, le=16)
 
     @field_validator("lanes", mode="before")
     @classmethod
@@ -73,6 +75,8 @@ class LaunchRequest(Strict):
     def body(self, nodes: list[NodeRef] | None = None) -> dict[str, Any]:
         """As JSON, for the node a launch is handed over to."""
         out = self.model_dump(exclude_none=True)
+        if out.get("replicas") == 1:  # one copy: the body an older node reads too
+            del out["replicas"]
         if nodes is not None:
             out["nodes"] = [n.model_dump(exclude_none=True) for n in nodes]
         return out

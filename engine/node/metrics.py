@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine import protocol as wire
@@ -134,6 +134,8 @@ class NodeMetrics:
         # set by the node: (model, running, waiting) of its worker, and its machine's facts
         self.live: Callable[[], tuple[str, int, int] | None] = lambda: None
         self.facts: Callable[[], Any] = lambda: None
+        # set by a node in a cluster: ((model, replica's node, why), requests) it routed
+        self.routes: Callable[[], list[tuple[tuple[str, str, str], int]]] = lambda: []
         r, lb = self.registry, LABELS
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -264,6 +266,13 @@ class _Live(Collector):
             waiting.add_metric([model, m.node], now[2])
         yield running
         yield waiting
+        routed = CounterMetricFamily(
+            "shoal_routed_requests", "Requests this node sent to each replica of a model "
+            "(why: prefix, the conversation's replica; load, the least loaded; only, the "
+            "one replica).", labels=["model", "node", "replica", "why"])
+        for (model, replica, why), n in sorted(m.routes()):
+            routed.add_metric([model, m.node, replica, why], n)
+        yield routed
         yield from _machine(m.node, m.facts())
 
 

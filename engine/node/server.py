@@ -251,6 +251,8 @@ def _count_as(node: Node, cluster: Any) -> None:
     node.metrics.node = cluster.name
     node.metrics.facts = lambda: capped(cluster.facts.describe(), node.memory_limit) \
         if cluster.facts is not None else None
+    node.metrics.routes = lambda: [((m, cluster.name_of(n), why), c) for (m, n, why), c
+                                   in cluster.router.reasons.items()]
 
 
 def build_app(node: Node, api_key: str | None = None, cluster: Any = None,

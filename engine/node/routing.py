@@ -1,0 +1,72 @@
+"""Which replica of a model answers a request (several nodes, or groups, serving the same
+model). A conversation goes where its earlier turns went, so its prefix is in that
+replica's cache: every node ranks the replicas by the same hash of the conversation's
+start (rendezvous hashing), so every node makes the same choice without asking anyone,
+and a replica joining or leaving moves only the conversations that ranked it first. Load
+overrides the hash only where it matters: a replica that is full, or has clearly more
+requests than the least loaded one, gives the request to the least loaded.
+
+The loads are what the peers' polls last said (every 2 s), raised by the requests this
+node has sent each replica since: choosing waits on no round trip."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SPREAD = 2  # requests more than the least loaded replica before the hash gives way
+
+
+@dataclass(frozen=True)
+class Replica:
+    node: str  # the id of the node that answers for it
+    url: str | None  # None: this node
+    name: str
+    instance: str | None
+    strategy: str
+    nodes: tuple[str, ...]
+    running: int
+    waiting: int
+    streams: int
+
+    @property
+    def load(self) -> int:
+        return self.running + self.waiting
+
+    @property
+    def full(self) -> bool:
+        return self.load >= self.streams
+
+
+def ranked(key: str, replicas: Sequence[Replica]) -> list[Replica]:
+    """The replicas in the order this conversation prefers them (the same on every node)."""
+    def weight(r: Replica) -> bytes:
+        return hashlib.sha256(f"{key}\0{r.node}".encode()).digest()
+    return sorted(replicas, key=weight, reverse=True)
+
+
+def choose(key: str | None, replicas: Sequence[Replica]) -> tuple[Replica, str]:
+    """The replica for a request with conversation `key` and why ("prefix", "load", or
+    "only"): its first in hash order, unless that one is full while another isn't, or has
+    SPREAD requests more than the least loaded. Without a key, the least loaded (this node
+    first among equals: no hop)."""
+    if not replicas:
+        raise ValueError("no replica to choose from")
+    if len(replicas) == 1:
+        return replicas[0], "only"
+    least = min(replicas, key=lambda r: (r.full, r.load, r.url is not None, r.node))
+    if key is None:
+        return least, "load"
+    first = ranked(key, replicas)[0]
+    if (first.full and not least.full) or first.load - least.load >= SPREAD:
+        return least, "load"
+    return first, "prefix"
+
+
+def whole(v: Any, default: int = 0, top: int = 1 << 20) -> int:
+    """A count a peer reported, as a number in bounds (a peer's JSON is checked where used)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        return default
+    return max(0, min(v, top))

