@@ -251,7 +251,7 @@ class _Live(Collector):
     def __init__(self, metrics: NodeMetrics):
         self.metrics = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         m = self.metrics
         running = GaugeMetricFamily("vllm:num_requests_running",
                                     "Number of requests in model execution batches.",

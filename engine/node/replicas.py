@@ -73,8 +73,8 @@ async def launch_replicas(cluster: Any, req: LaunchRequest) -> LaunchedReplicas:
                         for _, e in failed[:2])
         raise ShoalError(f"{len(failed)} of {len(plans)} new copies of {req.model} didn't "
                          f"start ({why}); {ok + len(running)} run.")
-    have = [InstanceInfo(r.instance, req.model, r.strategy, InstanceState.READY,
+    kept = [InstanceInfo(r.instance, req.model, r.strategy, InstanceState.READY,
                          ranks=[RankInfo(i, n) for i, n in enumerate(r.nodes)])
             for r in running]
-    return LaunchedReplicas(req.model, have + [i for i in started
+    return LaunchedReplicas(req.model, kept + [i for i in started
                                                if isinstance(i, InstanceInfo)])
