@@ -25,6 +25,7 @@ from engine.records import (
     PeerLink,
     PowerInfo,
     Record,
+    ServingInfo,
     SpeedInfo,
 )
 
@@ -101,6 +102,7 @@ class TopologyNode(Record):
     platform: PlatformReport | None = None
     power: PowerInfo | None = None
     draft: DraftInfo | None = None
+    serving: ServingInfo | None = None  # the replica it answers for, if any
     url: str | None = None  # None for this node
     reachable: bool = False
     trusted: bool = False
