@@ -88,6 +88,7 @@ class TopologyNode(Record):
     nested = NodeInfo.nested
     singles = {**NodeInfo.singles, "link": PeerLink}
     states = NodeInfo.states
+    optional = NodeInfo.optional
     id: str | None = None
     name: str | None = None
     instances: list[InstanceInfo] = field(default_factory=list)
@@ -117,7 +118,7 @@ class TopologyNode(Record):
         # each kind of entry keeps the keys, in the order, it always had
         keys = [*_names(NodeInfo), "self", "reachable", "trusted"] if self.self else \
             [*_names(PeerInfo), "self"] if self.state is None else list(out)
-        return {k: out[k] for k in keys}
+        return {k: out[k] for k in keys if k in out}  # (an unset optional is left out)
 
 
 def _names(record: type[Record]) -> list[str]:

@@ -209,6 +209,28 @@ class Rerank(Message):
 
 
 @dataclass(frozen=True)
+class PrefillKV(Message):
+    """Run the model over `tokens` and write their KV to the file `path` (prefill here,
+    decode on another node: engine/runtime/handover.py); answered by KVWritten."""
+    tag = "prefill_kv"
+    key = "op"
+    id: str
+    tokens: list[int]
+    path: str
+
+
+@dataclass(frozen=True)
+class AdoptKV(Message):
+    """Keep the KV of `tokens` that another node wrote to `path` in the prefix cache, so
+    the request for them decodes at once; answered by KVAdopted."""
+    tag = "adopt_kv"
+    key = "op"
+    id: str
+    tokens: list[int]
+    path: str
+
+
+@dataclass(frozen=True)
 class Cancel(Message):
     tag = "cancel"
     key = "op"
@@ -280,6 +302,9 @@ class Accepted(Message):
     # each prompt token's text, or its bytes where they aren't UTF-8 alone (show_prompt:
     # llama.cpp's /tokenize with_pieces, vLLM's token_strs)
     prompt_pieces: list[str | list[int]] | None = None
+    # a count-only listing's: the tokens of it the prefix cache holds now (the node asks
+    # before it has another node prefill the rest)
+    cached: int | None = None
 
 
 @dataclass(frozen=True)
@@ -357,6 +382,23 @@ class Ranked(Message):
 
 
 @dataclass(frozen=True)
+class KVWritten(Message):
+    """The answer to PrefillKV: the file's size and how long the prefill took."""
+    tag = "kv_written"
+    id: str
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class KVAdopted(Message):
+    """The answer to AdoptKV: the prefix cache holds the KV of `tokens` tokens."""
+    tag = "kv_adopted"
+    id: str
+    tokens: int
+
+
+@dataclass(frozen=True)
 class Error(Message):
     tag = "error"
     id: str
@@ -376,13 +418,14 @@ class Exited(Message):
 
 
 Event = (Loading | Ready | Fatal | Accepted | Progress | Delta | ToolCall | Done | Embedded
-         | Ranked | Error | Exited)
-TERMINAL = (Done, Embedded, Ranked, Error)
+         | Ranked | KVWritten | KVAdopted | Error | Exited)
+TERMINAL = (Done, Embedded, Ranked, KVWritten, KVAdopted, Error)
 CAPABILITIES = ("generate", "vision", "embed", "rerank")
 _CLASSES: dict[tuple[str, str], type[Message]] = {
-    (c.key, c.tag): c for c in (Generate, Embed, Rerank, Cancel, Shutdown, Loading, Ready,
-                                Fatal, Accepted, Progress, Delta, ToolCall, Done, Embedded,
-                                Ranked, Error, Exited)}
+    (c.key, c.tag): c for c in (Generate, Embed, Rerank, PrefillKV, AdoptKV, Cancel,
+                                Shutdown, Loading, Ready, Fatal, Accepted, Progress, Delta,
+                                ToolCall, Done, Embedded, Ranked, KVWritten, KVAdopted,
+                                Error, Exited)}
 
 
 def encode(msg: Message) -> bytes:

@@ -295,7 +295,7 @@ class ServingInfo(Record):
     """What a node's worker answers requests for (NodeInfo.serving): one replica of
     `model`, the node alone or a group it owns, and its load, which peers route by
     (engine/node/routing.py)."""
-    optional = ("instance",)
+    optional = ("instance", "prefill")
     model: str
     instance: str | None = None  # the group's id where this node owns a distributed instance
     strategy: str = "single"  # single | pipeline | tensor
@@ -304,6 +304,7 @@ class ServingInfo(Record):
     running: int = 0  # requests generating
     waiting: int = 0  # requests waiting for a turn
     streams: int = 1  # requests it runs at once
+    prefill: str | None = None  # the node that prefills its long prompts (engine/node/handover.py)
 
 
 @dataclass(frozen=True)
@@ -348,6 +349,7 @@ class NodeInfo(Record):
     singles = {"machine": MachineInfo, "speed": SpeedInfo, "draft": DraftInfo,
                "power": PowerInfo, "platform": PlatformReport, "serving": ServingInfo}
     states = {"state": NodeState}
+    optional = ("serving",)
     id: str
     name: str | None = None
     instances: list[InstanceInfo] = field(default_factory=list)  # those it owns

@@ -15,7 +15,7 @@ from engine import protocol as wire
 from engine.api.backend import RemoteModel, Started
 from engine.errors import ShoalError
 from engine.hub.local import LocalModel
-from engine.node import relay
+from engine.node import handover, relay
 from engine.node.beside import canonical
 from engine.node.service import Node
 from engine.records import InstanceInfo, InstanceState, RankInfo
@@ -79,6 +79,8 @@ class NodeBackend:
     async def generate(self, model: str | None,
                        req: wire.GenerateRequest) -> AsyncIterator[Started]:
         worker = await self.node.ensure_loaded(model)
+        # a long prompt may be prefilled by another node first (engine/node/handover.py)
+        await handover.before_generate(self.node, self.cluster, worker, req)
         async with worker.generate(req, self.node.on_turn) as events:
             yield Started(worker.model_id, events)
 

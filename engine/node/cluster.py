@@ -182,12 +182,15 @@ class Cluster:
         await self.node.check_model(path, all_files=len(ranks) == 1 or req.strategy == "tensor")
         inputs = inputs or self.plan_inputs(req.model)  # config.json read once a launch
         t0 = time.monotonic()
+        prefill = self._prefill_node(req, len(ranks))
+        self.node.prefill = None  # whatever this launch replaces prefilled for another
         if len(ranks) == 1:  # one node: a plain single-process model here
             memory_check(inputs, req, "pipeline", ranks, chosen)
             choose_lanes(req.lanes, "pipeline", [self.host], 1, 1)  # one process: one batch
             await self.healer.undo(healed, req.model)
             await self.stop_instance(REPLACED)
             await self.node.start_worker(req.model, path, kv_bits=req.kv(None))
+            self.node.prefill = prefill
             return InstanceInfo(None, req.model, "single", InstanceState.READY, None,
                                 [RankInfo(0, self.id)], kv_bits=req.kv(None) or 16)
         rdma = rdma_matrix(ranks, req.backend, self._platforms(ranks)) \
@@ -228,6 +231,25 @@ class Cluster:
         inst.load_s = time.monotonic() - t0  # healing's estimate for placing it again
         inst.watch = asyncio.create_task(self._watch(inst))
         return replace(inst.info(), warning=warning) if warning else inst.info()
+
+    def _prefill_node(self, req: LaunchRequest, ranks: int) -> Any:
+        """The launch's prefill node (engine/node/handover.py), checked: a trusted member
+        other than this node, for a model this node serves alone."""
+        from engine.errors import BadRequest
+        from engine.node.handover import MIN_TOKENS, PrefillNode
+        if req.prefill is None:
+            return None
+        if ranks != 1:
+            raise BadRequest("A prefill node works with a model one node serves alone "
+                             "for now: leave 'prefill' out for a group.", param="prefill")
+        peer = self.peers.find(req.prefill)
+        if peer is None or not peer.trusted or not peer.id:
+            raise BadRequest(f"'prefill': {req.prefill[:80]!r} is no node of this cluster "
+                             "that this node can reach.", param="prefill")
+        if peer.id == self.id:
+            raise BadRequest("'prefill' names the node that decodes; name another.",
+                             param="prefill")
+        return PrefillNode(peer.id, req.model, req.prefill_min or MIN_TOKENS)
 
     def _platforms(self, ranks: list[Rank]) -> dict[str, PlatformReport | None]:
         """Each rank node's platform report (Thunderbolt, RDMA), for jaccl's devices."""

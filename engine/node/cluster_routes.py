@@ -110,6 +110,27 @@ async def peer_start(request: web.Request) -> web.Response:
     return web.json_response({"ok": True}, status=202)
 
 
+@routes.post("/shoal/peer/prefill")
+async def peer_prefill(request: web.Request) -> web.StreamResponse:
+    """A member's long prompt prefilled here: its KV, as one prompt-cache file, streamed
+    back (engine/node/handover.py)."""
+    from engine.node.handover import serve_prefill
+    body = await json_object(request)
+    path, size = await serve_prefill(_cluster(request).node, body.get("model"),
+                                     body.get("tokens"))
+    try:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = size
+        await resp.prepare(request)
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        path.unlink(missing_ok=True)
+
+
 @routes.get("/shoal/peer/instances/{id}")
 async def peer_state(request: web.Request) -> web.Response:
     return web.json_response(_cluster(request).followers.state(request.match_info["id"])

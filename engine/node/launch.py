@@ -58,6 +58,10 @@ class LaunchRequest(Strict):
     kv_bits: Literal[16, 8, 4] | None = None  # the KV's bits; default: the node's setting
     # the model as this many copies in all, each on machines of its own (engine/node/replicas.py)
     replicas: StrictInt = Field(default=1, ge=1, le=16)
+    # a node that prefills the model's long prompts for it (one node alone decodes), and
+    # how long a prompt's uncached part must be for that (engine/node/handover.py)
+    prefill: str | None = None
+    prefill_min: StrictInt | None = Field(default=None, ge=1)
 
     @field_validator("lanes", mode="before")
     @classmethod

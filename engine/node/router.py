@@ -40,10 +40,11 @@ class Router:
             nodes = [r.node for r in inst.ranks]
         else:
             nodes = [c.id]
+        plan = getattr(node, "prefill", None)
         return ServingInfo(w.model_id, inst.id if inst else None,
                            inst.strategy if inst else "single", nodes, bool(ready),
                            w.in_flight if w.alive else 0, w.waiting if w.alive else 0,
-                           node.max_streams)
+                           node.max_streams, plan.node if plan is not None else None)
 
     # --- the replicas ------------------------------------------------------------------
     def replicas(self, model: str) -> list[Replica]:
@@ -52,11 +53,15 @@ class Router:
         mine = self.serving()
         if mine is not None and mine.model == model and mine.ready:
             out.append(self._replica(mine, self.cluster.id, None, self.cluster.name))
-        for p in self.cluster.peers.all():
-            s = p.info.serving if p.trusted and p.reachable and p.info else None
-            if s is not None and s.model == model and s.ready is True and p.id:
+        theirs = [(p, p.info.serving) for p in self.cluster.peers.all()
+                  if p.trusted and p.reachable and p.info and p.info.serving and p.id]
+        for p, s in theirs:
+            if s.model == model and s.ready is True:
                 out.append(self._replica(s, p.id, p.url, p.name or p.id))
-        return out
+        # a node that prefills for another copy decodes nothing itself
+        prefilling = {s.prefill for s in [mine] + [s for _, s in theirs]
+                      if s is not None and isinstance(s.prefill, str)}
+        return [r for r in out if r.node not in prefilling]
 
     def _replica(self, s: ServingInfo, node: str, url: str | None, name: str) -> Replica:
         running, waiting = whole(s.running), whole(s.waiting)

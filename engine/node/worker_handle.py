@@ -25,6 +25,7 @@ from engine.logs import rotate_if_big
 from engine.platform.cpu import worker_env
 from engine.protocol import (
     TERMINAL,
+    AdoptKV,
     Cancel,
     Embed,
     Embedded,
@@ -34,8 +35,11 @@ from engine.protocol import (
     Fatal,
     Generate,
     GenerateRequest,
+    KVAdopted,
+    KVWritten,
     Loading,
     Message,
+    PrefillKV,
     Ranked,
     Ready,
     Rerank,
@@ -246,7 +250,18 @@ class WorkerHandle:
         return await self._ask(cmd, on_turn,  # type: ignore[return-value]
                                len(cmd.documents) + 1)
 
-    async def _ask(self, cmd: Embed | Rerank, on_turn: Callable[[bool], None] | None,
+    async def prefill_kv(self, cmd: PrefillKV) -> KVWritten | Error:
+        """Have the worker write the KV of cmd.tokens to cmd.path (for another node);
+        bounded by a second per 256 tokens beyond token_timeout."""
+        return await self._ask(cmd, None,  # type: ignore[return-value]
+                               len(cmd.tokens) // 256 + 1)
+
+    async def adopt_kv(self, cmd: AdoptKV) -> KVAdopted | Error:
+        """Have the worker keep the KV another node wrote to cmd.path."""
+        return await self._ask(cmd, None, 1)  # type: ignore[return-value]
+
+    async def _ask(self, cmd: Embed | Rerank | PrefillKV | AdoptKV,
+                   on_turn: Callable[[bool], None] | None,
                    items: int) -> Event:
         """One command with one answer: queued for a turn as a generation is, its wait
         bounded by token_timeout and a second per input (the worker says nothing until

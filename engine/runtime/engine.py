@@ -17,7 +17,15 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from engine.errors import BadRequest
-from engine.protocol import Embed, GenerateRequest, Message, RankReady, Rerank
+from engine.protocol import (
+    AdoptKV,
+    Embed,
+    GenerateRequest,
+    Message,
+    PrefillKV,
+    RankReady,
+    Rerank,
+)
 
 Emit = Callable[..., None]  # worker.Emitter: emit(message)
 
@@ -43,6 +51,15 @@ class Engine:
         """Answer with one Ranked (or Error)."""
         raise self.refuse("rerank")
 
+    def prefill_kv(self, cmd: PrefillKV, cancel: threading.Event, emit: Emit) -> None:
+        """Write the KV of cmd.tokens to cmd.path (prefill here, decode on another node):
+        answer with one KVWritten (or Error)."""
+        raise self.refuse("prefill for another node")
+
+    def adopt_kv(self, cmd: AdoptKV, cancel: threading.Event, emit: Emit) -> None:
+        """Keep the KV another node wrote for cmd.tokens: answer with one KVAdopted."""
+        raise self.refuse("decode what another node prefilled")
+
     def close(self, grace_s: float = 4.0) -> None:
         """Before the process ends: keep what should outlive it (the last answer's KV)."""
 
@@ -54,4 +71,4 @@ class Engine:
                           param="model")
 
     def serves(self, cmd: Message) -> bool:
-        return isinstance(cmd, (Embed, Rerank)) or hasattr(cmd, "request")
+        return isinstance(cmd, (Embed, Rerank, PrefillKV, AdoptKV)) or hasattr(cmd, "request")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ class PrefixCache:
         self.hits = self.lookups = 0
         self._snapshot: tuple[list[int], list[Any]] | None = None
         self._partials: list[list[int]] = []  # keys partial() stored, until superseded
+        # KV another node prefilled (adopt()), kept at the next lookup, on the thread
+        # that serves requests: the only one that touches the entries
+        self._adopted: list[tuple[list[int], list[Any]]] = []
+        self._adopting = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.lru)
@@ -66,6 +71,7 @@ class PrefixCache:
         """(a copy of the best cache for `prompt`, how many of its tokens it holds); the
         prompt's last token is always left to run."""
         self.lookups += 1
+        self._take_adopted()
         if self.budget_tokens <= 0 or len(prompt) < 2:
             return None, 0
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
@@ -85,6 +91,23 @@ class PrefixCache:
             return None, 0
         self.hits += 1
         return cache, len(prompt) - len(rest)
+
+    def peek(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s tokens a lookup would find now (no copy is made; from
+        any thread, so a lookup racing an insert may read 0)."""
+        if self.budget_tokens <= 0:
+            return 0
+        try:
+            with self._adopting:
+                waiting = max((len(t) for t, _ in self._adopted
+                               if prompt[:len(t)] == t), default=0)
+            r = self.lru._trie.search(KEY, prompt)
+            n = len(r.exact) if r.exact is not None else \
+                max(len(r.shorter) if r.shorter is not None else 0,
+                    r.common_prefix if r.longer is not None else 0)
+        except Exception:  # the trie changed under us: say nothing is held
+            return 0
+        return min(max(n, waiting), len(prompt) - 1)
 
     def mark(self, prompt: list[int], cache: list[Any]) -> None:
         """`cache` now holds all of `prompt` but its last token. Recurrent state can't be
@@ -144,6 +167,21 @@ class PrefixCache:
             return False
         self.put(tokens, cache)
         return True
+
+    def adopt(self, tokens: list[int], cache: list[Any]) -> bool:
+        """Keep `cache`, holding exactly `tokens`, that another node prefilled; from any
+        thread (it is stored at the next lookup). False where the cache keeps nothing."""
+        if self.budget_tokens <= 0 or not tokens or len(tokens) > self.budget_tokens:
+            return False
+        with self._adopting:
+            self._adopted.append((list(tokens), cache))
+        return True
+
+    def _take_adopted(self) -> None:
+        with self._adopting:
+            got, self._adopted = self._adopted, []
+        for tokens, cache in got:
+            self.put(tokens, cache)
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache`, holding exactly `tokens` (an entry read back from disk)."""

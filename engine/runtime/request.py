@@ -299,8 +299,10 @@ def run(rid: str, req: GenerateRequest, model: Any, tokenizer: Any, ctx_len: int
                                                    and s.max_tokens != 0)):
         raise too_long(str(len(prompt)), ctx_len)
     shown = text if req.messages is None or req.show_prompt else None
+    held = getattr(gen, "prefix", None)
     emit(Accepted(rid, len(prompt), shown, list(prompt) if req.show_prompt else None,
-                  token_pieces(tokenizer, prompt) if req.show_prompt else None))
+                  token_pieces(tokenizer, prompt) if req.show_prompt else None,
+                  held.peek(prompt) if listing and held is not None else None))
     if req.count_only:
         emit(Done(rid, "stop", len(prompt), 0))
         return

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engine.errors import BadRequest, ShoalError
-from engine.protocol import GenerateRequest, Loading
+from engine.protocol import (
+    AdoptKV,
+    Error,
+    GenerateRequest,
+    KVAdopted,
+    KVWritten,
+    Loading,
+    PrefillKV,
+)
 from engine.runtime.engine import Emit, Engine
 
 log = logging.getLogger(__name__)
@@ -37,6 +45,10 @@ class TextEngine(Engine):
         self.context_length, self.streams = context_length, max(1, streams)
         self.on_request = on_request
         self.limit = token_limit(model, tokenizer)  # every request's ids are checked against it
+        self.kv_bits: int | None = None  # the KV's bits (None: the model's own)
+        self.folder = ""  # the checkpoint's folder
+        self.kv_layout: Any = None  # engine.runtime.handover.layout_of's, made at load
+        self._fingerprint: str | None = None
 
     def generate(self, rid: str, request: GenerateRequest, cancel: threading.Event,
                  emit: Emit) -> None:
@@ -53,6 +65,58 @@ class TextEngine(Engine):
                 cancel, emit, self.limit, vision=self.vision)
         finally:
             self.on_request(rid, False)
+
+    def prefill_kv(self, cmd: PrefillKV, cancel: threading.Event, emit: Emit) -> None:
+        """The prompt's KV for another node (engine/runtime/handover.py), run on this
+        command's own thread beside the requests this engine serves."""
+        from engine.runtime.handover import Cancelled, prefill_file
+        from engine.runtime.quant_kv import KV
+
+        self._check_ids(cmd.tokens)
+        try:
+            size, took = prefill_file(self.model, KV.for_model(self.model, self.kv_bits),
+                                      cmd.tokens, Path(cmd.path), cancel,
+                                      made_by=self.fingerprint())
+        except Cancelled:
+            emit(Error(cmd.id, "cancelled", "The prefill was cancelled.", None, 499))
+            return
+        emit(KVWritten(cmd.id, size, round(took, 4)))
+
+    def adopt_kv(self, cmd: AdoptKV, cancel: threading.Event, emit: Emit) -> None:
+        from engine.runtime.handover import read_file
+        from engine.runtime.quant_kv import KV
+
+        self._check_ids(cmd.tokens)
+        cache = read_file(self.model, KV.for_model(self.model, self.kv_bits), cmd.tokens,
+                          Path(cmd.path), self.fingerprint(), self.kv_layout)
+        prefix = getattr(self.gen, "prefix", None)
+        if prefix is None or not prefix.adopt(cmd.tokens, cache):
+            raise BadRequest("This node keeps no prefix cache to decode from another "
+                             "node's prefill (its prefix cache is off or too small).")
+        emit(KVAdopted(cmd.id, len(cmd.tokens)))
+
+    def fingerprint(self) -> str:
+        """The checkpoint's and the KV bits' (what a hand-over's two sides must share)."""
+        from engine.runtime.disk_cache import fingerprint
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(Path(self.folder), self.kv_bits) \
+                if self.folder else ""
+        return self._fingerprint
+
+    def _check_ids(self, ids: list[int]) -> None:
+        """Token ids from another node, checked as a client's are; a group's ranks run
+        the model only together, so a group takes no part in a hand-over yet."""
+        if self.rank is not None:
+            raise BadRequest("A model split over several nodes can't prefill for another "
+                             "node or decode another node's prefill yet: use a node that "
+                             "holds the whole model.")
+        if not ids or not all(isinstance(t, int) and not isinstance(t, bool)
+                              and 0 <= t < self.limit for t in ids):
+            raise BadRequest(f"The prompt's token ids must be whole numbers from 0 to "
+                             f"{self.limit - 1}.", param="tokens")
+        if len(ids) >= self.context_length:
+            raise BadRequest(f"The prompt's {len(ids)} tokens don't fit the model's "
+                             f"{self.context_length}-token context.", param="tokens")
 
     def close(self, grace_s: float = 4.0) -> None:
         rest = getattr(self.gen, "rest", None)
@@ -99,7 +163,12 @@ def load_text_engine(model_dir: str, args: argparse.Namespace, emit: Emit) -> Te
     except ValueError as e:  # quantized KV this model's heads can't take
         raise ShoalError(f"Couldn't quantize the KV cache of {args.model_id}: {e}",
                          code="kv_bits_refused") from e
-    return TextEngine(model, tokenizer, ctx, gen, streams)
+    engine = TextEngine(model, tokenizer, ctx, gen, streams)
+    from engine.runtime.handover import layout_of
+    from engine.runtime.quant_kv import KV
+    engine.kv_bits, engine.folder = args.kv_bits, model_dir
+    engine.kv_layout = layout_of(model, KV.for_model(model, args.kv_bits))
+    return engine
 
 
 def one_process_generator(model: Any, tokenizer: Any, config: dict[str, Any], streams: int,
@@ -145,6 +214,7 @@ def admitted(gen: Generator, admission: Any, prefix: Any) -> Generator:
         admission.check(admission.need(len(prompt), 0, sampling.max_tokens), 0,
                         prefix.drop_oldest)
         yield from gen(model, tokenizer, prompt, sampling, *args, **kwargs)
+    run.prefix = prefix  # type: ignore[attr-defined]  # (TextEngine.adopt_kv keeps KV there)
     return run
 
 

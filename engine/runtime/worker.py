@@ -23,12 +23,14 @@ from typing import Any, BinaryIO
 
 from engine.errors import BadRequest, ShoalError
 from engine.protocol import (
+    AdoptKV,
     Cancel,
     Embed,
     Error,
     Fatal,
     Generate,
     Message,
+    PrefillKV,
     Ready,
     Rerank,
     Shutdown,
@@ -83,7 +85,7 @@ def read_commands(commands: queue.Queue[Message | None],
             if ev is not None:
                 ev.set()
             continue
-        if isinstance(cmd, (Generate, Embed, Rerank)):
+        if isinstance(cmd, (Generate, Embed, Rerank, PrefillKV, AdoptKV)):
             cancels[cmd.id] = threading.Event()
         commands.put(cmd)
     commands.put(None)  # the node closed our stdin: it is gone or wants us gone
@@ -99,7 +101,7 @@ def serve(engine: Engine, emit: Emitter) -> None:
     while (cmd := commands.get()) is not None:
         if isinstance(cmd, Shutdown):
             break
-        if not isinstance(cmd, (Generate, Embed, Rerank)):
+        if not isinstance(cmd, (Generate, Embed, Rerank, PrefillKV, AdoptKV)):
             continue
         if engine.streams > 1:
             threading.Thread(target=_serve_one, name=f"request-{cmd.id[:8]}", daemon=True,
@@ -109,7 +111,7 @@ def serve(engine: Engine, emit: Emitter) -> None:
     reader.join(timeout=2.0)  # the node closes our stdin after Shutdown: its EOF ends it
 
 
-def _serve_one(engine: Engine, cmd: Generate | Embed | Rerank,
+def _serve_one(engine: Engine, cmd: Generate | Embed | Rerank | PrefillKV | AdoptKV,
                cancels: dict[str, threading.Event], emit: Emitter) -> None:
     rid = cmd.id
     cancel = cancels.get(rid) or threading.Event()
@@ -121,8 +123,12 @@ def _serve_one(engine: Engine, cmd: Generate | Embed | Rerank,
             engine.generate(rid, cmd.request, cancel, emit)
         elif isinstance(cmd, Embed):
             engine.embed(cmd, cancel, emit)
-        else:
+        elif isinstance(cmd, Rerank):
             engine.rerank(cmd, cancel, emit)
+        elif isinstance(cmd, PrefillKV):
+            engine.prefill_kv(cmd, cancel, emit)
+        else:
+            engine.adopt_kv(cmd, cancel, emit)
     except ShoalError as e:
         emit(Error(rid, e.code, e.message, e.param, e.status))
     except (TypeError, ValueError, KeyError) as e:  # a request the checks let through
