@@ -297,3 +297,30 @@ def _sharpen(weights: dict[str, Any], ends: list[int]) -> None:
                 p in k for p in ("proj", "lm_head", "experts", "mlp")):
             weights[k] = w * 3
     _zero_rows(weights, "language_model.lm_head.weight", ends)
+
+
+def make_tiny_qwen35(folder: Path, seed: int = 0) -> Path:
+    """Qwen3.5 (the 35B-A3B MoE published): Qwen3-VL's tower without deepstack beside a
+    hybrid language model (three Gated DeltaNet layers to one attention layer, M-RoPE on
+    a quarter of the head)."""
+    vocab = _qwen_files(folder, "Qwen3VLProcessor", "Qwen3VLImageProcessor")
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        **json.loads((folder / "preprocessor_config.json").read_text()),
+        "patch_size": 16, "min_pixels": 64 * 64, "max_pixels": 128 * 128,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+    c = published("Qwen__Qwen3.5-35B-A3B")
+    _qwen_ids(c, vocab)
+    c.pop("bos_token_id", None)
+    t = c["text_config"]
+    t.update(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+             num_hidden_layers=4, layer_types=t["layer_types"][:4], linear_key_head_dim=16,
+             linear_num_key_heads=2, linear_num_value_heads=4, linear_value_head_dim=16,
+             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             shared_expert_intermediate_size=32, vocab_size=len(vocab),
+             eos_token_id=vocab["<|im_end|>"], max_position_embeddings=4096)
+    t["rope_parameters"] = {**t["rope_parameters"], "mrope_section": [3, 3, 2]}
+    c["vision_config"].update(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                              out_hidden_size=64, num_position_embeddings=64)
+    ends = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    _write_weights(folder, c, seed, lambda w: _sharpen(w, ends))
+    return folder

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL and Qwen3-VL images on one node: mlx-lm's language model, with the 3-D
+"""Qwen2.5-VL, Qwen3-VL and Qwen3.5 images on one node: mlx-lm's language model, with the 3-D
 positions mlx-vlm gives an image request's tokens (engine/runtime/vision/positions.py),
 answers token for token as in-process mlx-vlm does greedily on the same weights: one
 request alone, several images, an image in a later turn, chunked, and batched beside a
@@ -13,10 +13,17 @@ from typing import Any
 import pytest
 
 from engine.protocol import GenerateRequest, SamplingRequest
-from tiny_vision import image_input, make_tiny_qwen3vl, make_tiny_qwen25vl, png
+from tiny_vision import (
+    image_input,
+    make_tiny_qwen3vl,
+    make_tiny_qwen25vl,
+    make_tiny_qwen35,
+    png,
+)
 
 ASK = "What is in this picture?"
-BUILDERS = {"qwen2.5-vl": make_tiny_qwen25vl, "qwen3-vl": make_tiny_qwen3vl}
+BUILDERS = {"qwen2.5-vl": make_tiny_qwen25vl, "qwen3-vl": make_tiny_qwen3vl,
+            "qwen3.5": make_tiny_qwen35}
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDERS))
@@ -106,16 +113,20 @@ def test_greedy_matches_mlx_vlm(family: Any, images: list[list[bytes]],
 
 
 def test_the_positions_are_what_make_it_match(family: Any) -> None:
-    """Without the 3-D positions (mlx-lm's rope at the cache offset) the answer differs:
-    the comparison above can fail."""
+    """Without the 3-D positions (mlx-lm's rope at the cache offset) the answer's
+    log-probabilities differ: the comparison above can fail."""
+    from engine.runtime.generate import generate
+
+    _, model, tokenizer, vision = family
     req = request([png(40, 30, 1), png(64, 48, 2)])
-    right = alone(family, req)
-    vision = family[3]
-    vision.placed = lambda ids, inputs: None  # the instance's, for this test only
-    try:
-        assert alone(family, req) != right
-    finally:
-        del vision.placed
+    ids, _, images, sampling = prepared(family, req)
+    sampling = sampling.__class__(**{**sampling.__dict__, "logprobs": 0})
+
+    def logprobs() -> list[float]:
+        return [r.logprob for r in generate(model, tokenizer, ids, sampling, images=images)]
+    right = logprobs()
+    images.placed = None
+    assert logprobs() != right
 
 
 def test_deepstack_reaches_the_language_model(tmp_path: Path) -> None:
