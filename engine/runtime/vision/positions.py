@@ -172,26 +172,27 @@ def joining(model: Any, cache: list[Any], images: Any) -> list[Any]:
 def _shifted(c: Any, delta: int) -> Any:
     from mlx_lm.models.cache import KVCache
 
-    if type(c) is not KVCache:
+    from engine.runtime.quant_kv import QuantKV
+
+    if type(c) not in (KVCache, QuantKV):  # recurrent state has no positions
         return c
-    s = _shifted_class()()
-    s.keys, s.values, s.offset = c.keys, c.values, c.offset
+    s = _shifted_class(type(c))()
+    s.__dict__.update(c.__dict__)
     s.delta = delta
     return s
 
 
 @functools.cache
-def _shifted_class() -> Any:
+def _shifted_class(base: type) -> Any:
     import mlx.core as mx
-    from mlx_lm.models.cache import BatchKVCache, KVCache
 
-    class Shifted(KVCache):  # type: ignore[misc]
-        """A request's KVCache whose rows, merged into a batch, rotate at offset + delta."""
+    class Shifted(base):  # type: ignore[misc, valid-type]
+        """A request's cache whose row, merged into a batch (BatchKVCache, BatchQuantKV:
+        their offset is used only for RoPE), rotates at offset + delta."""
         delta = 0
 
-        @classmethod
-        def merge(cls, caches: list[Any]) -> Any:
-            out = BatchKVCache.merge(caches)
+        def merge(self, caches: list[Any]) -> Any:
+            out = super().merge(caches)
             out.offset = out.offset + mx.array([getattr(x, "delta", 0) for x in caches])
             return out
     return Shifted

@@ -245,3 +245,22 @@ def test_rows_join_the_batch_at_offset_plus_delta() -> None:
         merged = order[0][0].merge([c[0] for c in order])
         assert merged.offset.tolist() == want
     assert joining(Model(), cache(3), Images())[0].offset == 3  # other families: as is
+
+
+def test_a_quantized_kv_batch_places_images_too(family: Any) -> None:
+    """With 8-bit KV (--kv-bits 8) an image request batched answers as it does alone with
+    that cache."""
+    from engine.runtime.batching import Batcher
+    from engine.runtime.generate import generate
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.quant_kv import KV
+
+    folder, model, tokenizer, _ = family
+    if folder.name == "qwen2.5-vl":
+        pytest.skip("its tiny heads (16 wide) are too narrow for quantized KV")
+    ids, _, images, sampling = prepared(family, request([png(40, 30, 1), png(64, 48, 2)]))
+    want = [r.token for r in generate(model, tokenizer, ids, sampling,
+                                      kv=KV.for_model(model, 8), images=images)]
+    batcher = Batcher(model, tokenizer, PrefixCache(0), 4, kv_bits=8)
+    assert [r.token for r in batcher(model, tokenizer, ids, sampling, threading.Event(),
+                                     images=images)] == want
