@@ -264,3 +264,41 @@ def test_a_quantized_kv_batch_places_images_too(family: Any) -> None:
     batcher = Batcher(model, tokenizer, PrefixCache(0), 4, kv_bits=8)
     assert [r.token for r in batcher(model, tokenizer, ids, sampling, threading.Event(),
                                      images=images)] == want
+
+
+def test_the_bundle_keeps_what_the_qwen_families_load(tmp_path: Path) -> None:
+    """Every mlx-vlm and transformers model module loading these families imports (in a
+    fresh process) is one the bundle's trim keeps."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import mlx_vlm
+    import transformers
+
+    root = Path(__file__).resolve().parents[3]
+    sys.path.insert(0, str(root / "packaging"))
+    try:
+        from shoalpack.trim import transformers_excludes, vlm_keep
+    finally:
+        sys.path.remove(str(root / "packaging"))
+    from engine.modelconfig import VISION_FAMILIES
+
+    folders = [str(make(tmp_path / name)) for name, make in BUILDERS.items()]
+    script = (
+        "import json, sys\nfrom pathlib import Path\n"
+        "from engine.runtime.load import load_model\n"
+        "from engine.runtime.vision.tower import Vision\n"
+        "for f in sys.argv[1:]:\n    m, _, _ = load_model(Path(f)); Vision(Path(f), m)\n"
+        "print(json.dumps(sorted(n for n in sys.modules if n.startswith("
+        "('mlx_vlm.models.', 'transformers.models.')))))\n")
+    out = subprocess.run([sys.executable, "-c", script, *folders], capture_output=True,
+                         text=True, timeout=300, cwd=root,
+                         env={**os.environ, "PYTHONPATH": f"{root}:{root / 'tests'}"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    keep = vlm_keep(VISION_FAMILIES, Path(mlx_vlm.__file__).parent / "models")
+    dropped = set(transformers_excludes(Path(transformers.__file__).parent, VISION_FAMILIES))
+    assert [n for n in loaded if n.startswith("mlx_vlm.") and not keep(n)] == []
+    assert [n for n in loaded if n in dropped] == []
