@@ -302,3 +302,63 @@ def test_the_bundle_keeps_what_the_qwen_families_load(tmp_path: Path) -> None:
     dropped = set(transformers_excludes(Path(transformers.__file__).parent, VISION_FAMILIES))
     assert [n for n in loaded if n.startswith("mlx_vlm.") and not keep(n)] == []
     assert [n for n in loaded if n in dropped] == []
+
+
+def test_a_group_refuses_qwen_images_saying_why(tmp_path: Path) -> None:
+    """A Qwen-VL model split over a group takes text only: rank 0 loads no tower, and an
+    image request is a 400 that says images need one node (gemma3 is unaffected)."""
+    from engine.errors import BadRequest
+    from engine.runtime.group.rank import GroupLeader
+    from engine.runtime.vision.group import M_ROPE, group_refusal, load_group_vision
+    from tiny_vision import make_tiny_gemma3
+
+    qwen = make_tiny_qwen25vl(tmp_path / "q")
+    assert group_refusal(qwen) == M_ROPE and load_group_vision(qwen, None) is None
+    assert group_refusal(make_tiny_gemma3(tmp_path / "g")) is None
+    leader = GroupLeader.__new__(GroupLeader)
+    leader.no_images = M_ROPE
+    with pytest.raises(BadRequest, match="one node only") as e:
+        leader.generate("r", request([png(8, 8)]), threading.Event(), lambda m: None)
+    assert e.value.code == "images_unsupported"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("sys").platform != "linux", reason="ring over loopback")
+def test_a_qwen_pipeline_group_answers_text_and_refuses_images(tmp_path: Path) -> None:
+    """Two ranks on 127.0.0.1, batching: Ready doesn't list vision, an image request gets
+    the 400, a text request beside it answers as one process does."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from dist_harness import Group, collect_all
+
+    from engine.runtime.generate import generate
+    from engine.runtime.load import load_model
+    from engine.runtime.request import prepare
+
+    folder = make_tiny_qwen25vl(tmp_path / "model")
+    model, tokenizer, _ = load_model(folder)
+    txt = text_request(10)
+    ids, _, _, _, _ = prepare(tokenizer, txt, 4096, None)
+    sampling = prepared((folder, model, tokenizer, None), txt)[3]
+    want = [r.token for r in generate(model, tokenizer, ids, sampling)]
+    img = {"messages": turns([png(40, 30, 1)]), "images": [image_input(png(40, 30, 1))],
+           "sampling": {"max_tokens": 10, "temperature": 0.0}}
+    group = Group(tmp_path / "g", folder, 2, "pipeline", [[0, 2], [2, 4]], streams=4)
+    try:
+        ready = group.ready()
+        assert "vision" not in ready[0]["capabilities"]
+        leader = group.leader
+        leader.send({"op": "generate", "id": "img", "request": img})
+        leader.send({"op": "generate", "id": "txt", "request": {
+            "messages": txt.messages, "sampling": {"max_tokens": 10, "temperature": 0.0,
+                                                   "logprobs": 0}}})
+        got = collect_all(leader, ["img", "txt"])
+        assert group.shutdown() == [0, 0]
+    finally:
+        group.kill()
+    refused = got["img"][-1]
+    assert refused["ev"] == "error" and refused["status"] == 400, refused
+    assert "one node only" in refused["message"]
+    assert [lp["id"] for e in got["txt"] if e["ev"] == "delta"
+            for lp in e.get("logprobs") or []] == want
