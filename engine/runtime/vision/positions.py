@@ -93,7 +93,7 @@ class Rotary:
 def install(lm: Any, vlm: Any) -> Placing | None:
     """Adapt mlx-lm's language model `lm` to M-RoPE where mlx-vlm's model `vlm` (before its
     language model is dropped) places tokens in 3-D; None for other families."""
-    lang = getattr(vlm, "language_model", None)
+    lang: Any = getattr(vlm, "language_model", None)
     if not hasattr(lang, "get_rope_index"):
         return None
     mrope = next((getattr(getattr(layer, "self_attn", None), "rotary_emb", None)
@@ -103,7 +103,7 @@ def install(lm: Any, vlm: Any) -> Placing | None:
         return None
     placing = getattr(lm, MARK, None) or Placing()
     for layer in lm.layers:
-        attn = getattr(layer, "self_attn", None)
+        attn: Any = getattr(layer, "self_attn", None)
         rope = getattr(attn, "rope", None)
         if rope is not None and not isinstance(rope, Rotary):
             # kept out of the module tree: it holds no weights
@@ -176,14 +176,15 @@ def _shifted(c: Any, delta: int) -> Any:
 
     if type(c) not in (KVCache, QuantKV):  # recurrent state has no positions
         return c
-    s = _shifted_class(type(c))()
+    base: Any = type(c)
+    s = _shifted_class(base)()
     s.__dict__.update(c.__dict__)
     s.delta = delta
     return s
 
 
 @functools.cache
-def _shifted_class(base: type) -> Any:
+def _shifted_class(base: Any) -> Any:
     import mlx.core as mx
 
     class Shifted(base):  # type: ignore[misc, valid-type]
