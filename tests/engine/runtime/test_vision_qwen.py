@@ -362,3 +362,52 @@ def test_a_qwen_pipeline_group_answers_text_and_refuses_images(tmp_path: Path) -
     assert "one node only" in refused["message"]
     assert [lp["id"] for e in got["txt"] if e["ev"] == "delta"
             for lp in e.get("logprobs") or []] == want
+
+
+def test_a_node_serves_qwen_images_through_the_sdk(tmp_path: Path, tiny_model_dir: Path
+                                                   ) -> None:
+    """A real node serving a tiny Qwen3-VL: an image through the OpenAI SDK is answered as
+    in-process mlx-vlm answers it, with a text request to the same model at once."""
+    import base64
+
+    import openai
+
+    from nodes import NodeProcess, home_with
+
+    home = home_with(tmp_path / "home", tiny_model_dir)
+    folder = make_tiny_qwen3vl(home / "models" / "tiny-qwen3-vl")
+    image = png(40, 30, 5)
+    req = request([image], max_tokens=8)
+    req = GenerateRequest(**{**req.__dict__, "messages": [{
+        "role": "user", "content": ASK, "parts": [{"type": "text", "text": ASK},
+                                                  {"type": "image", "image": 0}]}]})
+    from engine.runtime.load import load_model
+    from engine.runtime.vision.tower import Vision
+
+    model, tokenizer, _ = load_model(folder)
+    fam = (folder, model, tokenizer, Vision(folder, model))
+    want = tokenizer.decode(mlx_vlm(fam, req, tmp_path))
+    node = NodeProcess(home, "tiny-qwen3-vl").wait_healthy()
+    try:
+        node.wait_ready()
+        oa = openai.OpenAI(base_url=node.url + "/v1", api_key="k", max_retries=0,
+                           timeout=120)
+        data = base64.b64encode(image).decode()
+        got: dict[str, Any] = {}
+
+        def ask_text() -> None:
+            got["text"] = oa.chat.completions.create(
+                model="tiny-qwen3-vl", max_tokens=30, temperature=0,
+                messages=[{"role": "user", "content": "Say something long."}])
+        t = threading.Thread(target=ask_text)
+        t.start()
+        reply = oa.chat.completions.create(model="tiny-qwen3-vl", max_tokens=8, temperature=0,
+                                           messages=[{"role": "user", "content": [
+                                               {"type": "text", "text": ASK},
+                                               {"type": "image_url", "image_url": {
+                                                   "url": f"data:image/png;base64,{data}"}}]}])
+        t.join(120)
+    finally:
+        node.stop()
+    assert reply.choices[0].message.content == want
+    assert got["text"].choices[0].finish_reason == "length"
