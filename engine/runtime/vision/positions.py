@@ -13,7 +13,8 @@ mlx-lm's text model code (qwen2.py, qwen3*.py) rotates by the cache offset alone
   left_padding), so it decodes with the rest at offset + delta. A plain KVCache's offset
   is also its write index: it is never shifted;
 - Qwen3-VL's deepstack features are added to the first layers' outputs at the image
-  tokens, as mlx-vlm's language model does."""
+  tokens, as mlx-vlm's language model does (only those rows: a long prompt holds no
+  prompt-sized copy per layer)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ class Placed:
     rows: Any  # numpy int array (3, N)
     delta: int
     plain_from: int
-    deepstack: list[Any] | None = field(default=None)  # per layer (N, hidden), MLX
+    # (the image tokens' indexes, numpy; per layer their features (n, hidden), MLX)
+    deepstack: tuple[Any, list[Any]] | None = field(default=None)
 
     @classmethod
     def of(cls, rows: Any, delta: int) -> Placed:
@@ -124,23 +126,31 @@ def _stack(layer: Any, k: int, placing: Placing) -> None:
         return
 
     def call(self: Any, x: Any, mask: Any = None, cache: Any = None) -> Any:
+        import mlx.core as mx
+        import numpy as np
+
         h = base.__call__(self, x, mask, cache)
         p = placing.current
-        if p is None or p.deepstack is None or k >= len(p.deepstack):
+        if p is None or p.deepstack is None or k >= len(p.deepstack[1]):
             return h
         n = x.shape[1]
         start = cache.offset - n if cache is not None else 0
-        if not isinstance(start, int) or start >= p.plain_from:
+        if not isinstance(start, int):
             return h
-        return h + p.deepstack[k][None, start:start + n].astype(h.dtype)
+        at, features = p.deepstack
+        lo, hi = np.searchsorted(at, start), np.searchsorted(at, start + n)
+        if lo == hi:  # no image token in this chunk
+            return h
+        rows = mx.array((at[lo:hi] - start).astype(np.uint32))
+        return h[0].at[rows].add(features[k][lo:hi].astype(h.dtype))[None]
 
     layer.__class__ = type(f"Deepstack{base.__name__}", (base,),
                            {"__call__": call, "_deepstack": True})
 
 
-def deepstack_rows(features: Any, ids: list[int]) -> list[Any] | None:
-    """mlx-vlm's deepstack features (per layer, one row per image token) spread over the
-    prompt: zeros at the other tokens, so adding them leaves those exactly as they are."""
+def deepstack_rows(features: Any) -> tuple[Any, list[Any]] | None:
+    """mlx-vlm's deepstack features (per layer, a row per image token) with the image
+    tokens' indexes in the prompt; None where the family has none."""
     import mlx.core as mx
     import numpy as np
 
@@ -148,14 +158,9 @@ def deepstack_rows(features: Any, ids: list[int]) -> list[Any] | None:
     masks = getattr(features, "visual_pos_masks", None)
     if not deep or masks is None:
         return None
-    at = mx.array(np.nonzero(np.array(masks[0]))[0].astype(np.uint32))
-    out = []
-    for e in deep:
-        dense = mx.zeros((len(ids), e.shape[-1]), dtype=e.dtype)
-        dense[at] = e
-        out.append(dense)
-    mx.eval(out)
-    return out
+    deep = list(deep)
+    mx.eval(deep)
+    return np.nonzero(np.array(masks[0]))[0], deep
 
 
 def joining(model: Any, cache: list[Any], images: Any) -> list[Any]:

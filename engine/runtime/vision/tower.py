@@ -112,7 +112,7 @@ class Vision:
         rest = dict(inputs)
         pixels, mask = rest.pop("pixel_values", None), rest.pop("attention_mask", None)
         out = self.model.get_input_embeddings(mx.array([ids]), pixels, mask=mask, **rest)
-        return out.inputs_embeds[0], deepstack_rows(out, ids)
+        return out.inputs_embeds[0], deepstack_rows(out)
 
     def embeddings(self, ids: list[int], inputs: dict[str, Any]) -> Any:
         """Input embeddings of the whole prompt: image features at the image tokens."""
