@@ -19,6 +19,7 @@ mlx-lm's text model code (qwen2.py, qwen3*.py) rotates by the cache offset alone
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,11 +62,20 @@ class Placed:
 
 
 class Placing:
-    """The request whose prompt the model is running now (None: mlx-lm's rope as is).
-    Set only around model calls on the thread that makes them."""
+    """The request whose prompt the model is running now (None: mlx-lm's rope as is), per
+    thread: set around the model calls on the thread that makes them, so a request left
+    unfinished on one thread can't misplace another's."""
 
     def __init__(self) -> None:
-        self.current: Placed | None = None
+        self._local = threading.local()
+
+    @property
+    def current(self) -> Placed | None:
+        return getattr(self._local, "placed", None)
+
+    @current.setter
+    def current(self, placed: Placed | None) -> None:
+        self._local.placed = placed
 
     @contextmanager
     def running(self, placed: Placed | None) -> Iterator[None]:

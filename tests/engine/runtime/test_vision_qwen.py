@@ -411,3 +411,24 @@ def test_a_node_serves_qwen_images_through_the_sdk(tmp_path: Path, tiny_model_di
         node.stop()
     assert reply.choices[0].message.content == want
     assert got["text"].choices[0].finish_reason == "length"
+
+
+def test_an_unfinished_image_stream_leaves_other_threads_alone(family: Any) -> None:
+    """An image request's stream paused mid-answer (its client is slow) holds its
+    positions on its own thread only: a text request on another thread answers as
+    always."""
+    from engine.runtime.generate import generate
+
+    _, model, tokenizer, _ = family
+    ids, _, _, sampling = prepared(family, text_request(12))
+    want = [r.token for r in generate(model, tokenizer, ids, sampling)]
+    img_ids, _, images, img_sampling = prepared(family, request([png(40, 30, 1)]))
+    paused = generate(model, tokenizer, img_ids, img_sampling, images=images)
+    next(paused)  # mid-answer, its positions set
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.extend(
+        r.token for r in generate(model, tokenizer, ids, sampling)))
+    t.start()
+    t.join(60)
+    paused.close()
+    assert got == want
