@@ -43,11 +43,8 @@ class Placed:
         import numpy as np
 
         n = rows.shape[1]
-        plain = (rows == np.arange(n)[None, :] + delta).all(axis=0)
-        tail = n
-        while tail > 0 and plain[tail - 1]:
-            tail -= 1
-        return cls(rows, delta, tail)
+        placed = np.nonzero(~(rows == np.arange(n)[None, :] + delta).all(axis=0))[0]
+        return cls(rows, delta, int(placed[-1]) + 1 if placed.size else 0)
 
     def chunk(self, start: int, n: int) -> Any:
         """Positions (3, 1, n) of prompt tokens start.. (past the prompt: index + delta)."""

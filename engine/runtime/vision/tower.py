@@ -100,8 +100,12 @@ class Vision:
 
         if self.placing is None:
             return None
-        rows, delta = self.model.language_model.get_rope_index(
-            mx.array([ids]), inputs.get("image_grid_thw"), None, None)
+        try:
+            rows, delta = self.model.language_model.get_rope_index(
+                mx.array([ids]), inputs.get("image_grid_thw"), None, None)
+        except (ValueError, TypeError, IndexError) as e:  # grids that don't fit the ids
+            raise BadRequest(f"The images couldn't be placed in the prompt: {str(e)[:160]}",
+                             param="messages") from None
         return Placed.of(np.array(rows[:, 0, :]).astype(np.int64), int(np.array(delta).ravel()[0]))
 
     def features(self, ids: list[int], inputs: dict[str, Any]) -> tuple[Any, Any]:
