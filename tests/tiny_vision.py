@@ -206,3 +206,121 @@ def make_tiny_mistral3(folder: Path, seed: int = 0) -> Path:
     _write_weights(folder, c, seed, lambda w: _zero_rows(
         w, "language_model.lm_head.weight", [eos]))
     return folder
+
+
+QWEN_CONFIGS = Path(__file__).resolve().parent / "fixtures" / "vision-configs"
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                 "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>"]
+QWEN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+    "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif p['type'] == 'text' %}"
+    "{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN_TEXT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, num_hidden_layers=4, max_position_embeddings=4096)
+
+
+def _qwen_files(folder: Path, processor: str, image_processor: str) -> dict[str, int]:
+    """Tokenizer (Qwen's specials, byte-level), and an image processor that makes a small
+    picture 4 to 16 merged patches (min 56 x 56, max 112 x 112 pixels)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(folder, QWEN_SPECIALS, QWEN_TEMPLATE, {
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None})
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": image_processor, "processor_class": processor,
+        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711], "merge_size": 2,
+        "min_pixels": 56 * 56, "max_pixels": 112 * 112, "patch_size": PATCH,
+        "resample": 3, "rescale_factor": 1 / 255, "temporal_patch_size": 2}))
+    return vocab
+
+
+def _qwen_ids(c: dict[str, Any], vocab: dict[str, int]) -> None:
+    c.update(image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
+             vision_start_token_id=vocab["<|vision_start|>"],
+             vision_end_token_id=vocab["<|vision_end|>"],
+             vision_token_id=vocab["<|vision_pad|>"], bos_token_id=vocab["<|endoftext|>"],
+             eos_token_id=vocab["<|im_end|>"], vocab_size=len(vocab))
+
+
+def make_tiny_qwen25vl(folder: Path, seed: int = 0) -> Path:
+    """Qwen2.5-VL: the windowed ViT with full attention in its last block of each window
+    group, the 2 x 2 patch merger, M-RoPE (chunked sections) in the language model."""
+    vocab = _qwen_files(folder, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor")
+    c = copy.deepcopy(json.loads((QWEN_CONFIGS / "Qwen__Qwen2.5-VL-7B-Instruct.json")
+                                 .read_text()))
+    text = dict(QWEN_TEXT, rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default",
+                                         "type": "default"})
+    for t in (c, c["text_config"]):  # mlx-vlm reads the top level, mlx-lm text_config
+        t.update(**text)
+        _qwen_ids(t, vocab)
+    c["text_config"]["layer_types"] = ["full_attention"] * text["num_hidden_layers"]
+    c["vision_config"].update(depth=4, hidden_size=32, intermediate_size=64, num_heads=2,
+                              out_hidden_size=text["hidden_size"],
+                              fullatt_block_indexes=[1, 3])
+    ends = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    _write_weights(folder, c, seed, lambda w: _sharpen(w, ends))
+    return folder
+
+
+def make_tiny_qwen3vl(folder: Path, seed: int = 0) -> Path:
+    """Qwen3-VL (the MoE one published): the ViT with learned position embeddings and
+    deepstack (features of three vision blocks added to the first language layers'
+    hidden states), M-RoPE with interleaved sections."""
+    vocab = _qwen_files(folder, "Qwen3VLProcessor", "Qwen3VLImageProcessor")
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        **json.loads((folder / "preprocessor_config.json").read_text()),
+        "patch_size": 16, "min_pixels": 64 * 64, "max_pixels": 128 * 128,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+    c = copy.deepcopy(json.loads((QWEN_CONFIGS / "Qwen__Qwen3-VL-235B-A22B-Thinking.json")
+                                 .read_text()))
+    _qwen_ids(c, vocab)
+    c["text_config"].update(**QWEN_TEXT, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=32, vocab_size=len(vocab),
+                            rope_scaling={"mrope_interleaved": True,
+                                          "mrope_section": [6, 5, 5], "rope_type": "default"})
+    c["vision_config"].update(depth=3, hidden_size=32, intermediate_size=64, num_heads=2,
+                              patch_size=16, out_hidden_size=64, num_position_embeddings=64,
+                              deepstack_visual_indexes=[0, 1, 2])
+    ends = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    _write_weights(folder, c, seed, lambda w: _sharpen(w, ends))
+    return folder
+
+
+def _sharpen(weights: dict[str, Any], ends: list[int]) -> None:
+    """The language model's projections x3: at mlx's default init a model this small
+    answers one token over and over, which positions could never change."""
+    for k, w in weights.items():
+        if k.startswith("language_model.") and any(
+                p in k for p in ("proj", "lm_head", "experts", "mlp")):
+            weights[k] = w * 3
+    _zero_rows(weights, "language_model.lm_head.weight", ends)
+
+
+def make_tiny_qwen35(folder: Path, seed: int = 0) -> Path:
+    """Qwen3.5 (the 35B-A3B MoE published): Qwen3-VL's tower without deepstack beside a
+    hybrid language model (three Gated DeltaNet layers to one attention layer, M-RoPE on
+    a quarter of the head)."""
+    vocab = _qwen_files(folder, "Qwen3VLProcessor", "Qwen3VLImageProcessor")
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        **json.loads((folder / "preprocessor_config.json").read_text()),
+        "patch_size": 16, "min_pixels": 64 * 64, "max_pixels": 128 * 128,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+    c = published("Qwen__Qwen3.5-35B-A3B")
+    _qwen_ids(c, vocab)
+    c.pop("bos_token_id", None)
+    t = c["text_config"]
+    t.update(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+             num_hidden_layers=4, layer_types=t["layer_types"][:4], linear_key_head_dim=16,
+             linear_num_key_heads=2, linear_num_value_heads=4, linear_value_head_dim=16,
+             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             shared_expert_intermediate_size=32, vocab_size=len(vocab),
+             eos_token_id=vocab["<|im_end|>"], max_position_embeddings=4096)
+    t["rope_parameters"] = {**t["rope_parameters"], "mrope_section": [3, 3, 2]}
+    c["vision_config"].update(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                              out_hidden_size=64, num_position_embeddings=64)
+    ends = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    _write_weights(folder, c, seed, lambda w: _sharpen(w, ends))
+    return folder

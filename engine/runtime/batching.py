@@ -25,6 +25,7 @@ from engine.runtime.generate import ProgressFn, Record, decode_tps
 from engine.runtime.sampling import Sampling
 from engine.runtime.stops import Shown
 from engine.runtime.vision.batched import Filling
+from engine.runtime.vision.positions import joining
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +350,7 @@ class Batcher(Streams):
 
         from engine.runtime.batch_drafts import Row
 
+        cache = joining(self.model, cache, job.images)  # Qwen-VL: rotates at offset + delta
         (uid,) = self._gen.insert([job.prompt[start:]],
                                   max_tokens=[job.sampling.max_tokens], caches=[cache],
                                   all_tokens=[job.prompt[:start]],

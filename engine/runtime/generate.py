@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +104,8 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], sampling: Sampling,
 
     n, first, prompt_tps = 0, 0.0, 0.0
     try:
-        with wired_limit(model, [generation_stream]):  # type: ignore[list-item]
+        placing = images.running() if images is not None else nullcontext()  # Qwen-VL
+        with wired_limit(model, [generation_stream]), placing:  # type: ignore[list-item]
             tic = time.perf_counter()
             for n, (y, logprobs) in enumerate(generate_step(
                     mx.array(prompt[cached:]), model, max_tokens=sampling.max_tokens,

@@ -40,6 +40,9 @@ def lazy_model(folder: Path, files: list[str] | None = None,
 
     def classes(config: dict[str, Any]) -> tuple[Any, Any]:
         cls, args = _get_classes(config)
+        text = config.get("text_config")  # Qwen-VL configs say the head is untied once, at
+        if isinstance(text, dict) and "tie_word_embeddings" in config:  # the top level
+            text.setdefault("tie_word_embeddings", config["tie_word_embeddings"])
 
         def build(a: Any) -> Any:  # the model, telling which tensors the checkpoint gave
             try:

@@ -21,8 +21,12 @@ TOP_LEVEL = ("pipelines", "trainer", "trainer_callback", "trainer_pt_utils", "tr
 
 
 # transformers' processors of the vision families (engine/modelconfig.VISION_FAMILIES):
-# Gemma 3's uses SigLIP's image processor, Mistral 3's is Pixtral's.
-VISION_PROCESSORS = {"gemma3": ("gemma3", "siglip"), "mistral3": ("mistral3", "pixtral")}
+# Gemma 3's uses SigLIP's image processor, Mistral 3's is Pixtral's; the Qwen families use
+# mlx-vlm's Qwen3-VL processor, and Qwen3-VL MoE and Qwen3.5 MoE build on their dense kin.
+VISION_PROCESSORS = {"gemma3": ("gemma3", "siglip"), "mistral3": ("mistral3", "pixtral"),
+                     "qwen2_5_vl": ("qwen2_5_vl", "qwen3_vl"), "qwen3_vl": ("qwen3_vl",),
+                     "qwen3_vl_moe": ("qwen3_vl_moe", "qwen3_vl"),
+                     "qwen3_5_moe": ("qwen3_5_moe", "qwen3_5", "qwen3_vl")}
 VISION_KEEP = ("image_processing_", "processing_")
 # mlx-vlm's parts Shoal never runs and nothing it loads imports: its server, UIs, evals.
 VLM_LEFT_OUT = ("server", "chat_ui", "chat", "evals", "__main__")

@@ -188,9 +188,10 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     leader = GroupLeader(model, tokenizer, ctx, gen, streams, on_request, rank, bell)
     if vision is not None:
         return VisionGroupLeader(leader, vision)
-    if streams == 1 and _takes_images(Path(model_path)):
-        from engine.runtime.vision.group import LOCKSTEP
-        leader.no_images = LOCKSTEP
+    if _takes_images(Path(model_path)):
+        from engine.runtime.vision.group import LOCKSTEP, group_refusal
+        leader.no_images = group_refusal(Path(model_path)) or (
+            LOCKSTEP if streams == 1 else None)
     return leader
 
 

@@ -49,11 +49,13 @@ class Filling:
             n = min(self.chunker.size(alone=alone), end - f.done)
             tic = time.perf_counter()
             ids = mx.array([job.prompt[f.done:f.done + n]])
-            if f.embedded is not None:
-                at = f.done - job.cached
-                self.model(ids, cache=f.cache, input_embeddings=f.embedded[None, at:at + n])
-            else:
-                self.model(ids, cache=f.cache)
+            with job.images.running():  # Qwen-VL: its 3-D positions (positions.py)
+                if f.embedded is not None:
+                    at = f.done - job.cached
+                    self.model(ids, cache=f.cache,
+                               input_embeddings=f.embedded[None, at:at + n])
+                else:
+                    self.model(ids, cache=f.cache)
             mx.eval([c.state for c in f.cache])
             self.chunker.took(n, time.perf_counter() - tic)
             f.done += n

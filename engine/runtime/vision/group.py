@@ -6,7 +6,9 @@ ranks get hidden states as for text), or, tensor parallel, to every rank through
 all_sum of rank 0's array with zeros elsewhere. The other ranks see the prompt as the
 prefix cache keys it (each image's tokens as ids from its sha256), never the image.
 
-One request at a time (lockstep, --max-streams 1) has no such path: images get a 400."""
+One request at a time (lockstep, --max-streams 1) has no such path: images get a 400.
+Nor, yet, do the families whose language model places image tokens in 3-D (Qwen-VL,
+Qwen3.5: their positions would have to reach every rank's attention): a 400 saying so."""
 
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ LOCKSTEP = ("Images need this model on one node or in a group that batches reque
             "here it is split over a group that serves one request at a time (its "
             "worker runs with --max-streams 1), which takes text only. Send the request "
             "without images, or serve the model with several streams.")
+
+
+M_ROPE = ("Images on this model (its family places an image's tokens in 3-D, as Qwen-VL "
+          "and Qwen3.5 do) are served on one node only: here it is split over a group, "
+          "which takes text only. Send the request without images, or serve the model on "
+          "one node that holds it.")
 
 
 def has_images(request: GenerateRequest) -> bool:
@@ -44,12 +52,28 @@ def load_group_vision(folder: Path, lm: Any) -> Any:
     where mlx-vlm can't load them (the log says why; images then get a 400)."""
     from engine.runtime.vision.tower import Vision
 
+    if group_refusal(folder):
+        log.warning("the group serves %s as text only: %s", folder, M_ROPE)
+        return None
     try:
         return Vision(folder, lm)
     except (ShoalError, ImportError, NotImplementedError) as e:
         log.warning("the group serves %s as text only: %s", folder,
                     getattr(e, "message", e))
         return None
+
+
+def group_refusal(folder: Path) -> str | None:
+    """Why a group can't take this vision checkpoint's images whatever its streams
+    (M_ROPE), or None."""
+    from engine.hub.checkpoint import read_config
+    from engine.modelconfig import MROPE_FAMILIES
+
+    try:
+        kind = str(read_config(folder).get("model_type") or "")
+    except (ShoalError, OSError):
+        return None
+    return M_ROPE if kind in MROPE_FAMILIES else None
 
 
 def is_vision_checkpoint(folder: Path) -> bool:

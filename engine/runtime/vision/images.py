@@ -112,6 +112,7 @@ class ImagePrompt:
     vision: Any  # engine.runtime.vision.tower.Vision
     image_tokens: int = 0
     _last_image: int = field(default=-1)
+    placed: Any = None  # positions.Placed: Qwen-VL's 3-D positions and delta, else None
 
     def __post_init__(self) -> None:
         at = [i for i, (a, b) in enumerate(zip(self.ids, self.keys)) if a != b]
@@ -123,4 +124,15 @@ class ImagePrompt:
         that runs the model), or None where no image token is left to run."""
         if start > self._last_image:
             return None
-        return self.vision.embeddings(self.ids, self.inputs)[start:]
+        out, deep = self.vision.features(self.ids, self.inputs)
+        if self.placed is not None:
+            self.placed.deepstack = deep
+        return out[start:]
+
+    def running(self) -> Any:
+        """Around the model calls that run this prompt: the language model places its
+        tokens as the family does (positions.py); nothing for other families."""
+        from contextlib import nullcontext
+
+        placing = getattr(self.vision, "placing", None)
+        return placing.running(self.placed) if placing is not None else nullcontext()

@@ -69,10 +69,14 @@ def mlx_vlm_tokens(folder: Path, text: str, images: list[bytes], max_tokens: int
         paths.append(str(tmp / f"{i}.png"))
     from PIL import Image
     ids = prepare_inputs(processor, images=[Image.open(p) for p in paths], prompts=text,
-                         image_token_index=model.config.image_token_index)["input_ids"]
+                         image_token_index=_image_token(model.config))["input_ids"]
     out = generate(model, processor, text, image=paths, max_tokens=max_tokens,
                    temperature=0.0, verbose=False)
     return list(out.token_ids), [int(t) for t in ids[0].tolist()]
+
+
+def _image_token(config: Any) -> int:
+    return int(getattr(config, "image_token_index", None) or config.image_token_id)
 
 
 def test_greedy_matches_mlx_vlm(gemma3: Path, loaded: Any, tmp_path: Path) -> None:
