@@ -264,7 +264,8 @@ class LaunchPanel(QWidget):
                             [f"Copy {i + 1}" for i in range(copies)])
             for row in self.rows.values():
                 row.show_state("Starting…", None, None)
-            self._set_headline("Launching…", f"Launching {copies} copies of {model}…")
+            self._set_headline("Launching…", f"Launching {copies} copies of {model}, each "
+                               "on machines of its own…")
         else:
             self._make_rows([nid for nid, _ in ranks])
             self._set_headline("Launching…",
@@ -272,7 +273,9 @@ class LaunchPanel(QWidget):
         self.state.poller.interval = LAUNCH_POLL_S
         self.state.refresh()
         self._buttons()
-        more = {"replicas": copies} if copies > 1 else {}  # one: today's request, unchanged
+        more: dict[str, Any] = {}  # one copy: today's request, unchanged
+        if copies > 1:  # the node places each copy on machines of its own
+            nodes, more = [], {"replicas": copies}
         self.tasks.run(self.client.launch, model, strategy, nodes, backend, force=force,
                        kv_bits=self.kv_bits, **more,
                        on_done=self._launched, on_error=self._launch_failed, owner=self)
@@ -342,7 +345,8 @@ class LaunchPanel(QWidget):
                 row.show_state("Stopped", 0, 1)
         who = f" on {self.state.node_name(self.failed_node)}" if self.failed_node else ""
         risk = ""
-        if getattr(error, "code", None) == "insufficient_memory":
+        # too little memory for one copy can be forced; for more copies, fewer is the way
+        if getattr(error, "code", None) == "insufficient_memory" and copies == 1:
             risk = f" {RISK}"
             self.force_button.show()
         what = f"Launching {copies} copies failed" if copies > 1 else "Launch failed"

@@ -87,6 +87,10 @@ class StandIn:
             if self.launch_error is not None:
                 return web.json_response(self.launch_error, status=507)
             n = int(body.get("replicas") or 1)
+            if n > 1 and body.get("nodes"):  # as the real node refuses it
+                return web.json_response({"error": {
+                    "message": "'replicas' places each copy itself: leave 'nodes' out",
+                    "type": "invalid_request_error", "param": "replicas"}}, status=400)
             copies = [InstanceInfo(None, body["model"], "single", ranks=[RankInfo(0, nid)])
                       for nid in list(NAMES)[:n]]
             if n == 1:
@@ -227,7 +231,8 @@ def test_copies_launch_as_replicas_and_say_where_each_runs(qtbot, node, panel):
     panel.copies_spin.setValue(3)
     qtbot.mouseClick(panel.launch_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: panel.state_text in ("Ready", "Failed"), timeout=10000)
-    assert node.launches[-1]["replicas"] == 3 and node.launches[-1]["model"] == MODEL
+    sent = node.launches[-1]
+    assert (sent["replicas"], sent["model"], sent["nodes"]) == (3, MODEL, [])
     assert panel.state_text == "Ready", panel.headline.text()
     assert panel.headline.text().startswith(
         f"Ready: 3 copies of {MODEL} run: one on studio; one on mini; one on laptop.")
@@ -245,16 +250,19 @@ def test_copies_launch_as_replicas_and_say_where_each_runs(qtbot, node, panel):
 
 
 def test_a_refused_copies_launch_says_the_nodes_sentence(qtbot, node, panel):
+    # the real node's words where too few machines hold a copy each (engine/node/replicas.py)
     node.launch_error = {"error": {
-        "message": "Not enough free machines for 4 copies of llama-3-8b: 3 can hold it",
-        "type": "invalid_request_error", "code": "invalid_request"}}
+        "message": f"{MODEL} fits 3 copies on separate machines here, not 4: ask for 3, "
+                   "or add machines.",
+        "type": "server_error", "param": "replicas", "code": "insufficient_memory"}}
     panel.copies_spin.setValue(4)
     qtbot.mouseClick(panel.launch_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: panel.state_text == "Failed", timeout=10000)
     assert node.launches[-1]["replicas"] == 4
     text = panel.headline.text()
-    assert text.startswith("Launching 4 copies failed") and "3 can hold it" in text
-    assert panel.launch_button.isEnabled()  # the user can try fewer
+    assert text.startswith("Launching 4 copies failed") and "ask for 3" in text, text
+    assert not panel.force_button.isVisible()  # forcing wouldn't make room for a copy
+    assert panel.launch_button.isEnabled()  # the user can ask for fewer
 
 
 def shown_whole(w, window) -> bool:
