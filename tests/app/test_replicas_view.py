@@ -310,3 +310,50 @@ def test_the_copies_fit_a_laptop_window_in_light_and_dark(qtbot, node, tmp_path)
     finally:
         shoal.appearance.set_mode("light")  # the next test starts as the default does
         shoal.shutdown()
+
+
+def test_two_real_nodes_run_copies_and_the_view_shows_their_share(qtbot, tmp_path,
+                                                                    tiny_model_dir):
+    """The same against the real node (two `shoal node` processes on loopback with the
+    tiny model): Copies 2 runs one copy on each machine, the view shows both under the
+    model, and a request sent to the app's node shows in their shares."""
+    import httpx
+    from test_launch_anyway import follow, unfollow
+
+    from nodes import start_cluster
+
+    for i, name in enumerate(("mac-a", "mac-b")):
+        home = tmp_path / f"node{i}" / "home"
+        home.mkdir(parents=True)
+        (home / "node.json").write_text(json.dumps({"id": f"{name}-id", "name": name}))
+    a, b = start_cluster(tmp_path, tiny_model_dir, 2)
+    tasks, state, monitor = follow(a)
+    try:
+        qtbot.waitUntil(lambda: len(state.cards()) == 2, timeout=20000)
+        panel = LaunchPanel(a.client, tasks, state)
+        qtbot.addWidget(panel)
+        panel.resize(1000, 400)
+        panel.show()
+        panel.set_placement("tiny-llama", "pipeline", "ring", [("mac-a-id", (0, 4))])
+        panel.copies_spin.setValue(2)
+        qtbot.mouseClick(panel.launch_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: panel.state_text in ("Ready", "Failed"), timeout=120000)
+        text = panel.headline.text()
+        assert panel.state_text == "Ready", text
+        assert text.startswith("Ready: 2 copies of tiny-llama run: one on mac-")
+        assert "one on mac-a" in text and "one on mac-b" in text
+        view = panel.replicas
+        qtbot.waitUntil(lambda: len(view._rows) == 2, timeout=30000)
+        assert texts(view)[0] == ["tiny-llama: 2 copies"]
+        assert [t[0] for t in texts(view)[1:]] == ["mac-a (this machine)", "mac-b"]
+        assert all(t[3] == "no requests yet" for t in texts(view)[1:])
+
+        r = httpx.post(a.url + "/v1/chat/completions", timeout=120, json={
+            "model": "tiny-llama", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        qtbot.waitUntil(lambda: sorted(t[3] for t in texts(view)[1:]) == [
+            "0% of requests", "100% of requests"], timeout=10000)
+    finally:
+        unfollow(a, tasks, state, monitor)
+        b.stop()
