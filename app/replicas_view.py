@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from PySide6.QtCore import QRectF, QSize, Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, QRectF, QSize, Qt, QTimer
 from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
@@ -181,6 +181,14 @@ class ReplicasView(QWidget):
         self.hide()
         self._timer = QTimer(self, interval=int(interval * 1000))
         self._timer.timeout.connect(self.refresh)
+        if parent is not None:  # asked again the moment its panel comes back on screen
+            parent.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's
+        if watched is self.parentWidget() and event.type() == QEvent.Type.Show \
+                and self._timer.isActive():
+            self.refresh()
+        return False
 
     def start(self) -> None:
         self._timer.start()

@@ -265,6 +265,18 @@ def test_a_refused_copies_launch_says_the_nodes_sentence(qtbot, node, panel):
     assert panel.launch_button.isEnabled()  # the user can ask for fewer
 
 
+def test_the_panel_asks_only_while_on_screen_and_at_once_when_back(qtbot, node, panel):
+    qtbot.waitUntil(lambda: len(panel.replicas._rows) == 2, timeout=5000)
+    panel.hide()  # another tab shown: the node isn't asked
+    asked = node.asked
+    qtbot.wait(int(2.5 * 1000))  # more than the view's 2 s
+    assert node.asked == asked
+    node.replicas = ONE_COPY
+    panel.show()  # back: asked at once, not after the next 2 s, so nothing old stays
+    qtbot.waitUntil(lambda: not panel.replicas.isVisible(), timeout=1000)
+    assert node.asked == asked + 1
+
+
 def shown_whole(w, window) -> bool:
     rect = QRect(w.mapTo(window, QPoint(0, 0)), w.size())
     return (w.isVisible() and w.visibleRegion().boundingRect() == w.rect()
@@ -301,10 +313,10 @@ def test_the_copies_fit_a_laptop_window_in_light_and_dark(qtbot, node, tmp_path)
         out = Path(os.environ.get("SHOAL_SHOTS") or tmp_path)
         for mode in ("light", "dark"):
             win.appearance_actions[mode].trigger()
-            qtbot.waitUntil(lambda: all(shown_whole(w, win) for r in view._rows.values()
-                                        for w in r.widgets()), timeout=3000)
-            assert all(shown_whole(r, win) for r in launch.rows.values())
-            assert shown_whole(launch.headline, win)
+            shown = [*(w for r in view._rows.values() for w in r.widgets()),
+                     *launch.rows.values(), launch.headline]
+            qtbot.waitUntil(lambda: all(shown_whole(w, win) for w in shown),  # noqa: B023
+                            timeout=5000)
             assert win.size().width() == 1366 and win.size().height() == 768
             assert win.grab().save(str(out / f"replicas-{mode}.png"))
     finally:
