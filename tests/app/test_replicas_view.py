@@ -3,10 +3,12 @@ of each model together with their load and share of requests, hides while no mod
 as more than one copy, and leaves nothing stale on screen when the node stops answering;
 the launch panel's Copies box asks the node for that many copies and says where each runs.
 
-The node here is a stand-in: a small real aiohttp server in this process that answers the
-node's two routes (GET /shoal/replicas, POST /shoal/instances) with the JSON of
-engine.records' ReplicasInfo and LaunchedReplicas, because this branch's node has no such
-routes yet (the node side is built beside it). It records what the app sent."""
+The node in most tests is a stand-in: a small real aiohttp server in this process that
+answers the node's two routes (GET /shoal/replicas, POST /shoal/instances) with the JSON
+of engine.records' ReplicasInfo and LaunchedReplicas and records what the app sent. It was
+written while the node's routes were built beside this view, and it stays because it
+answers what a real node can't be made to (a 500, garbage, exact loads and shares); the
+last test runs the same against two real nodes."""
 
 from __future__ import annotations
 
@@ -50,13 +52,15 @@ ONE_COPY = {"replicas": [replica("aaaa", share=1.0, routed=3)]}
 class StandIn:
     """GET /shoal/replicas answers `replicas` (a dict: JSON; bytes: sent as they are,
     with `status`); POST /shoal/instances records its body and answers LaunchedReplicas
-    of one copy per machine, or `launch_error` (an OpenAI error body, HTTP 507)."""
+    of one copy per machine, as the node does, or `launch_error` (an OpenAI error body,
+    HTTP 507); POST /shoal/unload is recorded."""
 
     def __init__(self) -> None:
         self.replicas: dict[str, Any] | bytes = TWO_COPIES
         self.status = 200
         self.launch_error: dict[str, Any] | None = None
         self.launches: list[dict[str, Any]] = []
+        self.stops: list[str] = []  # the routes the app stopped copies with
         self.asked = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -98,10 +102,15 @@ class StandIn:
             return web.json_response(LaunchedReplicas(body["model"], copies).to_json(),
                                      status=201)
 
+        async def stop(request: web.Request) -> web.Response:
+            self.stops.append(request.path)
+            return web.json_response({"state": "idle"})
+
         async def start() -> None:
             app = web.Application()
             app.router.add_get("/shoal/replicas", replicas)
             app.router.add_post("/shoal/instances", launch)
+            app.router.add_post("/shoal/unload", stop)
             runner = self._runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -240,6 +249,13 @@ def test_copies_launch_as_replicas_and_say_where_each_runs(qtbot, node, panel):
     # the copies, as the node reports them, show under the panel
     qtbot.waitUntil(lambda: panel.replicas.isVisible() and bool(panel.replicas.groups),
                     timeout=5000)
+    # Stop: the copy here is unloaded; the node can't stop one alone on another machine
+    # (it has no id to stop it by), and the panel says so rather than "Stopped"
+    qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.state_text == "Stopped", timeout=10000)
+    assert node.stops == ["/shoal/unload"]
+    assert panel.headline.text() == ("Stopped, but not the copies on mini and laptop: stop "
+                                     "them in Shoal on those machines.")
 
     panel.copies_spin.setValue(1)  # one copy: the request is today's, without "replicas"
     qtbot.mouseClick(panel.launch_button, Qt.MouseButton.LeftButton)
@@ -366,6 +382,13 @@ def test_two_real_nodes_run_copies_and_the_view_shows_their_share(qtbot, tmp_pat
         assert r.status_code == 200, r.text
         qtbot.waitUntil(lambda: sorted(t[3] for t in texts(view)[1:]) == [
             "0% of requests", "100% of requests"], timeout=10000)
+
+        # Stop unloads the copy here; mac-b's goes on, so one copy is left: no view
+        qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: panel.state_text == "Stopped", timeout=30000)
+        assert "not the copies on mac-b" in panel.headline.text()
+        qtbot.waitUntil(lambda: not view.isVisible(), timeout=20000)
+        assert b.client.status().model == "tiny-llama"
     finally:
         unfollow(a, tasks, state, monitor)
         b.stop()
