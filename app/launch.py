@@ -499,18 +499,21 @@ class LaunchPanel(QWidget):
 
     # --- stopping and logs ----------------------------------------------------------------
     def stop(self) -> None:
-        inst, after = self.instance, "Stopped"
-        if len(self.copies) > 1:
-            model = self.copies[0].get("model")
-            ids, unload, elsewhere = self._copy_stops()
+        """Stop what this panel runs: every copy launched together, or the one model."""
+        targets = self.copies if len(self.copies) > 1 else \
+            [self.instance] if self.instance is not None else []
+        if targets:
+            model = targets[0].get("model")
+            ids, unload, elsewhere = self._stops(targets)
             call: tuple[Any, ...] = (_stop_all, self.client, ids, unload)
-            if elsewhere:
-                after = (f"Stopped, but not the copies on {joined(elsewhere)}: stop them "
-                         "in Shoal on those machines.")
-        elif inst is not None:
-            model, call = inst["model"], (self.client.stop_instance, inst["id"])
+            after = "Stopped"
+            if elsewhere:  # alone on another machine: no id this node could stop it by
+                after = (f"Stopped, but not the copies on {joined(elsewhere)}: stop them in "
+                         "Shoal on those machines." if len(targets) > 1 else
+                         f"It runs alone on {elsewhere[0]}: stop it in Shoal on that "
+                         "machine.")
         elif self._healed():  # no instance of ours: the node unloads what healing placed
-            model, call = self.healing()["model"], (self.client.unload,)
+            model, call, after = self.healing()["model"], (self.client.unload,), "Stopped"
         else:
             return
         self.stop_button.setEnabled(False)
@@ -519,18 +522,18 @@ class LaunchPanel(QWidget):
                        on_error=lambda e: self._set_headline(
                            "Ready", f"Couldn't stop it: {message_of(e)}", error=True), owner=self)
 
-    def _copy_stops(self) -> tuple[list[str], bool, list[str]]:
-        """How to stop the copies: the groups' ids, whether one runs alone here (unloaded),
-        and the machines of copies alone elsewhere, which only they can stop."""
+    def _stops(self, targets: list[dict[str, Any]]) -> tuple[list[str], bool, list[str]]:
+        """How to stop them: the groups' ids, whether one runs alone here (unloaded), and
+        the machines of those alone elsewhere, which only they can stop."""
         me = self.state.self_id
         ids, unload, elsewhere = [], False, []
-        for copy in self.copies:
-            first = ((copy.get("ranks") or [{}])[0]).get("node")
-            if copy.get("id"):
-                ids.append(copy["id"])
-            elif first == me:
+        for inst in targets:
+            first = ((inst.get("ranks") or [{}])[0]).get("node")
+            if inst.get("id"):
+                ids.append(inst["id"])
+            elif first in (me, None):
                 unload = True
-            elif first:
+            else:
                 elsewhere.append(self.state.node_name(first))
         return ids, unload, elsewhere
 

@@ -263,6 +263,11 @@ def test_copies_launch_as_replicas_and_say_where_each_runs(qtbot, node, panel):
                     timeout=10000)
     assert "replicas" not in node.launches[-1]
     assert panel.headline.text().startswith(f"Ready: {MODEL} runs on 1 machine.")
+    # a model alone on this machine has no instance id: Stop unloads it
+    qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.state_text == "Stopped", timeout=10000)
+    assert node.stops == ["/shoal/unload", "/shoal/unload"]
+    assert panel.headline.text() == "Stopped"
 
 
 def test_a_refused_copies_launch_says_the_nodes_sentence(qtbot, node, panel):
