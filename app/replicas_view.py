@@ -164,7 +164,7 @@ class ReplicasView(QWidget):
         self._headers: list[QLabel] = []
         self.title = QLabel(TITLE)
         theme.set_role(self.title, "section")
-        self.title.setIndent(0)  # in line with the rows, as the style's margin would not
+        self.title.setIndent(0)  # in line with the model lines (a styled label indents)
         self.error_label = QLabel()
         self.error_label.setObjectName("replicasError")
         self.error_label.setWordWrap(True)
