@@ -327,6 +327,7 @@ def test_the_copies_fit_a_laptop_window_in_light_and_dark(qtbot, node, tmp_path)
                                       for n, s, r, w in (("aaaa", 0.34, 34, 3),
                                                          ("bbbb", 0.33, 33, 0),
                                                          ("cccc", 0.33, 33, 1))]}
+        qtbot.waitUntil(lambda: shoal.placement.node_list.count() == 3, timeout=5000)
         launch.set_placement(MODEL, "pipeline", "ring", [("aaaa", (0, 32))])
         launch.copies_spin.setValue(3)
         qtbot.mouseClick(launch.launch_button, Qt.MouseButton.LeftButton)
