@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
@@ -27,16 +28,18 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.catalog import spread
 from app.cluster_state import TOPOLOGY_EVERY_S, ClusterState
-from app.common import message_of
+from app.common import buddy, message_of
 from app.link_privacy import NOTE, detail, shared_links
 from app.logs import LogDialog
+from app.replicas_view import ReplicasView
 from app.tasks import Tasks
 from engine.client import NodeClient
-from engine.records import InstanceInfo
+from engine.records import InstanceInfo, LaunchedReplicas
 from engine.words import joined
 
 log = logging.getLogger(__name__)
 LAUNCH_POLL_S = 0.5
+MAX_COPIES = 16  # what the node accepts as "replicas"
 
 
 class NodeProgress(QWidget):
@@ -73,10 +76,33 @@ RISK = ("Launching anyway risks swapping, or on a Mac the machine freezing, whil
         "loads; once it runs, requests that don't fit are refused.")
 
 
+def _stop_all(client: NodeClient, ids: list[str], unload: bool) -> None:
+    """Stop copies launched together (on a worker thread): each group by its id, the one
+    alone on this machine by unloading it; a failure is raised once all were asked."""
+    failed: Exception | None = None
+    for instance_id in ids:
+        try:
+            client.stop_instance(instance_id)
+        except Exception as e:  # noqa: BLE001 - the other copies are still stopped
+            failed = failed or e
+    if unload:
+        try:
+            client.unload()
+        except Exception as e:  # noqa: BLE001
+            failed = failed or e
+    if failed is not None:
+        raise failed
+
+
+def _how(strategy: str, machines: int) -> str:
+    """How one copy over several machines runs ("" on one)."""
+    return "" if machines <= 1 else ", " + spread(strategy, machines).split(", ", 1)[1]
+
+
 class LaunchPanel(QWidget):
     """state_text: "", "Launching…", "Ready", "Failed", "Stopped" (tests wait on it)."""
 
-    launched = Signal(object)  # the InstanceInfo launched
+    launched = Signal(object)  # the InstanceInfo launched (LaunchedReplicas: copies)
 
     def __init__(self, client: NodeClient, tasks: Tasks, state: ClusterState,
                  logs_dir: Path | None = None, parent: QWidget | None = None):
@@ -91,12 +117,21 @@ class LaunchPanel(QWidget):
         self.failed_node: str | None = None
         self.state_text = ""
         self.rows: dict[str, NodeProgress] = {}
+        self.copies: list[dict[str, Any]] = []  # each copy launched, as JSON (2 or more)
         self.log_dialog: LogDialog | None = None
 
         self.launch_button = QPushButton("Launch")
         self.launch_button.setAccessibleName("Launch this placement")
         self.launch_button.setEnabled(False)
         self.launch_button.clicked.connect(self.start)
+        # copies of the model, each on machines of its own; requests are shared out
+        self.copies_spin = QSpinBox()
+        self.copies_spin.setRange(1, MAX_COPIES)
+        self.copies_spin.setValue(1)
+        self.copies_spin.setAccessibleName("Copies of the model to run")
+        self.copies_spin.setToolTip("Run this many copies of the model, each on machines "
+                                    "of its own; requests are shared between them, so more "
+                                    "people can use it at once.")
         # where the memory check refused it: launch anyway, the risk said (tests click it)
         self.force_button = QPushButton("Launch anyway")
         self.force_button.setAccessibleName("Launch this placement although it may not fit")
@@ -137,6 +172,8 @@ class LaunchPanel(QWidget):
         self.privacy_detail.hide()
         self.grid = QGridLayout()
         buttons = QHBoxLayout()
+        buttons.addWidget(buddy("Co&pies:", self.copies_spin))
+        buttons.addWidget(self.copies_spin)
         buttons.addWidget(self.launch_button)
         buttons.addWidget(self.force_button)
         buttons.addWidget(self.stop_button)
@@ -152,6 +189,9 @@ class LaunchPanel(QWidget):
         heal.addWidget(self.restore_button)
         layout.addLayout(heal)
         layout.addLayout(self.grid)
+        self.replicas = ReplicasView(client, tasks, state.node_name, parent=self)
+        layout.addWidget(self.replicas)
+        self.replicas.start()
         state.changed.connect(self._follow)
 
     def set_placement(self, model: str | None, strategy: str = "pipeline",
@@ -214,42 +254,86 @@ class LaunchPanel(QWidget):
         nodes = [{"node": "self" if nid == me else nid,
                   **({"layers": list(layers)} if strategy == "pipeline" else {})}
                  for nid, layers in ranks]
-        self.launching = {"model": model, "ranks": [nid for nid, _ in ranks]}
+        copies = self.copies_spin.value()
+        self.launching = {"model": model, "ranks": [nid for nid, _ in ranks],
+                          "copies": copies}
         self.failed_node = None
         self.log_button.hide()
-        self._make_rows([nid for nid, _ in ranks])
-        self._set_headline("Launching…", f"Launching {model} {spread(strategy, len(ranks))}…")
+        if copies > 1:  # which machines each copy gets is the node's answer
+            self._make_rows([f"copy {i + 1}" for i in range(copies)],
+                            [f"Copy {i + 1}" for i in range(copies)])
+            for row in self.rows.values():
+                row.show_state("Starting…", None, None)
+            self._set_headline("Launching…", f"Launching {copies} copies of {model}, each "
+                               "on machines of its own…")
+        else:
+            self._make_rows([nid for nid, _ in ranks])
+            self._set_headline("Launching…",
+                               f"Launching {model} {spread(strategy, len(ranks))}…")
         self.state.poller.interval = LAUNCH_POLL_S
         self.state.refresh()
         self._buttons()
+        more: dict[str, Any] = {}  # one copy: today's request, unchanged
+        if copies > 1:  # the node places each copy on machines of its own
+            nodes, more = [], {"replicas": copies}
         self.tasks.run(self.client.launch, model, strategy, nodes, backend, force=force,
-                       kv_bits=self.kv_bits,
+                       kv_bits=self.kv_bits, **more,
                        on_done=self._launched, on_error=self._launch_failed, owner=self)
 
-    def _make_rows(self, ids: list[str]) -> None:
+    def _make_rows(self, ids: list[str], names: list[str] | None = None) -> None:
         for row in self.rows.values():
             self.grid.removeWidget(row)
             row.deleteLater()
         self.rows = {}
         for i, nid in enumerate(ids):
-            row = self.rows[nid] = NodeProgress(self.state.node_name(nid))
+            row = self.rows[nid] = NodeProgress(names[i] if names else
+                                                self.state.node_name(nid))
             self.grid.addWidget(row, i, 0)
 
-    def _launched(self, instance: InstanceInfo) -> None:
+    def _launched(self, result: InstanceInfo | LaunchedReplicas) -> None:
         self.launching = None
-        self.instance = instance.to_json()  # as the topology's instances read
         self.state.poller.interval = TOPOLOGY_EVERY_S
-        for row in self.rows.values():
-            row.show_state("Loaded", 1, 1)
-        self._set_headline("Ready", f"Ready: {instance.model} runs "
-                           f"{spread(instance.strategy, len(instance.ranks))}. "
-                           "Chat with it in the Chat tab.")
+        if isinstance(result, LaunchedReplicas):
+            self._copies_up(result)
+        else:
+            self.copies = []
+            self.instance = result.to_json()  # as the topology's instances read
+            for row in self.rows.values():
+                row.show_state("Loaded", 1, 1)
+            self._set_headline("Ready", f"Ready: {result.model} runs "
+                               f"{spread(result.strategy, len(result.ranks))}. "
+                               "Chat with it in the Chat tab.")
         self.state.set_planned({})  # what was planned is now in use
         self.state.refresh()
+        self.replicas.refresh()
         self._buttons()
-        self.launched.emit(instance)
+        self.launched.emit(result)
+
+    def _copies_up(self, result: LaunchedReplicas) -> None:
+        """Each copy's machines, in a row of its own (keyed by the machine answering for
+        it, which the topology reports as here or gone)."""
+        copies = result.instances
+        self.copies = [c.to_json() for c in copies]
+        me = self.state.self_id
+        here = [c for c in self.copies if (c.get("ranks") or [{}])[0].get("node") == me]
+        self.instance = (here or self.copies or [None])[0]
+        names = [self._machines(c) for c in copies]
+        self._make_rows([c.ranks[0].node if c.ranks else f"copy {i + 1}"
+                         for i, c in enumerate(copies)], names)
+        for row in self.rows.values():
+            row.show_state("Loaded", 1, 1)
+        where = "; ".join(f"one on {n}{_how(c.strategy, len(c.ranks))}"
+                          for n, c in zip(names, copies, strict=True))
+        model = result.model or (self.placement[0] if self.placement else "the model")
+        self._set_headline("Ready", f"Ready: {len(copies)} copies of {model} run: {where}. "
+                           "Chat with it in the Chat tab; requests are shared between them.")
+
+    def _machines(self, copy: InstanceInfo) -> str:
+        names = [self.state.node_name(r.node) for r in copy.ranks]
+        return joined(names) if names else "a machine"
 
     def _launch_failed(self, error: BaseException) -> None:
+        copies = (self.launching or {}).get("copies") or 1
         self.launching = None
         self.state.poller.interval = TOPOLOGY_EVERY_S
         reason = message_of(error)
@@ -261,10 +345,12 @@ class LaunchPanel(QWidget):
                 row.show_state("Stopped", 0, 1)
         who = f" on {self.state.node_name(self.failed_node)}" if self.failed_node else ""
         risk = ""
-        if getattr(error, "code", None) == "insufficient_memory":
+        # too little memory for one copy can be forced; for more copies, fewer is the way
+        if getattr(error, "code", None) == "insufficient_memory" and copies == 1:
             risk = f" {RISK}"
             self.force_button.show()
-        self._set_headline("Failed", f"Launch failed{who}: {reason}{risk}", error=True)
+        what = f"Launching {copies} copies failed" if copies > 1 else "Launch failed"
+        self._set_headline("Failed", f"{what}{who}: {reason}{risk}", error=True)
         self.log_button.setVisible(self.logs_dir is not None)
         self.state.refresh()
         self._buttons()
@@ -413,25 +499,51 @@ class LaunchPanel(QWidget):
 
     # --- stopping and logs ----------------------------------------------------------------
     def stop(self) -> None:
-        inst = self.instance
-        if inst is not None:
-            model, call = inst["model"], (self.client.stop_instance, inst["id"])
+        """Stop what this panel runs: every copy launched together, or the one model."""
+        targets = self.copies if len(self.copies) > 1 else \
+            [self.instance] if self.instance is not None else []
+        if targets:
+            model = targets[0].get("model")
+            ids, unload, elsewhere = self._stops(targets)
+            call: tuple[Any, ...] = (_stop_all, self.client, ids, unload)
+            after = "Stopped"
+            if elsewhere:  # alone on another machine: no id this node could stop it by
+                after = (f"Stopped, but not the copies on {joined(elsewhere)}: stop them in "
+                         "Shoal on those machines." if len(targets) > 1 else
+                         f"It runs alone on {elsewhere[0]}: stop it in Shoal on that "
+                         "machine.")
         elif self._healed():  # no instance of ours: the node unloads what healing placed
-            model, call = self.healing()["model"], (self.client.unload,)
+            model, call, after = self.healing()["model"], (self.client.unload,), "Stopped"
         else:
             return
         self.stop_button.setEnabled(False)
         self._set_headline("Stopping…", f"Stopping {model}…")
-        self.tasks.run(*call, on_done=self._stopped,
+        self.tasks.run(*call, on_done=lambda _r: self._stopped(after=after),
                        on_error=lambda e: self._set_headline(
                            "Ready", f"Couldn't stop it: {message_of(e)}", error=True), owner=self)
 
-    def _stopped(self, _result: Any = None) -> None:
-        self.instance = None
+    def _stops(self, targets: list[dict[str, Any]]) -> tuple[list[str], bool, list[str]]:
+        """How to stop them: the groups' ids, whether one runs alone here (unloaded), and
+        the machines of those alone elsewhere, which only they can stop."""
+        me = self.state.self_id
+        ids, unload, elsewhere = [], False, []
+        for inst in targets:
+            first = ((inst.get("ranks") or [{}])[0]).get("node")
+            if inst.get("id"):
+                ids.append(inst["id"])
+            elif first in (me, None):
+                unload = True
+            else:
+                elsewhere.append(self.state.node_name(first))
+        return ids, unload, elsewhere
+
+    def _stopped(self, _result: Any = None, after: str = "Stopped") -> None:
+        self.instance, self.copies = None, []
         for row in self.rows.values():
             row.show_state("Stopped", 0, 1)
-        self._set_headline("Stopped", "Stopped")
+        self._set_headline("Stopped", after, error=after != "Stopped")
         self.state.refresh()
+        self.replicas.refresh()
         self._buttons()
 
     def log_path(self) -> Path | None:

@@ -20,9 +20,12 @@ from engine.records import (
     DownloadInfo,
     HealthInfo,
     InstanceInfo,
+    LaunchedReplicas,
     ModelCard,
     PeerInfo,
     RemovedInfo,
+    ReplicaInfo,
+    ReplicasInfo,
     RequestInfo,
     StatusInfo,
 )
@@ -210,14 +213,34 @@ class NodeClient:
 
     def launch(self, model: str, strategy: str, nodes: list[dict[str, Any]],
                backend: str = "ring", timeout: float | None = 900.0,
-               force: bool = False, kv_bits: int | None = None) -> InstanceInfo:
+               force: bool = False, kv_bits: int | None = None,
+               replicas: int = 1) -> InstanceInfo | LaunchedReplicas:
         """Start a model over several nodes; returns when every rank has loaded (or raises
         a ShoalError naming the node that failed). `force`: past the memory check;
-        `kv_bits`: the KV cache's (None: the node's setting)."""
-        return InstanceInfo.from_json(self._call("POST", "/shoal/instances", json={
+        `kv_bits`: the KV cache's (None: the node's setting); `replicas` above 1: that many
+        copies of it, answered as LaunchedReplicas (each copy's instance, in order)."""
+        answer = self._call("POST", "/shoal/instances", json={
             "model": model, "strategy": strategy, "backend": backend, "nodes": nodes,
             **({"force": True} if force else {}),
-            **({"kv_bits": kv_bits} if kv_bits else {})}, timeout=timeout))
+            **({"kv_bits": kv_bits} if kv_bits else {}),
+            **({"replicas": replicas} if replicas > 1 else {})}, timeout=timeout)
+        if replicas > 1:
+            return _record(LaunchedReplicas, answer, "/shoal/instances")
+        return InstanceInfo.from_json(answer)
+
+    def replicas(self) -> ReplicasInfo:
+        """Every replica of every model this node can route to, with its load and its
+        share of the requests this node routed (GET /shoal/replicas). An answer of
+        another shape raises a ShoalError, so views never draw half a record."""
+        route = "/shoal/replicas"
+        try:
+            info = _record(ReplicasInfo, self._call("GET", route), route)
+        except ValueError as e:  # not JSON at all
+            raise _malformed(route, str(e)) from e
+        for r in info.replicas:
+            if not _sane(r):
+                raise _malformed(route, f"a replica reads {r.to_json()!r:.200}")
+        return info
 
     def stop_instance(self, instance_id: str) -> InstanceInfo:
         return InstanceInfo.from_json(
@@ -313,6 +336,30 @@ def _delta_from_chunk(chunk: dict[str, Any]) -> ChatDelta:
     return ChatDelta(text=text, reasoning=reasoning, finish_reason=finish,
                      usage=chunk.get("usage"),
                      shoal=chunk.get("shoal") or {})
+
+
+def _malformed(route: str, what: str) -> ShoalError:
+    return ShoalError(f"The node's answer to {route} is not what this app expects ({what}): "
+                      "it may run another version of Shoal")
+
+
+def _sane(r: ReplicaInfo) -> bool:
+    numbers = (r.running, r.waiting, r.streams, r.routed, r.share)
+    return (isinstance(r.model, str) and isinstance(r.node, str)
+            and isinstance(r.strategy, str) and isinstance(r.name, str | None)
+            and isinstance(r.nodes, list) and all(isinstance(n, str) for n in r.nodes)
+            and all(isinstance(x, int | float) and x >= 0 for x in numbers))
+
+
+def _record(cls: Any, data: Any, route: str) -> Any:
+    """cls.from_json(data), or a ShoalError where the answer isn't such a record (a broken
+    or foreign server) rather than a TypeError deep in a view."""
+    try:
+        if not isinstance(data, dict):
+            raise TypeError(f"not a JSON object: {data!r:.100}")
+        return cls.from_json(data)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        raise _malformed(route, str(e)) from e
 
 
 def _error_from(status: int, body: bytes) -> ShoalError:
