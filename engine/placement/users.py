@@ -225,7 +225,8 @@ def verdict(model: str, users: int, one: Serving, reps: Serving | None, why: str
                 f"{one.tps:.1f} tokens/s together ({one.per_user_tps:.1f} each).")
     elif reps.tps > WIN * one.tps:
         where = "; ".join(describe(c.placement) for c in reps.copies)
-        line = (f"Replicas: {reps.total} copies of {model} ({where}) serve {people} at {reps.tps:.1f} tokens/s together, {reps.tps / one.tps:.1f}x "
+        line = (f"Replicas: {reps.total} copies of {model} ({where}) serve {people} at "
+                f"{reps.tps:.1f} tokens/s together, {reps.tps / one.tps:.1f}x "
                 f"one instance ({describe(o.placement)}: {one.tps:.1f}); "
                 f"{reps.per_user_tps:.1f} tokens/s each.")
     elif users == 1:
