@@ -222,7 +222,8 @@ def verdict(model: str, users: int, one: Serving, reps: Serving | None, why: str
     o = one.copies[0]
     if reps is None:
         line = (f"One instance: {why}, so {describe(o.placement)} serves {people} at "
-                f"{one.tps:.1f} tokens/s together ({one.per_user_tps:.1f} each).")
+                f"{one.tps:.1f} tokens/s" + (f" together ({one.per_user_tps:.1f} each)."
+                                             if users > 1 else "."))
     elif reps.tps > WIN * one.tps:
         where = "; ".join(describe(c.placement) for c in reps.copies)
         line = (f"Replicas: {reps.total} copies of {model} ({where}) serve {people} at "
