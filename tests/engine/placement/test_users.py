@@ -145,3 +145,13 @@ def test_the_plan_route_answers_for_a_count(node):
     assert row["users"] == 4 and row["one_instance"]["copies"][0]["streams"] == 4
     assert row["verdict"].startswith("One instance")  # one node: nothing to replicate
     assert row["no_replicas"] and "there are no other nodes" in row["no_replicas"]
+
+
+def test_the_cli_asks_the_live_cluster(node):
+    out = _cli("tiny-llama", "--users", "1,16", "--url", node.url)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].startswith("replicas: none, only ") and \
+        lines[1].endswith("can hold a copy, and there are no other nodes")
+    assert lines[-2].startswith("1: One instance") and lines[-1].startswith("16: One instance")
+    assert "8 wait for a free stream" in lines[-1]
