@@ -229,7 +229,7 @@ def verdict(model: str, users: int, one: Serving, reps: Serving | None, why: str
         line = (f"Replicas: {reps.total} copies of {model} ({where}) serve {people} at "
                 f"{reps.tps:.1f} tokens/s together, {reps.tps / one.tps:.1f}x "
                 f"one instance ({describe(o.placement)}: {one.tps:.1f}); "
-                f"{reps.per_user_tps:.1f} tokens/s each.")
+                f"at least {reps.per_user_tps:.1f} tokens/s each.")
     elif users == 1:
         line = (f"One instance: for 1 person one copy is enough; {describe(o.placement)} "
                 f"gives {one.tps:.1f} tokens/s, and more copies only help once more people "
