@@ -59,10 +59,18 @@ def loopback_hop() -> tuple[float, float]:
 
 
 def measured(model: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distributed.py"),
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distributed.py"),
                           "--model", model, "--tokens", "128", "--rounds", "5"],
-                         capture_output=True, text=True, timeout=1800, check=True).stdout
+                         capture_output=True, text=True, timeout=1800)
+    out = run.stdout
     rows = dict(re.findall(r"^\| (single|pipeline) \| ([\d.]+) \|", out, re.M))
+    if set(rows) != {"single", "pipeline"}:  # the tok/s table comes first: a later
+        raise RuntimeError(f"distributed.py {model}: no tok/s table (exit "  # failure
+                           f"{run.returncode}): {run.stderr[-2000:]}")  # is only reported
+    if run.returncode:
+        print(f"(distributed.py {model} exited {run.returncode} after its tok/s table: "
+              f"{run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ''})",
+              file=sys.stderr)
     split = re.search(r"split at layer (\d+)", out)
     return {"single": float(rows["single"]), "pipeline": float(rows["pipeline"]),
             "split": int(split.group(1)) if split else 0}

@@ -111,13 +111,13 @@ def compare(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpe
     prompt = min([n for n in a.ttft_prompts if n <= ctx] or [min(ctx // 2, 1000)])
     topo = Topology(links)
     ev = _Evaluator(model, nodes, topo, ctx, prompt, a)
+    if not every:
+        raise ValueError(f"{model.name} fits nowhere on these nodes at "
+                         f"{context_label(ctx)} context")
     rows = []
     for n in users:
-        if not every:
-            raise ValueError(f"{model.name} fits nowhere on these nodes at "
-                             f"{context_label(ctx)} context")
-        # the instance that serves them most tokens/s (then more each: fewer lanes)
-        best = max(every, key=lambda p: (round(ev.tps(p, n), 1), ev.kv_fits(p, n)))
+        # the instance that serves them most tokens/s, among those with KV room for them
+        best = max(every, key=lambda p: (ev.kv_fits(p, n), round(ev.tps(p, n), 1)))
         one = Serving("one instance", (ev.serve(best, n),), 1)
         reps = None
         if len(copies) > 1:
@@ -192,7 +192,8 @@ class _Evaluator:
         stages, ring = self._stages(p)
         streams = min(users, a.streams)
         tps = self.tps(p, users)
-        first = ttft_s(m, p.strategy, stages, ring, self.prompt, 0, streams - 1,
+        first = ttft_s(m, p.strategy, stages, ring, self.prompt,
+                       int(self.prompt * a.prompt_cached), streams - 1,
                        p.strategy == "pipeline" and a.streams > 1, a)
         # the last in the queue waits for its turn: a batch of answers per round
         waits = math.ceil(max(users - streams, 0) / streams)
