@@ -36,6 +36,7 @@ from app.kv_choice import KVBox, KVOffer
 from app.launch import LaunchPanel
 from app.strips import LayerStrips
 from app.tasks import Tasks
+from app.users_verdict import UsersVerdict
 from engine.client import NodeClient
 from engine.cluster_records import PlanInfo
 from engine.records import ModelCard, ModelFacts
@@ -159,6 +160,7 @@ class PlacementView(QWidget):
         self.ttft_label = QLabel()
         self.ttft_label.setObjectName("ttft")
         self.ttft_label.setWordWrap(True)
+        self.users_verdict = UsersVerdict(self.client, self.tasks)
         self.measured_label = QLabel()
         self.measured_label.setObjectName("measured")
         self.measured_label.setWordWrap(True)
@@ -187,6 +189,7 @@ class PlacementView(QWidget):
         layout.addWidget(self.strips)
         layout.addWidget(self.headline)
         layout.addWidget(self.ttft_label)
+        layout.addWidget(self.users_verdict)
         layout.addWidget(self.measured_label)
         layout.addWidget(self.reason_label)
         layout.addWidget(self.kv_offer)
@@ -428,6 +431,7 @@ class PlacementView(QWidget):
             + (f" · at most {joules:.2g} J/token" if (joules := placement.get(
                 "decode_j_per_token")) else ""))
         self.ttft_label.setText(ttft_text(placement.get("ttft") or []))
+        self.users_verdict.ask(self.model, report.context or None, self.kv_box.bits)
         self.reason_label.setVisible(bool(placement.get("warnings")))
         self.reason_label.setText("\n".join(placement.get("warnings") or []))
         self._fill_table(ranks)
@@ -528,6 +532,7 @@ class PlacementView(QWidget):
         self.strips.set_layout(self._names(), self.ranges, self.layers, self.strategy)
         self.strips.set_feasible(False)
         self.headline.setText("This placement can't run")
+        self.users_verdict.ask(self.model, body.get("context"), self.kv_box.bits)
         self._show_reason(reason.removeprefix("This placement can't run: "))
         self.table.setRowCount(0)
         self.running = False

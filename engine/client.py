@@ -186,13 +186,16 @@ class NodeClient:
     def plan(self, model: str, context: int | None = None, strategy: str | None = None,
              nodes: list[dict[str, Any]] | None = None, backend: str | None = None,
              force: bool = False, kv_bits: int | None = None,
-             rank: str | None = None) -> PlanInfo:
+             rank: str | None = None, users: int | None = None) -> PlanInfo:
         """Ranked placements for `model` on the live cluster; with `strategy` and `nodes`
         ([{"node": id, "layers"?: [start, end]}, ...], rank 0 first) the prediction for
         that one placement, or a ShoalError saying why it can't run. `kv_bits` (16, 8,
         4; None: the node's setting) sizes the KV cache; `rank` ("chat", "agents",
-        "drafted") orders the placements."""
+        "drafted") orders the placements; `users` (1-256) adds the comparison of
+        replicas against one instance for that many people at once."""
         body: dict[str, Any] = {"model": model}
+        if users:
+            body["users"] = users
         if rank:
             body["rank"] = rank
         if kv_bits:

@@ -239,6 +239,7 @@ class PlanInfo(Record):
     ones, why a strategy can't run the model at all (None: it can), and which placement a
     launch would take."""
     nested = {"placements": PlacementInfo, "rejected": RejectedInfo}
+    optional = ("users",)
     model: str
     context: int
     notes: list[str] = field(default_factory=list)
@@ -246,4 +247,5 @@ class PlanInfo(Record):
     placements: list[PlacementInfo] = field(default_factory=list)
     rejected: list[RejectedInfo] = field(default_factory=list)
     best: int | None = None  # the index of the placement a launch without nodes takes
+    users: dict[str, Any] | None = None  # replicas against one instance (plan's "users")
     kv_bits: int = 16  # the KV cache's bits the figures assume

@@ -27,6 +27,8 @@ from engine.placement.memory import context_label, gb
 from engine.placement.model import QUANTIZATIONS, ModelSpec
 from engine.placement.profiles import SimulationError, parse_simulation, profile_model
 from engine.placement.tables import Assumptions
+from engine.placement.users import MAX_USERS, UsersReport, compare, describe
+from engine.placement.users import to_json as users_json
 from engine.placement.validate import PlacementError
 
 # (node infos, links, model config) for a model, as the local node reports them
@@ -62,6 +64,9 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(an agent's next turn repeats most of its prompt; default 0)")
     p.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=16,
                    help="the KV cache's bits: 16, or quantized to 8 or 4 (default 16)")
+    p.add_argument("--users", metavar="N,N,...",
+                   help="compare replicas of the model against one instance for this "
+                        "many people at once (e.g. 1,4,16; each 1 to 256)")
     p.add_argument("--force", action="store_true", help="accept placements beyond the "
                    "memory check (they may swap or fail to load)")
     p.add_argument("--top", type=int, default=10, help="placements to show (default 10)")
@@ -75,6 +80,7 @@ def cmd_plan(a: argparse.Namespace, cluster: ClusterFetch | None = None) -> int:
     """Run `shoal plan`; `cluster` asks the local node when there is no --simulate."""
     try:
         a.assume = _assumptions(a)
+        users = _users(a)
         if a.simulate:
             report = _simulate(a)
         elif cluster is None:
@@ -87,11 +93,30 @@ def cmd_plan(a: argparse.Namespace, cluster: ClusterFetch | None = None) -> int:
                                        a.force, _layout(a),
                                        kv_bits=None if a.kv_bits == 16 else a.kv_bits,
                                        rank=a.rank, a=a.assume)
+        if users and report.placements:
+            answer = compare(report.model, report.nodes, report.links, users,
+                             report.context, a.assume)
+            print(json.dumps(users_json(answer)) if a.json else render_users(answer))
+            return 0
     except PlacementError as e:
         print(f"shoal: {e}", file=sys.stderr)
         return 1
     print(json.dumps(report_json(report)) if a.json else render(report, a.top))
     return 0 if report.placements else 1
+
+
+def _users(a: argparse.Namespace) -> list[int]:
+    """--users as whole numbers, 1 to MAX_USERS each ([] where not given)."""
+    if a.users is None:
+        return []
+    try:
+        out = [int(x) for x in str(a.users).split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or len(out) > 16 or any(not 1 <= n <= MAX_USERS for n in out):
+        raise PlacementError(f"--users: {a.users!r}: give 1 to 16 counts of people "
+                             f"separated by commas, each 1 to {MAX_USERS}, e.g. 1,4,16")
+    return sorted(set(out))
 
 
 def _simulate(a: argparse.Namespace) -> PlanReport:
@@ -239,3 +264,32 @@ def _streams(p: Any) -> str:
     """All of `streams` sequences decoding together, and the lanes a pipeline keeps."""
     lanes = f", {p.lanes} lanes" if p.lanes > 1 else ""
     return f"{p.decode_tps_streams:.1f} ({p.streams}{lanes})"
+
+
+def render_users(r: UsersReport) -> str:
+    """Replicas against one instance, two rows per count of people, then the verdicts."""
+    lines = [f"{r.model} for many people at once: {context_label(r.context)} context, up "
+             f"to {r.streams} streams per instance (more wait in its queue), first token "
+             f"of a {_tokens(r.prompt)}-token prompt while the others decode",
+             "replicas: " + ("; ".join(describe(p) for p in r.replica_set)
+                             if len(r.replica_set) > 1 else "none, " + r.rows[0].why)]
+    head = ["PEOPLE", "HOW", "ON", "TOKENS/S ALL", "EACH", "FIRST TOKEN s", "QUEUED",
+            "KV GB NEED (ROOM)"]
+    rows = []
+    for row in r.rows:
+        for s in (row.replicas, row.one):
+            if s is None:
+                rows.append([str(row.users), "replicas", "-", "-", "-", "-", "-", "-"])
+                continue
+            tight = max(s.copies, key=lambda c: c.kv_need - c.kv_room)
+            on = f"{s.total} copies" if s.how == "replicas" else describe(
+                s.copies[0].placement)
+            rows.append([str(row.users), s.how, on, f"{s.tps:.1f}", f"{s.per_user_tps:.1f}",
+                         _seconds(s.ttft_s), str(s.queued),
+                         f"{tight.kv_need / 1e9:.1f} ({tight.kv_room / 1e9:.1f})"
+                         + ("" if s.kv_fits else " !")])
+    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+              for row in [head, *rows]]
+    lines += [f"{row.users}: {row.verdict}" for row in r.rows]
+    return "\n".join(lines)

@@ -12,18 +12,20 @@ from engine.errors import BadRequest, InsufficientMemory
 from engine.node.cluster import Cluster
 from engine.node.incoming import json_object
 from engine.node.planning import (
+    PlanReport,
     best_placement,
     plan_from_cluster,
     plan_info,
     prompt_assumptions,
 )
 from engine.placement.tables import Assumptions
+from engine.placement.users import MAX_USERS, compare, to_json
 from engine.placement.validate import NotEnoughMemory, PlacementError
 
 routes = web.RouteTableDef()
 PLAN_USAGE = ("Send {\"model\": ID, \"context\"?: N, \"kv_bits\"?: 16|8|4, "
               "\"rank\"?: \"chat\"|\"agents\"|\"drafted\", \"prompt_tokens\"?: [N, ...], "
-              "\"cached\"?: 0-1, \"strategy\"?, \"nodes\"?}.")
+              "\"cached\"?: 0-1, \"users\"?: 1-256, \"strategy\"?, \"nodes\"?}.")
 
 
 @routes.get("/shoal/plan/inputs")
@@ -47,6 +49,7 @@ async def plan(request: web.Request) -> web.Response:
     if not isinstance(body.get("model"), str):
         raise BadRequest(PLAN_USAGE, param="model")
     c = _cluster(request)
+    users = _users(body)
     layout = None
     if body.get("strategy"):
         if not isinstance(body.get("nodes"), list):
@@ -62,7 +65,28 @@ async def plan(request: web.Request) -> web.Response:
     except PlacementError as e:
         raise BadRequest(f"This placement can't run: {e}", param="nodes") from None
     best = best_placement(report.placements, c.id) if layout is None else None
-    return web.json_response(replace(plan_info(report, best), kv_bits=bits or 16).to_json())
+    out = replace(plan_info(report, best), kv_bits=bits or 16).to_json()
+    if users is not None:  # replicas against one instance, over every node planned on
+        out["users"] = _compare_users(report, users, _prompts(body))
+    return web.json_response(out)
+
+
+def _users(body: dict) -> int | None:
+    """How many people ask at once, for the replicas/one-instance comparison."""
+    n = body.get("users")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int)
+                          or not 1 <= n <= MAX_USERS):
+        raise BadRequest(f"users must be a whole number of people from 1 to {MAX_USERS}, "
+                         f"not {n!r}.", param="users")
+    return n
+
+
+def _compare_users(report: PlanReport, users: int, a: Assumptions) -> dict | None:
+    """The comparison as data; None where nothing fits to compare."""
+    if not report.placements:
+        return None
+    return to_json(compare(report.model, report.nodes, report.links, [users],
+                           report.context, a))
 
 
 def _rank(body: dict) -> str:

@@ -93,6 +93,9 @@ class PlanReport:
     placements: list[Placement]
     rejections: list[Rejection]
     notes: list[str] = field(default_factory=list)
+    # what it was planned on (engine.placement.users compares replicas over them)
+    nodes: tuple[NodeSpec, ...] = ()
+    links: tuple[LinkSpec, ...] = ()
 
 
 # --- what nodes report, as the planner reads it ---------------------------------------
@@ -142,7 +145,7 @@ def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[Lin
     if layout is not None:
         strategy, backend, ranks = layout
         one = evaluate(model, nodes, links, context, strategy, ranks, backend, force, a)
-        return PlanReport(model, context, [one], [], notes)
+        return PlanReport(model, context, [one], [], notes, tuple(nodes), tuple(links))
     found = plan(model, nodes, links, context, force, a, rank=rank)
     if not found and model.kv_bytes == 2:  # would quantized KV make room?
         for bits in kv_options:
@@ -152,7 +155,8 @@ def make_report(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[Lin
                              f"{context_label(context)} context in "
                              f"{kv_value_bytes(bits) / 2:.0%} of the KV memory.")
                 break
-    return PlanReport(model, context, found, explain(model, nodes, links, context), notes)
+    return PlanReport(model, context, found, explain(model, nodes, links, context), notes,
+                      tuple(nodes), tuple(links))
 
 
 def plan_from_cluster(node_infos: Sequence[PlanNode], model_config: Mapping[str, Any],

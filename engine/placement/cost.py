@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
-from engine.placement.tables import DEFAULT, Assumptions, kv_tokens, table
+from engine.placement.tables import DEFAULT, Assumptions, LayerTable, kv_tokens, table
 
 
 @dataclass(frozen=True)
@@ -100,12 +100,19 @@ def _bpp(r: _Rates, node: NodeSpec, layers: tuple[int, int], shards: int) -> flo
     return bpp
 
 
+def _sharded(t: LayerTable, xs: tuple[float, ...], s: int, e: int, shards: int) -> float:
+    """One rank's share of layers s..e-1 of `xs`: 1/shards of it, but the weights every
+    tensor rank keeps whole (MLA's down-projections, routers) count whole."""
+    rep = t.replicated[e] - t.replicated[s] if shards > 1 else 0.0
+    return (xs[e] - xs[s] - rep) / shards + rep
+
+
 def _rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bool, tokens: int,
             shards: int, a: Assumptions) -> float:
     """One rank's time for `tokens` new tokens over the cached ones."""
     s, e = layers
     model, t = r.model, r.t
-    active = (t.active[e] - t.active[s]) / shards
+    active = _sharded(t, t.active, s, e, shards)
     cached = r.kv[e] - r.kv[s] if r.kv else 0
     kv = cached * model.kv_per_token * model.kv_bytes / (shards if model.kv_sharded else 1)
     head_params = model.head_params if head and tokens == 1 else 0
@@ -182,7 +189,7 @@ def _batched_rank_s(r: _Rates, node: NodeSpec, layers: tuple[int, int], head: bo
         return _rank_s(r, node, layers, head, 1, shards, a)
     s, e = layers
     model, t = r.model, r.t
-    active = (t.active[e] - t.active[s]) / shards + (model.head_params if head else 0)
+    active = _sharded(t, t.active, s, e, shards) + (model.head_params if head else 0)
     cached = r.kv[e] - r.kv[s] if r.kv else 0
     kv = cached * model.kv_per_token * model.kv_bytes / (shards if model.kv_sharded else 1)
     # the other sequences route to other experts, up to all of them

@@ -103,11 +103,13 @@ class Sizer:
         return params * m.bytes_per_param, (self._kv[e] - self._kv[s]) * self._kv_bytes
 
     def tensor(self, node: NodeSpec, ranks: int, first: bool = False) -> MemoryUse:
-        """A tensor rank: 1/ranks of every layer; embeddings and head are replicated
-        (mlx-lm shards only the layers); the KV cache splits by head, except MLA's shared
+        """A tensor rank: 1/ranks of every layer but what shard() keeps whole (MLA's
+        down-projections, routers); embeddings and head are replicated (mlx-lm shards
+        only the layers); the KV cache splits by head, except MLA's shared
         latent."""
         m = self.model
-        params = self._t.weights[-1] / ranks + m.edge_params
+        rep = self._t.replicated[-1] if ranks > 1 else 0.0  # kept whole on every rank
+        params = (self._t.weights[-1] - rep) / ranks + rep + m.edge_params
         kv = self._kv[-1] * self._kv_bytes / (ranks if m.kv_sharded else 1)
         use = _use(params * m.bytes_per_param, kv,
                    _activations(m, self.context, m.heads // ranks, self.a), node, self.a)

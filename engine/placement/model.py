@@ -91,6 +91,9 @@ class ModelSpec:
     dense_layers: int = 0  # leading layers that keep a dense MLP in a MoE model
     tie_embeddings: bool = False
     attn_params: int = 0  # per layer; 0 = q/k/v/o projections from the head counts
+    # per layer, of attn_params: weights mlx-lm's shard() leaves whole on every tensor rank
+    # (MLA's down-projections to the latents); MoE routers are counted by layer_replicated
+    attn_replicated: int = 0
     kv_dim: int = 0  # cached elements per token and layer, K and V together
     kv_sharded: bool = True  # tensor parallel splits the cache (not MLA's shared latent)
     score_dim: int = 0  # per head and cached token: elements in q.k plus a.v
@@ -171,6 +174,16 @@ class ModelSpec:
             return layer_active / self.layers
         return self._layer_raw(i, True) * layer_active / raw_active
 
+    def layer_replicated_params(self, i: int) -> float:
+        """Weights of layer i every tensor rank holds and reads whole (mlx-lm's shard()
+        splits heads and MLP widths, not these): MLA's q and kv down-projections, and a
+        MoE layer's router."""
+        raw = self.attn_replicated + (self.experts * self.hidden if self.is_moe(i) else 0)
+        raw_total = self._raw[0]
+        if raw_total <= 0:
+            return 0.0
+        return raw * (self.total_params - self.edge_params) / raw_total
+
     def layer_kv_tokens(self, i: int, context: int) -> int:
         w = self.windows[i] if self.windows else 0
         return min(context, w) if w else context
@@ -240,6 +253,8 @@ class ModelSpec:
             head_dim = v  # the per-head width of the k/v that prefill expands
             extra.update(attn_params=q + hidden * (kv_lora + rope) +
                          kv_lora * heads * (nope + v) + heads * v * hidden,
+                         # q_a_proj and kv_a_proj_with_mqa: shard() splits only by head
+                         attn_replicated=hidden * (q_lora + kv_lora + rope),
                          # mlx-lm caches the compressed latent plus the rope key
                          kv_dim=kv_lora + rope, kv_sharded=False,
                          score_dim=2 * kv_lora + rope)

@@ -51,6 +51,7 @@ class LayerTable:
     weights: tuple[float, ...]  # parameters stored
     active: tuple[float, ...]  # parameters read per token
     moe: tuple[int, ...]  # MoE layers
+    replicated: tuple[float, ...] = (0.0,)  # parameters a tensor rank keeps whole
 
     def span(self, xs: tuple[float, ...] | tuple[int, ...], s: int, e: int) -> float:
         return xs[e] - xs[s]
@@ -61,7 +62,9 @@ def table(model: ModelSpec) -> LayerTable:
     n = range(model.layers)
     return LayerTable(weights=(0.0, *accumulate(model.layer_params(i) for i in n)),
                       active=(0.0, *accumulate(model.layer_active_params(i) for i in n)),
-                      moe=(0, *accumulate(int(model.is_moe(i)) for i in n)))
+                      moe=(0, *accumulate(int(model.is_moe(i)) for i in n)),
+                      replicated=(0.0, *accumulate(model.layer_replicated_params(i)
+                                                   for i in n)))
 
 
 @lru_cache(maxsize=256)

@@ -164,3 +164,38 @@ def test_a_draft_model_is_counted_where_it_is_loaded():
     from engine.placement.memory import tensor_rank_memory
     assert tensor_rank_memory(model, drafting, 2, 8192, first=True).draft == with_draft.draft
     assert tensor_rank_memory(model, drafting, 2, 8192).draft == 0
+
+
+def test_tensor_ranks_keep_what_mlx_lms_shard_leaves_whole():
+    # deepseek_v3's shard() (Kimi K2 runs as it) splits heads and expert widths; q_a_proj,
+    # kv_a_proj_with_mqa and each MoE layer's router stay whole on every rank
+    from dataclasses import replace
+
+    from engine.placement.memory import Sizer
+    from engine.placement.model import LinkSpec, NodeSpec
+    from engine.placement.planner import evaluate
+    from engine.placement.tables import table
+
+    kimi = profile_model(PROFILES["Kimi-K2"], "Kimi-K2", "4bit")
+    whole = 61 * 7168 * (1536 + 512 + 64) + 60 * 384 * 7168  # 1 dense layer, 60 MoE
+    # (spread like every layer weight over the model card's 1T parameters)
+    assert table(kimi).replicated[-1] == pytest.approx(whole, rel=0.05)
+    mac = NodeSpec("m", "m", 500 * 10**9, 819e9, 28e12, rdma=True)
+    layers, kept = table(kimi).weights[-1], table(kimi).replicated[-1]
+    held = Sizer(kimi, 4096).tensor(mac, 4).weights / kimi.bytes_per_param - kimi.edge_params
+    # a quarter of the layers, plus three quarters of what every rank keeps whole
+    assert held == pytest.approx(layers / 4 + 0.75 * kept, rel=1e-6)
+    # a dense GQA model (llama) shards every layer weight: a rank holds exactly 1/n
+    assert table(ModelSpec.from_config(LLAMA_CONFIG, bytes_per_param=2.0)).replicated[-1] == 0
+    # decode reads them whole on every tensor rank; one node alone reads them once anyway
+    nodes = [replace(mac, id=f"m{i}", name=f"m{i}") for i in range(4)]
+    links = [LinkSpec(x.id, y.id, 10e-6, 10e9, rdma) for i, x in enumerate(nodes)
+             for y in nodes[i + 1:] for rdma in (True, False)]
+    split = replace(kimi, attn_replicated=0)  # as if shard() split the down-projections
+
+    def tps(m: ModelSpec, n: int) -> float:
+        return evaluate(m, nodes[:n], links, 4096, "tensor" if n > 1 else "single",
+                        [nd.id for nd in nodes[:n]], "jaccl" if n > 1 else "ring",
+                        force=True).decode_tps
+    assert tps(kimi, 1) == pytest.approx(tps(split, 1), rel=1e-3)
+    assert tps(kimi, 4) < 0.98 * tps(split, 4)

@@ -1,0 +1,57 @@
+"""The placement view's "People at once" box against a real two-node cluster on loopback
+(the tiny model on both): one person gets one instance, sixteen get a copy on each
+machine, as the node's planner says (POST /shoal/plan with "users")."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from app.cluster_state import ClusterState
+from app.placement import PlacementView
+from app.tasks import Tasks
+from nodes import start_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tiny_model_dir):
+    nodes = start_cluster(tmp_path_factory.mktemp("users"), tiny_model_dir, 2)
+    yield nodes
+    for nd in nodes:
+        nd.stop()
+
+
+@pytest.fixture
+def view(qtbot, cluster):
+    tasks = Tasks(max_threads=8)
+    state = ClusterState(tasks, cluster[0].client, interval=0.3)
+    state.start()
+    place = PlacementView(cluster[0].client, tasks, state, cluster[0].home / "logs")
+    qtbot.addWidget(place)
+    place.resize(1000, 800)
+    place.show()
+    place.refresh_models()
+    yield SimpleNamespace(place=place, users=place.users_verdict, cluster=cluster)
+    state.stop()
+    assert tasks.wait(20000)
+
+
+def test_the_verdict_follows_the_number_of_people(qtbot, view):
+    users = view.users
+    assert users.spin.value() == 1 and users.spin.maximum() == 256
+    assert users.spin.accessibleName() == "People at once"
+    qtbot.waitUntil(lambda: users.label.text().startswith("For 1 person: "), timeout=30000)
+    assert "One instance: for 1 person one copy is enough" in users.label.text()
+    asked = users.answer
+    assert asked is not None and asked["users"] == 1
+
+    # sixteen at once: a copy on each machine serves them all; one instance queues half
+    users.spin.setValue(16)
+    qtbot.waitUntil(lambda: users.label.text().startswith("For 16 people: "), timeout=30000)
+    text = users.label.text()
+    assert "Replicas: 2 copies of" in text, text
+    row = users.answer
+    assert row["winner"] == "replicas" and row["one_instance"]["queued"] == 8
+    assert row["replicas"]["queued"] == 0 and row["replicas"]["instances"] == 2
+    # the node names both machines among the copies
+    ids = {nd.client.status().cluster.id for nd in view.cluster}
+    assert {c["nodes"][0] for c in row["replicas"]["copies"]} == ids
