@@ -27,7 +27,9 @@ FIELDS = ("name", "memory.total", "memory.used", "driver_version", "compute_cap"
 COMMAND = ("nvidia-smi", "--query-gpu=" + ",".join(FIELDS), "--format=csv,nounits")
 TIMEOUT_S = 5.0  # nvidia-smi answers in well under a second; a hung driver must not hang us
 MAX_GPUS = 64  # more rows than any box holds: the rest is not a GPU list
-MLX_CUDA_FRACTION = 0.9  # MLX's CUDA allocator caps itself at 90% of the device's memory
+# MLX's CUDA allocator keeps its buffers under 95% of the device's memory (allocator.cpp);
+# the CUDA context, cuBLAS's workspace and a desktop's display live outside that count
+MLX_CUDA_FRACTION = 0.9
 _UNIT = re.compile(r"\s*\[[^\]]*\]$")  # "memory.total [MiB]" → "memory.total"
 
 
@@ -168,18 +170,19 @@ def vram_budget(total: int) -> int:
 def cuda_gpu_budget(gpus: Sequence[NvidiaGpu], mlx_total: int | None = None
                     ) -> tuple[int, str] | None:
     """What MLX's CUDA build may hold on this machine, and the rule used: 90% of the
-    device's memory (MLX's own allocator limit). MLX uses one device, the first CUDA
+    device's memory (MLX_CUDA_FRACTION). MLX uses one device, the first CUDA
     sees; its own figure (`mlx_total`, mx.device_info()) wins, since it knows
-    CUDA_VISIBLE_DEVICES and MIG slices. None where the GPU has no memory of its own
-    (a DGX Spark: its memory is the system's, and MemAvailable stays the rule)."""
+    CUDA_VISIBLE_DEVICES and MIG slices, and on a DGX Spark it is what CUDA sees of the
+    unified memory. None where neither tells (a Spark's nvidia-smi says [N/A]): then the
+    system's MemAvailable stays the rule."""
     if mlx_total:
         total, where = mlx_total, "MLX's device info"
     elif gpus and gpus[0].memory_total_bytes:
         total, where = gpus[0].memory_total_bytes, f"nvidia-smi, {gpus[0].name}"
     else:
         return None
-    return vram_budget(total), (f"90% of the GPU's {total / 1024 ** 3:.1f} GiB "
-                                            f"of VRAM ({where}): MLX's CUDA allocator limit")
+    return vram_budget(total), (f"90% of the GPU's {total / 1024 ** 3:.1f} GiB of VRAM "
+                                f"({where}), the rest for the CUDA context")
 
 
 @functools.cache

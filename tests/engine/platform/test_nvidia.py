@@ -60,7 +60,7 @@ def test_dgx_spark_unified_memory_has_no_vram_figure():
     assert cuda_gpu_budget([gpu]) is None  # its memory is the system's: MemAvailable stays
 
 
-def test_vram_budget_is_mlx_cuda_allocator_limit():
+def test_vram_budget_is_90_percent_of_the_gpus_memory():
     (h100,) = recorded("h100-80gb-hbm3.csv").gpus
     usable, rule = cuda_gpu_budget([h100])
     assert usable == int(81559 * MIB * 0.9) and "VRAM" in rule and "H100" in rule

@@ -43,7 +43,7 @@ def test_the_4090_node_counts_its_vram(tmp_path):
     sim = parse_simulation(mac_and_pc(RTX_4090), placement_profiles.machines(),
                            placement_profiles.models())
     pc = next(n for n in sim.nodes if n.name == "pc")
-    assert pc.memory_bytes == int(24 * GIB * 0.9)  # MLX's CUDA allocator limit
+    assert pc.memory_bytes == int(24 * GIB * 0.9)  # MLX_CUDA_FRACTION
     assert pc.memory_bandwidth_Bps == 1008e9 and pc.compute_flops == 165.2e12
     assert not pc.unpacks  # a GPU keeps quantized weights packed
 
