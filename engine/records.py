@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, Self, cast
 
+from engine.platform.nvidia import NvidiaReport
 from engine.platform.probes import PlatformReport
 
 
@@ -206,7 +207,8 @@ class MemoryInfo(Record):
 @dataclass(frozen=True)
 class MachineInfo(Record):
     """A machine: its chip, OS, GPU, MLX and memory (engine/telemetry/memory.py)."""
-    singles = {"memory": MemoryInfo}
+    singles = {"memory": MemoryInfo, "nvidia": NvidiaReport}
+    optional = ("nvidia",)
     chip: str | None = None  # "Apple M3 Ultra", "AMD EPYC 7763 64-Core Processor"
     os_name: str = ""  # "macOS", "Ubuntu 22.04.4 LTS"
     os_version: str = ""  # "26.2", kernel release on Linux
@@ -214,6 +216,7 @@ class MachineInfo(Record):
     mlx_version: str | None = None
     mlx_backend: str | None = None  # "metal" | "cuda" | "cpu" | None (mlx unusable)
     memory: MemoryInfo = field(default_factory=MemoryInfo)
+    nvidia: NvidiaReport | None = None  # Linux: nvidia-smi's GPUs, or why there are none
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 from engine.placement.model import QUANTIZATIONS, LinkSpec, ModelSpec, NodeSpec
 from engine.placement.validate import PlacementError
 from engine.platform.gpu_memory import mac_gpu_budget
+from engine.platform.nvidia import vram_budget
 
 GIB = 2 ** 30
 
@@ -91,6 +92,9 @@ def node_from(entry: Any, where: str, machines: Mapping[str, Any]) -> NodeSpec:
             raise SimulationError(f"{where}.wired_fraction: expected at most 1, got "
                                   f"{fraction}")
         usable = _num(merged, "memory_gb", where) * GIB * fraction
+    elif prof.get("cuda"):  # an NVIDIA card: its VRAM (a Spark: what CUDA sees), not RAM
+        gib = prof.get("cuda_memory_gb") or _num(merged, "memory_gb", where)
+        usable = vram_budget(int(gib * GIB))
     else:  # what the node's own probe reports on a Mac without a raised wired limit
         usable = mac_gpu_budget(int(_num(merged, "memory_gb", where) * GIB), None, None)[0]
     return NodeSpec(id=str(entry.get("id") or name), name=name, memory_bytes=int(usable),

@@ -14,6 +14,7 @@ import platform
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from engine.platform.device import (
@@ -24,6 +25,7 @@ from engine.platform.device import (
     nvidia_gpu_names,
 )
 from engine.platform.gpu_memory import mac_gpu_budget
+from engine.platform.nvidia import probe_nvidia, this_machine_cuda_budget
 from engine.platform.probes import CommandResult, run_command
 from engine.records import MachineInfo, MemoryInfo
 
@@ -56,8 +58,11 @@ def _int(v: str | None) -> int | None:
 
 
 def memory_info(system: str | None = None, sysctl: Sysctl = _sysctl,
-                meminfo: Path = Path("/proc/meminfo")) -> MemoryInfo:
-    """This machine's memory; never raises."""
+                meminfo: Path = Path("/proc/meminfo"),
+                cuda: Callable[[], tuple[int, str] | None] = this_machine_cuda_budget
+                ) -> MemoryInfo:
+    """This machine's memory; never raises. Where MLX runs on CUDA, what a model may use
+    is the GPU's VRAM (engine/platform/nvidia.py), not the system's RAM."""
     system = system or sys.platform
     if system == "darwin":
         total = _int(sysctl("hw.memsize"))
@@ -67,9 +72,11 @@ def memory_info(system: str | None = None, sysctl: Sysctl = _sysctl,
                                      _int(sysctl("iogpu.wired_limit_mb")))
         return MemoryInfo(total, avail, rule, _int(sysctl("kern.memorystatus_level")))
     try:
-        return parse_meminfo(meminfo.read_text())
+        ram = parse_meminfo(meminfo.read_text())
     except OSError as e:
         return MemoryInfo(None, None, "", unavailable=f"unavailable: can't read {meminfo} ({e})")
+    vram = cuda()
+    return replace(ram, available_bytes=vram[0], rule=vram[1]) if vram else ram
 
 
 def parse_cpuinfo(text: str) -> str | None:
@@ -105,11 +112,12 @@ def machine_info(system: str | None = None) -> MachineInfo:
                            version, backend, memory_info(system))
     chip = parse_cpuinfo(_read(Path("/proc/cpuinfo")))
     os_name = parse_os_release(_read(Path("/etc/os-release")))
+    nvidia = probe_nvidia()
     try:
-        gpu = ", ".join(nvidia_gpu_names()) or None
+        gpu = nvidia.summary or ", ".join(nvidia_gpu_names()) or None
     except OSError:
         gpu = None
     if gpu is None and backend == "cuda":
         gpu = str((mlx_device_info("cuda") or {}).get("device_name") or "CUDA GPU")
     return MachineInfo(chip or platform.processor() or None, os_name or platform.system(),
-                       platform.release(), gpu, version, backend, memory_info(system))
+                       platform.release(), gpu, version, backend, memory_info(system), nvidia)
