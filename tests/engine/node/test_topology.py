@@ -15,7 +15,7 @@ from engine.records import NodeInfo, PeerLink
 
 DOCK = Path(__file__).resolve().parents[2] / "fixtures" / "macos" / "dock"
 NODE_KEYS = ["id", "name", "instances", "followers", "version", "mlx_version", "state",
-             "models", "links", "machine", "speed", "platform", "power", "draft", "serving"]
+             "models", "links", "machine", "speed", "platform", "power", "draft"]
 PEER_KEYS = ["url", "id", "name", "version", "reachable", "trusted", "error", "warning",
              "link", "mlx_version", "seen_s_ago"]
 
