@@ -114,12 +114,13 @@ async def peer_start(request: web.Request) -> web.Response:
 async def peer_prefill(request: web.Request) -> web.StreamResponse:
     """A member's long prompt prefilled here: its KV, as one prompt-cache file, streamed
     back (engine/node/handover.py)."""
-    from engine.node.handover import serve_prefill
+    from engine.node.handover import PREFILL_SECONDS, serve_prefill
     body = await json_object(request)
-    path, size = await serve_prefill(_cluster(request).node, body.get("model"),
-                                     body.get("tokens"))
+    path, size, took = await serve_prefill(_cluster(request).node, body.get("model"),
+                                           body.get("tokens"))
     try:
-        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
+                                           PREFILL_SECONDS: f"{took:.4f}"})
         resp.content_length = size
         await resp.prepare(request)
         with path.open("rb") as f:

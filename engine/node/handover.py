@@ -24,6 +24,7 @@ from engine.errors import PeerUnreachable, ShoalError
 
 log = logging.getLogger(__name__)
 MIN_TOKENS = 1024  # shorter prompts prefill here faster than the round trip pays
+PREFILL_SECONDS = "X-Shoal-Prefill-Seconds"  # the prefill node's model time, in its answer
 WATCH_S = 1.0  # how often a hand-over checks that the prefill node is still there
 HEADER_BYTES = 4 << 20  # a prompt-cache file's safetensors header and metadata, at most
 
@@ -70,22 +71,27 @@ async def before_generate(node: Any, cluster: Any, worker: Any,
     tokens = ids[:-1]
     path = folder(node.home) / f"{uuid.uuid4().hex}.safetensors"
     try:
-        size = await _watched(peer, _fetch(cluster.peers, peer, worker.model_id, tokens,
-                                           path, _bound(node, worker.model_id, len(tokens))))
+        size, there = await _watched(peer, _fetch(cluster.peers, peer, worker.model_id,
+                                                  tokens, path,
+                                                  _bound(node, worker.model_id, len(tokens))))
+        fetched = time.monotonic()
         ans = await worker.adopt_kv(wire.AdoptKV("", tokens, str(path)))
     finally:
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
     if isinstance(ans, wire.Error):
         raise _bad_gateway(f"The KV the prefill node sent couldn't be used: {ans.message}")
-    got = Handed(len(tokens), size, 0.0, time.monotonic() - t0)
-    log.info("%d prompt tokens prefilled by %s: %.1f MB in %.2f s", got.tokens, peer.name,
-             size / 1e6, got.total_s)
+    done = time.monotonic()
+    got = Handed(len(tokens), size, there, done - t0)
+    # the transfer: asked to the file here, less the prefill there
+    log.info("%d prompt tokens prefilled by %s: %.1f MB; prefill %.2f s there, transfer "
+             "%.2f s, adopt %.2f s, in all %.2f s", got.tokens, peer.name, size / 1e6, there,
+             max(fetched - t0 - there, 0.0), done - fetched, got.total_s)
     node.handed = got
     return got
 
 
-async def _watched(peer: Any, fetch: Any) -> int:
+async def _watched(peer: Any, fetch: Any) -> tuple[int, float]:
     """`fetch` until it ends, or until the peers' poll finds the prefill node gone (a
     prefill is silent until its file comes, so no read timeout can tell a long prompt
     from a node that stopped)."""
@@ -134,10 +140,11 @@ def _bound(node: Any, model: str, tokens: int) -> int:
 
 
 async def _fetch(peers: Any, peer: Any, model: str, tokens: list[int], path: Path,
-                 bound: int) -> int:
-    """The prefill node's file for `tokens`, written to `path`; its size."""
+                 bound: int) -> tuple[int, float]:
+    """The prefill node's file for `tokens`, written to `path`; (its size, the seconds the
+    prefill node said its model took)."""
     body = json.dumps({"model": model, "tokens": tokens}).encode()
-    size = 0
+    size, there = 0, 0.0
     try:
         async with peers.stream(peer.url, "POST", "/shoal/peer/prefill", body,
                                 {"Content-Type": "application/json"}) as up:
@@ -149,6 +156,10 @@ async def _fetch(peers: Any, peer: Any, model: str, tokens: list[int], path: Pat
                     why = raw[:200].decode(errors="replace")
                 raise _bad_gateway(f"The prefill node ({peer.name}) couldn't prefill "
                                    f"this prompt: {why}")
+            try:
+                there = float(up.headers.get(PREFILL_SECONDS, "0"))
+            except ValueError:
+                there = 0.0
             with path.open("wb") as f:
                 async for chunk in up.content.iter_chunked(1 << 20):
                     size += len(chunk)
@@ -163,12 +174,12 @@ async def _fetch(peers: Any, peer: Any, model: str, tokens: list[int], path: Pat
     except (OSError, ConnectionError) as e:
         raise PeerUnreachable(f"The prefill node ({peer.name}) stopped answering during "
                               f"the hand-over ({e}).") from None
-    return size
+    return size, there if 0 <= there < 1e6 else 0.0
 
 
-async def serve_prefill(node: Any, model: Any, tokens: Any) -> tuple[Path, int]:
+async def serve_prefill(node: Any, model: Any, tokens: Any) -> tuple[Path, int, float]:
     """A member's /shoal/peer/prefill: the KV of `tokens` written by this node's worker
-    (which must serve `model`, alone); (the file, its size)."""
+    (which must serve `model`, alone); (the file, its size, the model's seconds)."""
     from engine.errors import BadRequest
     w = node.worker
     if not isinstance(model, str) or w is None or not w.alive or w.model_id != model:
@@ -186,7 +197,7 @@ async def serve_prefill(node: Any, model: Any, tokens: Any) -> tuple[Path, int]:
             path.unlink(missing_ok=True)
         from engine.api.render import error_of
         raise error_of(ans)
-    return path, path.stat().st_size
+    return path, path.stat().st_size, ans.seconds
 
 
 def _bad_gateway(message: str) -> ShoalError:
