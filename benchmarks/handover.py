@@ -18,6 +18,7 @@ Run: .venv/bin/python benchmarks/handover.py [--tiny] [--tokens 1000,4000,7800]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -49,14 +50,20 @@ def ttft(url: str, model: str, text: str) -> tuple[float, int, int]:
             "model": model, "messages": [{"role": "user", "content": text}],
             "max_tokens": 2, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {r.read()[:500]!r}")
         first, usage = None, None
         for line in r.iter_lines():
-            if line.startswith("data: {") and first is None and '"content"' in line:
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
+            if first is None and delta.get("content"):
                 first = time.perf_counter() - t0
-            if '"usage"' in line and '"prompt_tokens"' in line:
-                import json
-                usage = json.loads(line[6:]).get("usage")
-    assert first is not None and usage, "no answer"
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+        if first is None or not usage:
+            raise RuntimeError(f"no answer: {line[:300]}")
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return first, usage["prompt_tokens"], cached
 

@@ -136,7 +136,7 @@ def _bound(node: Any, model: str, tokens: int) -> int:
         per = kv_bytes_per_token(config, None)
     except (OSError, ValueError, ShoalError):
         per = 1 << 20
-    return int(tokens * max(per, 1) * 2 * 1.1) + HEADER_BYTES
+    return int((tokens + 256) * max(per, 1) * 2 * 1.1) + HEADER_BYTES
 
 
 async def _fetch(peers: Any, peer: Any, model: str, tokens: list[int], path: Path,

@@ -44,11 +44,25 @@ def prefill_file(model: Any, kv: Any, tokens: list[int], path: Path,
         model(mx.array([tokens[i:i + chunk]]), cache=cache)
         mx.eval([c.state for c in cache])
     took = time.perf_counter() - t0
+    _tighten(cache)
     tmp = path.with_name(path.name + ".tmp.safetensors")
     save_prompt_cache(str(tmp), _plain(cache), {"tokens": json.dumps(tokens),
                                                 "made_by": made_by})
     tmp.replace(path)
     return path.stat().st_size, took
+
+
+def _tighten(cache: list[Any]) -> None:
+    """Plain and quantized KV layers down to the tokens they hold: mlx-lm's buffers grow
+    256 tokens at a time, and a hand-over shouldn't carry the unused end."""
+    from mlx.utils import tree_map
+
+    for c in cache:
+        off, keys = getattr(c, "offset", None), getattr(c, "keys", None)
+        if type(c).__name__ in ("KVCache", "QuantKV", "QuantizedKVCache") \
+                and isinstance(off, int) and keys is not None:
+            c.keys = tree_map(lambda a, n=off: a[..., :n, :], c.keys)
+            c.values = tree_map(lambda a, n=off: a[..., :n, :], c.values)
 
 
 def layout_of(model: Any, kv: Any) -> list[list[tuple[Any, ...]]]:
