@@ -6,6 +6,7 @@ engine.node.planning; this module reads the file, parses options and prints."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from engine.node.planning import (
 from engine.placement.memory import context_label, gb
 from engine.placement.model import QUANTIZATIONS, ModelSpec
 from engine.placement.profiles import SimulationError, parse_simulation, profile_model
+from engine.placement.split_prefill import render_split, split_rows
 from engine.placement.tables import Assumptions
 from engine.placement.users import MAX_USERS, UsersReport, compare, describe
 from engine.placement.users import to_json as users_json
@@ -101,7 +103,19 @@ def cmd_plan(a: argparse.Namespace, cluster: ClusterFetch | None = None) -> int:
     except PlacementError as e:
         print(f"shoal: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(report_json(report)) if a.json else render(report, a.top))
+    # each placement one node serves alone, with each other node prefilling for it
+    split = [(k, r) for k, p in enumerate(report.placements[:a.top], 1)
+             for r in split_rows(report.model, p, report.nodes, report.links,
+                                 sorted(set(a.assume.ttft_prompts)), a.assume)]
+    if a.json:
+        print(json.dumps({**report_json(report), "split_prefill": [
+            {"placement": k, **dataclasses.asdict(r), "pays": r.pays} for k, r in split]}))
+    else:
+        lines = [render(report, a.top)]
+        for k in dict.fromkeys(k for k, _ in split):
+            lines += [f"#{k} {line}" for line in render_split([r for j, r in split
+                                                               if j == k])]
+        print("\n".join(lines))
     return 0 if report.placements else 1
 
 

@@ -1,0 +1,95 @@
+"""When prefilling on another node pays (engine/node/handover.py does it): a placement that
+one node serves alone may have a prompt prefilled by a node outside it, whose KV then
+crosses the link between them. Time to first token with the split is the prefill node's
+prefill of the prompt, the KV's transfer (`layers x K and V per token x bytes` for each
+token, a sliding-window layer's window at most, MLA's latent where the model has it), and
+the decode node's one-token step; without it, the decode node's own prefill. The figures
+are the planner's own (engine/placement/cost.py), so a node with a faster prefill (an
+NVIDIA GPU) wins on long prompts and loses on short ones, where the transfer dominates."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.placement.cost import Stage, pipeline_step_s, ttft_s
+from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
+from engine.placement.planner import Placement
+from engine.placement.tables import DEFAULT, Assumptions
+
+
+@dataclass(frozen=True)
+class SplitRow:
+    node: str  # the prefill node's name
+    prompt: int
+    alone_s: float  # the placement's own time to first token
+    split_s: float  # with the prefill node prefilling
+    prefill_s: float  # of it, the prefill node's prefill
+    transfer_s: float  # of it, the KV over the link
+    kv_bytes: int
+
+    @property
+    def pays(self) -> bool:
+        return self.split_s < self.alone_s
+
+
+def kv_bytes(model: ModelSpec, tokens: int, bytes_per_value: float) -> int:
+    """The KV a prompt of `tokens` tokens leaves in every layer, as handed over."""
+    per_layer = [model.layer_kv_tokens(i, tokens) for i in range(model.layers)]
+    return int(sum(per_layer) * model.kv_per_token * bytes_per_value)
+
+
+def split_rows(model: ModelSpec, placement: Placement, nodes: Sequence[NodeSpec],
+               links: Sequence[LinkSpec], prompts: Sequence[int],
+               a: Assumptions = DEFAULT) -> list[SplitRow]:
+    """For a placement one node serves alone: each other node that holds the whole model
+    and has a link to it, at each prompt length."""
+    if placement.strategy != "single":
+        return []
+    decode = placement.ranks[0]
+    home = next((n for n in nodes if n.id == decode.node), None)
+    if home is None:
+        return []
+    weights = model.total_params * model.bytes_per_param
+    rows = []
+    for node in nodes:
+        link = _link(links, home.id, node.id)
+        if node.id == home.id or link is None or link.bandwidth_Bps <= 0:
+            continue
+        for n in prompts:
+            per_value = 4.0 if node.unpacks else 2.0  # a CPU node's KV is float32
+            moved = kv_bytes(model, n - 1, per_value)
+            if weights + moved > node.memory_bytes:
+                continue
+            alone = ttft_s(model, "single", [Stage(home, (0, model.layers), True)], [], n,
+                           a=a)
+            there = ttft_s(model, "single", [Stage(node, (0, model.layers), True)], [], n,
+                           a=a)
+            transfer = link.latency_s + moved / link.bandwidth_Bps
+            lead = pipeline_step_s(model, [Stage(home, (0, model.layers), True)], [], 1, n, a)
+            rows.append(SplitRow(node.name, n, alone, there + transfer + lead, there,
+                                 transfer, moved))
+    return rows
+
+
+def _link(links: Sequence[LinkSpec], a: str, b: str) -> LinkSpec | None:
+    return next((k for k in links if {k.a, k.b} == {a, b}), None)
+
+
+def render_split(rows: Sequence[SplitRow]) -> list[str]:
+    """The `shoal plan` lines: each prefill node's times against the placement's own."""
+    out: list[str] = []
+    for name in dict.fromkeys(r.node for r in rows):
+        mine = [r for r in rows if r.node == name]
+        cells = "  ".join(f"{_k(r.prompt)}: {r.split_s:.2f} s (alone {r.alone_s:.2f} s, "
+                          f"KV {r.kv_bytes / 1e9:.2f} GB in {r.transfer_s:.2f} s)"
+                          for r in mine)
+        wins = [r.prompt for r in mine if r.pays]
+        verdict = (f"pays from {_k(min(wins))} tokens" if wins
+                   else "doesn't pay at these lengths")
+        out.append(f"with prefill on {name}: {verdict}. {cells}")
+    return out
+
+
+def _k(n: int) -> str:
+    return f"{n // 1000}K" if n >= 1000 and n % 1000 == 0 else str(n)
