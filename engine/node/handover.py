@@ -59,6 +59,8 @@ async def before_generate(node: Any, cluster: Any, worker: Any,
     if plan is None or cluster is None or req.count_only or req.images \
             or worker.dist_config is not None or worker.model_id != plan.model:
         return None
+    if _chars(req) < plan.min_tokens:  # fewer characters than that can't be that many
+        return None                    # tokens: no pass through the worker to count
     ids, cached = await _listing(worker, req)
     if ids is None or len(ids) - 1 - cached < plan.min_tokens:
         return None
@@ -108,6 +110,14 @@ async def _watched(peer: Any, fetch: Any) -> tuple[int, float]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+def _chars(req: wire.GenerateRequest) -> int:
+    """The request's text, in characters (a token is one at least, the template's aside)."""
+    if req.messages:
+        return sum(len(str(m.get("content") or "")) for m in req.messages) + \
+            len(json.dumps(req.tools or []))
+    return len(req.prompt) if req.prompt is not None else 0
 
 
 async def _listing(worker: Any, req: wire.GenerateRequest) -> tuple[list[int] | None, int]:
