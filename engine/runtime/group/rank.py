@@ -195,7 +195,7 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         return VisionGroupLeader(leader, vision)
     if _takes_images(Path(model_path)):
         from engine.runtime.vision.group import LOCKSTEP, group_refusal
-        leader.no_images = group_refusal(Path(model_path), lm, held) or (
+        leader.no_images = group_refusal(lm, held) or (
             LOCKSTEP if streams == 1 else None)
     return leader
 

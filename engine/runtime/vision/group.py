@@ -8,12 +8,11 @@ prefix cache keys it (each image's tokens as ids from its sha256), never the ima
 
 One request at a time (lockstep, --max-streams 1) has no such path: images get a 400.
 
-Qwen2.5-VL and Qwen3-VL place an image's tokens in 3-D: every rank installs the rope
-adapter (positions.py) on its share of the layers, and the plan carries each image
+Qwen2.5-VL, Qwen3-VL and Qwen3.5 place an image's tokens in 3-D: every rank installs the
+rope adapter (positions.py) on its share of the layers, and the plan carries each image
 request's positions and delta to every rank (group/state.py). Qwen3-VL's deepstack
-features enter its first layers: a pipeline's rank 0 must hold them (else a 400), tensor
-ranks get rank 0's through an all_sum (group/batch.py). Qwen3.5 isn't served images in a
-group yet: a 400 saying so."""
+features enter its first layers: a pipeline's rank 0 must hold them (else a 400 saying
+how to place it), tensor ranks get rank 0's through an all_sum (group/batch.py)."""
 
 from __future__ import annotations
 
@@ -32,17 +31,10 @@ LOCKSTEP = ("Images need this model on one node or in a group that batches reque
             "without images, or serve the model with several streams.")
 
 
-M_ROPE = ("Images on this model (Qwen3.5) are served on one node only: here it is split "
-          "over a group, which takes text only. Send the request without images, or serve "
-          "the model on one node that holds it.")
-
 DEEPSTACK = ("Images on this model need its first {need} layers (which take the image's "
              "deepstack features) on the pipeline's first node, which holds {held}: here "
              "it takes text only. Send the request without images, or place the model "
              "with at least {need} layers on its first node.")
-
-# 3-D families a group serves images of; the others of MROPE_FAMILIES get M_ROPE
-GROUP_MROPE = frozenset({"qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
 
 
 def has_images(request: GenerateRequest) -> bool:
@@ -65,7 +57,7 @@ def load_group_vision(folder: Path, lm: Any, held: int | None = None) -> Any:
     can't take them (the log says why; images then get a 400)."""
     from engine.runtime.vision.tower import Vision
 
-    why = group_refusal(folder, lm, held)
+    why = group_refusal(lm, held)
     if why:
         log.warning("the group serves %s as text only: %s", folder, why)
         return None
@@ -77,16 +69,12 @@ def load_group_vision(folder: Path, lm: Any, held: int | None = None) -> Any:
         return None
 
 
-def group_refusal(folder: Path, lm: Any = None, held: int | None = None) -> str | None:
-    """Why a group can't take this vision checkpoint's images whatever its streams, or
-    None: a 3-D family it doesn't serve images of (M_ROPE), or deepstack layers past
-    rank 0's `held` of a pipeline (DEEPSTACK; `lm` has group_positions' adapter)."""
-    from engine.modelconfig import MROPE_FAMILIES
+def group_refusal(lm: Any, held: int | None) -> str | None:
+    """Why a batching group can't take images on its share `lm` of the language model
+    (with group_positions' adapter), or None: deepstack layers past rank 0's `held`
+    layers of a pipeline (DEEPSTACK)."""
     from engine.runtime.vision.positions import MARK
 
-    kind = _model_type(folder)
-    if kind in MROPE_FAMILIES - GROUP_MROPE:
-        return M_ROPE
     placing = getattr(lm, MARK, None)
     if placing is not None and held is not None and placing.deep > held:
         return DEEPSTACK.format(need=placing.deep, held=held)
@@ -94,11 +82,12 @@ def group_refusal(folder: Path, lm: Any = None, held: int | None = None) -> str 
 
 
 def group_positions(folder: Path, lm: Any) -> Any:
-    """Every rank of a batching group, for a 3-D family it serves images of: the rope
+    """Every rank of a batching group, for a family that places images in 3-D: the rope
     adapter on its share `lm` of the language model (positions.Placing); else None."""
+    from engine.modelconfig import MROPE_FAMILIES
     from engine.runtime.vision.positions import MARK, install_in_group
 
-    if _model_type(folder) not in GROUP_MROPE:
+    if _model_type(folder) not in MROPE_FAMILIES:
         return None
     if getattr(lm, MARK, None) is not None:
         return getattr(lm, MARK)
