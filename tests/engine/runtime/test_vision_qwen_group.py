@@ -27,10 +27,12 @@ def _dense(folder: Path) -> Path:
 
 CASES = {  # family, strategy, pipeline split (4 layers; Qwen3-VL's deepstack takes 3)
     "qwen2.5-vl-pipeline": (make_tiny_qwen25vl, "pipeline", [[0, 2], [2, 4]]),
+    "qwen2.5-vl-pipeline-2-lanes": (make_tiny_qwen25vl, "pipeline", [[0, 1], [1, 4]]),
     # (dense: mlx-lm's qwen3_vl_moe sanitize wants lm_head, which only rank 0 holds)
     "qwen3-vl-pipeline": (_dense, "pipeline", [[0, 3], [3, 4]]),
     "qwen2.5-vl-tensor": (make_tiny_qwen25vl, "tensor", None),
-    "qwen3-vl-tensor": (make_tiny_qwen3vl, "tensor", None),
+    "qwen3-vl-tensor": (make_tiny_qwen3vl, "tensor", None),  # (MoE)
+    "qwen3-vl-dense-tensor": (_dense, "tensor", None),
     "qwen3.5-pipeline": (make_tiny_qwen35, "pipeline", [[0, 2], [2, 4]]),
     "qwen3.5-tensor": (make_tiny_qwen35, "tensor", None),
 }
@@ -77,7 +79,8 @@ def test_qwen_images_through_a_group(case: str, tmp_path: Path) -> None:
     text_ids, text_want = one_process(folder, _text(), tmp_path)
     _, other_want = one_process(folder, other, tmp_path)
     want_lp = logprobs_alone(folder, first)
-    group = Group(tmp_path / "g", folder, 2, strategy, layers, streams=4)
+    lanes = 2 if case.endswith("2-lanes") else 1  # the image and text decode apart
+    group = Group(tmp_path / "g", folder, 2, strategy, layers, streams=4, lanes=lanes)
     try:
         assert "vision" in group.ready()[0]["capabilities"]
         leader = group.leader
