@@ -23,7 +23,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from engine.runtime.batching import Prefilled, Streams
@@ -265,34 +265,19 @@ class TensorSteps:
         return self.link.all_sum(x)
 
     def _deepstack(self, seq: Seq, keys: list[int]) -> Any:
-        """Qwen3-VL: every rank holds the layers that take the deepstack features, so
-        rank 0's rows for the chunk's image tokens (K layers, m tokens, hidden) reach the
-        others as _share's do; the chunk's Placed holding just those rows."""
-        import mlx.core as mx
-        import numpy as np
+        """The chunk's Placed with rank 0's deepstack features for its image tokens, on
+        every rank (Qwen3-VL: engine/runtime/vision/group.py)."""
+        from engine.runtime.vision.group import embed_shape, share_deepstack
 
-        k = self.placing.deep if self.placing is not None else 0
-        if seq.placed is None or not k:
-            return seq.placed
-        start = len(seq.tokens)
-        at = np.array([start + i for i, t in enumerate(keys) if t < 0], dtype=np.int64)
-        if not at.size:
+        if seq.placed is None or self.placing is None or not self.placing.deep:
             return seq.placed
         if self._embed is None:
-            from engine.runtime.vision.group import embed_shape
             self._embed = embed_shape(self.model)
-        hidden, dtype = self._embed
-        x = mx.zeros((k, at.size, hidden), dtype)
-        mine = seq.placed.deepstack
-        if mine is not None:  # rank 0
-            whole, features = mine
-            lo, hi = np.searchsorted(whole, start), np.searchsorted(whole, start + len(keys))
-            if hi - lo != at.size or len(features) != k:
-                raise OutOfStep(f"deepstack features for {hi - lo} image tokens of "
-                                f"{len(features)} layers, not {at.size} of {k}")
-            x = mx.stack([f[lo:hi] for f in features]).astype(dtype)
-        x = self.link.all_sum(x)
-        return replace(seq.placed, deepstack=(at, [x[i] for i in range(k)]))
+        try:
+            return share_deepstack(seq.placed, self.placing.deep, len(seq.tokens), keys,
+                                   self._embed, self.link.all_sum)
+        except ValueError as e:
+            raise OutOfStep(str(e)) from None
 
     def settle(self, lane: int) -> Outputs:
         return []

@@ -130,3 +130,31 @@ def embed_shape(model: Any) -> tuple[int, Any]:
     out = embed_tokens(model)(mx.array([[0]]))
     return int(out.shape[-1]), out.dtype
 
+
+
+def share_deepstack(placed: Any, k: int, start: int, keys: list[int], embed: tuple[int, Any],
+                    all_sum: Any) -> Any:
+    """Tensor parallel Qwen3-VL: every rank holds the first `k` layers, which take the
+    deepstack features, so rank 0's rows for the image tokens of the chunk `keys` from
+    prompt position `start` (k layers x m tokens x hidden) reach the others through
+    `all_sum` (zeros elsewhere), as the embeddings do. The chunk's Placed holding just
+    those rows; ValueError where rank 0's don't fit the chunk."""
+    from dataclasses import replace
+
+    import mlx.core as mx
+    import numpy as np
+
+    at = np.array([start + i for i, t in enumerate(keys) if t < 0], dtype=np.int64)
+    if not at.size:
+        return placed
+    hidden, dtype = embed
+    x = mx.zeros((k, at.size, hidden), dtype)
+    if placed.deepstack is not None:  # rank 0
+        whole, features = placed.deepstack
+        lo, hi = np.searchsorted(whole, start), np.searchsorted(whole, start + len(keys))
+        if hi - lo != at.size or len(features) != k:
+            raise ValueError(f"deepstack features for {hi - lo} image tokens of "
+                             f"{len(features)} layers, not {at.size} of {k}")
+        x = mx.stack([f[lo:hi] for f in features]).astype(dtype)
+    x = all_sum(x)
+    return replace(placed, deepstack=(at, [x[i] for i in range(k)]))

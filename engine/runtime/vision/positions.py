@@ -123,6 +123,11 @@ def install(lm: Any, vlm: Any) -> Placing | None:
                   if hasattr(getattr(layer, "self_attn", None), "rotary_emb")), None)
     if mrope is None:
         return None
+    import mlx.core as mx
+
+    # its tables, evaluated here: MLX runs a graph only on the thread that built it, and
+    # the model runs on another (a group's batcher, the Batcher's scheduler)
+    mx.eval(mrope.parameters(), [v for v in vars(mrope).values() if isinstance(v, mx.array)])
     placing = getattr(lm, MARK, None) or Placing()
     for layer in map(_held, lm.layers):
         attn: Any = getattr(layer, "self_attn", None)
