@@ -265,10 +265,11 @@ def make_tiny_qwen25vl(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def make_tiny_qwen3vl(folder: Path, seed: int = 0) -> Path:
+def make_tiny_qwen3vl(folder: Path, seed: int = 0, dense: bool = False) -> Path:
     """Qwen3-VL (the MoE one published): the ViT with learned position embeddings and
     deepstack (features of three vision blocks added to the first language layers'
-    hidden states), M-RoPE with interleaved sections."""
+    hidden states), M-RoPE with interleaved sections. `dense`: the same with a dense
+    language model (model_type qwen3_vl, as Qwen3-VL-8B), its MoE fields dropped."""
     vocab = _qwen_files(folder, "Qwen3VLProcessor", "Qwen3VLImageProcessor")
     (folder / "preprocessor_config.json").write_text(json.dumps({
         **json.loads((folder / "preprocessor_config.json").read_text()),
@@ -284,6 +285,13 @@ def make_tiny_qwen3vl(folder: Path, seed: int = 0) -> Path:
     c["vision_config"].update(depth=3, hidden_size=32, intermediate_size=64, num_heads=2,
                               patch_size=16, out_hidden_size=64, num_position_embeddings=64,
                               deepstack_visual_indexes=[0, 1, 2])
+    if dense:
+        c.update(model_type="qwen3_vl", architectures=["Qwen3VLForConditionalGeneration"])
+        c["vision_config"]["model_type"] = "qwen3_vl"
+        for k in ("decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size",
+                  "norm_topk_prob", "num_experts", "num_experts_per_tok"):
+            c["text_config"].pop(k, None)
+        c["text_config"]["model_type"] = "qwen3_vl_text"
     ends = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
     _write_weights(folder, c, seed, lambda w: _sharpen(w, ends))
     return folder

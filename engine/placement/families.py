@@ -30,8 +30,8 @@ TENSOR_FAMILIES = frozenset({
 })
 
 # Wrappers whose language model Shoal splits itself where mlx-lm's Model has no shard()
-# (engine/runtime/group/tensor_split.py): vision checkpoints' Gemma 3 and Mistral 3.
-SPLIT_BY_SHOAL = frozenset({"gemma3", "mistral3"})
+# (engine/runtime/group/tensor_split.py): vision checkpoints' Gemma 3, Mistral 3, Qwen-VL.
+SPLIT_BY_SHOAL = frozenset({"gemma3", "mistral3", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe"})
 
 # Tensor families whose shard() splits an untied head by vocabulary rows.
 VOCAB_SHARDED = frozenset({"qwen3_5", "qwen3_5_moe"})

@@ -57,6 +57,16 @@ class Flight:
     width: int = 1     # positions per sequence: 1 + guesses for a drafted step
 
 
+def _placing(placing: Any, placed: Any) -> Any:
+    """Around a prompt's chunk: Qwen-VL's attention rotates it at its 3-D positions
+    (engine/runtime/vision/positions.py); nothing for other prompts and families."""
+    from contextlib import nullcontext
+
+    if placing is None or placed is None:
+        return nullcontext()
+    return placing.running(placed)
+
+
 def _feed(plan: Plan) -> Any:
     """A step's input ids (B, 1 + guesses): each sequence's token and its guesses."""
     import mlx.core as mx
@@ -77,6 +87,7 @@ class PipelineSteps:
         self._flights: deque[Flight] = deque()
         self._outs: list[tuple[list[Seq], Any]] = []  # hidden states taken back
         self._plan_msgs: tuple[Any, Any] | None = None
+        self.placing: Any = None  # positions.Placing where the family places in 3-D
 
     def make_cache(self) -> list[Any]:
         return list(self.stage.make_cache())
@@ -106,7 +117,8 @@ class PipelineSteps:
                                         plan.width))
         if plan.chunk >= 0:  # while the next ranks run the decode batch
             seq, keys, embeds = state.chunk(plan)
-            h = _as(stage(chunk_ids(keys), seq.cache, embeds), self._dtype)
+            with _placing(self.placing, seq.placed):
+                h = _as(stage(chunk_ids(keys), seq.cache, embeds), self._dtype)
             link.compute(h)
             self._send([(h, STEP)])
         link.stats.steps += 1
@@ -176,8 +188,9 @@ class PipelineSteps:
         if plan.chunk >= 0:
             seq = state.pending[plan.chunk]
             link.expect(STEP)
-            h = _as(stage(link.recv((1, plan.chunk_len, plan.hidden), dtype, src),
-                          seq.cache), dtype)
+            x = link.recv((1, plan.chunk_len, plan.hidden), dtype, src)
+            with _placing(self.placing, seq.placed):
+                h = _as(stage(x, seq.cache), dtype)
             if stage.last:
                 assert seq.cache is not None
                 link.compute([c.state for c in seq.cache[stage.start:stage.end]])
@@ -201,6 +214,7 @@ class TensorSteps:
         self.kv = kv if kv is not None else KV()  # quantized KV or not (quant_kv.py)
         self.hidden, self.dtype = 0, DTYPES[0]
         self._embed: tuple[int, Any] | None = None  # (hidden, dtype) of image embeddings
+        self.placing: Any = None  # positions.Placing where the family places in 3-D
         self.body = body(model)
 
     def make_cache(self) -> list[Any]:
@@ -222,11 +236,15 @@ class TensorSteps:
         if plan.chunk >= 0:
             seq, keys, embeds = state.chunk(plan)
             assert seq.cache is not None
+            placed = seq.placed
             if seq.embedded:  # rank 0's image embeddings, to every rank
                 embeds = self._share(embeds, len(keys))
-                self.model(chunk_ids(keys), cache=seq.cache, input_embeddings=embeds)
-            else:
-                self.model(mx.array(keys)[None], cache=seq.cache)
+                placed = self._deepstack(seq, keys)
+            with _placing(self.placing, placed):
+                if seq.embedded:
+                    self.model(chunk_ids(keys), cache=seq.cache, input_embeddings=embeds)
+                else:
+                    self.model(mx.array(keys)[None], cache=seq.cache)
             link.compute([c.state for c in seq.cache], collective=True)
         link.stats.steps += 1
         return done
@@ -245,6 +263,21 @@ class TensorSteps:
         if x.shape != (1, n, hidden):
             raise OutOfStep(f"image embeddings of shape {x.shape}, not {(1, n, hidden)}")
         return self.link.all_sum(x)
+
+    def _deepstack(self, seq: Seq, keys: list[int]) -> Any:
+        """The chunk's Placed with rank 0's deepstack features for its image tokens, on
+        every rank (Qwen3-VL: engine/runtime/vision/group.py)."""
+        from engine.runtime.vision.group import embed_shape, share_deepstack
+
+        if seq.placed is None or self.placing is None or not self.placing.deep:
+            return seq.placed
+        if self._embed is None:
+            self._embed = embed_shape(self.model)
+        try:
+            return share_deepstack(seq.placed, self.placing.deep, len(seq.tokens), keys,
+                                   self._embed, self.link.all_sum)
+        except ValueError as e:
+            raise OutOfStep(str(e)) from None
 
     def settle(self, lane: int) -> Outputs:
         return []

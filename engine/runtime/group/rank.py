@@ -127,10 +127,12 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         if cfg.strategy == "pipeline":  # every rank's KV alike: 16 bits, or 8 or 4
             model.quantize_kv(kv)
         vision: Any = None  # rank 0's vision tower, where it serves images
+        lm = model.model if cfg.strategy == "pipeline" else model
+        held = model.end if cfg.strategy == "pipeline" else None  # rank 0's first layers
         if cfg.rank == 0 and streams > 1 and _takes_images(Path(model_path)):
-            from engine.runtime.vision.group import load_group_vision
-            vision = load_group_vision(Path(model_path),
-                                       model.model if cfg.strategy == "pipeline" else model)
+            from engine.runtime.vision.group import group_positions, load_group_vision
+            group_positions(Path(model_path), lm)  # (Qwen-VL) before the tower: its check
+            vision = load_group_vision(Path(model_path), lm, held)
         drafts = None
         if cfg.rank == 0 and streams > 1 and drafting is not None:
             try:  # before the others wait on rank 0 (asleep, on the doorbell)
@@ -171,6 +173,9 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     if streams > 1:  # requests decode together (engine/runtime/group/batch.py)
         from engine.runtime.group.batch import GroupBatcher, serve_follower
         steps = _steps(cfg.strategy, model, link, kv)
+        if _takes_images(Path(model_path)):  # Qwen-VL: 3-D positions on every rank
+            from engine.runtime.vision.group import group_positions
+            steps.placing = group_positions(Path(model_path), lm)
         if cfg.rank != 0:
             serve_follower(steps, link, prefix)  # ends by quit or fatal
         gen: Callable[..., Iterator[Any]] = GroupBatcher(
@@ -190,7 +195,7 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         return VisionGroupLeader(leader, vision)
     if _takes_images(Path(model_path)):
         from engine.runtime.vision.group import LOCKSTEP, group_refusal
-        leader.no_images = group_refusal(Path(model_path)) or (
+        leader.no_images = group_refusal(lm, held) or (
             LOCKSTEP if streams == 1 else None)
     return leader
 

@@ -72,6 +72,8 @@ class Scheduler:
         for (job, sample, embeds), seq in zip(joining, apply_admissions(plan, st, fetched)):
             seq.job, seq.sample = job, sample
             seq.embeds = embeds if seq.embedded else None
+            if seq.placed is not None:  # the same positions, with rank 0's deepstack
+                seq.placed = job.images.placed
         plan.feed = [next_token(s) for s in st.lanes[lane].decoding]
         self._draft(plan)
         ready = [(s.left, i) for i, s in enumerate(st.pending) if s.left > 0]
@@ -155,6 +157,8 @@ class Scheduler:
             fetched.append((cache, job.cached))
             plan.admit.append(job.key)
             plan.cached.append(job.cached)
+            placed = getattr(job.images, "placed", None)  # Qwen-VL: every rank rotates
+            plan.places.append(placed.wire() if placed is not None else [])
         return joining, fetched
 
     def _guard(self) -> None:

@@ -20,8 +20,9 @@ from typing import Any
 from engine.runtime.batching import Job
 from engine.runtime.group.lockstep import DTYPES
 from engine.runtime.prefix import PrefixCache
+from engine.runtime.vision.positions import shifted
 
-HEAD_LEN = 13
+HEAD_LEN = 14
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Plan:
                          # this many guesses (padded where it has fewer)
     trim: list[int] = field(default_factory=list)  # per sequence of the lane: positions
                          # of its last step refused (and padding), trimmed before this one
+    # per admitted prompt: its 3-D positions (Qwen-VL images: positions.Placed.wire), or []
+    places: list[list[int]] = field(default_factory=list)
 
     @property
     def width(self) -> int:
@@ -58,20 +61,24 @@ class Plan:
         import mlx.core as mx
 
         ids = [t for p in self.admit for t in p]
+        places = self.places or [[] for _ in self.admit]
+        pos = [t for p in places for t in p]
         head = [self.lane, len(self.drop), len(self.cancel), self.keep, len(self.admit),
                 len(ids), len(self.feed), self.chunk, self.chunk_len, self.hidden,
-                DTYPES.index(self.dtype), self.guesses, len(self.trim)]
+                DTYPES.index(self.dtype), self.guesses, len(self.trim), len(pos)]
         body = [*self.drop, *self.cancel, *(len(p) for p in self.admit), *self.cached,
-                *ids, *self.feed, *self.trim, 0]  # never empty
+                *ids, *self.feed, *self.trim, *(len(p) for p in places), *pos,
+                0]  # never empty
         return mx.array(head, dtype=mx.int32), mx.array(body, dtype=mx.int32)
 
     @staticmethod
     def body_len(head: list[int]) -> int:
-        return head[1] + head[2] + 2 * head[4] + head[5] + head[6] + head[12] + 1
+        return head[1] + head[2] + 3 * head[4] + head[5] + head[6] + head[12] + head[13] + 1
 
     @classmethod
     def decode(cls, head: list[int], body: list[int]) -> Plan:
-        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt, guesses, nt = head
+        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt, guesses, nt, npos \
+            = head
         at = 0
 
         def take(n: int) -> list[int]:
@@ -81,12 +88,18 @@ class Plan:
 
         drop, cancel, lens, cached, ids, feed, trim = (take(nd), take(nc), take(na),
                                                        take(na), take(nids), take(nf), take(nt))
-        admit, at = [], 0
-        for n in lens:
-            admit.append(ids[at:at + n])
-            at += n
-        return cls(lane, drop, cancel, keep, admit, cached, feed, chunk, chunk_len, hidden,
-                   DTYPES[dt], guesses, trim)
+        place_lens, pos = take(na), take(npos)
+        places = _split(pos, place_lens) if npos else []  # (no prompt with positions)
+        return cls(lane, drop, cancel, keep, _split(ids, lens), cached, feed, chunk,
+                   chunk_len, hidden, DTYPES[dt], guesses, trim, places)
+
+
+def _split(flat: list[int], lens: list[int]) -> list[list[int]]:
+    out, at = [], 0
+    for n in lens:
+        out.append(flat[at:at + n])
+        at += n
+    return out
 
 
 @dataclass
@@ -105,6 +118,7 @@ class Seq:
     # negative, from the image's hash): its chunks run from input embeddings
     embedded: bool = False
     embeds: Any = None         # rank 0: those embeddings, from `cached` on (vision/group.py)
+    placed: Any = None         # Qwen-VL: its 3-D positions and delta (vision/positions.py)
 
     @property
     def left(self) -> int:
@@ -174,9 +188,10 @@ class State:
                 self.prefix.partial(s.tokens, s.cache)
         self.pending = [s for i, s in enumerate(self.pending) if i not in gone]
 
-    def admit(self, prompt: list[int], cache: list[Any] | None, cached: int) -> Seq:
+    def admit(self, prompt: list[int], cache: list[Any] | None, cached: int,
+              placed: Any = None) -> Seq:
         seq = Seq(prompt, list(prompt[:cached]), cache or self.make_cache(), cached=cached,
-                  embedded=any(t < 0 for t in prompt[cached:]))
+                  embedded=any(t < 0 for t in prompt[cached:]), placed=placed)
         self.pending.append(seq)
         return seq
 
@@ -187,7 +202,9 @@ class State:
             self.pending.remove(seq)
             assert seq.cache is not None
             self.prefix.snapshot(seq.prompt, seq.cache)
-            merged = [c.merge([c]) for c in seq.cache]
+            # a Qwen-VL image request's rows rotate at offset + delta from here on
+            delta = seq.placed.delta if seq.placed is not None else 0
+            merged = [c.merge([c]) for c in shifted(seq.cache, delta)]
             lane = min(self.lanes, key=lambda ln: len(ln.decoding))
             if lane.batch is None:
                 lane.batch = merged
@@ -266,9 +283,25 @@ def apply_admissions(plan: Plan, state: State,
         if n != cached:
             raise OutOfStep(f"the prefix cache is out of step (rank 0 holds {cached} of the "
                             f"prompt's tokens, this rank {n})")
-        seqs.append(state.admit(prompt, cache, cached))
+        seqs.append(state.admit(prompt, cache, cached, _placed(plan, i, len(prompt))))
     state.joined()
     return seqs
+
+
+def _placed(plan: Plan, i: int, n: int) -> Any:
+    """The i-th admitted prompt's 3-D positions (positions.Placed), or None."""
+    from engine.runtime.vision.positions import Placed
+
+    wire = plan.places[i] if i < len(plan.places) else []
+    if not wire:
+        return None
+    try:
+        placed = Placed.unwire(wire)
+    except ValueError as e:
+        raise OutOfStep(str(e)) from None
+    if placed.rows.shape[1] != n:
+        raise OutOfStep(f"positions for {placed.rows.shape[1]} tokens, the prompt has {n}")
+    return placed
 
 
 def apply_plan(plan: Plan, state: State) -> list[Seq]:

@@ -1,6 +1,7 @@
 """Tensor parallel splits mlx-lm lacks, as small adapters: a vision checkpoint's wrapper
-Model (gemma3, mistral3) has no shard() though its language model is split as any other
-(mistral3's llama or ministral3 has one; gemma3_text gets llama's split, its attention
+Model (gemma3, mistral3, qwen2_vl, qwen3_vl, qwen3_vl_moe) has no shard() though its
+language model is split as any other (mistral3's llama or ministral3 and Qwen-VL's qwen2,
+qwen3 or qwen3_moe have one; gemma3_text gets llama's split, its attention
 and MLP named alike). Rank 0's vision tower and the token embedding stay whole."""
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ through generate, or batched with text requests, its prefill from embeddings a c
 scheduler step (batched.py). Text requests are the text engine's, batching, prefix cache
 and drafts included. The Qwen-VL families' 3-D image positions reach mlx-lm's attention
 through an adapter in place of its rope modules (positions.py). In a batching group rank
-0 holds the tower and its features enter the sharded language model (group.py); a
-lockstep group, and any group of a Qwen-VL family, answers images with a 400."""
+0 holds the tower and its features enter the sharded language model (group.py), the
+Qwen-VL families' positions reaching every rank in the plan; a lockstep group answers
+images with a 400."""
 
 from __future__ import annotations
 

@@ -7,8 +7,12 @@ all_sum of rank 0's array with zeros elsewhere. The other ranks see the prompt a
 prefix cache keys it (each image's tokens as ids from its sha256), never the image.
 
 One request at a time (lockstep, --max-streams 1) has no such path: images get a 400.
-Nor, yet, do the families whose language model places image tokens in 3-D (Qwen-VL,
-Qwen3.5: their positions would have to reach every rank's attention): a 400 saying so."""
+
+Qwen2.5-VL, Qwen3-VL and Qwen3.5 place an image's tokens in 3-D: every rank installs the
+rope adapter (positions.py) on its share of the layers, and the plan carries each image
+request's positions and delta to every rank (group/state.py). Qwen3-VL's deepstack
+features enter its first layers: a pipeline's rank 0 must hold them (else a 400 saying
+how to place it), tensor ranks get rank 0's through an all_sum (group/batch.py)."""
 
 from __future__ import annotations
 
@@ -27,10 +31,10 @@ LOCKSTEP = ("Images need this model on one node or in a group that batches reque
             "without images, or serve the model with several streams.")
 
 
-M_ROPE = ("Images on this model (its family places an image's tokens in 3-D, as Qwen-VL "
-          "and Qwen3.5 do) are served on one node only: here it is split over a group, "
-          "which takes text only. Send the request without images, or serve the model on "
-          "one node that holds it.")
+DEEPSTACK = ("Images on this model need its first {need} layers (which take the image's "
+             "deepstack features) on the pipeline's first node, which holds {held}: here "
+             "it takes text only. Send the request without images, or place the model "
+             "with at least {need} layers on its first node.")
 
 
 def has_images(request: GenerateRequest) -> bool:
@@ -46,14 +50,16 @@ def refuse_images_in_group(request: GenerateRequest, why: str = LOCKSTEP) -> Non
         raise BadRequest(why, param="messages", code="images_unsupported")
 
 
-def load_group_vision(folder: Path, lm: Any) -> Any:
+def load_group_vision(folder: Path, lm: Any, held: int | None = None) -> Any:
     """Rank 0's vision tower and projector (engine.runtime.vision.tower.Vision) beside its
-    share of the language model `lm` (which holds the token embedding on rank 0); None
-    where mlx-vlm can't load them (the log says why; images then get a 400)."""
+    share of the language model `lm` (which holds the token embedding on rank 0; a
+    pipeline's first `held` layers); None where mlx-vlm can't load them or the group
+    can't take them (the log says why; images then get a 400)."""
     from engine.runtime.vision.tower import Vision
 
-    if group_refusal(folder):
-        log.warning("the group serves %s as text only: %s", folder, M_ROPE)
+    why = group_refusal(lm, held)
+    if why:
+        log.warning("the group serves %s as text only: %s", folder, why)
         return None
     try:
         return Vision(folder, lm)
@@ -63,17 +69,42 @@ def load_group_vision(folder: Path, lm: Any) -> Any:
         return None
 
 
-def group_refusal(folder: Path) -> str | None:
-    """Why a group can't take this vision checkpoint's images whatever its streams
-    (M_ROPE), or None."""
-    from engine.hub.checkpoint import read_config
+def group_refusal(lm: Any, held: int | None) -> str | None:
+    """Why a batching group can't take images on its share `lm` of the language model
+    (with group_positions' adapter), or None: deepstack layers past rank 0's `held`
+    layers of a pipeline (DEEPSTACK)."""
+    from engine.runtime.vision.positions import MARK
+
+    placing = getattr(lm, MARK, None)
+    if placing is not None and held is not None and placing.deep > held:
+        return DEEPSTACK.format(need=placing.deep, held=held)
+    return None
+
+
+def group_positions(folder: Path, lm: Any) -> Any:
+    """Every rank of a batching group, for a family that places images in 3-D: the rope
+    adapter on its share `lm` of the language model (positions.Placing); else None."""
     from engine.modelconfig import MROPE_FAMILIES
+    from engine.runtime.vision.positions import MARK, install_in_group
+
+    if _model_type(folder) not in MROPE_FAMILIES:
+        return None
+    if getattr(lm, MARK, None) is not None:
+        return getattr(lm, MARK)
+    try:
+        return install_in_group(folder, lm)
+    except Exception as e:  # mlx-vlm can't read it: rank 0's tower fails alike (a 400)
+        log.warning("no 3-D positions for %s: %s", folder, str(e)[:200])
+        return None
+
+
+def _model_type(folder: Path) -> str:
+    from engine.hub.checkpoint import read_config
 
     try:
-        kind = str(read_config(folder).get("model_type") or "")
+        return str(read_config(folder).get("model_type") or "")
     except (ShoalError, OSError):
-        return None
-    return M_ROPE if kind in MROPE_FAMILIES else None
+        return ""
 
 
 def is_vision_checkpoint(folder: Path) -> bool:
@@ -99,3 +130,31 @@ def embed_shape(model: Any) -> tuple[int, Any]:
     out = embed_tokens(model)(mx.array([[0]]))
     return int(out.shape[-1]), out.dtype
 
+
+
+def share_deepstack(placed: Any, k: int, start: int, keys: list[int], embed: tuple[int, Any],
+                    all_sum: Any) -> Any:
+    """Tensor parallel Qwen3-VL: every rank holds the first `k` layers, which take the
+    deepstack features, so rank 0's rows for the image tokens of the chunk `keys` from
+    prompt position `start` (k layers x m tokens x hidden) reach the others through
+    `all_sum` (zeros elsewhere), as the embeddings do. The chunk's Placed holding just
+    those rows; ValueError where rank 0's don't fit the chunk."""
+    from dataclasses import replace
+
+    import mlx.core as mx
+    import numpy as np
+
+    at = np.array([start + i for i, t in enumerate(keys) if t < 0], dtype=np.int64)
+    if not at.size:
+        return placed
+    hidden, dtype = embed
+    x = mx.zeros((k, at.size, hidden), dtype)
+    if placed.deepstack is not None:  # rank 0
+        whole, features = placed.deepstack
+        lo, hi = np.searchsorted(whole, start), np.searchsorted(whole, start + len(keys))
+        if hi - lo != at.size or len(features) != k:
+            raise ValueError(f"deepstack features for {hi - lo} image tokens of "
+                             f"{len(features)} layers, not {at.size} of {k}")
+        x = mx.stack([f[lo:hi] for f in features]).astype(dtype)
+    x = all_sum(x)
+    return replace(placed, deepstack=(at, [x[i] for i in range(k)]))

@@ -46,6 +46,18 @@ class Placed:
         placed = np.nonzero(~(rows == np.arange(n)[None, :] + delta).all(axis=0))[0]
         return cls(rows, delta, int(placed[-1]) + 1 if placed.size else 0)
 
+    def wire(self) -> list[int]:
+        """The delta and rows as ints, for the plan a group's rank 0 sends."""
+        return [self.delta, *(int(x) for x in self.rows.ravel())]
+
+    @classmethod
+    def unwire(cls, ints: list[int]) -> Placed:
+        import numpy as np
+
+        if len(ints) < 1 or (len(ints) - 1) % 3:
+            raise ValueError(f"{len(ints)} ints can't be a delta and 3 rows of positions")
+        return cls.of(np.array(ints[1:], dtype=np.int64).reshape(3, -1), ints[0])
+
     def chunk(self, start: int, n: int) -> Any:
         """Positions (3, 1, n) of prompt tokens start.. (past the prompt: index + delta)."""
         import mlx.core as mx
@@ -65,6 +77,7 @@ class Placing:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self.deep = 0  # the first layers that take deepstack features (Qwen3-VL: 3)
 
     @property
     def current(self) -> Placed | None:
@@ -110,8 +123,13 @@ def install(lm: Any, vlm: Any) -> Placing | None:
                   if hasattr(getattr(layer, "self_attn", None), "rotary_emb")), None)
     if mrope is None:
         return None
+    import mlx.core as mx
+
+    # its tables, evaluated here: MLX runs a graph only on the thread that built it, and
+    # the model runs on another (a group's batcher, the Batcher's scheduler)
+    mx.eval(mrope.parameters(), [v for v in vars(mrope).values() if isinstance(v, mx.array)])
     placing = getattr(lm, MARK, None) or Placing()
-    for layer in lm.layers:
+    for layer in map(_held, lm.layers):
         attn: Any = getattr(layer, "self_attn", None)
         rope = getattr(attn, "rope", None)
         if rope is not None and not isinstance(rope, Rotary):
@@ -119,10 +137,36 @@ def install(lm: Any, vlm: Any) -> Placing | None:
             object.__setattr__(attn, "rope", Rotary(rope, mrope, placing))
             attn.pop("rope", None)
     deep = list(getattr(vlm.config.vision_config, "deepstack_visual_indexes", None) or [])
-    for k, layer in enumerate(lm.layers[:len(deep)]):
-        _stack(layer, k, placing)
+    for k, layer in enumerate(map(_held, lm.layers[:len(deep)])):
+        if layer is not None:
+            _stack(layer, k, placing)
+    placing.deep = len(deep)
     object.__setattr__(lm, MARK, placing)
     return placing
+
+
+def _held(layer: Any) -> Any:
+    """The layer itself, where a pipeline stage's Slot stands in for it (None where
+    another rank holds it)."""
+    if type(layer).__name__ != "Slot":
+        return layer
+    return layer.children().get("layer")
+
+
+def install_in_group(folder: Any, lm: Any) -> Placing | None:
+    """install() on a group rank's share of the language model, from the checkpoint's
+    mlx-vlm model loaded lazily (its weights are never read: only its rotary and config
+    are used); None for families without 3-D positions."""
+    from pathlib import Path
+
+    from mlx_vlm.utils import load_model
+
+    return install(lm, load_model(Path(folder), lazy=True))
+
+
+def shifted(cache: list[Any], delta: int) -> list[Any]:
+    """A request's cache whose merge into a batch rotates its row at offset + delta."""
+    return [_shifted(c, delta) for c in cache] if delta else cache
 
 
 def _stack(layer: Any, k: int, placing: Placing) -> None:

@@ -16,14 +16,11 @@ from test_vision_qwen import (  # noqa: E402
     ASK,
     BUILDERS,
     mlx_vlm,
-    prepared,
     request,
-    text_request,
-    turns,
 )
 
 from engine.protocol import GenerateRequest  # noqa: E402
-from tiny_vision import image_input, make_tiny_qwen3vl, make_tiny_qwen25vl, png  # noqa: E402
+from tiny_vision import make_tiny_qwen3vl, png  # noqa: E402
 
 
 def test_the_bundle_keeps_what_the_qwen_families_load(tmp_path: Path) -> None:
@@ -63,61 +60,28 @@ def test_the_bundle_keeps_what_the_qwen_families_load(tmp_path: Path) -> None:
     assert [n for n in loaded if n in dropped] == []
 
 
-def test_a_group_refuses_qwen_images_saying_why(tmp_path: Path) -> None:
-    """A Qwen-VL model split over a group takes text only: rank 0 loads no tower, and an
-    image request is a 400 that says images need one node (gemma3 is unaffected)."""
+def test_deepstack_layers_off_a_pipelines_first_node_refuse_images_saying_how() -> None:
+    """Qwen3-VL's deepstack features enter its first 3 layers, which rank 0 adds: a
+    pipeline whose first node holds 2 answers images with a 400 that says how to place
+    it; one holding 3, a tensor group (every rank holds every layer) and a family without
+    deepstack take them. (Served for real: test_vision_qwen_group.py.)"""
+    from types import SimpleNamespace
+
     from engine.errors import BadRequest
     from engine.runtime.group.rank import GroupLeader
-    from engine.runtime.vision.group import M_ROPE, group_refusal, load_group_vision
-    from tiny_vision import make_tiny_gemma3
+    from engine.runtime.vision.group import group_refusal
+    from engine.runtime.vision.positions import MARK, Placing
 
-    qwen = make_tiny_qwen25vl(tmp_path / "q")
-    assert group_refusal(qwen) == M_ROPE and load_group_vision(qwen, None) is None
-    assert group_refusal(make_tiny_gemma3(tmp_path / "g")) is None
+    placing = Placing()
+    placing.deep = 3
+    lm = SimpleNamespace(**{MARK: placing})
+    assert group_refusal(lm, 3) is None and group_refusal(lm, None) is None
+    assert group_refusal(SimpleNamespace(), 1) is None
     leader = GroupLeader.__new__(GroupLeader)
-    leader.no_images = M_ROPE
-    with pytest.raises(BadRequest, match="one node only") as e:
+    leader.no_images = group_refusal(lm, 2)
+    with pytest.raises(BadRequest, match="at least 3 layers on its first node") as e:
         leader.generate("r", request([png(8, 8)]), threading.Event(), lambda m: None)
-    assert e.value.code == "images_unsupported"
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="ring over loopback")
-def test_a_qwen_pipeline_group_answers_text_and_refuses_images(tmp_path: Path) -> None:
-    """Two ranks on 127.0.0.1, batching: Ready doesn't list vision, an image request gets
-    the 400, a text request beside it answers as one process does."""
-    from dist_harness import Group, collect_all
-
-    from engine.runtime.generate import generate
-    from engine.runtime.load import load_model
-    from engine.runtime.request import prepare
-
-    folder = make_tiny_qwen25vl(tmp_path / "model")
-    model, tokenizer, _ = load_model(folder)
-    txt = text_request(10)
-    ids, _, _, _, _ = prepare(tokenizer, txt, 4096, None)
-    sampling = prepared((folder, model, tokenizer, None), txt)[3]
-    want = [r.token for r in generate(model, tokenizer, ids, sampling)]
-    img = {"messages": turns([png(40, 30, 1)]), "images": [image_input(png(40, 30, 1))],
-           "sampling": {"max_tokens": 10, "temperature": 0.0}}
-    group = Group(tmp_path / "g", folder, 2, "pipeline", [[0, 2], [2, 4]], streams=4)
-    try:
-        ready = group.ready()
-        assert "vision" not in ready[0]["capabilities"]
-        leader = group.leader
-        leader.send({"op": "generate", "id": "img", "request": img})
-        leader.send({"op": "generate", "id": "txt", "request": {
-            "messages": txt.messages, "sampling": {"max_tokens": 10, "temperature": 0.0,
-                                                   "logprobs": 0}}})
-        got = collect_all(leader, ["img", "txt"])
-        assert group.shutdown() == [0, 0]
-    finally:
-        group.kill()
-    refused = got["img"][-1]
-    assert refused["ev"] == "error" and refused["status"] == 400, refused
-    assert "one node only" in refused["message"]
-    assert [lp["id"] for e in got["txt"] if e["ev"] == "delta"
-            for lp in e.get("logprobs") or []] == want
+    assert e.value.code == "images_unsupported" and e.value.param == "messages"
 
 
 def test_a_node_serves_qwen_images_through_the_sdk(tmp_path: Path, tiny_model_dir: Path
