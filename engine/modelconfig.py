@@ -71,7 +71,8 @@ def num_layers(config: Mapping[str, Any]) -> int | None:
 VISION_FAMILIES = frozenset({"gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                              "qwen3_5_moe"})
 # Of those, the ones whose language model places an image's tokens in 3-D (M-RoPE,
-# engine/runtime/vision/positions.py): images on one node only, for now.
+# engine/runtime/vision/positions.py: rank 0 sends each image prompt's positions to a
+# group's other ranks).
 MROPE_FAMILIES = frozenset({"qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5_moe"})
 # Encoder families served as embedding models (engine/runtime/embedding/, mlx-embeddings).
 ENCODER_FAMILIES = frozenset({"bert", "xlm-roberta", "roberta"})

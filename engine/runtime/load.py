@@ -120,7 +120,19 @@ def _share_sanitize(model: Any, keep: Callable[[str], bool]) -> Callable[[Any], 
 
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         weights = {k: v for k, v in weights.items() if keep(k)}
-        out = real(weights) if real is not None else weights
+        try:
+            out = real(weights) if real is not None else weights
+        except KeyError as e:
+            if real is None or "lm_head" not in str(e) \
+                    or any("lm_head" in k for k in weights):
+                raise
+            # a rank without the head whose family's sanitize() moves it unconditionally
+            # (mlx-lm's qwen3_vl_moe): hand it a stand-in, and take it out again
+            import mlx.core as mx
+            nested = any(k.startswith("model.language_model.") for k in weights)
+            stub = "lm_head.weight" if nested else "language_model.lm_head.weight"
+            out = {k: v for k, v in real({**weights, stub: mx.zeros((1,))}).items()
+                   if "lm_head" not in k}
         return after_sanitize(model, out)
     return sanitize
 

@@ -28,8 +28,9 @@ def _dense(folder: Path) -> Path:
 CASES = {  # family, strategy, pipeline split (4 layers; Qwen3-VL's deepstack takes 3)
     "qwen2.5-vl-pipeline": (make_tiny_qwen25vl, "pipeline", [[0, 2], [2, 4]]),
     "qwen2.5-vl-pipeline-2-lanes": (make_tiny_qwen25vl, "pipeline", [[0, 1], [1, 4]]),
-    # (dense: mlx-lm's qwen3_vl_moe sanitize wants lm_head, which only rank 0 holds)
     "qwen3-vl-pipeline": (_dense, "pipeline", [[0, 3], [3, 4]]),
+    # (MoE: mlx-lm's qwen3_vl_moe sanitize wants lm_head, which only rank 0 holds)
+    "qwen3-vl-moe-pipeline": (make_tiny_qwen3vl, "pipeline", [[0, 3], [3, 4]]),
     "qwen2.5-vl-tensor": (make_tiny_qwen25vl, "tensor", None),
     "qwen3-vl-tensor": (make_tiny_qwen3vl, "tensor", None),  # (MoE)
     "qwen3-vl-dense-tensor": (_dense, "tensor", None),
