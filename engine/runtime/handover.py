@@ -118,9 +118,32 @@ def read_file(model: Any, kv: Any, tokens: list[int], path: Path, made_by: str =
             raise BadRequest(f"The handed-over KV's layer {i} holds {offset} tokens, not "
                              f"the prompt's {len(tokens)}.")
         if layout is not None and _layout(c) != layout[i]:
+            _cast(c, layout[i])  # a Mac's float16 KV for a CPU node's float32, and back
+        if layout is not None and _layout(c) != layout[i]:
             raise BadRequest(f"The handed-over KV's layer {i} is shaped {_layout(c)}, not "
                              f"as this model keeps it ({layout[i]}).")
     return cache
+
+
+def _cast(c: Any, want: list[tuple[Any, ...]]) -> None:
+    """A layer's floating-point KV in the dtype this node keeps it in (the shapes must
+    match already; packed quantized values are integers and stay)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    floats = [d for _, d in want if "float" in d]
+    if not floats or getattr(c, "keys", None) is None:
+        return
+    dtype = getattr(mx, floats[0].split(".")[-1], None)
+    if dtype is None:
+        return
+
+    def cast(a: Any) -> Any:
+        return a.astype(dtype) if isinstance(a, mx.array) and \
+            mx.issubdtype(a.dtype, mx.floating) else a
+
+    c.keys, c.values = tree_map(cast, c.keys), tree_map(cast, c.values)
+    mx.eval(c.keys, c.values)
 
 
 def _arrays(x: Any) -> list[Any]:

@@ -80,3 +80,28 @@ def test_a_file_that_is_not_this_models_cache_for_the_tokens_is_refused(tmp_path
     (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(BadRequest, match="can't be read"):
         read_file(model_a, kv, tokens, tmp_path / "junk.safetensors", "a")
+
+
+def test_a_cache_in_another_float_dtype_is_taken_in_this_nodes(tmp_path: Path):
+    """A Mac keeps its KV in float16, a CPU node in float32: the hand-over converts."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    folder = make_family_model(tmp_path / "llama", "llama")
+    model, _, _ = load_model(folder)
+    kv = KV.for_model(model, None)
+    tokens = [(i * 13) % 200 + 3 for i in range(100)]
+    path = tmp_path / "kv.safetensors"
+    prefill_file(model, kv, tokens, path, threading.Event(), chunk=CHUNK, made_by="m")
+    half = tmp_path / "half.safetensors"
+    from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+    cache, meta = load_prompt_cache(str(path), return_metadata=True)
+    for c in cache:
+        c.keys = tree_map(lambda a: a.astype(mx.float16), c.keys)
+        c.values = tree_map(lambda a: a.astype(mx.float16), c.values)
+    save_prompt_cache(str(half), cache, meta)
+    layout = layout_of(model, kv)
+    got = read_file(model, kv, tokens, half, "m", layout)
+    assert all(c.keys.dtype == mx.float32 for c in got)
+    own = read_file(model, kv, tokens, path, "m", layout)
+    assert greedy(model, got, 7, 6) == greedy(model, own, 7, 6)
