@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MARGIN = 0.05  # drafting must be expected to win by this much (timings are noisy)
+MARGIN = 0.1  # drafting must be expected to win by this much (timings are noisy)
 PROBE_EVERY = 16  # passes between probes while drafting doesn't pay, at first ...
 PROBE_MAX = 512  # ... doubling after each probe that didn't pay, up to this
 PROBE_WIDTH = 2
+FIRST_PROBE = 4  # passes before the first: a plain pass's time must be known first
 DECAY = 0.8
 
 
@@ -40,7 +41,7 @@ class Shared:
     r: dict[int, float] = field(default_factory=dict)  # size -> relative cost per guess
     passes: int = 0
     probe_every: int = PROBE_EVERY
-    next_probe: int = PROBE_EVERY
+    next_probe: int = FIRST_PROBE
 
     @property
     def alpha(self) -> float:
