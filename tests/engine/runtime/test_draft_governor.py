@@ -115,7 +115,7 @@ def test_the_governor_stops_where_guesses_lose_and_starts_again_where_they_win()
 
 def test_a_new_prompt_goes_in_within_a_few_decode_steps_of_a_running_batch(tiny):
     """Three answers decode; a fourth request with a ~1,600-token prompt arrives. Its
-    first token comes within about one decode step per 256 of its tokens: the prompt isn't
+    first token comes within about two decode steps per 256 of its tokens: the prompt isn't
     fed in chunks of 16 with a whole batch's decode step after each (100 steps)."""
     from engine.runtime.batching import Batcher
     from engine.runtime.prefix import PrefixCache
@@ -146,4 +146,4 @@ def test_a_new_prompt_goes_in_within_a_few_decode_steps_of_a_running_batch(tiny)
     for t in threads:
         t.join(180)
     assert first.token is not None and all(c == 400 for c in counts)
-    assert waited <= 10, f"the new prompt waited {waited} decode steps"
+    assert waited <= 16, f"the new prompt waited {waited} decode steps"
