@@ -9,21 +9,26 @@ refused is taken back: the cache is trimmed by what every row refused, and each 
 remainder is rolled into its left padding (masked, as a shorter prompt's is), so each
 sequence goes on at its own length.
 
-Steps without guesses are mlx-lm's own. The governor (one per batch size, since a pass's
-cost grows with the batch) chooses the width from the guesses the sequences have, counting
-what the riders pay for it.
+Steps without guesses are mlx-lm's own. The governor (engine/runtime/batch_governor.py)
+chooses the width from the guesses the sequences have, counting what the riders pay for
+it. Its timings are honest: mlx-lm evaluates a step while the next is prepared, so a plain
+step's time is the wait for the one before, counted only where that one was plain over as
+many sequences with no prompt work between; a verify pass is timed from the end of the
+step in flight. While it doesn't draft, prompt lookup's guesses are still made and checked
+against what comes out (shadows), so acceptance stays known at no model cost.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_lm.generate import GenerationBatch
 
-from engine.runtime.speculative import Ask, Drafter, Governor, batch_guesses, draw
+from engine.runtime.batch_governor import BatchGovernor
+from engine.runtime.speculative import Ask, Drafter, PromptLookup, batch_guesses, draw
 
 
 @dataclass
@@ -32,6 +37,9 @@ class Row:
     of guesses made and kept) and its drafter."""
     job: Any
     drafter: Drafter
+    shadow: list[int] = field(default_factory=list)  # guesses not run, still to check
+    guessed: int = 0  # how many the shadow had
+    matched: int = 0  # of which came out so far
 
     @property
     def greedy(self) -> bool:
@@ -80,7 +88,7 @@ class DraftedBatch(GenerationBatch):
     `rows` are the sequences that draft, by uid."""
 
     def __init__(self, model: Any, fallback_sampler: Any,
-                 governor_for: Callable[[int], Governor]):
+                 governor_for: Callable[[int], BatchGovernor]):
         import mlx.core as mx
 
         super().__init__(model=model, uids=[], inputs=mx.array([], dtype=mx.uint32),
@@ -89,26 +97,79 @@ class DraftedBatch(GenerationBatch):
                          stop_sequences=[], max_tokens=[])
         self.rows: dict[int, Row] = {}
         self.governor = governor_for  # engine.runtime.drafting.Drafting's, by batch size
+        self.steady = False  # the batcher's last step ran no prompt's chunk or join
+        self._last: tuple[str, int] | None = None  # the last pass's kind and size
 
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
             return []
+        import mlx.core as mx
+
         t0, size = time.perf_counter(), len(self.uids)
         asks = [self._ask(i) for i in range(size)]
         if not any(asks) or not rewindable(self.prompt_cache):
-            return super().next()
+            return self._plain(t0, size)
+        gov = self.governor(size)
         current: list[int] = []  # the tokens this step feeds, read once a drafter asks
+        began = [t0]
 
         def propose(i: int, k: int) -> list[int]:
-            if not current:
+            if not current:  # the step in flight ends here: its time is a plain pass's
+                mx.eval(self._next_tokens)
+                began[0] = time.perf_counter()
+                if self._timed(size):
+                    gov.observed_rows([], 0, began[0] - t0)
+                self._last = None  # what follows this sync is no measure of a pass
                 current.extend(self._next_tokens.tolist())  # type: ignore[arg-type]
             return self.rows[self.uids[i]].drafter.propose([*self.tokens[i], current[i]], k)
-        guesses = batch_guesses(self.governor(size), asks, propose)
+        guesses = batch_guesses(gov, asks, propose)
         if not any(guesses):
-            out = super().next()  # a pass without guesses: the governor's base
+            return self._plain(t0, size)
+        for row in self.rows.values():  # these guesses ran: acceptance is measured by them
+            row.shadow, row.guessed, row.matched = [], 0, 0
+        out = self._verify(guesses, current, began[0])
+        self._last = ("verify", size)
+        return out
+
+    def _timed(self, size: int) -> bool:
+        """Whether the time to the end of the step in flight measures one plain pass:
+        the last pass was plain over as many sequences, and no prompt's chunk or join ran
+        since (its evaluation would have waited for the step)."""
+        return self.steady and self._last == ("plain", size)
+
+    def _plain(self, t0: float, size: int) -> list[GenerationBatch.Response]:
+        """mlx-lm's own step; its time (the wait for the step in flight) is the
+        governor's base where it measures one; shadow guesses are checked."""
+        out = super().next()
+        if self._timed(size):
             self.governor(size).observed_rows([], 0, time.perf_counter() - t0)
-            return out
-        return self._verify(guesses, current, t0)
+        self._last = ("plain", size)
+        self._check_shadows(out)
+        return out
+
+    def _check_shadows(self, responses: list[GenerationBatch.Response]) -> None:
+        """Each prompt-lookup row's shadow guesses against the token it got (a draft
+        model's guesses cost passes: it has none); where none are pending, guess again."""
+        gov = self.governor(max(len(self.uids), 1))
+        for r in responses:
+            row = self.rows.get(r.uid)
+            if row is None or not row.guessed:
+                continue
+            if row.shadow and row.shadow[0] == r.token:
+                row.shadow.pop(0)
+                row.matched += 1
+            else:
+                row.shadow = []
+            if not row.shadow:
+                gov.shadow(row.guessed, row.matched)
+                row.guessed = row.matched = 0
+        for i, uid in enumerate(self.uids):
+            row = self.rows.get(uid)
+            if row is None or row.guessed or not isinstance(row.drafter, PromptLookup):
+                continue
+            room = self.max_tokens[i] - self._num_tokens[i] - 1
+            row.shadow = row.drafter.propose(self.tokens[i], min(room, gov.shared.max_draft))
+            row.guessed = len(row.shadow)
 
     def _ask(self, i: int) -> Ask | None:
         row = self.rows.get(self.uids[i])

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.runtime.chunking import LARGEST, Chunker
+from engine.runtime.chunking import BESIDE, LARGEST, Chunker
 from engine.runtime.drafting import Drafting
 from engine.runtime.generate import ProgressFn, Record, decode_tps
 from engine.runtime.sampling import Sampling
@@ -146,8 +146,9 @@ class Batcher(Streams):
         self.kv = KV.for_model(model, kv_bits)  # 8 or 4 bits (quant_kv.py), or 16
         self.admission = admission  # engine.runtime.admission.Admission, or None
         self._steps = 0  # decode steps, for the memory guard
+        self._steady = False  # the last step ran no prompt's chunk or join
         self._held: list[Job] = []  # admitted once those in flight leave room
-        self.chunker = chunker or Chunker()
+        self.chunker = chunker or Chunker(least=BESIDE)
         eos = [[int(t)] for t in tokenizer.eos_token_ids]
         self._eos = {t for (t,) in eos}
         # requests draft in the batch (engine/runtime/batch_drafts.py); refused guesses
@@ -188,10 +189,17 @@ class Batcher(Streams):
                 continue
             try:
                 # the chunk size is read at each step (BatchGenerator keeps it public)
-                self._gen.prefill_step_size = self.chunker.size(alone=len(self._jobs) == 1)
+                # (alone: no answer decodes yet, so none waits on a large chunk)
+                self._gen.prefill_step_size = self.chunker.size(
+                    alone=not len(self._gen._generation_batch))
                 with self._gen.stats() as st:
                     prompts, responses = self._gen.next()
                 self.chunker.took(st.prompt_tokens, st.prompt_time)
+                if self._steady and not prompts and st.generation_tokens:
+                    self.chunker.decoded(st.wall_time)  # one decode step, alone
+                self._steady = not prompts  # no prompt's work to wait for next step
+                if self._batch is not None:  # its next step's time is a pass's own
+                    self._batch.steady = self._steady
                 for p in prompts:
                     if p.end_of_segment and not p.end_of_prompt and self._recurrent:
                         self._snapshot(p.uid)  # all of a prompt but its last token is in

@@ -11,6 +11,16 @@ takes chunks of about a second instead: on an Apple GPU a 0.1 s chunk of a large
 of experts is a few dozen tokens that read most of its experts, a fraction of the rate
 of large chunks (the planner's time-to-first-token model counts this, engine/placement/
 cost.py).
+
+While answers decode, a waiting prompt's chunk is worth at least DECODE_SHARE decode steps
+(as last measured): chunking doesn't spare the decoding answers any time (the prompt's
+work is the same in one chunk or ten), it only spreads it, and each chunk costs the
+waiting request one more decode step before its first token. Where a step takes longer
+than TARGET_S / DECODE_SHARE (a CPU, a large batch), a short prompt then goes in at once,
+as mlx_lm.server's 2048-token steps take it, instead of behind a dozen decode steps.
+The one-process batcher's chunks are never below BESIDE tokens for the same reason: a
+chat turn's prompt goes in at once (a few hundred milliseconds on this CPU, tens on a
+GPU), while a long one is still cut.
 """
 
 from __future__ import annotations
@@ -21,14 +31,17 @@ ALONE_S = 1.0    # ... while a prompt prefills alone: few, large chunks, and a r
 SMALLEST = 16
 LARGEST = 2048    # mlx-lm's prefill_step_size
 FIRST = 64
+DECODE_SHARE = 4  # a chunk's time is at least this many decode steps'
+BESIDE = 256  # the one-process batcher's least chunk (engine/runtime/batching.py)
 
 
 class Chunker:
     def __init__(self, target_s: float = TARGET_S, first: int = FIRST,
-                 alone_s: float = ALONE_S):
-        self.target_s, self.alone_s = target_s, alone_s
+                 alone_s: float = ALONE_S, least: int = SMALLEST):
+        self.target_s, self.alone_s, self.least = target_s, alone_s, least
         self._first = first
         self._rate = 0.0  # prompt tokens per second, as last measured
+        self.step_s = 0.0  # one decode step's seconds, as last measured
 
     def size(self, alone: bool = False) -> int:
         """The next chunk: `alone` when nothing else decodes or waits, so no one waits
@@ -36,11 +49,18 @@ class Chunker:
         experts reads most of its experts for 16 tokens as for 2048)."""
         if not self._rate:
             return self._first
-        want = int(self._rate * (self.alone_s if alone else self.target_s))
-        return max(SMALLEST, min(LARGEST, want // SMALLEST * SMALLEST))
+        target = self.alone_s if alone else max(self.target_s, DECODE_SHARE * self.step_s)
+        want = int(self._rate * target)
+        return max(self.least, min(LARGEST, want // SMALLEST * SMALLEST))
 
     def took(self, tokens: int, seconds: float) -> None:
         """A prefill of `tokens` took `seconds`: size the next chunk from that rate."""
         if tokens <= 0 or seconds <= 0:
             return
         self._rate = tokens / seconds
+
+    def decoded(self, seconds: float) -> None:
+        """A decode step took `seconds` (one after another: the step after a chunk
+        measures little, its work having been evaluated with the chunk)."""
+        if seconds > 0:
+            self.step_s = seconds

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.runtime.batch_governor import BatchGovernor, Shared
 from engine.runtime.generate import ProgressFn, Record, cache_holds, decode_tps
 from engine.runtime.sampling import Sampling
 from engine.runtime.speculative import (
@@ -46,18 +47,20 @@ class Drafting:
     draft_model: Any = None  # an mlx-lm model sharing the target's tokenizer
     max_draft: int = DEFAULT_DRAFT
     governor: Governor = field(default_factory=Governor)  # for one sequence at a time
-    governors: dict[int, Governor] = field(default_factory=dict)  # for batches, by size
+    governors: dict[int, BatchGovernor] = field(default_factory=dict)  # batches, by size
     limit: int | None = None  # a draft model's guesses stay below it (ModelDraft)
+    shared: Shared = field(init=False)  # what the batch governors learn together
 
     def __post_init__(self) -> None:
         self.governor.max_draft = self.max_draft
-        self.governors[1] = self.governor
+        self.shared = Shared(self.max_draft)
 
-    def governor_for(self, size: int) -> Governor:
-        """The governor of passes over `size` sequences: what a guess costs grows with
-        the batch, so each size learns its own."""
+    def governor_for(self, size: int) -> BatchGovernor:
+        """The governor of batched passes over `size` sequences: what a guess costs grows
+        with the batch, so each size measures its own; acceptance is shared
+        (engine/runtime/batch_governor.py)."""
         if size not in self.governors:
-            self.governors[size] = Governor(self.max_draft)
+            self.governors[size] = BatchGovernor(self.shared, size)
         return self.governors[size]
 
     @property
@@ -79,7 +82,8 @@ class Drafting:
         if drafted:
             log.info("drafts (%s): %d of %d kept (%.0f%%), %d tokens in %.2f s, "
                      "acceptance on this model %.2f", self.source, accepted, drafted,
-                     100 * accepted / drafted, tokens, seconds, self.governor.alpha)
+                     100 * accepted / drafted, tokens, seconds,
+                     self.shared.alpha if self.governors else self.governor.alpha)
 
     def speculator(self, model: Any, cache: list[Any], context: list[int],
                    sampling: Sampling, sampler: Any, processors: list[Any]) -> Speculator:

@@ -240,7 +240,15 @@ class Ask:
         return cls(room, sampling.draft_tokens, sampling.speculative is True)
 
 
-def batch_guesses(gov: Governor, asks: list[Ask | None],
+class Widths(Protocol):
+    """What batch_guesses asks of a governor (Governor, batch_governor.BatchGovernor)."""
+
+    def length(self, limit: int, cap: int | None = None, force: bool = False) -> int: ...
+
+    def width(self, lengths: list[int]) -> int: ...
+
+
+def batch_guesses(gov: Widths, asks: list[Ask | None],
                   propose: Callable[[int, int], list[int]]) -> list[list[int]]:
     """Each sequence's guesses for one pass over a batch (None in `asks`: it doesn't
     draft, and rides): the governor says how many a sequence may ask for, `propose(i, k)`
