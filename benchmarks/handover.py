@@ -37,9 +37,10 @@ from nodes import start_cluster  # noqa: E402
 WORDS = ["tide", "harbour", "ferry", "gull", "rope", "lamp", "net", "sail", "fog", "reef"]
 
 
-def prompt(tokens: int, seed: int) -> str:
-    """About `tokens` tokens of text nothing before has started the same way."""
-    words = [WORDS[(i * 7 + seed) % len(WORDS)] for i in range(tokens)]
+def prompt(tokens: int, seed: int, per_word: int = 1) -> str:
+    """About `tokens` tokens of text nothing before has started the same way (`per_word`:
+    the tokens a word takes: 1 for SmolLM2's tokenizer, a character each for --tiny's)."""
+    words = [WORDS[(i * 7 + seed) % len(WORDS)] for i in range(tokens // per_word)]
     return f"Log {seed}: " + " ".join(words)
 
 
@@ -91,10 +92,12 @@ def main() -> None:
                                      num_attention_heads=4, num_key_value_heads=2,
                                      max_position_embeddings=40000)
             model, sizes = folder.name, args.tokens or "1000,8000,32000"
+            per_word = 5  # a byte tokenizer: a word and its space
         else:
             from engine.hub.bundled import ensure_default_model
             folder = ensure_default_model(tmp / "models")
             model, sizes = "SmolLM2-135M-Instruct", args.tokens or "1000,4000,7800"
+            per_word = 1
         a, b = nodes = start_cluster(tmp / "pair", folder, 2)
         try:
             for i, n in enumerate(nodes):
@@ -107,11 +110,11 @@ def main() -> None:
             link = next((p["link"] for p in a.client._call("GET", "/shoal/peers")
                          if p.get("id") == bid), {}) or {}
             for n_tokens in (int(x) for x in sizes.split(",")):
-                alone = ttft(a.url, model, prompt(n_tokens, n_tokens))
+                alone = ttft(a.url, model, prompt(n_tokens, n_tokens, per_word))
                 httpx.post(a.url + "/shoal/instances", timeout=900, json={
                     "model": model, "nodes": [{"node": "self"}], "prefill": bid,
                     "prefill_min": 256}).raise_for_status()
-                split = ttft(a.url, model, prompt(n_tokens, n_tokens + 1))
+                split = ttft(a.url, model, prompt(n_tokens, n_tokens + 1, per_word))
                 rows.append({"tokens": alone[1], "alone": alone[0], "split": split[0],
                              "cached": split[2], "handed": handed(a.log)})
                 httpx.post(a.url + "/shoal/instances", timeout=900, json={
