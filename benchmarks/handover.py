@@ -117,6 +117,7 @@ def main() -> None:
                 split = ttft(a.url, model, prompt(n_tokens, n_tokens + 1, per_word))
                 rows.append({"tokens": alone[1], "alone": alone[0], "split": split[0],
                              "cached": split[2], "handed": handed(a.log)})
+                print(rows[-1], flush=True)
                 httpx.post(a.url + "/shoal/instances", timeout=900, json={
                     "model": model, "nodes": [{"node": "self"}]}).raise_for_status()
         finally:

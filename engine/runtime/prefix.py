@@ -170,8 +170,10 @@ class PrefixCache:
 
     def adopt(self, tokens: list[int], cache: list[Any]) -> bool:
         """Keep `cache`, holding exactly `tokens`, that another node prefilled; from any
-        thread (it is stored at the next lookup). False where the cache keeps nothing."""
-        if self.budget_tokens <= 0 or not tokens or len(tokens) > self.budget_tokens:
+        thread (it is stored at the next lookup, past the budget if need be: the request
+        that asked for it comes next, and other entries give way first). False where the
+        prefix cache is off."""
+        if self.budget_tokens <= 0 or not tokens:
             return False
         with self._adopting:
             self._adopted.append((list(tokens), cache))
@@ -180,8 +182,9 @@ class PrefixCache:
     def _take_adopted(self) -> None:
         with self._adopting:
             got, self._adopted = self._adopted, []
-        for tokens, cache in got:
-            self.put(tokens, cache)
+        for tokens, cache in got:  # kept even past the budget: the request that asked
+            self.lru.insert_cache(KEY, list(tokens), cache)  # for it is the next one
+            self._evict()
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache`, holding exactly `tokens` (an entry read back from disk)."""
