@@ -59,6 +59,11 @@ SENTENCES: dict[str, Entry] = {
     "load_failed": Entry(
         "{model} couldn't be loaded on {machine}.", "",
         f"Check that the model is complete (Models), or choose another. {LOG_HINT}"),
+    "handover_failed": Entry(
+        "The machine that prefills long prompts for {model} couldn't hand this one over.",
+        "Shorter prompts and ones this machine has seen are answered here as usual.",
+        "Send the message again; if it keeps failing, launch the model without a prefill "
+        "machine."),
     "peer_unreachable": Entry(
         "Shoal can't reach {machine}{how}.",
         "Shoal keeps trying and uses {machine} again as soon as it answers.",

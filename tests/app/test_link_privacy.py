@@ -119,6 +119,11 @@ class Planner:
 
     base_url = "http://127.0.0.1:9"  # never polled here: the tests hand snapshots in
 
+    def replicas(self):
+        """GET /shoal/replicas: no model runs as copies here."""
+        from engine.records import ReplicasInfo
+        return ReplicasInfo()
+
     def __init__(self, state=None):
         self.state, self.refuse = state, None
 
