@@ -115,9 +115,16 @@ def test_every_kind_of_cache_resumes_a_cut_prefill_to_the_same_answer(family_mod
     cached = retry[-1].cached_tokens
     assert seen <= cached < len(prompt), (seen, cached, len(prompt))
     assert "".join(r.text for r in retry) == want
-    kept = [len(t) for lru in prefix.lru._lru._lrus.values() for _, t in lru]
-    assert cached not in kept and len(kept) <= 2, "the finished prompt (and, for recurrent "\
-        "state, its end's copy) replaced the cut one's entry: one a prompt, not one a chunk"
+    def kept() -> list[int]:
+        return [len(t) for lru in prefix.lru._lru._lrus.values() for _, t in lru]
+    # the batcher keeps a finished answer's KV on its own thread just after its last
+    # record: on a loaded machine that can come a moment after the test reads it
+    deadline = time.monotonic() + 10
+    while cached in kept() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cached not in kept() and len(kept()) <= 2, "the finished prompt (and, for "\
+        "recurrent state, its end's copy) replaced the cut one's entry: one a prompt, not "\
+        "one a chunk"
 
 
 def test_a_cut_prefill_with_drafts_on_resumes_too(family_models):
