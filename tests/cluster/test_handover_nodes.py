@@ -56,7 +56,7 @@ def test_a_long_prompt_prefilled_there_decodes_here_as_one_node_answers(pair) ->
     decode, prefill = pair
     launch(prefill)
     launch(decode)
-    first = long_prompt("harbour", 1400)  # ~2,000 tokens: several chunks
+    first = long_prompt("harbour", 700)  # ~1,000 tokens: longer than a 512-token chunk
     alone = ask(decode, first).json()
     assert (alone["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) == 0
     pid = prefill.client.status().cluster.id
@@ -81,9 +81,9 @@ def test_a_prefill_node_killed_mid_hand_over_fails_that_request_alone(pair) -> N
     decode, prefill = pair
     got: dict[str, httpx.Response] = {}
     t = threading.Thread(target=lambda: got.update(
-        long=ask(decode, long_prompt("lighthouse", 3000), timeout=120)))
+        long=ask(decode, long_prompt("lighthouse", 1800), timeout=120)))
     t.start()
-    time.sleep(2.0)  # the prefill node is at the prompt (~4,000 tokens take it seconds)
+    time.sleep(2.0)  # the prefill node is at the prompt (~2,500 tokens take it seconds)
     prefill.proc.send_signal(signal.SIGKILL)
     prefill.proc.wait(10)
     ok = ask(decode, [{"role": "user", "content": "Say hi."}], timeout=60)
@@ -93,5 +93,5 @@ def test_a_prefill_node_killed_mid_hand_over_fails_that_request_alone(pair) -> N
     assert "prefill node" in got["long"].json()["error"]["message"]
     assert ok.status_code == 200
     # a prompt this node holds needs no prefill node: it still answers
-    again = ask(decode, long_prompt("harbour", 1400))
+    again = ask(decode, long_prompt("harbour", 700))
     assert again.status_code == 200, again.text
