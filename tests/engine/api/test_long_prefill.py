@@ -43,11 +43,24 @@ def node(tmp_path, slow_model):
     n.stop()
 
 
+@pytest.fixture
+def calm_node(tmp_path, slow_model):
+    """The node with its default stall watchdog: a chunk of a long prompt on a loaded
+    machine can be silent past the 3 s the other node allows, which isn't what the test
+    below is about."""
+    n = NodeProcess(home_with(tmp_path, slow_model), "slow")
+    n.wait_healthy()
+    n.wait_ready()
+    yield n
+    n.stop()
+
+
 def _status(n: NodeProcess) -> dict:
     return httpx.get(n.url + "/shoal/status", timeout=10).json()
 
 
-def test_a_client_that_leaves_mid_prefill_stops_only_its_own_request(node):
+def test_a_client_that_leaves_mid_prefill_stops_only_its_own_request(calm_node):
+    node = calm_node
     pid = _status(node)["worker_pid"]
     other: dict = {}
 
