@@ -38,7 +38,7 @@ class PrefillNode:
 
 @dataclass
 class Handed:
-    """The last hand-over, for the log and the tests."""
+    """What a hand-over moved, and how long it took."""
     tokens: int = 0
     bytes: int = 0
     prefill_s: float = 0.0  # the prefill node's model time
@@ -89,7 +89,6 @@ async def before_generate(node: Any, cluster: Any, worker: Any,
     log.info("%d prompt tokens prefilled by %s: %.1f MB; prefill %.2f s there, transfer "
              "%.2f s, adopt %.2f s, in all %.2f s", got.tokens, peer.name, size / 1e6, there,
              max(fetched - t0 - there, 0.0), done - fetched, got.total_s)
-    node.handed = got
     return got
 
 

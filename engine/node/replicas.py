@@ -13,17 +13,15 @@ from typing import Any
 
 from engine.errors import BadRequest, InsufficientMemory, ShoalError
 from engine.node.launch import LaunchRequest, planned_request
-from engine.node.planning import best_placement
+from engine.node.planning import best_placement, plan_from_cluster
 from engine.placement.planner import Placement
 from engine.records import InstanceInfo, InstanceState, LaunchedReplicas, RankInfo
 
 log = logging.getLogger(__name__)
-MAX_REPLICAS = 16
 
 
 def smallest_placement(inputs: Any, req: LaunchRequest, me: str) -> Placement | None:
     """The planner's best among the placements with the fewest machines, or None."""
-    from engine.node.planning import plan_from_cluster
     report = plan_from_cluster(**inputs, context=req.context, model_name=req.model,
                                kv_bits=req.kv(None))
     if not report.placements:

@@ -48,10 +48,8 @@ class Node:
         # a model unused this long is unloaded (None: never); a request may set its own
         self.keep_alive_s = keep_alive_s
         self.keep_alive: dict[str, float | None] = {}  # model -> what its last request set
-        # the node that prefills this node's long prompts (engine/node/handover.py), and
-        # the last hand-over it made
+        # the node that prefills this node's long prompts (engine/node/handover.py)
         self.prefill: Any = None
-        self.handed: Any = None
         from engine.node.model_settings import ModelSettings
         self.model_settings = ModelSettings(home)  # e.g. a context limit per model
         self._used = time.monotonic()  # when the last request ended
