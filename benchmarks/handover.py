@@ -6,7 +6,8 @@ prefills for it (launched with "prefill": B). For each prompt length: time to fi
 of a fresh prompt on A alone, then of another fresh prompt of the same length with the
 split, in the same run; and the hand-over's size and bandwidth (what A's log says of it)
 against the link's, as the nodes measured it. Both nodes have the same CPU here, so the
-split can't win: what it shows is what the hand-over costs (the transfer and the adopting),
+split can't win: what it shows is what the hand-over costs beyond the prefill there (the
+frames stream while it runs: what is left is the last chunk's frames and the adopting),
 which a faster prefill node (an NVIDIA GPU) must beat.
 
 Model: the bundled SmolLM2-135M-Instruct (8,192-token context: up to ~7,900-token
@@ -70,9 +71,11 @@ def ttft(url: str, model: str, text: str) -> tuple[float, int, int]:
 
 
 def handed(log: Path) -> tuple[float, ...] | None:
-    """(MB, prefill s there, transfer s, adopt s) of the last hand-over in A's log."""
-    found = re.findall(r"prefilled by \S+: ([\d.]+) MB; prefill ([\d.]+) s there, "
-                       r"transfer ([\d.]+) s, adopt ([\d.]+) s", log.read_text())
+    """(MB, prefill s there, last frame s after it, adopted s after that) of the last
+    hand-over in A's log."""
+    found = re.findall(r"prefilled by \S+: ([\d.]+) MB streamed; prefill ([\d.]+) s "
+                       r"there, last frame ([\d.]+) s after it, adopted ([\d.]+) s",
+                       log.read_text())
     return tuple(float(x) for x in found[-1]) if found else None
 
 
@@ -128,14 +131,14 @@ def main() -> None:
     bw = link.get("bandwidth_MBps")
     print(f"\n{model}, two nodes on one machine, each pinned to its own core; the link "
           f"measured {bw or '?'} MB/s.\n")
-    print("| prompt tokens | TTFT alone (s) | TTFT split (s) | KV handed over | prefill "
-          "there (s) | transfer (s) | its bandwidth | adopt (s) |")
+    print("| prompt tokens | TTFT alone (s) | TTFT split (s) | KV streamed | prefill "
+          "there (s) | its rate | last frame after it (s) | adopted after that (s) |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        mb, there, moved, adopt = r["handed"] or (0.0, 0.0, 0.0, 0.0)
+        mb, there, tail, adopt = r["handed"] or (0.0, 0.0, 0.0, 0.0)
         print(f"| {r['tokens']} | {r['alone']:.2f} | {r['split']:.2f} "
-              f"({r['cached']} cached) | {mb:.0f} MB | {there:.2f} | {moved:.2f} | "
-              f"{mb / moved if moved else 0:.0f} MB/s | {adopt:.2f} |")
+              f"({r['cached']} cached) | {mb:.0f} MB | {there:.2f} | "
+              f"{mb / there if there else 0:.0f} MB/s | {tail:.2f} | {adopt:.2f} |")
 
 
 if __name__ == "__main__":

@@ -210,8 +210,9 @@ class Rerank(Message):
 
 @dataclass(frozen=True)
 class PrefillKV(Message):
-    """Run the model over `tokens` and write their KV to the file `path` (prefill here,
-    decode on another node: engine/runtime/handover.py); answered by KVWritten."""
+    """Run the model over `tokens` and write their KV's frames to the file `path` as each
+    layer makes them, which the node passes on as it grows (prefill here, decode on
+    another node: engine/runtime/handover.py); Progress as chunks finish, then KVWritten."""
     tag = "prefill_kv"
     key = "op"
     id: str
@@ -221,8 +222,9 @@ class PrefillKV(Message):
 
 @dataclass(frozen=True)
 class AdoptKV(Message):
-    """Keep the KV of `tokens` that another node wrote to `path` in the prefix cache, so
-    the request for them decodes at once; answered by KVAdopted."""
+    """Keep the KV of `tokens` whose frames the node writes to `path` as they arrive (read
+    until their end, or a Cancel) in the prefix cache, so the request for them decodes at
+    once; Progress as chunks arrive, then KVAdopted."""
     tag = "adopt_kv"
     key = "op"
     id: str

@@ -112,24 +112,22 @@ async def peer_start(request: web.Request) -> web.Response:
 
 @routes.post("/shoal/peer/prefill")
 async def peer_prefill(request: web.Request) -> web.StreamResponse:
-    """A member's long prompt prefilled here: its KV, as one prompt-cache file, streamed
-    back (engine/node/handover.py)."""
-    from engine.node.handover import PREFILL_SECONDS, serve_prefill
+    """A member's long prompt prefilled here: its KV's frames streamed back as each layer
+    makes them (engine/node/handover.py)."""
+    from engine.node.handover import Prefill
     body = await json_object(request)
-    path, size, took = await serve_prefill(_cluster(request).node, body.get("model"),
-                                           body.get("tokens"))
+    job = Prefill(_cluster(request).node, body.get("model"), body.get("tokens"))
     try:
-        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
-                                           PREFILL_SECONDS: f"{took:.4f}"})
-        resp.content_length = size
+        first = await job.first()  # a refusal before any KV keeps its own status
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         await resp.prepare(request)
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                await resp.write(chunk)
+        await resp.write(first)
+        async for chunk in job.rest():
+            await resp.write(chunk)
         await resp.write_eof()
         return resp
     finally:
-        path.unlink(missing_ok=True)
+        await job.close()
 
 
 @routes.get("/shoal/peer/instances/{id}")

@@ -1,9 +1,10 @@
 """Prefill on one node, decode on another. A node serving a model alone can name a prefill
 node (a launch's "prefill"): before a request whose prompt has at least `min_tokens` not in
 this node's prefix cache, the prefill node runs the model over the prompt (all but its last
-token) and sends the KV back over the authenticated node channel, as one file in the KV's
-own dtype (engine/runtime/handover.py); this node's worker keeps it in its prefix cache, so
-the request's own lookup finds it and decoding starts after one token. A prompt mostly
+token) and streams the KV back over the authenticated node channel, each layer's rows as
+they are made, in the KV's own dtype (engine/runtime/handover.py, kv_frames.py); this
+node's worker takes the frames in as they arrive and keeps the cache in its prefix cache,
+so the request's own lookup finds it and decoding starts after one token. A prompt mostly
 cached here skips the prefill node. A prefill node that fails or stops answering fails that
 request alone, saying so."""
 
@@ -21,12 +22,13 @@ from typing import Any
 
 from engine import protocol as wire
 from engine.errors import PeerUnreachable, ShoalError
+from engine.runtime.kv_frames import FrameError, Reader, encode
 
 log = logging.getLogger(__name__)
 MIN_TOKENS = 1024  # shorter prompts prefill here faster than the round trip pays
-PREFILL_SECONDS = "X-Shoal-Prefill-Seconds"  # the prefill node's model time, in its answer
 WATCH_S = 1.0  # how often a hand-over checks that the prefill node is still there
-HEADER_BYTES = 4 << 20  # a prompt-cache file's safetensors header and metadata, at most
+HEADER_BYTES = 16 << 20  # the frames' headers (the first lists the tokens), at most
+POLL_S = 0.005  # how often the prefill side looks for the worker's next frames
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,9 @@ def folder(home: Path) -> Path:
 async def before_generate(node: Any, cluster: Any, worker: Any,
                           req: wire.GenerateRequest) -> Handed | None:
     """Have the prefill node compute `req`'s prompt KV for `worker` where that pays; None
-    where the request runs here as it is."""
+    where the request runs here as it is. The worker takes the frames in as they arrive
+    (the prefill there and the transfer run together), so the request decodes as soon
+    as the last layer's rows are here."""
     plan: PrefillNode | None = getattr(node, "prefill", None)
     if plan is None or cluster is None or req.count_only or req.images \
             or worker.dist_config is not None or worker.model_id != plan.model:
@@ -71,35 +75,47 @@ async def before_generate(node: Any, cluster: Any, worker: Any,
                               "again once it is back, or launch the model without it.")
     t0 = time.monotonic()
     tokens = ids[:-1]
-    path = folder(node.home) / f"{uuid.uuid4().hex}.safetensors"
+    path = folder(node.home) / f"{uuid.uuid4().hex}.frames"
+    path.touch()
+    adopting = asyncio.ensure_future(worker.adopt_kv(wire.AdoptKV("", tokens, str(path))))
     try:
-        size, there = await _watched(peer, _fetch(cluster.peers, peer, worker.model_id,
-                                                  tokens, path,
-                                                  _bound(node, worker.model_id, len(tokens))))
+        fetch = _fetch(cluster.peers, peer, worker.model_id, tokens, path,
+                       _bound(node, worker.model_id, len(tokens)))
+        size, there = await _watched(peer, fetch, adopting)
         fetched = time.monotonic()
-        ans = await worker.adopt_kv(wire.AdoptKV("", tokens, str(path)))
+        ans = await adopting
     finally:
+        if not adopting.done():  # the fetch failed: the worker stops waiting for frames
+            adopting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await adopting
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
     if isinstance(ans, wire.Error):
         raise _bad_gateway(f"The KV the prefill node sent couldn't be used: {ans.message}")
     done = time.monotonic()
     got = Handed(len(tokens), size, there, done - t0)
-    # the transfer: asked to the file here, less the prefill there
-    log.info("%d prompt tokens prefilled by %s: %.1f MB; prefill %.2f s there, transfer "
-             "%.2f s, adopt %.2f s, in all %.2f s", got.tokens, peer.name, size / 1e6, there,
-             max(fetched - t0 - there, 0.0), done - fetched, got.total_s)
+    # the transfer ran beside the prefill there: what it added is the time past it
+    log.info("%d prompt tokens prefilled by %s: %.1f MB streamed; prefill %.2f s there, "
+             "last frame %.2f s after it, adopted %.2f s after that, in all %.2f s",
+             got.tokens, peer.name, size / 1e6, there, max(fetched - t0 - there, 0.0),
+             done - fetched, got.total_s)
     return got
 
 
-async def _watched(peer: Any, fetch: Any) -> tuple[int, float]:
-    """`fetch` until it ends, or until the peers' poll finds the prefill node gone (a
-    prefill is silent until its file comes, so no read timeout can tell a long prompt
-    from a node that stopped)."""
+async def _watched(peer: Any, fetch: Any, adopting: asyncio.Future) -> tuple[int, float]:
+    """`fetch` until it ends, or until the peers' poll finds the prefill node gone (the
+    frames of a long chunk can be minutes apart on a slow node, so no read timeout can
+    tell a long prompt from a node that stopped), or the worker refuses the frames."""
     task = asyncio.ensure_future(fetch)
     try:
         while not task.done():
-            await asyncio.wait({task}, timeout=WATCH_S)
+            await asyncio.wait({task, adopting}, timeout=WATCH_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not task.done() and adopting.done():
+                ans = adopting.result()
+                why = ans.message if isinstance(ans, wire.Error) else "it stopped early"
+                raise _bad_gateway("The KV the prefill node sends couldn't be used: " + why)
             if not task.done() and not peer.reachable:
                 raise PeerUnreachable(f"The prefill node ({peer.name}) stopped answering "
                                       "during the hand-over; this request is lost. Try "
@@ -150,10 +166,12 @@ def _bound(node: Any, model: str, tokens: int) -> int:
 
 async def _fetch(peers: Any, peer: Any, model: str, tokens: list[int], path: Path,
                  bound: int) -> tuple[int, float]:
-    """The prefill node's file for `tokens`, written to `path`; (its size, the seconds the
-    prefill node said its model took)."""
+    """The prefill node's frames for `tokens`, appended to `path` as they come (the
+    worker reads them there); (their bytes, the seconds the prefill node's model took,
+    from its end frame)."""
     body = json.dumps({"model": model, "tokens": tokens}).encode()
-    size, there = 0, 0.0
+    size, end = 0, None
+    frames = Reader(keep=False)
     try:
         async with peers.stream(peer.url, "POST", "/shoal/peer/prefill", body,
                                 {"Content-Type": "application/json"}) as up:
@@ -165,48 +183,101 @@ async def _fetch(peers: Any, peer: Any, model: str, tokens: list[int], path: Pat
                     why = raw[:200].decode(errors="replace")
                 raise _bad_gateway(f"The prefill node ({peer.name}) couldn't prefill "
                                    f"this prompt: {why}")
-            try:
-                there = float(up.headers.get(PREFILL_SECONDS, "0"))
-            except ValueError:
-                there = 0.0
-            with path.open("wb") as f:
-                async for chunk in up.content.iter_chunked(1 << 20):
+            with path.open("ab") as f:
+                async for chunk in up.content.iter_any():
                     size += len(chunk)
-                    if size > bound:
+                    if size > bound or end is not None:
                         raise _bad_gateway(f"The prefill node ({peer.name}) sent more KV "
                                            f"than {len(tokens)} tokens hold; its answer "
                                            "was dropped.")
                     f.write(chunk)
+                    f.flush()
+                    for header, _ in frames.feed(chunk):
+                        if header["kind"] == "error":
+                            raise _bad_gateway(f"The prefill node ({peer.name}) failed: "
+                                               f"{str(header.get('message'))[:300]}")
+                        if header["kind"] == "end":
+                            end = header
+    except FrameError as e:
+        raise _bad_gateway(f"The prefill node ({peer.name}) sent what isn't KV ({e}).") \
+            from None
     except PeerUnreachable as e:
         raise PeerUnreachable(f"The prefill node ({peer.name}) stopped answering during "
                               f"the hand-over: {e.message}") from None
     except (OSError, ConnectionError) as e:
         raise PeerUnreachable(f"The prefill node ({peer.name}) stopped answering during "
                               f"the hand-over ({e}).") from None
-    return size, there if 0 <= there < 1e6 else 0.0
+    if end is None:
+        raise PeerUnreachable(f"The prefill node ({peer.name}) stopped answering during "
+                              "the hand-over (its answer ended before the last layer).")
+    there = end.get("seconds")
+    return size, float(there) if isinstance(there, (int, float)) and 0 <= there < 1e6 \
+        else 0.0
 
 
-async def serve_prefill(node: Any, model: Any, tokens: Any) -> tuple[Path, int, float]:
-    """A member's /shoal/peer/prefill: the KV of `tokens` written by this node's worker
-    (which must serve `model`, alone); (the file, its size, the model's seconds)."""
-    from engine.errors import BadRequest
-    w = node.worker
-    if not isinstance(model, str) or w is None or not w.alive or w.model_id != model:
-        raise BadRequest(f"This node doesn't run {str(model)[:80]!r} now; launch it here "
-                         "to prefill for it.", param="model")
-    if w.dist_config is not None:
-        raise BadRequest("This node runs the model as part of a group; a prefill node "
-                         "runs it alone.", param="model")
-    if not isinstance(tokens, list) or not tokens:
-        raise BadRequest("Send the prompt's token ids as 'tokens'.", param="tokens")
-    path = folder(node.home) / f"{uuid.uuid4().hex}.safetensors"
-    ans = await w.prefill_kv(wire.PrefillKV("", tokens, str(path)))
-    if isinstance(ans, wire.Error):
+class Prefill:
+    """A member's /shoal/peer/prefill on this node: this node's worker writes the frames
+    of `tokens` to a file, which `chunks` passes on as it grows, ending with this node's
+    end frame (or its error frame, once the answer has begun)."""
+
+    def __init__(self, node: Any, model: Any, tokens: Any):
+        from engine.errors import BadRequest
+        w = node.worker
+        if not isinstance(model, str) or w is None or not w.alive or w.model_id != model:
+            raise BadRequest(f"This node doesn't run {str(model)[:80]!r} now; launch it "
+                             "here to prefill for it.", param="model")
+        if w.dist_config is not None:
+            raise BadRequest("This node runs the model as part of a group; a prefill node "
+                             "runs it alone.", param="model")
+        if not isinstance(tokens, list) or not tokens:
+            raise BadRequest("Send the prompt's token ids as 'tokens'.", param="tokens")
+        self.path = folder(node.home) / f"{uuid.uuid4().hex}.frames"
+        self.path.touch()
+        self._file = self.path.open("rb")
+        self._task = asyncio.ensure_future(w.prefill_kv(wire.PrefillKV("", tokens,
+                                                                      str(self.path))))
+
+    async def first(self) -> bytes:
+        """The first bytes; an error (its own status) where the worker refused before
+        writing any."""
+        while not (data := self._file.read(1 << 20)):
+            if self._task.done():
+                ans = self._task.result()
+                if isinstance(ans, wire.Error):
+                    from engine.api.render import error_of
+                    raise error_of(ans)
+                return b""
+            await asyncio.sleep(POLL_S)
+        return data
+
+    async def rest(self) -> Any:
+        """The rest of the frames as the worker writes them, then the last word."""
+        while True:
+            data = self._file.read(1 << 20)
+            if data:
+                yield data
+            elif self._task.done():
+                if data := self._file.read():
+                    yield data
+                ans = self._task.result()
+                if isinstance(ans, wire.Error):
+                    yield encode({"kind": "error", "message": ans.message})
+                else:
+                    yield encode({"kind": "end", "seconds": ans.seconds})
+                return
+            else:
+                await asyncio.sleep(POLL_S)
+
+    async def close(self) -> None:
+        """The worker's prefill cancelled where it still runs (the member left); the
+        file removed."""
+        if not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._file.close()
         with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
-        from engine.api.render import error_of
-        raise error_of(ans)
-    return path, path.stat().st_size, ans.seconds
+            self.path.unlink(missing_ok=True)
 
 
 def _bad_gateway(message: str) -> ShoalError:

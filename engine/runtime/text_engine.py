@@ -21,6 +21,7 @@ from engine.protocol import (
     KVWritten,
     Loading,
     PrefillKV,
+    Progress,
 )
 from engine.runtime.engine import Emit, Engine
 
@@ -67,28 +68,40 @@ class TextEngine(Engine):
             self.on_request(rid, False)
 
     def prefill_kv(self, cmd: PrefillKV, cancel: threading.Event, emit: Emit) -> None:
-        """The prompt's KV for another node (engine/runtime/handover.py), run on this
-        command's own thread beside the requests this engine serves."""
-        from engine.runtime.handover import Cancelled, prefill_file
+        """The prompt's KV for another node (engine/runtime/handover.py), written to the
+        file the node passes on as it grows; run on this command's own thread beside the
+        requests this engine serves. Each chunk done is a Progress: work, not silence."""
+        from engine.runtime.handover import Cancelled, prefill_stream
         from engine.runtime.quant_kv import KV
 
         self._check_ids(cmd.tokens)
+        n = len(cmd.tokens)
         try:
-            size, took = prefill_file(self.model, KV.for_model(self.model, self.kv_bits),
-                                      cmd.tokens, Path(cmd.path), cancel,
-                                      made_by=self.fingerprint())
+            with Path(cmd.path).open("wb") as out:
+                took = prefill_stream(self.model, KV.for_model(self.model, self.kv_bits),
+                                      cmd.tokens, out, cancel, made_by=self.fingerprint(),
+                                      progress=lambda done: emit(Progress(cmd.id, 0, done, n)))
         except Cancelled:
             emit(Error(cmd.id, "cancelled", "The prefill was cancelled.", None, 499))
             return
-        emit(KVWritten(cmd.id, size, round(took, 4)))
+        emit(KVWritten(cmd.id, Path(cmd.path).stat().st_size, round(took, 4)))
 
     def adopt_kv(self, cmd: AdoptKV, cancel: threading.Event, emit: Emit) -> None:
-        from engine.runtime.handover import read_file
+        """Another node's KV for cmd.tokens, read from the file the node writes as the
+        frames arrive (until their end, or the node's cancel), into the prefix cache."""
+        from engine.runtime.handover import Cancelled, adopt_stream, tail
         from engine.runtime.quant_kv import KV
 
         self._check_ids(cmd.tokens)
-        cache = read_file(self.model, KV.for_model(self.model, self.kv_bits), cmd.tokens,
-                          Path(cmd.path), self.fingerprint(), self.kv_layout)
+        n = len(cmd.tokens)
+        try:
+            cache = adopt_stream(self.model, KV.for_model(self.model, self.kv_bits),
+                                 cmd.tokens, tail(Path(cmd.path), cancel), self.fingerprint(),
+                                 self.kv_layout,
+                                 progress=lambda done: emit(Progress(cmd.id, 0, done, n)))
+        except Cancelled:
+            emit(Error(cmd.id, "cancelled", "The hand-over was cancelled.", None, 499))
+            return
         prefix = getattr(self.gen, "prefix", None)
         if prefix is None or not prefix.adopt(cmd.tokens, cache):
             raise BadRequest("This node keeps no prefix cache to decode from another "

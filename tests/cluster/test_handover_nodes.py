@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from engine.hub.bundled import bundled_gguf, ensure_default_model
+from engine.runtime.kv_frames import Reader
+from members import Member
 from nodes import NodeProcess, start_cluster
 from tests_support import wait_until
 
@@ -75,6 +77,29 @@ def test_a_long_prompt_prefilled_there_decodes_here_as_one_node_answers(pair) ->
         decode.url + "/shoal/replicas", timeout=10).json()["replicas"]), 10)
     short = ask(decode, [{"role": "user", "content": "Say hi."}])
     assert short.status_code == 200
+
+
+def test_the_prefill_route_serves_members_only_and_checks_what_they_send(pair) -> None:
+    """A stranger without the secret gets nothing; a member's ids are checked as a
+    client's are (a 400 naming the field, the worker unharmed)."""
+    decode, prefill = pair
+    with pytest.raises(httpx.HTTPError):  # no cluster certificate: no TLS at all
+        httpx.post(prefill.cluster_url + "/shoal/peer/prefill", verify=False, timeout=5,
+                   json={"model": MODEL, "tokens": [1, 2, 3]})
+    assert httpx.post(prefill.url + "/shoal/peer/prefill", timeout=10, json={
+        "model": MODEL, "tokens": [1, 2, 3]}).status_code == 401
+    with Member(prefill.cluster_url, "test-cluster-secret") as m:
+        for body, field in (({"model": "other", "tokens": [1]}, "model"),
+                            ({"model": MODEL, "tokens": "1 2 3"}, "tokens"),
+                            ({"model": MODEL, "tokens": [1, 10 ** 9]}, None),
+                            ({"model": MODEL, "tokens": [1, True]}, None)):
+            r = m.call("POST", "/shoal/peer/prefill", body)
+            assert r.status_code == 400, (body, r.text)
+            assert field is None or r.json()["error"]["param"] == field
+        ok = m.send("POST", "/shoal/peer/prefill", {"model": MODEL, "tokens": [1, 2, 3]})
+        assert ok.status_code == 200  # a stream: its head is signed, TLS keeps the rest
+        kinds = [h["kind"] for h, _ in Reader(keep=False).feed(ok.content)]
+        assert kinds[0] == "begin" and kinds[-1] == "end" and "rows" in kinds
 
 
 def test_a_prefill_node_killed_mid_hand_over_fails_that_request_alone(pair) -> None:
