@@ -183,6 +183,8 @@ class Cluster:
         inputs = inputs or self.plan_inputs(req.model)  # config.json read once a launch
         t0 = time.monotonic()
         prefill = self._prefill_node(req, len(ranks))
+        if prefill is not None:
+            await self._start_prefill_node(req)
         self.node.prefill = None  # whatever this launch replaces prefilled for another
         if len(ranks) == 1:  # one node: a plain single-process model here
             memory_check(inputs, req, "pipeline", ranks, chosen)
@@ -250,6 +252,25 @@ class Cluster:
             raise BadRequest("'prefill' names the node that decodes; name another.",
                              param="prefill")
         return PrefillNode(peer.id, req.model, req.prefill_min or MIN_TOKENS)
+
+    async def _start_prefill_node(self, req: LaunchRequest) -> None:
+        """The model started alone on the launch's prefill node, where it isn't already
+        (with this launch's KV bits: the two sides' KV must match); one that serves
+        another model now is left as it is, and the launch refused, saying so."""
+        from engine.errors import BadRequest
+        peer = self.peers.find(req.prefill or "")
+        serving = peer.info.serving if peer is not None and peer.info else None
+        if serving is not None and serving.model == req.model \
+                and serving.strategy == "single":
+            return
+        if serving is not None:
+            raise BadRequest(f"The prefill node ({peer.name}) serves {serving.model[:80]} "
+                             "now; stop that there, or name another prefill node.",
+                             param="prefill")
+        log.info("starting %s on %s to prefill for this node", req.model, peer.name)
+        await peer_record(InstanceInfo, self.peers, peer.url, "POST", "/shoal/instances",
+                          {"model": req.model, "nodes": [{"node": "self"}],
+                           "kv_bits": req.kv_bits}, timeout=900)
 
     def _platforms(self, ranks: list[Rank]) -> dict[str, PlatformReport | None]:
         """Each rank node's platform report (Thunderbolt, RDMA), for jaccl's devices."""

@@ -1,7 +1,7 @@
 """Prefill on one node, decode on another: two real nodes on loopback serving the bundled
 model, the first launched with the second as its prefill node. A long prompt is prefilled
 there and decoded here, token for token as one node answers it alone, its prompt reported
-as cached; a prompt this node holds skips the prefill node; a short one never uses it; a
+as cached (the launch started the model on the prefill node); a prompt this node holds skips the prefill node; a short one never uses it; a
 prefill node killed mid-hand-over fails that request alone, saying so."""
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProcess]
 
 def test_a_long_prompt_prefilled_there_decodes_here_as_one_node_answers(pair) -> None:
     decode, prefill = pair
-    launch(prefill)
     launch(decode)
     first = long_prompt("harbour", 700)  # ~1,000 tokens: longer than a 512-token chunk
     alone = ask(decode, first).json()
@@ -66,6 +65,8 @@ def test_a_long_prompt_prefilled_there_decodes_here_as_one_node_answers(pair) ->
         "model": MODEL, "nodes": [{"node": "self"}], "prefill": "no-such-node"})
     assert bad.status_code == 400 and "prefill" in bad.text
     launch(decode, prefill=pid, prefill_min=300)  # a fresh worker: an empty cache
+    # the launch started the model on the prefill node, which served nothing
+    assert prefill.client.status().model == MODEL
     split = ask(decode, first).json()
     assert "choices" in split, split
     assert split["choices"][0]["message"]["content"] == \
