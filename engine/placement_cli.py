@@ -247,7 +247,7 @@ def render(r: PlanReport, top: int = 10) -> str:
             pred = [f"{p.decode_tps:.1f}", f"{p.prediction.decode_tps_full:.1f}",
                     f"{p.prefill_tps:.0f}", _streams(p.prediction),
                     _drafted(p.prediction), _joules(p.prediction),
-                    *([_ttft(p.prediction)] if prompts else [])
+                    *([_ttft(p.prediction) + _with_prefill(p)] if prompts else [])
                     ] if j == 0 else [""] * (7 if prompts else 6)
             rows.append([*first, rk.name, layers, mem + (" !" if not rk.memory.fits else ""),
                          *pred])
@@ -276,6 +276,11 @@ def _seconds(s: float) -> str:
 def _ttft(p: Any) -> str:
     """Seconds to the first token alone, per prompt length."""
     return "/".join(_seconds(alone) for _, _, alone, _ in p.ttft)
+
+
+def _with_prefill(p: Any) -> str:
+    """The longest prompt's first token with the prefill node it is ranked with (agents)."""
+    return f" ({_seconds(p.prefill.split_s)} with {p.prefill.node})" if p.prefill else ""
 
 
 def _drafted(p: Any) -> str:

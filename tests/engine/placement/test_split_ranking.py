@@ -66,6 +66,8 @@ def test_agents_at_32k_take_the_cards_prefill_and_at_1k_dont(tmp_path: Path):
     shown = cli(tmp_path, "10gbe", "--prompts", "32000", "--rank", "agents").stdout
     assert (f'#1 ranked with prefill on rtx (a launch from it names "prefill": "{CARD}"): '
             f'first token of a 32K-token prompt in') in shown
+    # the FIRST TOKEN column: the Mac's own 44 s, and with the card prefilling
+    assert shown.splitlines()[2].endswith(" 44 (10 with rtx)"), shown
 
     # 1000 tokens is under the hand-over's minimum: no split, the pipeline is soonest
     short = agents(tmp_path, "10gbe", "1000")
