@@ -280,7 +280,8 @@ def _ttft(p: Any) -> str:
 
 def _with_prefill(p: Any) -> str:
     """The longest prompt's first token with the prefill node it is ranked with (agents)."""
-    return f" ({_seconds(p.prefill.split_s)} with {p.prefill.node})" if p.prefill else ""
+    return f" ({_seconds(p.prefill.row.split_s)} with {p.prefill.row.node})" \
+        if p.prefill else ""
 
 
 def _drafted(p: Any) -> str:

@@ -18,7 +18,7 @@ from engine.placement.links import Topology, ring_links
 from engine.placement.memory import MemoryUse, Sizer, gb, refusal
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
 from engine.placement.split import split_pipeline
-from engine.placement.split_prefill import SplitRow, prefer_split
+from engine.placement.split_prefill import Prefill, prefer_split
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import (
     ModelShape,
@@ -50,7 +50,7 @@ class Placement:
     prediction: Prediction
     files_on: int = 0  # ranks whose node already holds the model's files
     warnings: tuple[str, ...] = field(default=())
-    prefill: SplitRow | None = None  # a node that prefills its longest prompt sooner (agents)
+    prefill: Prefill | None = None  # a node that prefills its long prompts sooner (agents)
 
     @property
     def decode_tps(self) -> float:
@@ -70,7 +70,7 @@ class Placement:
                 "strategy": "tensor" if self.strategy == "tensor" else "pipeline",
                 "backend": self.backend,
                 "nodes": [{"node": r.node, "layers": list(r.layers)} for r in self.ranks],
-                **({"prefill": self.prefill.node_id} if self.prefill else {})}
+                **(self.prefill.launch() if self.prefill else {})}
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ def _rank_key(p: Placement, rank: str = "decode") -> tuple[Any, ...]:
     tps = max(p.prediction.decode_tps_drafted, p.decode_tps) if rank == "drafted" \
         else p.decode_tps
     # to 3 significant figures, so a near tie goes to files on disk and fewer nodes
-    wait = p.prefill.split_s if p.prefill else p.prediction.ttft_at()
+    wait = p.prefill.row.split_s if p.prefill else p.prediction.ttft_at()
     first = float(f"{wait:.3g}") if rank == "agents" else 0.0
     return (first, -float(f"{tps:.3g}"), -p.files_on, len(p.ranks), -p.prefill_tps,
             p.strategy, p.backend, [r.name for r in p.ranks])

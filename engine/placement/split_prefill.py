@@ -87,15 +87,48 @@ def split_rows(model: ModelSpec, placement: Placement, nodes: Sequence[NodeSpec]
     return rows
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """The prefill node a placement is ranked and launched with (ranked for agents)."""
+    row: SplitRow  # at the longest prompt predicted
+    min_tokens: int  # the uncached prompt tokens, less the last, from which it pays
+
+    def launch(self) -> dict[str, Any]:
+        """What a launch from the placement adds (LaunchRequest's prefill, prefill_min)."""
+        return {"prefill": self.row.node_id, "prefill_min": self.min_tokens}
+
+
 def best_split(model: ModelSpec, placement: Placement, nodes: Sequence[NodeSpec],
-               links: Sequence[LinkSpec], a: Assumptions = DEFAULT) -> SplitRow | None:
+               links: Sequence[LinkSpec], a: Assumptions = DEFAULT) -> Prefill | None:
     """The prefill node that gives the placement's longest predicted prompt its soonest
-    first token, where that beats the placement's own; None where none does."""
+    first token, where that beats the placement's own, and the prompt length from which
+    it does; None where none does."""
     if not placement.prediction.ttft:
         return None
     longest = placement.prediction.ttft[-1][0]
     wins = [r for r in split_rows(model, placement, nodes, links, [longest], a) if r.pays]
-    return min(wins, key=lambda r: (r.split_s, r.node)) if wins else None
+    if not wins:
+        return None
+    row = min(wins, key=lambda r: (r.split_s, r.node))
+    pair = [nd for nd in nodes if nd.id in (row.node_id, placement.ranks[0].node)]
+
+    def pays(n: int) -> bool:
+        return any(r.pays for r in split_rows(model, placement, pair, links, [n], a))
+
+    # The gain needn't grow with the prompt (over a slow link a short prompt can pay, a
+    # middling one not, a long one again; prefilling here climbs a chunk at a time), so
+    # lengths a fifth apart are tried and the launch's minimum is where the run of them
+    # that pays up to the longest starts.
+    lengths, n = [], HANDOVER_MIN_TOKENS + 1
+    while n < longest:
+        lengths.append(n)
+        n = n * 6 // 5
+    start = longest
+    for n in reversed(lengths):
+        if not pays(n):
+            break
+        start = n
+    return Prefill(row, max(HANDOVER_MIN_TOKENS, start - 1 - int(start * a.prompt_cached)))
 
 
 def prefer_split(model: ModelSpec, placements: Sequence[Placement],
@@ -110,10 +143,12 @@ def prefer_split(model: ModelSpec, placements: Sequence[Placement],
 def split_json(model: ModelSpec, placements: Sequence[Placement], nodes: Sequence[NodeSpec],
                links: Sequence[LinkSpec], a: Assumptions = DEFAULT) -> list[dict[str, Any]]:
     """Per placement, what POST /shoal/plan and `shoal plan --json` add to it: "prefill",
-    the node id a launch from it names (None: none), and "split_prefill", each other
+    the node id a launch from it names (None: none), "prefill_min", the prompt tokens
+    from which it pays (a launch's "prefill_min"), and "split_prefill", each other
     node's SplitRow at each prompt length."""
     prompts = sorted(set(a.ttft_prompts))
-    return [{"prefill": p.prefill.node_id if p.prefill else None,
+    return [{"prefill": p.prefill.row.node_id if p.prefill else None,
+             "prefill_min": p.prefill.min_tokens if p.prefill else None,
              "split_prefill": [{**asdict(r), "pays": r.pays}
                                for r in split_rows(model, p, nodes, links, prompts, a)]}
             for p in placements]
@@ -131,18 +166,26 @@ def render_split(rows: Sequence[SplitRow]) -> list[str]:
         cells = "  ".join(f"{_k(r.prompt)}: {r.split_s:.2f} s (alone {r.alone_s:.2f} s, "
                           f"KV {r.kv_bytes / 1e9:.2f} GB in {r.transfer_s:.2f} s)"
                           for r in mine)
-        wins = [r.prompt for r in mine if r.pays]
-        verdict = (f"pays from {_k(min(wins))} tokens" if wins
-                   else "doesn't pay at these lengths")
+        run = []  # the lengths that pay up to the longest
+        for r in sorted(mine, key=lambda r: -r.prompt):
+            if not r.pays:
+                break
+            run.append(r.prompt)
+        wins = [_k(r.prompt) for r in mine if r.pays]
+        verdict = (f"pays from {_k(min(run))} tokens" if run else
+                   f"pays at {', '.join(wins)} tokens only" if wins else
+                   "doesn't pay at these lengths")
         out.append(f"with prefill on {name}: {verdict}. {cells}")
     return out
 
 
-def render_choice(row: SplitRow) -> str:
+def render_choice(choice: Prefill) -> str:
     """The `shoal plan --rank agents` line for a placement ranked with a prefill node."""
-    return (f"ranked with prefill on {row.node} (a launch from it names \"prefill\": "
-            f"\"{row.node_id}\"): first token of a {_k(row.prompt)}-token prompt in "
-            f"{row.split_s:.2f} s instead of {row.alone_s:.2f} s")
+    row = choice.row
+    return (f"ranked with prefill on {row.node}: first token of a {_k(row.prompt)}-token "
+            f"prompt in {row.split_s:.2f} s instead of {row.alone_s:.2f} s; a launch from "
+            f"it names \"prefill\": \"{row.node_id}\", \"prefill_min\": "
+            f"{choice.min_tokens} (prompts from {choice.min_tokens:,} uncached tokens pay)")
 
 
 def _k(n: int) -> str:

@@ -8,6 +8,7 @@ over Wi-Fi the KV's transfer eats the win and the ranking is the one without the
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from engine.node.launch import LaunchRequest
 from engine.node.planning import prompt_assumptions
 from engine.placement.planner import Placement, plan
 from engine.placement.profiles import parse_simulation, profile_model
-from engine.placement.split_prefill import HANDOVER_MIN_TOKENS
+from engine.placement.split_prefill import HANDOVER_MIN_TOKENS, split_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 CARD = "gpu-box-7"  # the card's node id, apart from its name
@@ -64,8 +65,9 @@ def test_agents_at_32k_take_the_cards_prefill_and_at_1k_dont(tmp_path: Path):
     assert others and row["split_s"] < min(others)
     assert not any(p["prefill"] for p in long[1:])
     shown = cli(tmp_path, "10gbe", "--prompts", "32000", "--rank", "agents").stdout
-    assert (f'#1 ranked with prefill on rtx (a launch from it names "prefill": "{CARD}"): '
-            f'first token of a 32K-token prompt in') in shown
+    assert re.search(rf'#1 ranked with prefill on rtx: first token of a 32K-token prompt '
+                     rf'in [\d.]+ s instead of [\d.]+ s; a launch from it names "prefill": '
+                     rf'"{CARD}", "prefill_min": 1024 ', shown), shown
     # the FIRST TOKEN column: the Mac's own 44 s, and with the card prefilling
     assert shown.splitlines()[2].endswith(" 44 (10 with rtx)"), shown
 
@@ -91,21 +93,29 @@ def test_where_the_split_doesnt_pay_the_agents_ranking_is_unchanged(tmp_path: Pa
     assert waits == sorted(waits)
 
 
-def placements(link: str, prompt: int, rank: str = "agents") -> list[Placement]:
+def planned(link: str, prompt: int, rank: str = "agents"):
+    """(the placements best first, the model, the simulated nodes and links)."""
     sim = parse_simulation(hardware(link), placement_profiles.machines(),
                            placement_profiles.models())
     prof = placement_profiles.models()["models"]["Qwen3-30B-A3B"]
     model = profile_model(prof, "Qwen3-30B-A3B", "4bit")
-    return plan(model, sim.nodes, sim.links, 32768, a=prompt_assumptions([prompt]),
-                rank=rank)
+    return (plan(model, sim.nodes, sim.links, 32768, a=prompt_assumptions([prompt]),
+                 rank=rank), model, sim.nodes, sim.links)
+
+
+def placements(link: str, prompt: int, rank: str = "agents") -> list[Placement]:
+    return planned(link, prompt, rank)[0]
 
 
 def test_a_launch_from_the_plan_names_the_prefill_node():
     best = placements("10gbe", 32000)[0]
     body = best.to_launch()
     assert body["prefill"] == CARD and [n["node"] for n in body["nodes"]] == ["studio"]
+    # over 10GbE the card pays from the hand-over's own minimum
+    assert body["prefill_min"] == MIN_TOKENS
     req = LaunchRequest.model_validate(body)  # what POST /shoal/instances reads
-    assert req.prefill == CARD and req.nodes[0].layers == (0, 48)
+    assert req.prefill == CARD and req.prefill_min == MIN_TOKENS
+    assert req.nodes[0].layers == (0, 48)
     assert req.body()["prefill"] == CARD  # and hands on to the node that launches it
     # without a prefill node (ranked for chat) the launch names none
     assert all("prefill" not in p.to_launch() for p in placements("10gbe", 32000, "chat"))
@@ -113,3 +123,31 @@ def test_a_launch_from_the_plan_names_the_prefill_node():
 
 def test_the_planners_minimum_is_the_hand_overs():
     assert HANDOVER_MIN_TOKENS == MIN_TOKENS
+
+
+def test_over_a_slow_link_a_launch_hands_over_only_the_prompts_that_pay(tmp_path: Path):
+    """Over 1GbE the card's prefill pays for 32K-token prompts but not 8K ones (the KV's
+    transfer costs more than the card saves), so the launch's minimum lies between."""
+    mac = next(p for p in placements("1gbe", 32000) if p.prefill)
+    row = mac.prefill.row
+    assert [r.node for r in mac.ranks] == ["studio"] and row.pays
+    short = placements("1gbe", 8000)
+    assert not any(p.prefill for p in short)
+    body = mac.to_launch()
+    assert body["prefill"] == CARD and 8000 < body["prefill_min"] < 32000
+    # prompts from that length up to the longest pay; well short of it, they don't (near
+    # it the Mac's first token climbs a chunk at a time, so the two cross back and forth)
+    _, model, nodes, links = planned("1gbe", 32000)
+
+    def pays(n: int) -> bool:
+        (r,) = split_rows(model, mac, nodes, links, [n])
+        return r.pays
+
+    start = body["prefill_min"] + 1
+    assert all(pays(n) for n in range(start, 32001, 1000))
+    assert not any(pays(n) for n in (3000, 8000, 12000))
+    assert LaunchRequest.model_validate(body).prefill_min == body["prefill_min"]
+    # and `shoal plan` says so: a 1,025-token prompt gains a little, 8K loses, 32K gains
+    shown = cli(tmp_path, "1gbe", "--prompts", "1025,8000,32000", "--rank", "agents").stdout
+    assert "#2 with prefill on rtx: pays from 32K tokens. 1025: " in shown, shown
+    assert '"prefill_min": 18937 ' in shown
