@@ -47,7 +47,8 @@ async def plan(request: web.Request) -> web.Response:
     can't run; "force" accepts placements beyond the memory check, with a warning.
     "best" is the index of the placement a launch without nodes would take. Each placement
     one node serves alone has "split_prefill": each other node prefilling for it, at each
-    prompt length; ranked for agents, "prefill" names the one a launch from it uses."""
+    prompt length; ranked for agents, "prefill" and "prefill_min" say which one a launch
+    from it uses, and for prompts from how many uncached tokens."""
     body = await json_object(request, PLAN_USAGE, "model")
     if not isinstance(body.get("model"), str):
         raise BadRequest(PLAN_USAGE, param="model")
