@@ -27,7 +27,8 @@ def test_the_plan_gives_each_lone_placement_its_split_rows(tmp_path, tiny_model_
         alone = [p for p in placements if len(p["ranks"]) == 1]
         assert {p["ranks"][0]["node"] for p in alone} == set(ids)
         for p in placements:
-            assert p["prefill"] is None  # alike machines: prefilling elsewhere only adds
+            # alike machines: prefilling elsewhere only adds
+            assert p["prefill"] is None and p["prefill_min"] is None
             if len(p["ranks"]) > 1:
                 assert p["split_prefill"] == []
                 continue
