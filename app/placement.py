@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.cluster_state import ClusterState
 from app.common import buddy, fmt_bytes, fmt_tps, message_of
+from app.first_token import split_text, ttft_text
 from app.kv_choice import KVBox, KVOffer
 from app.launch import LaunchPanel
 from app.strips import LayerStrips
@@ -160,6 +161,10 @@ class PlacementView(QWidget):
         self.ttft_label = QLabel()
         self.ttft_label.setObjectName("ttft")
         self.ttft_label.setWordWrap(True)
+        self.split_label = QLabel()  # another machine prefilling long prompts for it
+        self.split_label.setObjectName("splitPrefill")
+        self.split_label.setWordWrap(True)
+        self.split_label.hide()
         self.users_verdict = UsersVerdict(self.client, self.tasks)
         self.measured_label = QLabel()
         self.measured_label.setObjectName("measured")
@@ -189,6 +194,7 @@ class PlacementView(QWidget):
         layout.addWidget(self.strips)
         layout.addWidget(self.headline)
         layout.addWidget(self.ttft_label)
+        layout.addWidget(self.split_label)
         layout.addWidget(self.users_verdict)
         layout.addWidget(self.measured_label)
         layout.addWidget(self.reason_label)
@@ -431,6 +437,8 @@ class PlacementView(QWidget):
             + (f" · at most {joules:.2g} J/token" if (joules := placement.get(
                 "decode_j_per_token")) else ""))
         self.ttft_label.setText(ttft_text(placement.get("ttft") or []))
+        self.split_label.setText(split_text(placement))
+        self.split_label.setVisible(bool(self.split_label.text()))
         self.users_verdict.ask(self.model, report.context or None, self.kv_box.bits)
         self.reason_label.setVisible(bool(placement.get("warnings")))
         self.reason_label.setText("\n".join(placement.get("warnings") or []))
@@ -532,6 +540,7 @@ class PlacementView(QWidget):
         self.strips.set_layout(self._names(), self.ranges, self.layers, self.strategy)
         self.strips.set_feasible(False)
         self.headline.setText("This placement can't run")
+        self.split_label.hide()
         self.users_verdict.ask(self.model, body.get("context"), self.kv_box.bits)
         self._show_reason(reason.removeprefix("This placement can't run: "))
         self.table.setRowCount(0)
@@ -553,25 +562,3 @@ class PlacementView(QWidget):
     def _show_reason(self, text: str) -> None:
         self.reason_label.setText(text)
         self.reason_label.show()
-
-
-def ttft_text(rows: list[dict[str, Any]]) -> str:
-    """The predicted wait for the first token, per prompt length, alone on the cluster."""
-    if not rows:
-        return ""
-    parts = [f"{fmt_wait(r['seconds'])} at {fmt_prompt(r['prompt_tokens'])}" for r in rows]
-    cached = rows[-1].get("cached_tokens", 0) / rows[-1]["prompt_tokens"]
-    return ("Predicted first token: " + " · ".join(parts) + " tokens"
-            + (f" ({cached:.0%} of each prompt cached)" if cached else ""))
-
-
-def fmt_prompt(n: int) -> str:
-    return f"{n // 1000}K" if n >= 1000 and n % 1000 == 0 else f"{n:,}"
-
-
-def fmt_wait(s: float) -> str:
-    if s < 10:
-        return f"{s:.1f} s"
-    if s < 120:
-        return f"{s:.0f} s"
-    return f"{s / 60:.0f} min"

@@ -231,6 +231,11 @@ class PlacementInfo(Record):
     decode_j_per_token: float | None = None
     warnings: list[str] = field(default_factory=list)
     ranks: list[PlacementRank] = field(default_factory=list)
+    # ranked for agents: the node id that prefills its long prompts (a launch's "prefill")
+    prefill: str | None = None
+    prefill_min: int | None = None  # the uncached prompt tokens from which it pays
+    # each other node prefilling for it, per prompt length (engine/placement/split_prefill.py)
+    split_prefill: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

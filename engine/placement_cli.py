@@ -6,7 +6,6 @@ engine.node.planning; this module reads the file, parses options and prints."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,12 @@ from engine.node.planning import (
 from engine.placement.memory import context_label, gb
 from engine.placement.model import QUANTIZATIONS, ModelSpec
 from engine.placement.profiles import SimulationError, parse_simulation, profile_model
-from engine.placement.split_prefill import render_split, split_rows
+from engine.placement.split_prefill import (
+    render_choice,
+    render_split,
+    split_json,
+    split_rows,
+)
 from engine.placement.tables import Assumptions
 from engine.placement.users import MAX_USERS, UsersReport, compare, describe
 from engine.placement.users import to_json as users_json
@@ -107,14 +111,19 @@ def cmd_plan(a: argparse.Namespace, cluster: ClusterFetch | None = None) -> int:
     split = [(k, r) for k, p in enumerate(report.placements[:a.top], 1)
              for r in split_rows(report.model, p, report.nodes, report.links,
                                  sorted(set(a.assume.ttft_prompts)), a.assume)]
-    if a.json:
-        print(json.dumps({**report_json(report), "split_prefill": [
-            {"placement": k, **dataclasses.asdict(r), "pays": r.pays} for k, r in split]}))
+    if a.json:  # each placement with its prefill node and split rows, as POST /shoal/plan
+        out = report_json(report)
+        for info, extra in zip(out["placements"], split_json(
+                report.model, report.placements, report.nodes, report.links, a.assume)):
+            info.update(extra)
+        print(json.dumps(out))
     else:
         lines = [render(report, a.top)]
         for k in dict.fromkeys(k for k, _ in split):
             lines += [f"#{k} {line}" for line in render_split([r for j, r in split
                                                                if j == k])]
+        lines += [f"#{k} {render_choice(p.prefill)}"
+                  for k, p in enumerate(report.placements[:a.top], 1) if p.prefill]
         print("\n".join(lines))
     return 0 if report.placements else 1
 
@@ -238,7 +247,7 @@ def render(r: PlanReport, top: int = 10) -> str:
             pred = [f"{p.decode_tps:.1f}", f"{p.prediction.decode_tps_full:.1f}",
                     f"{p.prefill_tps:.0f}", _streams(p.prediction),
                     _drafted(p.prediction), _joules(p.prediction),
-                    *([_ttft(p.prediction)] if prompts else [])
+                    *([_ttft(p.prediction) + _with_prefill(p)] if prompts else [])
                     ] if j == 0 else [""] * (7 if prompts else 6)
             rows.append([*first, rk.name, layers, mem + (" !" if not rk.memory.fits else ""),
                          *pred])
@@ -267,6 +276,12 @@ def _seconds(s: float) -> str:
 def _ttft(p: Any) -> str:
     """Seconds to the first token alone, per prompt length."""
     return "/".join(_seconds(alone) for _, _, alone, _ in p.ttft)
+
+
+def _with_prefill(p: Any) -> str:
+    """The longest prompt's first token with the prefill node it is ranked with (agents)."""
+    return f" ({_seconds(p.prefill.row.split_s)} with {p.prefill.row.node})" \
+        if p.prefill else ""
 
 
 def _drafted(p: Any) -> str:

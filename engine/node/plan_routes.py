@@ -18,6 +18,7 @@ from engine.node.planning import (
     plan_info,
     prompt_assumptions,
 )
+from engine.placement.split_prefill import split_json
 from engine.placement.tables import Assumptions
 from engine.placement.users import MAX_USERS, compare, to_json
 from engine.placement.validate import NotEnoughMemory, PlacementError
@@ -44,7 +45,10 @@ async def plan(request: web.Request) -> web.Response:
     """Ranked placements for {"model", "context"?}, or with "strategy" and "nodes" (rank
     order, optionally with layer ranges) the prediction for that placement or why it
     can't run; "force" accepts placements beyond the memory check, with a warning.
-    "best" is the index of the placement a launch without nodes would take."""
+    "best" is the index of the placement a launch without nodes would take. Each placement
+    one node serves alone has "split_prefill": each other node prefilling for it, at each
+    prompt length; ranked for agents, "prefill" and "prefill_min" say which one a launch
+    from it uses, and for prompts from how many uncached tokens."""
     body = await json_object(request, PLAN_USAGE, "model")
     if not isinstance(body.get("model"), str):
         raise BadRequest(PLAN_USAGE, param="model")
@@ -55,19 +59,24 @@ async def plan(request: web.Request) -> web.Response:
         if not isinstance(body.get("nodes"), list):
             raise BadRequest("With a strategy, give 'nodes' in rank order.", param="nodes")
         layout = (body["strategy"], body.get("backend", "ring"), body["nodes"])
+    prompts = _prompts(body)
     try:
         report = plan_from_cluster(**c.plan_inputs(body["model"]), context=body.get("context"),
                                    model_name=body["model"], force=bool(body.get("force")),
                                    layout=layout, kv_bits=(bits := _kv_bits(body, c)),
-                                   rank=_rank(body), a=_prompts(body))
+                                   rank=_rank(body), a=prompts)
     except NotEnoughMemory as e:
         raise InsufficientMemory(str(e), param="nodes") from None
     except PlacementError as e:
         raise BadRequest(f"This placement can't run: {e}", param="nodes") from None
     best = best_placement(report.placements, c.id) if layout is None else None
     out = replace(plan_info(report, best), kv_bits=bits or 16).to_json()
+    # each placement's prefill node (ranked for agents) and split rows, as `shoal plan`
+    for info, split in zip(out["placements"], split_json(
+            report.model, report.placements, report.nodes, report.links, prompts)):
+        info.update(split)
     if users is not None:  # replicas against one instance, over every node planned on
-        out["users"] = _compare_users(report, users, _prompts(body))
+        out["users"] = _compare_users(report, users, prompts)
     return web.json_response(out)
 
 

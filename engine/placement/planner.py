@@ -18,6 +18,7 @@ from engine.placement.links import Topology, ring_links
 from engine.placement.memory import MemoryUse, Sizer, gb, refusal
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
 from engine.placement.split import split_pipeline
+from engine.placement.split_prefill import Prefill, prefer_split
 from engine.placement.tables import DEFAULT, Assumptions
 from engine.placement.validate import (
     ModelShape,
@@ -49,6 +50,7 @@ class Placement:
     prediction: Prediction
     files_on: int = 0  # ranks whose node already holds the model's files
     warnings: tuple[str, ...] = field(default=())
+    prefill: Prefill | None = None  # a node that prefills its long prompts sooner (agents)
 
     @property
     def decode_tps(self) -> float:
@@ -67,7 +69,8 @@ class Placement:
         return {"model": model or self.model,
                 "strategy": "tensor" if self.strategy == "tensor" else "pipeline",
                 "backend": self.backend,
-                "nodes": [{"node": r.node, "layers": list(r.layers)} for r in self.ranks]}
+                "nodes": [{"node": r.node, "layers": list(r.layers)} for r in self.ranks],
+                **(self.prefill.launch() if self.prefill else {})}
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ class Rejection:
 
 
 # "chat" (or "decode"): decode tokens/s; "drafted": decode with drafts, as an agent echoing
-# code gets it; "agents": the time to first token of the longest prompt predicted
+# code gets it; "agents": the time to first token of the longest prompt predicted, with a
+# prefill node where one makes it sooner (engine/placement/split_prefill.py)
 RANKINGS = ("chat", "decode", "drafted", "agents")
 
 
@@ -92,6 +96,8 @@ def plan(model: ModelSpec, nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
     that overflow memory, with a warning."""
     found = [c for c in _candidates(model, nodes, links, context or model.context, force, a)
              if isinstance(c, Placement)]
+    if rank == "agents":
+        found = prefer_split(model, found, nodes, links, a)
     return sorted(found, key=lambda p: _rank_key(p, rank))
 
 
@@ -271,7 +277,8 @@ def _rank_key(p: Placement, rank: str = "decode") -> tuple[Any, ...]:
     tps = max(p.prediction.decode_tps_drafted, p.decode_tps) if rank == "drafted" \
         else p.decode_tps
     # to 3 significant figures, so a near tie goes to files on disk and fewer nodes
-    first = float(f"{p.prediction.ttft_at():.3g}") if rank == "agents" else 0.0
+    wait = p.prefill.row.split_s if p.prefill else p.prediction.ttft_at()
+    first = float(f"{wait:.3g}") if rank == "agents" else 0.0
     return (first, -float(f"{tps:.3g}"), -p.files_on, len(p.ranks), -p.prefill_tps,
             p.strategy, p.backend, [r.name for r in p.ranks])
 

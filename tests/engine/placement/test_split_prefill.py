@@ -37,19 +37,17 @@ def plan(sim: Path) -> dict:
 
 
 def rows(report: dict, decode: str, prefill: str) -> dict[int, dict]:
-    placements = report["placements"]
-    found = {}
-    for r in report["split_prefill"]:
-        p = placements[r["placement"] - 1]
-        if [k["node"] for k in p["ranks"]] == [decode] and r["node"] == prefill:
-            found[r["prompt"]] = r
-    return found
+    """The split rows of the placement `decode` serves alone, with `prefill` prefilling."""
+    return {r["prompt"]: r for p in report["placements"]
+            if [k["node"] for k in p["ranks"]] == [decode]
+            for r in p["split_prefill"] if r["node"] == prefill}
 
 
 def test_the_cards_prefill_pays_for_the_mac_and_not_the_other_way(tmp_path: Path):
     report = plan(profile(tmp_path, "10gbe"))
     mac = rows(report, "studio", "rtx")
-    assert set(mac) == {1000, 8000, 32000}
+    # a 1000-token prompt is under the hand-over's minimum: the Mac prefills it itself
+    assert set(mac) == {8000, 32000}
     assert all(r["pays"] and r["split_s"] < r["alone_s"] for r in mac.values())
     assert mac[32000]["alone_s"] / mac[32000]["split_s"] > 3
     # its parts add up: the card's prefill, the KV over 10GbE, one token here
@@ -63,7 +61,7 @@ def test_the_cards_prefill_pays_for_the_mac_and_not_the_other_way(tmp_path: Path
 def test_over_wifi_the_transfer_eats_into_the_win(tmp_path: Path):
     wifi = rows(plan(profile(tmp_path, "wifi")), "studio", "rtx")
     cable = rows(plan(profile(tmp_path, "10gbe")), "studio", "rtx")
-    for n in (1000, 8000, 32000):
+    for n in (8000, 32000):
         assert wifi[n]["transfer_s"] > 5 * cable[n]["transfer_s"]
         assert wifi[n]["split_s"] > cable[n]["split_s"]
     # the same card and the same Mac: only the link differs
