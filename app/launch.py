@@ -111,6 +111,7 @@ class LaunchPanel(QWidget):
         self.logs_dir = Path(logs_dir) if logs_dir else None
         self.placement: tuple[str, str, str, list[tuple[str, tuple[int, int]]]] | None = None
         self.kv_bits: int | None = None  # the KV cache's bits (None: the node's setting)
+        self.prefill: tuple[str, int | None] | None = None  # the planner's prefill node
         # the instance this node owns, as JSON: launched here or seen in the topology
         self.instance: dict[str, Any] | None = None
         self.launching: dict[str, Any] | None = None
@@ -197,10 +198,13 @@ class LaunchPanel(QWidget):
     def set_placement(self, model: str | None, strategy: str = "pipeline",
                       backend: str = "ring",
                       ranks: list[tuple[str, tuple[int, int]]] | None = None,
-                      kv_bits: int | None = None) -> None:
-        """What Launch would start (None: the shown placement can't run)."""
+                      kv_bits: int | None = None,
+                      prefill: tuple[str, int | None] | None = None) -> None:
+        """What Launch would start (None: the shown placement can't run); `prefill`: the
+        node the planner has prefill its long prompts, and from how many tokens."""
         self.placement = (model, strategy, backend, ranks or []) if model else None
         self.kv_bits = kv_bits
+        self.prefill = prefill
         self._buttons()
         self._show_privacy()
 
@@ -211,6 +215,7 @@ class LaunchPanel(QWidget):
         said first."""
         self.placement = (model, strategy, backend, ranks)
         self.kv_bits = kv_bits
+        self.prefill = None
         self._buttons()
         self._show_privacy()
         self.launch_button.setEnabled(False)
@@ -276,6 +281,8 @@ class LaunchPanel(QWidget):
         more: dict[str, Any] = {}  # one copy: today's request, unchanged
         if copies > 1:  # the node places each copy on machines of its own
             nodes, more = [], {"replicas": copies}
+        elif self.prefill is not None:  # the planner's prefill node, for agents
+            more = {"prefill": self.prefill[0], "prefill_min": self.prefill[1]}
         self.tasks.run(self.client.launch, model, strategy, nodes, backend, force=force,
                        kv_bits=self.kv_bits, **more,
                        on_done=self._launched, on_error=self._launch_failed, owner=self)

@@ -452,7 +452,9 @@ class PlacementView(QWidget):
                                {r["node"]: int(r["memory"]["total"]) for r in ranks})
         self.launch.set_placement(self.model, self.strategy, self.backend,
                                   [(r["node"], tuple(r["layers"])) for r in ranks],
-                                  self.kv_box.bits)
+                                  self.kv_box.bits,
+                                  (placement["prefill"], placement.get("prefill_min"))
+                                  if placement.get("prefill") else None)
         self.prediction_changed.emit()
 
     def _is_running(self, ranks: list[dict[str, Any]]) -> bool:

@@ -217,15 +217,19 @@ class NodeClient:
     def launch(self, model: str, strategy: str, nodes: list[dict[str, Any]],
                backend: str = "ring", timeout: float | None = 900.0,
                force: bool = False, kv_bits: int | None = None,
-               replicas: int = 1) -> InstanceInfo | LaunchedReplicas:
+               replicas: int = 1, prefill: str | None = None,
+               prefill_min: int | None = None) -> InstanceInfo | LaunchedReplicas:
         """Start a model over several nodes; returns when every rank has loaded (or raises
         a ShoalError naming the node that failed). `force`: past the memory check;
         `kv_bits`: the KV cache's (None: the node's setting); `replicas` above 1: that many
-        copies of it, answered as LaunchedReplicas (each copy's instance, in order)."""
+        copies of it, answered as LaunchedReplicas (each copy's instance, in order);
+        `prefill`: a node that prefills its prompts of `prefill_min` tokens or more."""
         answer = self._call("POST", "/shoal/instances", json={
             "model": model, "strategy": strategy, "backend": backend, "nodes": nodes,
             **({"force": True} if force else {}),
             **({"kv_bits": kv_bits} if kv_bits else {}),
+            **({"prefill": prefill} if prefill else {}),
+            **({"prefill_min": prefill_min} if prefill and prefill_min else {}),
             **({"replicas": replicas} if replicas > 1 else {})}, timeout=timeout)
         if replicas > 1:
             return _record(LaunchedReplicas, answer, "/shoal/instances")

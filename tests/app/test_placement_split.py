@@ -103,3 +103,12 @@ def test_a_card_prefilling_for_a_mac_is_said_with_its_figures(qtbot, view, tmp_p
         "(its KV cache, 3.1 GB, takes 2.5 s over the link).")
     assert place.ttft_label.text().startswith("Predicted first token: 5.5 s at 8K · 44 s "
                                               "at 32K")
+    # Launch sends the planner's prefill node with the placement
+    assert place.launch.prefill == ("rtx", answer["placements"][0]["prefill_min"])
+    sent: dict = {}
+    monkeypatch.setattr(place.client, "_call",
+                        lambda method, path, **kw: sent.update(kw["json"]) or {})
+    place.launch.start()
+    qtbot.waitUntil(lambda: bool(sent), timeout=10000)
+    assert sent["prefill"] == "rtx" and sent["prefill_min"] == \
+        answer["placements"][0]["prefill_min"]
