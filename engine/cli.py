@@ -288,8 +288,8 @@ def parser() -> argparse.ArgumentParser:
                    help="unload a model nobody used for this long (e.g. 10m, 1h; the next "
                         "request loads it again; an Ollama request's keep_alive sets its "
                         "own); default never, or SHOAL_UNLOAD_AFTER")
-    n.add_argument("--max-streams", type=int, default=8, metavar="N",
-                   help="requests decoded together on this node (default 8); more wait")
+    n.add_argument("--max-streams", type=int, default=16, metavar="N",
+                   help="requests decoded together on this node (default 16); more wait")
     n.add_argument("--queue-wait", type=float, default=60.0, metavar="SECONDS",
                    help="how long a request waits for a turn before a 503 with "
                         "Retry-After (default 60)")

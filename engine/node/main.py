@@ -63,7 +63,7 @@ class NodeConfig:
     cors_origins: list[str] = field(default_factory=list)  # browser origins allowed (CORS)
     allowed_hosts: list[str] = field(default_factory=list)  # Host names beside our own
     max_body_mb: float = 32.0  # request bodies over this are refused (413) unread
-    max_streams: int = 8  # requests decoded together; more wait for a turn
+    max_streams: int = 16  # requests decoded together; more wait for a turn
     queue_wait_s: float = 60.0  # how long a request waits for a turn before a 503
     stall_s: float = 300.0  # a worker silent this long (no token, no prefill progress) is stuck
     speculative: bool = True  # draft tokens where it pays (a request may ask either way)

@@ -40,7 +40,7 @@ def _mtime(p: Path) -> float:
 
 class Node:
     def __init__(self, home: Path, models_dir: Path, default_model: str | None = None,
-                 token_timeout: float = 300.0, port: int = 0, max_streams: int = 8,
+                 token_timeout: float = 300.0, port: int = 0, max_streams: int = 16,
                  queue_wait_s: float = 60.0, worker_args: tuple[str, ...] = (),
                  kv_bits: int | None = None, keep_alive_s: float | None = None,
                  prefix_disk_bytes: int = 0, memory_limit: int | None = None):

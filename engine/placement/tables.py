@@ -27,7 +27,7 @@ class Assumptions:
     # the prefix cache's budget: this many contexts' worth of KV kept for later requests
     # (the worker's budget in tokens is the same multiple of the context length)
     prefix_cache_contexts: float = 1.0
-    streams: int = 8  # requests a node decodes together (shoal node --max-streams)
+    streams: int = 16  # requests a node decodes together (shoal node --max-streams)
     # speculative decoding (a request alone): guesses per pass at most, and the share of
     # guesses kept, geometric (prompt lookup on agent traffic keeps most; free chat far fewer, and
     # there the node stops drafting, so a drafted prediction is never below the plain one)

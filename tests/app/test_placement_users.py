@@ -44,13 +44,13 @@ def test_the_verdict_follows_the_number_of_people(qtbot, view):
     asked = users.answer
     assert asked is not None and asked["users"] == 1
 
-    # sixteen at once: a copy on each machine serves them all; one instance queues half
-    users.spin.setValue(16)
-    qtbot.waitUntil(lambda: users.label.text().startswith("For 16 people: "), timeout=30000)
+    # 32 at once: a copy on each machine serves them all; one instance queues half
+    users.spin.setValue(32)
+    qtbot.waitUntil(lambda: users.label.text().startswith("For 32 people: "), timeout=30000)
     text = users.label.text()
     assert "Replicas: 2 copies of" in text, text
     row = users.answer
-    assert row["winner"] == "replicas" and row["one_instance"]["queued"] == 8
+    assert row["winner"] == "replicas" and row["one_instance"]["queued"] == 16
     assert row["replicas"]["queued"] == 0 and row["replicas"]["instances"] == 2
     # the node names both machines among the copies
     ids = {nd.client.status().cluster.id for nd in view.cluster}

@@ -206,15 +206,15 @@ def test_a_node_nobody_is_cabled_to_is_left_out_not_fatal():
 
 @pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
 def test_a_group_is_predicted_to_batch_its_streams_as_one_node_does(strategy):
-    """Groups decode their requests in one batch too: 8 streams together beat one stream,
-    by less than 8 (each sequence's KV and FLOPs are its own), for every placement."""
+    """Groups decode their requests in one batch too: 16 streams together beat one stream,
+    by less than 16 (each sequence's KV and FLOPs are its own), for every placement."""
     model = dense(bpp=1.0625)
     nodes = [node("studio-1", 60), node("studio-2", 60)]
     layout = [{"node": "studio-1", "layers": [0, 40]}, {"node": "studio-2", "layers": [40, 80]}] \
         if strategy == "pipeline" else [{"node": "studio-1"}, {"node": "studio-2"}]
     p = evaluate(model, nodes, mesh(nodes), CTX, strategy, layout).prediction
-    assert p.streams == 8
-    assert p.decode_tps < p.decode_tps_streams < 8 * p.decode_tps
+    assert p.streams == 16
+    assert p.decode_tps < p.decode_tps_streams < 16 * p.decode_tps
 
 
 def test_a_pipeline_keeps_a_lane_per_stage_in_flight_where_it_pays():

@@ -38,11 +38,11 @@ def test_a_model_one_node_holds_is_served_best_by_replicas_when_many_ask():
     copies, why = replica_set(model("my-moe"), SIM.nodes, SIM.links, SIM.context)
     assert [[r.name for r in p.ranks] for p in copies] == \
         [["studio-1"], ["studio-2"], ["studio-3"], ["studio-4"]] and why == ""
-    row = answer("my-moe", [16])[16]
+    row = answer("my-moe", [32])[32]
     assert row.replicas is not None and row.replicas.tps > 1.05 * row.one.tps
     assert row.verdict.startswith("Replicas: 4 copies of my-moe")
-    assert row.replicas.queued == 0  # 4 each, within a node's 8 streams
-    assert row.one.queued == 8  # one instance batches 8; the other 8 wait
+    assert row.replicas.queued == 0  # 8 each, within a node's 16 streams
+    assert row.one.queued == 16  # one instance batches 16; the other 16 wait
     assert row.replicas.kv_fits
 
 
@@ -57,13 +57,13 @@ def test_for_one_person_one_instance_is_at_least_as_good():
 
 
 def test_a_model_that_fits_only_across_nodes_has_no_replicas_and_says_why():
-    rows = answer("Kimi-K2", [1, 16])  # ~580 GB at 4 bits: two 512 GB Studios together
+    rows = answer("Kimi-K2", [1, 32])  # ~580 GB at 4 bits: two 512 GB Studios together
     for row in rows.values():
         assert row.replicas is None
         assert "it fits only across 2 nodes (studio-1 and studio-2)" in row.why
         assert "can't hold a second copy" in row.verdict
         assert row.verdict.startswith("One instance")
-    assert rows[16].one.queued == 8 and "8 wait for a free stream" in rows[16].verdict
+    assert rows[32].one.queued == 16 and "16 wait for a free stream" in rows[32].verdict
 
 
 def test_more_people_than_kv_room_is_marked():
@@ -91,7 +91,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_prints_the_table_and_a_verdict_per_count():
-    out = _cli("my-moe", "--users", "1,4,16", "--simulate", str(EXAMPLE))
+    out = _cli("my-moe", "--users", "1,4,32", "--simulate", str(EXAMPLE))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[1] == "replicas: studio-1; studio-2; studio-3; studio-4"
@@ -99,15 +99,15 @@ def test_the_cli_prints_the_table_and_a_verdict_per_count():
     table = [ln.split() for ln in lines[3:9]]
     assert [(r[0], r[1]) for r in table] == [
         ("1", "replicas"), ("1", "one"), ("4", "replicas"), ("4", "one"),
-        ("16", "replicas"), ("16", "one")]
+        ("32", "replicas"), ("32", "one")]
     verdicts = lines[9:]
     assert verdicts[0].startswith("1: One instance") and \
-        verdicts[2].startswith("16: Replicas: 4 copies")
-    data = json.loads(_cli("my-moe", "--users", "16", "--json", "--simulate",
+        verdicts[2].startswith("32: Replicas: 4 copies")
+    data = json.loads(_cli("my-moe", "--users", "32", "--json", "--simulate",
                            str(EXAMPLE)).stdout)
     row = data["rows"][0]
     assert row["winner"] == "replicas" and row["replicas"]["instances"] == 4
-    assert row["one_instance"]["queued"] == 8 and row["replicas"]["tps"] > \
+    assert row["one_instance"]["queued"] == 16 and row["replicas"]["tps"] > \
         row["one_instance"]["tps"]
 
 
@@ -148,10 +148,10 @@ def test_the_plan_route_answers_for_a_count(node):
 
 
 def test_the_cli_asks_the_live_cluster(node):
-    out = _cli("tiny-llama", "--users", "1,16", "--url", node.url)
+    out = _cli("tiny-llama", "--users", "1,32", "--url", node.url)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[1].startswith("replicas: none, only ") and \
         lines[1].endswith("can hold a copy, and there are no other nodes")
-    assert lines[-2].startswith("1: One instance") and lines[-1].startswith("16: One instance")
-    assert "8 wait for a free stream" in lines[-1]
+    assert lines[-2].startswith("1: One instance") and lines[-1].startswith("32: One instance")
+    assert "16 wait for a free stream" in lines[-1]
