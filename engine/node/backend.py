@@ -45,7 +45,7 @@ class NodeBackend:
         seen = {name_key(m.id) for m in self.node.local_models()}
         out = []
         for url, inst in self.cluster.remote_instances():
-            if name_key(inst.model) not in seen:
+            if isinstance(inst.model, str) and name_key(inst.model) not in seen:
                 seen.add(name_key(inst.model))
                 out.append(RemoteModel(inst.model, url, inst.to_json()))
         for p in self.cluster.peers.all():  # a model a peer serves alone
@@ -79,10 +79,10 @@ class NodeBackend:
             await self.node.unload()
 
     def keep_alive(self, model: str, seconds: float | None) -> None:
-        self.node.keep_alive[canonical(model)] = seconds
+        self.node.keep_alive[canonical(self._named(model) or model)] = seconds
 
     def expires_in(self, model: str) -> float | None:
-        return self.node.expires_in(canonical(model))
+        return self.node.expires_in(canonical(self._named(model) or model))
 
     async def running_beside(self) -> list[LocalModel]:
         """The models running beside the main one, as the model list has them."""

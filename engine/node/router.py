@@ -64,7 +64,7 @@ class Router:
             s = p.info.serving if p.trusted and p.info else None
             if s is not None and isinstance(s.model, str):
                 out.append(s.model)
-        out += [inst.model for _, inst in c.remote_instances()]
+        out += [inst.model for _, inst in c.remote_instances() if isinstance(inst.model, str)]
         return list(dict.fromkeys(out))
 
     def canonical(self, model: str) -> str:
