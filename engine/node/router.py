@@ -17,7 +17,7 @@ from engine.records import ReplicaInfo, ReplicasInfo, RunnerReady, ServingInfo
 
 log = logging.getLogger(__name__)
 # longer than a peer poll (2 s): by then every node's view of a stopped copy is fresh
-STOPPED_S = 6.0
+STOPPED_S = 10.0
 
 
 class Router:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from engine.hub.bundled import bundled_gguf, ensure_default_model
+from members import Member
 from nodes import NodeProcess, start_cluster
 from tests_support import wait_until
 
@@ -176,6 +177,15 @@ def test_one_copy_stops_from_a_node_that_doesnt_run_it_and_the_other_answers(
     assert r.status_code == 200, r.text
     assert r.json()["node"] == launched["copies"][0] and not r.json()["here"]
     assert unloaded(other)
+    with Member(other.cluster_url, "test-cluster-secret") as member:
+        # a member whose last poll still showed the copy: told to ask again, never that
+        # copy loaded again; and a member can't make it pass a stop on (one hop)
+        r = member.send("POST", "/v1/chat/completions", {
+            "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and "stopped a moment ago" in r.text, r.text
+        r = member.send("POST", "/shoal/replicas/stop", {"model": MODEL,
+                                                         "node": node_id(kept)})
+        assert r.status_code == 404, r.text
     assert [r["node"] for r in replicas(kept)] == [node_id(kept)]
     for k in range(4):  # from both nodes, the copy left answers (the stopped one stays so)
         ask((kept, other)[k % 2], [{"role": "user", "content": f"Name a boat, {k}."}])
