@@ -2,7 +2,8 @@
 machines, how it runs, how busy it is and its share of the requests. Read from the node's
 GET /shoal/replicas every ~2 s off the GUI thread (app/tasks.py); hidden while no model
 runs as more than one copy. When the node stops answering, the rows go (never a stale
-load left on screen) and a line says so until it answers again."""
+load left on screen) and a line says so until it answers again. Each row's Stop stops
+that copy alone, wherever it runs (the node passes it on); the others serve on."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QObject, QRectF, QSize, Qt, QTimer
 from PySide6.QtGui import QPainter, QPaintEvent
-from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app import theme
 from app.catalog import spread
@@ -34,6 +42,7 @@ UNREACHABLE = ("Can't reach Shoal on this machine to see how busy the copies are
 class CopyRow:
     """One copy as a row reads it (Qt-free)."""
     key: str  # the node that answers for it: stable across refreshes
+    node: str  # the id of the node that answers for it (what Stop names)
     machines: str  # "studio", "studio and mini"
     how: str  # "on 1 machine", "on 2 machines, split by layers"
     running: int
@@ -65,7 +74,7 @@ def copy_rows(info: ReplicasInfo, name_of: Callable[[str], str]
 def _row(r: ReplicaInfo, name_of: Callable[[str], str]) -> CopyRow:
     ids = r.nodes or [r.node]
     names = [r.name if nid == r.node and r.name else name_of(nid) for nid in ids]
-    return CopyRow(key=r.instance or r.node, machines=joined(names),
+    return CopyRow(key=r.instance or r.node, node=r.node, machines=joined(names),
                    how=spread(r.strategy, len(ids)), running=int(r.running),
                    waiting=int(r.waiting), streams=max(1, int(r.streams)),
                    share=float(r.share), routed=int(r.routed), here=r.here)
@@ -133,9 +142,11 @@ class _CopyWidgets:
         self.bar = LoadBar()
         self.load = QLabel()
         self.share = QLabel()
+        self.stop = QPushButton("Stop")
+        self.stop.setToolTip("Stop this copy only: the other copies keep answering.")
 
     def widgets(self) -> tuple[QWidget, ...]:
-        return (self.machines, self.how, self.bar, self.load, self.share)
+        return (self.machines, self.how, self.bar, self.load, self.share, self.stop)
 
     def show_row(self, c: CopyRow, total_routed: int) -> None:
         self.machines.setText(c.machines + (" (this machine)" if c.here else ""))
@@ -172,11 +183,18 @@ class ReplicasView(QWidget):
         self.error_label.hide()
         self.grid = QGridLayout()
         self.grid.setHorizontalSpacing(12)
-        self.grid.setColumnStretch(5, 1)
+        self.grid.setColumnStretch(6, 1)
+        # what the last Stop did where it failed (a refresh doesn't wipe it)
+        self.stop_label = QLabel()
+        self.stop_label.setObjectName("replicasStop")
+        self.stop_label.setWordWrap(True)
+        theme.set_role(self.stop_label, "error")
+        self.stop_label.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 6, 0, 0)
         layout.addWidget(self.title)
         layout.addWidget(self.error_label)
+        layout.addWidget(self.stop_label)
         layout.addLayout(self.grid)
         self.hide()
         self._timer = QTimer(self, interval=int(interval * 1000))
@@ -257,10 +275,34 @@ class ReplicasView(QWidget):
             header.setToolTip("Each request goes to the copy that already holds its "
                               "conversation, else to the least busy one.")
             self._headers.append(header)
-            self.grid.addWidget(header, line, 0, 1, 6)
+            self.grid.addWidget(header, line, 0, 1, 7)
             line += 1
             for c in rows:
                 row = self._rows[(model, c.key)] = _CopyWidgets()
+                row.stop.clicked.connect(
+                    lambda _=False, m=model, c=c, w=row: self.stop_copy(m, c, w))
                 for col, w in enumerate(row.widgets()):
                     self.grid.addWidget(w, line, col)
                 line += 1
+
+    def stop_copy(self, model: str, c: CopyRow, row: _CopyWidgets | None = None) -> None:
+        """Stop one copy (off the GUI thread); its row goes at the next refresh, or a
+        line says why it couldn't."""
+        if row is not None:
+            row.stop.setEnabled(False)
+            row.stop.setText("Stopping…")
+        self.stop_label.hide()
+
+        def failed(error: BaseException) -> None:
+            log.info("Stopping the copy of %s on %s failed: %s", model, c.machines, error)
+            self.stop_label.setText(f"Couldn't stop the copy of {model} on {c.machines}: "
+                                    f"{message_of(error)}")
+            self.stop_label.setToolTip(str(error))  # the node's own words
+            self.stop_label.show()
+            if row is not None and row in self._rows.values():  # still on screen
+                row.stop.setEnabled(True)
+                row.stop.setText("Stop")
+            self.refresh()
+
+        self.tasks.run(self.client.stop_copy, model, c.node,
+                       on_done=lambda _info: self.refresh(), on_error=failed, owner=self)

@@ -249,6 +249,13 @@ class NodeClient:
                 raise _malformed(route, f"a replica reads {r.to_json()!r:.200}")
         return info
 
+    def stop_copy(self, model: str, node: str) -> ReplicaInfo:
+        """Stop the copy of `model` that `node` answers for (a row of replicas()),
+        wherever it runs; the other copies serve on (POST /shoal/replicas/stop)."""
+        route = "/shoal/replicas/stop"
+        return _record(ReplicaInfo, self._call("POST", route, json={
+            "model": model, "node": node}, timeout=60.0), route)
+
     def stop_instance(self, instance_id: str) -> InstanceInfo:
         return InstanceInfo.from_json(
             self._call("DELETE", f"/shoal/instances/{instance_id}", timeout=60.0))

@@ -17,6 +17,7 @@ from engine.errors import ShoalError
 from engine.hub.local import LocalModel
 from engine.node import handover, relay
 from engine.node.beside import canonical
+from engine.node.routing import name_key
 from engine.node.service import Node
 from engine.records import InstanceInfo, InstanceState, RankInfo
 
@@ -37,37 +38,51 @@ class NodeBackend:
         return self.node.local_models()
 
     def remote_models(self) -> list[RemoteModel]:
+        """The models other nodes serve that this one has not: each once, under one name
+        (a model on this disk, or another copy's, under another name is left out)."""
         if self.cluster is None:
             return []
-        out = [RemoteModel(inst.model, url, inst.to_json())
-               for url, inst in self.cluster.remote_instances()]
+        seen = {name_key(m.id) for m in self.node.local_models()}
+        out = []
+        for url, inst in self.cluster.remote_instances():
+            if isinstance(inst.model, str) and name_key(inst.model) not in seen:
+                seen.add(name_key(inst.model))
+                out.append(RemoteModel(inst.model, url, inst.to_json()))
         for p in self.cluster.peers.all():  # a model a peer serves alone
             s = p.info.serving if p.trusted and p.info else None
             if s is not None and s.ready and s.instance is None \
-                    and all(m.id != s.model for m in out):
+                    and isinstance(s.model, str) and name_key(s.model) not in seen:
+                seen.add(name_key(s.model))
                 out.append(RemoteModel(s.model, p.url, InstanceInfo(
                     None, s.model, "single", InstanceState.READY,
                     ranks=[RankInfo(0, p.id)]).to_json()))
         return out
+
+    def _named(self, model: str | None) -> str | None:
+        """`model` as the cluster serves it (another name of a running model: that
+        model's), so an alias never starts a second worker for it."""
+        if model is None or self.cluster is None:
+            return model
+        return self.cluster.router.canonical(model)
 
     def loaded_model(self) -> str | None:
         w = self.node.worker
         return w.model_id if w is not None and w.alive else None
 
     async def load(self, model: str | None) -> str:
-        return (await self.node.ensure_loaded(model)).model_id
+        return (await self.node.ensure_loaded(self._named(model))).model_id
 
     async def unload(self, model: str) -> None:
         if await self.node.beside.unload(model):
             return
-        if self.loaded_model() == model:
+        if self.loaded_model() == self._named(model):
             await self.node.unload()
 
     def keep_alive(self, model: str, seconds: float | None) -> None:
-        self.node.keep_alive[canonical(model)] = seconds
+        self.node.keep_alive[canonical(self._named(model) or model)] = seconds
 
     def expires_in(self, model: str) -> float | None:
-        return self.node.expires_in(canonical(model))
+        return self.node.expires_in(canonical(self._named(model) or model))
 
     async def running_beside(self) -> list[LocalModel]:
         """The models running beside the main one, as the model list has them."""
@@ -78,7 +93,7 @@ class NodeBackend:
     @contextlib.asynccontextmanager
     async def generate(self, model: str | None,
                        req: wire.GenerateRequest) -> AsyncIterator[Started]:
-        worker = await self.node.ensure_loaded(model)
+        worker = await self.node.ensure_loaded(self._named(model))
         # a long prompt may be prefilled by another node first (engine/node/handover.py)
         await handover.before_generate(self.node, self.cluster, worker, req)
         async with worker.generate(req, self.node.on_turn) as events:
@@ -125,23 +140,29 @@ class NodeBackend:
     async def relay(self, request: web.Request, model: str | None, body: Any,
                     key: Callable[[], str | None] | None = None
                     ) -> web.StreamResponse | None:
-        """Pass the request to the replica of `model` that answers it (engine/node/
-        routing.py), or None where that is this node. A request a member passed here stays
-        (one hop); so does one for a model no replica runs (this node loads it)."""
-        w = self.node.worker
-        here = w is not None and w.alive and w.model_id == model
+        """Pass the request to the replica of `model` (under any of its names) that
+        answers it (engine/node/routing.py), or None where that is this node. A request a
+        member passed here stays (one hop); so does one for a model no replica runs (this
+        node loads it)."""
         if not model or self.cluster is None:
             return None
+        router = self.cluster.router
+        model = router.canonical(model)  # once, here: every name of it routes alike
+        w = self.node.worker
+        here = w is not None and w.alive and w.model_id == model
         if request.get("caller") is None:
-            router = self.cluster.router
             chosen = router.choose(model, key)
             if chosen is not None:
                 if chosen.url is None:
                     return None
+                if isinstance(body, dict) and chosen.model:  # the name it knows it by
+                    body = {**body, "model": chosen.model}
                 with router.sending(chosen.node):
                     return await relay.forward(request, self.cluster.peers, chosen.url,
                                                json.dumps(body).encode(),
                                                f"serving {model}")
+        else:
+            router.refuse_stopped(model)  # a member's view from before a user's Stop
         if here:
             return None
         return await relay.relay(request, self.cluster, model, body)

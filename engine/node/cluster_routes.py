@@ -62,6 +62,17 @@ async def replicas(request: web.Request) -> web.Response:
     return web.json_response(_cluster(request).router.info().to_json())
 
 
+@routes.post("/shoal/replicas/stop")
+async def stop_copy(request: web.Request) -> web.Response:
+    """One copy of a model stopped, wherever it runs (a peer's is passed on to it over
+    the cluster's signed channel); the other copies serve on."""
+    from engine.node.replicas import USAGE
+    from engine.node.replicas import stop_copy as stop
+    body = await json_object(request, USAGE, "node")
+    stopped = await stop(_cluster(request), body, request.get("caller") is not None)
+    return web.json_response(stopped.to_json())
+
+
 @routes.get("/shoal/peers")
 async def list_peers(request: web.Request) -> web.Response:
     return web.json_response([p.public().to_json() for p in _cluster(request).peers.all()])
@@ -90,9 +101,13 @@ async def instances(request: web.Request) -> web.Response:
 
 @routes.delete("/shoal/instances/{id}")
 async def stop_instance(request: web.Request) -> web.Response:
-    c = _cluster(request)
-    if c.instance is None or c.instance.id != request.match_info["id"]:
-        raise BadRequest(f"This node owns no instance {request.match_info['id']}.")
+    from engine.hub.names import shown
+    from engine.node.replicas import CopyNotFound
+    c, wanted = _cluster(request), request.match_info["id"]
+    if c.instance is None or c.instance.id != wanted:
+        raise CopyNotFound(f"This node leads no instance {shown(wanted, 40)}: GET "
+                           "/shoal/instances lists its own; POST /shoal/replicas/stop "
+                           "stops a copy another node runs.", param="id")
     await c.stop_instance()
     return web.json_response(c.instance.info().to_json())
 

@@ -3,7 +3,7 @@ with "replicas": N runs the model as N copies in all. Copies already running cou
 rest go where the planner places them on machines that run no copy yet, the smallest
 placement that fits (one machine where it can), each copy on machines of its own. Requests
 then go to the copy that holds their conversation, or the least loaded
-(engine/node/routing.py)."""
+(engine/node/routing.py). One copy stops on its own (stop_copy), wherever it runs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from engine.errors import BadRequest, InsufficientMemory, ShoalError
 from engine.node.launch import LaunchRequest, planned_request
 from engine.node.planning import best_placement, plan_from_cluster
 from engine.placement.planner import Placement
-from engine.records import InstanceInfo, InstanceState, LaunchedReplicas, RankInfo
+from engine.records import InstanceInfo, InstanceState, LaunchedReplicas, RankInfo, ReplicaInfo
 
 log = logging.getLogger(__name__)
 
@@ -76,3 +76,48 @@ async def launch_replicas(cluster: Any, req: LaunchRequest) -> LaunchedReplicas:
             for r in running]
     return LaunchedReplicas(req.model, kept + [i for i in started
                                                if isinstance(i, InstanceInfo)])
+
+
+class CopyNotFound(ShoalError):
+    status = 404
+    type = "invalid_request_error"
+    code = "copy_not_found"
+
+
+USAGE = ('Send {"model": "<model>", "node": "<node id>"}: a copy as GET /shoal/replicas '
+         'lists it.')
+
+
+async def stop_copy(cluster: Any, body: dict[str, Any], member: bool) -> ReplicaInfo:
+    """Stop one copy of a model (`body`: its model and the node that answers for it)
+    wherever it runs, the others serving on: this node's own by unloading it (or ending
+    its group), a peer's by asking that peer over the cluster's signed channel. A
+    request a member passed here (`member`) is for this node's own copy only: one hop."""
+    from engine.hub.names import shown
+    model, node = body.get("model"), body.get("node")
+    if not isinstance(model, str) or not model:
+        raise BadRequest(USAGE, param="model")
+    if not isinstance(node, str) or not node:
+        raise BadRequest(USAGE, param="node")
+    found = next((r for r in cluster.router.replicas(model) if r.node == node), None)
+    if found is None or (member and found.url is not None):
+        raise CopyNotFound(f"No copy of {shown(model, 80)} runs on the node "
+                           f"{shown(node, 40)} now: it stopped already, or never ran "
+                           "there. GET /shoal/replicas lists the copies.", param="node")
+    if found.url is not None:
+        await cluster.peers.call(found.url, "POST", "/shoal/replicas/stop",
+                                 {"model": found.model, "node": node}, timeout=60)
+    elif found.instance is not None:
+        if cluster.instance is None or cluster.instance.id != found.instance:
+            raise CopyNotFound(f"The group running {shown(model, 80)} here ended a "
+                               "moment ago.", param="node")
+        await cluster.stop_instance()
+    else:  # as POST /shoal/unload: what healing placed elsewhere goes too
+        placed = cluster.healer.forget()
+        if placed is not None:
+            await cluster.healer.undo(placed, placed.model)
+        await cluster.node.unload()
+    cluster.router.stopped(node, model)
+    log.info("stopped the copy of %s on %s", model, found.name)
+    return ReplicaInfo(found.model or model, node, found.name, found.instance,
+                       found.strategy, list(found.nodes), found.url is None)

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.node.routing import Replica, choose, whole
+from engine.errors import Busy
+from engine.node.routing import Replica, choose, name_key, same_name, whole
 from engine.records import ReplicaInfo, ReplicasInfo, RunnerReady, ServingInfo
 
 log = logging.getLogger(__name__)
+# longer than a peer poll (2 s): by then every node's view of a stopped copy is fresh
+STOPPED_S = 10.0
 
 
 class Router:
@@ -22,6 +26,8 @@ class Router:
         self.routed: Counter[tuple[str, str]] = Counter()  # (model, node id) -> requests
         self.reasons: Counter[tuple[str, str, str]] = Counter()  # + why
         self._sending: Counter[str] = Counter()  # node id -> requests in flight from here
+        # (node id, name key) -> when a user's Stop ended that copy
+        self._stopped: dict[tuple[str, str], float] = {}
 
     # --- what this node serves ---------------------------------------------------------
     def serving(self) -> ServingInfo | None:
@@ -46,22 +52,67 @@ class Router:
                            w.in_flight if w.alive else 0, w.waiting if w.alive else 0,
                            node.max_streams, plan.node if plan is not None else None)
 
-    # --- the replicas ------------------------------------------------------------------
+    # --- the replicas ---------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """The names the models are served under here and by the trusted peers (ready or
+        not), each once."""
+        c, out = self.cluster, []
+        w = c.node.worker
+        if w is not None and w.alive:
+            out.append(w.model_id)
+        for p in c.peers.all():
+            s = p.info.serving if p.trusted and p.info else None
+            if s is not None and isinstance(s.model, str):
+                out.append(s.model)
+        out += [inst.model for _, inst in c.remote_instances() if isinstance(inst.model, str)]
+        return list(dict.fromkeys(out))
+
+    def canonical(self, model: str) -> str:
+        """The one id a request for `model` goes by, at the node that routes it: the name
+        a copy is served under where `model` is another name of it (this node's own name
+        first), else `model` as it came."""
+        w = self.cluster.node.worker
+        mine = w.model_id if w is not None and w.alive else None
+        return same_name(model, self.names(), prefer=mine)
+
     def replicas(self, model: str) -> list[Replica]:
-        """Every ready replica of `model` this node can send a request to now."""
-        out = []
+        """Every ready replica of `model` (under any of its names) this node can send a
+        request to now."""
+        out, key = [], name_key(model)
         mine = self.serving()
-        if mine is not None and mine.model == model and mine.ready:
+        if mine is not None and name_key(mine.model) == key and mine.ready:
             out.append(self._replica(mine, self.cluster.id, None, self.cluster.name))
         theirs = [(p, p.info.serving) for p in self.cluster.peers.all()
                   if p.trusted and p.reachable and p.info and p.info.serving and p.id]
         for p, s in theirs:
-            if s.model == model and s.ready is True:
+            if isinstance(s.model, str) and name_key(s.model) == key and s.ready is True \
+                    and not self._just_stopped(p.id, key):
                 out.append(self._replica(s, p.id, p.url, p.name or p.id))
         # a node that prefills for another copy decodes nothing itself
         prefilling = {s.prefill for s in [mine] + [s for _, s in theirs]
                       if s is not None and isinstance(s.prefill, str)}
         return [r for r in out if r.node not in prefilling]
+
+    # --- a copy the user stopped -----------------------------------------------------------
+    def stopped(self, node: str, model: str) -> None:
+        """`node`'s copy of `model` was stopped by a user: no request goes there, though
+        a peer's last poll still says it runs."""
+        self._stopped[(node, name_key(model))] = time.monotonic()
+
+    def _just_stopped(self, node: str, key: str) -> bool:
+        t = self._stopped.get((node, key))
+        return t is not None and time.monotonic() - t < STOPPED_S
+
+    def refuse_stopped(self, model: str) -> None:
+        """A request a member passed here for the copy of `model` a user stopped moments
+        ago (the member's view is older): a 503 saying to send it again, never that copy
+        started again behind the user's back."""
+        w = self.cluster.node.worker
+        if w is not None and w.alive and name_key(w.model_id) == name_key(model):
+            return
+        if self._just_stopped(self.cluster.id, name_key(model)):
+            raise Busy(f"The copy of {model} on {self.cluster.name} was stopped a moment "
+                       "ago; send the request again: another copy answers it.")
 
     def _replica(self, s: ServingInfo, node: str, url: str | None, name: str) -> Replica:
         running, waiting = whole(s.running), whole(s.waiting)
@@ -71,7 +122,8 @@ class Router:
             else (node,)
         return Replica(node, url, name, s.instance if isinstance(s.instance, str) else None,
                        s.strategy if isinstance(s.strategy, str) else "single",
-                       nodes or (node,), running, waiting, whole(s.streams, 1, 4096) or 1)
+                       nodes or (node,), running, waiting, whole(s.streams, 1, 4096) or 1,
+                       s.model)
 
     def choose(self, model: str, key: Callable[[], str | None] | None) -> Replica | None:
         """The replica for a request for `model` (`key` gives its conversation's key,
@@ -98,15 +150,10 @@ class Router:
     def info(self) -> ReplicasInfo:
         """Every replica of every model this node can route to, with its share of the
         requests this node routed for that model."""
-        models = {m for m, _ in self.routed}
-        mine = self.serving()
-        if mine is not None:
-            models.add(mine.model)
-        for p in self.cluster.peers.all():
-            if p.trusted and p.info and p.info.serving and isinstance(p.info.serving.model, str):
-                models.add(p.info.serving.model)
+        names = list(dict.fromkeys([m for m, _ in self.routed] + self.names()))
+        models = {name_key(m): self.canonical(m) for m in names}  # one row set a model
         out = []
-        for model in sorted(models):
+        for model in sorted(set(models.values())):
             total = sum(n for (m, _), n in self.routed.items() if m == model)
             for r in self.replicas(model):
                 n = self.routed[(model, r.node)]

@@ -7,7 +7,11 @@ overrides the hash only where it matters: a replica that is full, or has clearly
 requests than the least loaded one, gives the request to the least loaded.
 
 The loads are what the peers' polls last said (every 2 s), raised by the requests this
-node has sent each replica since: choosing waits on no round trip."""
+node has sent each replica since: choosing waits on no round trip.
+
+A model has several names a node takes (Ollama's ":latest", a name in other letter case as
+the Hub and a Mac's disk take it, the bundled embedding model's short names): its replicas
+are the copies served under any of them (name_key)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from engine.node.beside import canonical
 
 SPREAD = 2  # requests more than the least loaded replica before the hash gives way
 
@@ -30,6 +36,7 @@ class Replica:
     running: int
     waiting: int
     streams: int
+    model: str = ""  # the name the copy is served under (one of the model's names)
 
     @property
     def load(self) -> int:
@@ -38,6 +45,23 @@ class Replica:
     @property
     def full(self) -> bool:
         return self.load >= self.streams
+
+
+def name_key(name: str) -> str:
+    """What every name of one model has in common: two names with the same key name the
+    same model (Ollama's default tag dropped, letter case ignored, the bundled embedding
+    model's names as one)."""
+    return canonical(name).removesuffix(":latest").casefold()
+
+
+def same_name(name: str, names: Sequence[str], prefer: str | None = None) -> str:
+    """The one of `names` that stands for every name of `name`'s model: `prefer` where
+    it is one of them, else the first by sort; `name` as it came where none is."""
+    key = name_key(name)
+    same = sorted(n for n in names if name_key(n) == key)
+    if prefer is not None and prefer in same:
+        return prefer
+    return same[0] if same else name
 
 
 def ranked(key: str, replicas: Sequence[Replica]) -> list[Replica]:

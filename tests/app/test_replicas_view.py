@@ -53,7 +53,8 @@ class StandIn:
     """GET /shoal/replicas answers `replicas` (a dict: JSON; bytes: sent as they are,
     with `status`); POST /shoal/instances records its body and answers LaunchedReplicas
     of one copy per machine, as the node does, or `launch_error` (an OpenAI error body,
-    HTTP 507); POST /shoal/unload is recorded."""
+    HTTP 507); POST /shoal/unload is recorded; POST /shoal/replicas/stop records its body
+and takes that copy out of the answer, as the node does, or answers `stop_error` (404)."""
 
     def __init__(self) -> None:
         self.replicas: dict[str, Any] | bytes = TWO_COPIES
@@ -61,6 +62,8 @@ class StandIn:
         self.launch_error: dict[str, Any] | None = None
         self.launches: list[dict[str, Any]] = []
         self.stops: list[str] = []  # the routes the app stopped copies with
+        self.stopped: list[dict[str, Any]] = []  # POST /shoal/replicas/stop's bodies
+        self.stop_error: dict[str, Any] | None = None
         self.asked = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -106,11 +109,24 @@ class StandIn:
             self.stops.append(request.path)
             return web.json_response({"state": "idle"})
 
+        async def stop_copy(request: web.Request) -> web.Response:
+            body = await request.json()
+            self.stopped.append(body)
+            if self.stop_error is not None:
+                return web.json_response(self.stop_error, status=404)
+            assert isinstance(self.replicas, dict)
+            rows = self.replicas["replicas"]
+            gone = next(r for r in rows if (r["model"], r["node"]) == (body["model"],
+                                                                         body["node"]))
+            self.replicas = {"replicas": [r for r in rows if r is not gone]}
+            return web.json_response(gone)
+
         async def start() -> None:
             app = web.Application()
             app.router.add_get("/shoal/replicas", replicas)
             app.router.add_post("/shoal/instances", launch)
             app.router.add_post("/shoal/unload", stop)
+            app.router.add_post("/shoal/replicas/stop", stop_copy)
             runner = self._runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -204,6 +220,37 @@ def test_a_node_that_fails_leaves_nothing_stale(qtbot, node, view, status, body)
     node.replicas, node.status = TWO_COPIES, 200  # back: the rows return, the line goes
     qtbot.waitUntil(lambda: len(view._rows) == 2, timeout=5000)
     assert not view.error_label.isVisible()
+
+
+def test_stop_on_a_row_stops_that_copy_alone(qtbot, node, view):
+    """Stop on the copy that runs on mini and laptop asks the app's node to stop that
+    copy (by the node that answers for it), whichever machine it runs on; the row goes."""
+    qtbot.waitUntil(lambda: len(view._rows) == 2, timeout=5000)
+    row = view._rows[(MODEL, "bbbb")]
+    assert row.stop.isVisible() and row.stop.text() == "Stop"
+    qtbot.mouseClick(row.stop, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not view.isVisible(), timeout=5000)  # one copy left: no view
+    assert node.stopped == [{"model": MODEL, "node": "bbbb"}]
+    assert node.stops == []  # nothing unloaded on the app's own machine
+    assert not view.stop_label.isVisible()
+
+
+def test_a_refused_stop_says_the_nodes_sentence_and_the_row_stays(qtbot, node, view):
+    qtbot.waitUntil(lambda: len(view._rows) == 2, timeout=5000)
+    said = "No copy of 'llama-3-8b' runs on the node 'bbbb' now: it stopped already."
+    node.stop_error = {"error": {"message": said, "type": "invalid_request_error",
+                                 "param": "node", "code": "copy_not_found"}}
+    row = view._rows[(MODEL, "bbbb")]
+    qtbot.mouseClick(row.stop, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: view.stop_label.isVisible(), timeout=5000)
+    assert view.stop_label.text().startswith(
+        f"Couldn't stop the copy of {MODEL} on mini and laptop: {said}")
+    assert view.stop_label.toolTip() == said
+    qtbot.waitUntil(lambda: row.stop.isEnabled(), timeout=5000)
+    assert row.stop.text() == "Stop" and len(view._rows) == 2
+    asked = node.asked
+    qtbot.waitUntil(lambda: node.asked >= asked + 2, timeout=5000)  # refreshes keep it
+    assert view.stop_label.isVisible()
 
 
 def test_an_unreachable_node_never_shows_copies_it_never_had(qtbot, node, tasks):
@@ -405,4 +452,47 @@ def test_two_real_nodes_run_copies_and_the_view_shows_their_share(qtbot, tmp_pat
         assert b.client.status().model == "tiny-llama"
     finally:
         unfollow(a, tasks, state, monitor)
+        b.stop()
+
+
+def test_stop_on_the_other_machines_row_stops_that_copy_and_this_one_answers(
+        qtbot, tmp_path, tiny_model_dir):
+    """Two real nodes, one copy each: Stop on mac-b's row in mac-a's app stops mac-b's
+    copy (mac-a passes it on over the cluster's channel), and mac-a's answers on, asked
+    at either node; mac-b doesn't load it again for them."""
+    import httpx
+
+    from nodes import start_cluster
+
+    for i, name in enumerate(("mac-a", "mac-b")):
+        home = tmp_path / f"node{i}" / "home"
+        home.mkdir(parents=True)
+        (home / "node.json").write_text(json.dumps({"id": f"{name}-id", "name": name}))
+    a, b = start_cluster(tmp_path, tiny_model_dir, 2)
+    tasks = Tasks(max_threads=4)
+    view = ReplicasView(a.client, tasks, {"mac-a-id": "mac-a", "mac-b-id": "mac-b"}.get,
+                        interval=0.3)
+    qtbot.addWidget(view)
+    try:
+        launched = a.client.launch("tiny-llama", "pipeline", [], timeout=120, replicas=2)
+        assert isinstance(launched, LaunchedReplicas) and len(launched.instances) == 2
+        view.start()
+        qtbot.waitUntil(lambda: len(view._rows) == 2, timeout=30000)
+        assert [t[0] for t in texts(view)[1:]] == ["mac-a (this machine)", "mac-b"]
+        qtbot.mouseClick(view._rows[("tiny-llama", "mac-b-id")].stop,
+                         Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: not view.isVisible(), timeout=20000)
+        assert not view.stop_label.isVisible(), view.stop_label.text()
+        assert b.client.status().worker_pid is None
+        for n in (a, b, a, b):
+            r = httpx.post(n.url + "/v1/chat/completions", timeout=120, json={
+                "model": "tiny-llama", "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+        assert b.client.status().worker_pid is None
+        assert a.client.status().model == "tiny-llama"
+    finally:
+        view.stop()
+        tasks.wait(20000)
+        a.stop()
         b.stop()

@@ -2,7 +2,9 @@
 one request ("replicas": 2). A conversation's turns land on the copy that cached its start
 whichever node a client asks (cached tokens reported), every node agrees on that copy,
 distinct conversations spread over both copies, too many copies are refused before any
-starts, and a killed copy stops receiving requests within seconds."""
+starts, another name of the model (other letter case, Ollama's ":latest") finds the same
+copies, a killed copy stops receiving requests within seconds, and one copy stopped from a
+node that doesn't run it stops alone while the other answers."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import httpx
 import pytest
 
 from engine.hub.bundled import bundled_gguf, ensure_default_model
+from members import Member
 from nodes import NodeProcess, start_cluster
 from tests_support import wait_until
 
@@ -48,9 +51,9 @@ def replicas(n: NodeProcess) -> list[dict]:
     return [x for x in r.json()["replicas"] if x["model"] == MODEL]
 
 
-def ask(n: NodeProcess, messages: list[dict]) -> dict:
+def ask(n: NodeProcess, messages: list[dict], model: str = MODEL) -> dict:
     r = httpx.post(n.url + "/v1/chat/completions", timeout=180, json={
-        "model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0})
+        "model": model, "messages": messages, "max_tokens": 8, "temperature": 0})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -97,6 +100,24 @@ def test_a_conversation_follows_its_copy_from_any_node(trio, launched) -> None:
         assert cached(b) >= a["usage"]["prompt_tokens"] - 8, (k, a["usage"], b["usage"])
 
 
+def test_another_name_of_the_model_lands_on_the_copy_that_cached_it(trio, launched) -> None:
+    entry = launched["entry"]  # it runs no copy: an alias it didn't route was a 404 here
+    first = [{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": "Where does the lighthouse keeper live?"}]
+    a = ask(entry, first)
+    for k, name in enumerate(("smollm2-135m-instruct", MODEL + ":latest")):
+        later = first + [{"role": "assistant", "content": a["choices"][0]["message"]
+                          ["content"]}, {"role": "user", "content": f"And his cat, {k}?"}]
+        b = ask(trio[k % 3], later, model=name)
+        assert cached(b) >= a["usage"]["prompt_tokens"] - 8, (name, a["usage"], b["usage"])
+    # one model: one set of rows, listed once under one name
+    rows = httpx.get(entry.url + "/shoal/replicas", timeout=10).json()["replicas"]
+    assert {r["model"] for r in rows} == {MODEL}, rows
+    for n in trio:
+        ids = [m["id"] for m in httpx.get(n.url + "/v1/models", timeout=10).json()["data"]]
+        assert [i.casefold() for i in ids].count(MODEL.casefold()) == 1, ids
+
+
 def test_distinct_conversations_spread_over_both_copies(trio, launched) -> None:
     entry = launched["entry"]
     before = {r["node"]: r["routed"] for r in replicas(entry)}
@@ -120,3 +141,53 @@ def test_a_killed_copy_stops_receiving_requests_within_seconds(trio, launched) -
     assert noticed < 15
     for k in range(6):  # every conversation now goes to the copy that lives
         ask(entry, [{"role": "user", "content": f"Name a bird, number {k}."}])
+
+
+def unloaded(n: NodeProcess) -> bool:
+    st = httpx.get(n.url + "/shoal/status", timeout=10).json()
+    return st.get("model") is None and st.get("worker_pid") is None
+
+
+def stop(n: NodeProcess, body: dict) -> httpx.Response:
+    return httpx.post(n.url + "/shoal/replicas/stop", json=body, timeout=90)
+
+
+def test_one_copy_stops_from_a_node_that_doesnt_run_it_and_the_other_answers(
+        trio, launched) -> None:
+    """After the kill above: two copies again (the entry node runs the new one), then the
+    other copy stopped from the entry node. Unknown and hostile ids are a 404 sentence."""
+    entry, by_id = launched["entry"], launched["by_id"]
+    kept, other = entry, by_id[launched["copies"][0]]
+    for node in ("no-such-node", "x" * 5000, "\x00../../etc", launched["copies"][1]):
+        r = stop(entry, {"model": MODEL, "node": node})
+        assert r.status_code == 404, r.text
+        said = r.json()["error"]["message"]
+        assert said.startswith(f"No copy of '{MODEL}' runs on the node") and len(said) < 300
+    r = stop(entry, {"model": MODEL})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "node"
+    r = httpx.delete(entry.url + "/shoal/instances/" + "y" * 300, timeout=10)
+    assert r.status_code == 404 and "leads no instance" in r.text
+
+    r = httpx.post(other.url + "/shoal/instances", timeout=600,
+                   json={"model": MODEL, "replicas": 2})
+    assert r.status_code == 201, r.text
+    for n in (kept, other):
+        wait_until(lambda n=n: len(replicas(n)) == 2, 30)
+    r = stop(entry, {"model": MODEL, "node": launched["copies"][0]})
+    assert r.status_code == 200, r.text
+    assert r.json()["node"] == launched["copies"][0] and not r.json()["here"]
+    assert unloaded(other)
+    with Member(other.cluster_url, "test-cluster-secret") as member:
+        # a member whose last poll still showed the copy: told to ask again, never that
+        # copy loaded again; and a member can't make it pass a stop on (one hop)
+        r = member.send("POST", "/v1/chat/completions", {
+            "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and "stopped a moment ago" in r.text, r.text
+        r = member.send("POST", "/shoal/replicas/stop", {"model": MODEL,
+                                                         "node": node_id(kept)})
+        assert r.status_code == 404, r.text
+    assert [r["node"] for r in replicas(kept)] == [node_id(kept)]
+    for k in range(4):  # from both nodes, the copy left answers (the stopped one stays so)
+        ask((kept, other)[k % 2], [{"role": "user", "content": f"Name a boat, {k}."}])
+    assert unloaded(other)
+    assert httpx.get(kept.url + "/shoal/status", timeout=10).json()["model"] == MODEL

@@ -34,7 +34,7 @@ def refused(r: httpx.Response, status: int = 403) -> str:
 
 
 @pytest.mark.parametrize("path", ["/shoal/shutdown", "/shoal/unload", "/shoal/load",
-                                  "/shoal/instances", "/shoal/hub/pull",
+                                  "/shoal/instances", "/shoal/replicas/stop", "/shoal/hub/pull",
                                   "/shoal/settings/secret", "/shoal/settings/hf-token"])
 def test_simple_request_csrf_is_refused(node, path):
     r = httpx.post(node.url + path, content=b'{"model": "x"}', headers=SIMPLE)

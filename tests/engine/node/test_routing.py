@@ -1,12 +1,13 @@
 """The choice of replica for a request (engine/node/routing.py): the same on every node for
 the same conversation, kept across its turns, moved off a full or clearly busier replica,
-and only the conversations of a replica that leaves move."""
+and only the conversations of a replica that leaves move; every name of a model finds the
+one name the router goes by."""
 
 from __future__ import annotations
 
 from engine import protocol as wire
 from engine.api.conversation import conversation_key
-from engine.node.routing import Replica, choose, ranked
+from engine.node.routing import Replica, choose, name_key, ranked, same_name
 
 
 def rep(node: str, running: int = 0, waiting: int = 0, streams: int = 8,
@@ -74,3 +75,23 @@ def test_without_a_conversation_the_least_loaded_and_this_node_first_among_equal
     assert choose(None, [rep("a"), here])[0] is here
     assert choose(None, [rep("a"), rep("z", running=1, url=None)])[0].node == "a"
     assert choose(None, [here]) == (here, "only")
+
+
+def test_every_name_a_node_takes_for_a_model_finds_the_one_it_is_served_under():
+    served = ["SmolLM2-135M-Instruct", "mlx-community/Qwen3-4B-4bit", "all-MiniLM-L6-v2"]
+    for alias, meant in (("SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"),
+                         ("SmolLM2-135M-Instruct:latest", "SmolLM2-135M-Instruct"),
+                         ("smollm2-135m-instruct", "SmolLM2-135M-Instruct"),
+                         ("MLX-Community/qwen3-4b-4bit:latest", "mlx-community/Qwen3-4B-4bit"),
+                         ("all-minilm", "all-MiniLM-L6-v2"),
+                         ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")):
+        assert same_name(alias, served) == meant, alias
+    # a name of no served model stays as it came (the node loads it, or says it has none)
+    assert same_name("SmolLM2-360M-Instruct", served) == "SmolLM2-360M-Instruct"
+    assert same_name("Qwen3-4B-4bit", served) == "Qwen3-4B-4bit"  # another owner's, maybe
+    # two copies served under two names of one model: one name for both, this node's first
+    both = ["smollm2-135m-instruct", "SmolLM2-135M-Instruct"]
+    assert same_name("SMOLLM2-135M-INSTRUCT", both) == "SmolLM2-135M-Instruct"
+    assert same_name("SmolLM2-135M-Instruct", both, prefer="smollm2-135m-instruct") \
+        == "smollm2-135m-instruct"
+    assert name_key("a" * 5000) == "a" * 5000  # a long name is only a long name
