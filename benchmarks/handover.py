@@ -112,14 +112,27 @@ def main() -> None:
                     "model": model, "nodes": [{"node": "self"}], **extra}).raise_for_status()
             link = next((p["link"] for p in a.client._call("GET", "/shoal/peers")
                          if p.get("id") == bid), {}) or {}
-            for n_tokens in (int(x) for x in sizes.split(",")):
+            asked = [int(x) for x in sizes.split(",")]
+            for _ in range(90):  # until both nodes have calibrated (a plan without
+                plan = httpx.post(a.url + "/shoal/plan", timeout=120, json={  # guesses)
+                    "model": model, "prompt_tokens": asked}).json()
+                if not any("assumed" in n for n in plan.get("notes") or []):
+                    break
+                time.sleep(2)
+            aid = a.client.status().cluster.id
+            predicted = {r["prompt"]: (r["alone_s"], r["split_s"], r["transfer_s"])
+                         for p in plan.get("placements", [])
+                         if [x["node"] for x in p["ranks"]] == [aid]
+                         for r in p.get("split_prefill") or [] if r["node_id"] == bid}
+            for n_tokens in asked:
                 alone = ttft(a.url, model, prompt(n_tokens, n_tokens, per_word))
                 httpx.post(a.url + "/shoal/instances", timeout=900, json={
                     "model": model, "nodes": [{"node": "self"}], "prefill": bid,
                     "prefill_min": 256}).raise_for_status()
                 split = ttft(a.url, model, prompt(n_tokens, n_tokens + 1, per_word))
                 rows.append({"tokens": alone[1], "alone": alone[0], "split": split[0],
-                             "cached": split[2], "handed": handed(a.log)})
+                             "cached": split[2], "handed": handed(a.log),
+                             "predicted": predicted.get(n_tokens)})
                 print(rows[-1], flush=True)
                 httpx.post(a.url + "/shoal/instances", timeout=900, json={
                     "model": model, "nodes": [{"node": "self"}]}).raise_for_status()
@@ -131,15 +144,16 @@ def main() -> None:
     bw = link.get("bandwidth_MBps")
     print(f"\n{model}, two nodes on one machine, each pinned to its own core; the link "
           f"measured {bw or '?'} MB/s.\n")
-    print("| prompt tokens | TTFT alone (s) | TTFT split (s) | KV streamed | prefill "
-          "there (s) | its rate | last frame after it (s) | adopted after that (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| prompt tokens | TTFT alone (s) | TTFT split (s) | predicted alone / split (s) "
+          "| KV streamed | prefill there (s) | last frame after it (s) | adopted after that "
+          "(s) | predicted transfer (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mb, there, tail, adopt = r["handed"] or (0.0, 0.0, 0.0, 0.0)
+        alone_p, split_p, moved_p = r["predicted"] or (0.0, 0.0, 0.0)
         print(f"| {r['tokens']} | {r['alone']:.2f} | {r['split']:.2f} "
-              f"({r['cached']} cached) | {mb:.0f} MB | {there:.2f} | "
-              f"{mb / there if there else 0:.0f} MB/s | {tail:.2f} | {adopt:.2f} |")
-
+              f"({r['cached']} cached) | {alone_p:.2f} / {split_p:.2f} | {mb:.0f} MB | "
+              f"{there:.2f} | {tail:.2f} | {adopt:.2f} | {moved_p:.2f} |")
 
 if __name__ == "__main__":
     main()

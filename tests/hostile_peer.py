@@ -5,7 +5,8 @@ hostile file plan to pulls, answers chat requests with its own text, and records
 request it receives (so a test can see whether a prompt ever reached it, and has captured
 requests to replay). It serves plain HTTP, or TLS with a certificate of its own. Given the
 secret (HOSTILE_SECRET), it is a member gone bad instead: it speaks the cluster's TLS and
-signs its answers, and still serves hostile file plans.
+signs its answers, and still serves hostile file plans and, as a prefill node, KV frames
+that lie.
 
 Run: python tests/hostile_peer.py PORT RECORD_FILE [--tls] [--claim MODEL ...]
 Tests use HostilePeer below, which starts it and always stops it."""
@@ -58,6 +59,8 @@ def serve(port: int, record: Path, tls: bool, claims: list[str], secret: str = "
         from engine.cluster.auth import Verifier
         verifier = Verifier(secret, "evil-member")
 
+    prefills = [0]
+
     def keep(request: web.Request, body: bytes) -> None:
         with record.open("a") as f:
             f.write(json.dumps({"method": request.method, "path": request.path_qs,
@@ -77,12 +80,24 @@ def serve(port: int, record: Path, tls: bool, claims: list[str], secret: str = "
     def answer(request: web.Request) -> web.Response:
         path = request.path
         if path in ("/shoal/node", "/shoal/peer/hello"):
-            return web.json_response(node_info(claims, "evil-member" if secret
-                                               else "stranger-node"))
+            info = node_info(claims, "evil-member" if secret else "stranger-node")
+            if secret and claims:  # a member serving the model alone: a prefill node
+                info["serving"] = {"model": claims[0], "strategy": "single", "ready": True,
+                                   "nodes": ["evil-member"]}
+            return web.json_response(info)
         if path == "/shoal/peer/files-index":
             return web.json_response(hostile_index(request.query.get("repo", "")))
         if path.startswith("/shoal/peer/files/"):
             return web.Response(body=b"pwned")
+        if path == "/shoal/peer/prefill":  # KV frames that lie, then a bomb of a header
+            prefills[0] += 1
+            if prefills[0] % 2:
+                head = json.dumps({"kind": "begin", "made_by": "evil", "tokens": [1],
+                                   "layers": ["KVCache"]}).encode()
+                end = json.dumps({"kind": "end", "seconds": 0}).encode()
+                return web.Response(body=b"".join(len(h).to_bytes(4, "big") + h
+                                                  for h in (head, end)))
+            return web.Response(body=(1 << 31).to_bytes(4, "big") + b"{" * 4096)
         if path == "/health":
             return web.json_response({"ok": True})
         if path.startswith("/v1/chat/completions"):

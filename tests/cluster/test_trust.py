@@ -234,3 +234,38 @@ def test_a_member_gone_bad_cant_write_outside_the_model_cache(tmp_path, tiny_mod
     finally:
         a.stop()
         evil.stop()
+
+
+def test_a_member_gone_bad_as_a_prefill_node_fails_the_long_prompt_alone(tmp_path,
+                                                                          tiny_model_dir):
+    """A member that holds the secret, named as the prefill node, answers with KV frames
+    that are another model's, then with a 2 GB frame header: each long prompt fails with
+    a 502 naming the hand-over, nothing of it is kept, and the node answers short prompts
+    as before."""
+    evil = HostilePeer(tmp_path, secret="the-secret", claims=("tiny-llama",))
+    a = NodeProcess(home_with(tmp_path / "a", tiny_model_dir), "tiny-llama", "--secret",
+                    "the-secret")
+    try:
+        a.wait_healthy().wait_ready(120)
+        httpx.post(a.url + "/shoal/peers", json={"address": evil.address}, timeout=10)
+        wait_until(lambda: any(p["trusted"] for p in _peers(a).values()), 15)
+        r = httpx.post(a.url + "/shoal/instances", timeout=120, json={
+            "model": "tiny-llama", "nodes": [{"node": "self"}], "prefill": "evil-member",
+            "prefill_min": 40})
+        assert r.status_code == 201, r.text
+
+        def ask(text: str) -> httpx.Response:
+            return httpx.post(a.url + "/v1/completions", timeout=60, json={
+                "model": "tiny-llama", "prompt": text, "max_tokens": 4})
+        lied = ask("a long prompt for the prefill node " * 4)
+        assert lied.status_code == 502, lied.text
+        assert "another model" in lied.json()["error"]["message"]
+        bomb = ask("another long prompt for the prefill node " * 4)
+        assert bomb.status_code == 502, bomb.text
+        assert "isn't KV" in bomb.json()["error"]["message"]
+        assert ask("short").status_code == 200
+        assert [g["path"] for g in evil.received()].count("/shoal/peer/prefill") == 2
+        assert a.proc.poll() is None
+    finally:
+        a.stop()
+        evil.stop()
