@@ -259,7 +259,10 @@ class Cluster:
         another model now is left as it is, and the launch refused, saying so."""
         from engine.errors import BadRequest
         peer = self.peers.find(req.prefill or "")
-        serving = peer.info.serving if peer is not None and peer.info else None
+        if peer is None:  # _prefill_node found it a moment ago
+            raise BadRequest(f"'prefill': {str(req.prefill)[:80]!r} is no node of this "
+                             "cluster that this node can reach.", param="prefill")
+        serving = peer.info.serving if peer.info else None
         if serving is not None and serving.model == req.model \
                 and serving.strategy == "single":
             return
