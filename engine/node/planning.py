@@ -270,7 +270,8 @@ def _node_from_info(i: int, info: PlanNode, model_name: str | None,
         bw = mbw / DEFAULT.bandwidth_efficiency  # really gets: undo the efficiency
     if mflops := info.get("measured_flops"):  # factors the model applies to peak figures
         flops = mflops / DEFAULT.compute_efficiency
-    if not bw or not flops:
+    guessed = not bw or not flops
+    if guessed:
         bw, flops = bw or 100e9, flops or 2e12
         notes.append(f"{name}: no bandwidth/compute figures for chip {info.get('chip')!r}; "
                      f"assumed {bw / 1e9:.0f} GB/s and {flops / 1e12:.0f} TFLOPS")
@@ -283,7 +284,8 @@ def _node_from_info(i: int, info: PlanNode, model_name: str | None,
                     prefill_flops=_widths(info.get("measured_prefill_flops")),
                     unpacks=info.get("mlx_backend") == "cpu",
                     watts=float(info.get("watts") or info.get("measured_watts")
-                                or (prof or {}).get("max_power_w") or 0.0))
+                                or (prof or {}).get("max_power_w") or 0.0),
+                    guessed=guessed)
 
 
 def _widths(rates: Any) -> tuple[tuple[int, float], ...]:

@@ -60,6 +60,8 @@ class NodeSpec:
     # watts it draws running a model: measured while it served, else the catalogued
     # maximum (an upper bound); 0: unknown
     watts: float = 0.0
+    # its speed is a guess: no measurement, no profile of its chip (just started)
+    guessed: bool = False
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,9 @@ def best_split(model: ModelSpec, placement: Placement, nodes: Sequence[NodeSpec]
     if not placement.prediction.ttft:
         return None
     longest = placement.prediction.ttft[-1][0]
-    wins = [r for r in split_rows(model, placement, nodes, links, [longest], a) if r.pays]
+    # a node whose speed is a guess (it hasn't calibrated yet) is never chosen on it
+    known = [nd for nd in nodes if not nd.guessed or nd.id == placement.ranks[0].node]
+    wins = [r for r in split_rows(model, placement, known, links, [longest], a) if r.pays]
     if not wins:
         return None
     row = min(wins, key=lambda r: (r.split_s, r.node))

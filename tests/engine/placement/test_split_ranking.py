@@ -121,6 +121,21 @@ def test_a_launch_from_the_plan_names_the_prefill_node():
     assert all("prefill" not in p.to_launch() for p in placements("10gbe", 32000, "chat"))
 
 
+def test_a_node_whose_speed_is_a_guess_is_never_made_the_prefill_node():
+    """A node that has just started (no calibration, no profile of its chip: the planner
+    assumes 2 TFLOPS for it) is no prefill node until it has measured itself."""
+    from dataclasses import replace
+
+    from engine.placement.split_prefill import prefer_split
+    found, model, nodes, links = planned("10gbe", 32000)
+    lone = next(p for p in found if [r.node for r in p.ranks] == ["studio"])
+    assert lone.prefill is not None  # the card, measured (its profile)
+    guessed = [replace(n, guessed=True) if n.id == CARD else n for n in nodes]
+    again = prefer_split(model, [replace(lone, prefill=None)], guessed, links,
+                         prompt_assumptions([32000]))
+    assert again[0].prefill is None
+
+
 def test_the_planners_minimum_is_the_hand_overs():
     assert HANDOVER_MIN_TOKENS == MIN_TOKENS
 
