@@ -262,7 +262,9 @@ class Cluster:
         if peer is None:  # _prefill_node found it a moment ago
             raise BadRequest(f"'prefill': {str(req.prefill)[:80]!r} is no node of this "
                              "cluster that this node can reach.", param="prefill")
-        serving = peer.info.serving if peer.info else None
+        # asked now, not from the last poll: a launch there a moment ago must count
+        serving = (await peer_record(NodeInfo, self.peers, peer.url, "GET",
+                                     "/shoal/node")).serving
         if serving is not None and serving.model == req.model \
                 and serving.strategy == "single":
             return

@@ -1,9 +1,10 @@
 """The KV of a prompt made on one node and used on another (engine/runtime/handover.py),
 in one process: the prefill side's frames, read back on the decode side, decode the same
 greedy tokens as a prefill of its own, for a dense model, an MLA model (DeepSeek V3's
-latent KV), sliding-window families (Gemma 3, Ministral 3) and 8-bit quantized KV, with a
-prompt longer than a chunk. The frames go out as each layer makes them, and the decode
-side reads a file still being written. Frames that aren't this model's cache for those
+latent KV), sliding-window families (Gemma 3, Ministral 3, gpt-oss), a recurrent one
+(Qwen3-Next's linear attention) and 8-bit quantized KV, with a prompt longer than a chunk.
+The frames go out as each layer makes them, and the decode side reads a file still being
+written. Frames that aren't this model's cache for those
 tokens are refused with a 400, never kept."""
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def adopt(model, kv, tokens, data: bytes, made_by="m", layout=None):
 
 @pytest.mark.parametrize("family,bits", [("llama", None), ("deepseek_v3", None),
                                          ("gemma3_text", None), ("ministral3", None),
+                                         ("qwen3_next", None), ("gpt_oss", None),
                                          ("llama", 8)])
 def test_the_handed_over_kv_decodes_as_a_prefill_of_its_own(tmp_path: Path, family, bits):
     import mlx.core as mx
