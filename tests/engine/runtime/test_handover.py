@@ -163,8 +163,10 @@ def split(data: bytes) -> list[bytes]:
     return out
 
 
-def test_a_cache_in_another_float_dtype_is_taken_in_this_nodes(tmp_path: Path):
-    """A Mac keeps its KV in float16, a CPU node in float32: the hand-over converts."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_cache_in_another_float_dtype_is_taken_in_this_nodes(tmp_path: Path, dtype: str):
+    """A Mac keeps its KV in float16 or bfloat16 (the checkpoint's), a CPU node in float32:
+    the hand-over converts."""
     import mlx.core as mx
     import numpy as np
 
@@ -178,9 +180,9 @@ def test_a_cache_in_another_float_dtype_is_taken_in_this_nodes(tmp_path: Path):
         if "arrays" not in header:
             half += encode(header) + payload
             continue
-        arrays = np.frombuffer(payload, np.float32).astype(np.float16)
-        header["arrays"] = [["float16", s] for _, s in header["arrays"]]
-        half += encode(header) + arrays.tobytes()
+        narrow = mx.array(np.frombuffer(payload, np.float32)).astype(getattr(mx, dtype))
+        header["arrays"] = [[dtype, s] for _, s in header["arrays"]]
+        half += encode(header) + np.array(narrow.view(mx.uint16)).tobytes()
     layout = layout_of(model, kv)
     got = adopt(model, kv, tokens, half, "m", layout)
     assert all(c.keys.dtype == mx.float32 for c in got)
