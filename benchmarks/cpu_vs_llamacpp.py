@@ -19,11 +19,13 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,60 +43,81 @@ LLAMA = r"""
 import json, sys, time
 import numpy as np
 from llama_cpp import Llama
-path, sizes, decode = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+import llama_cpp
+llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]) + 64, n_threads=1,
+            n_threads_batch=1, n_batch=512, verbose=False)
 ids = lambda n, seed: [(i * 7919 + seed * 104729) % 40000 + 100 for i in range(n)]
-llm = Llama(model_path=path, n_ctx=max(sizes) + 64, n_threads=1, n_threads_batch=1,
-            n_batch=512, verbose=False)
-llm.eval(ids(64, 99)); llm.reset()  # warm-up
-out = {}
-for seed, n in enumerate(sizes):
-    llm.reset(); t = time.perf_counter(); llm.eval(ids(n, seed + 1))
-    out[f"prefill_{n}"] = n / (time.perf_counter() - t)
-llm.reset(); llm.eval(ids(32, 50))
-tok = int(np.argmax(llm.scores[llm.n_tokens - 1])); t = time.perf_counter()
-for _ in range(decode):
-    llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-out["decode"] = decode / (time.perf_counter() - t)
-import llama_cpp; out["version"] = llama_cpp.__version__
-print(json.dumps(out))
+print(json.dumps({"version": llama_cpp.__version__}), flush=True)
+for line in sys.stdin:  # "prefill N SEED" or "decode N": one measurement a line
+    what, n, *seed = line.split()
+    llm.reset()
+    if what == "prefill":
+        t = time.perf_counter(); llm.eval(ids(int(n), int(seed[0])))
+        print(json.dumps(int(n) / (time.perf_counter() - t)), flush=True)
+        continue
+    llm.eval(ids(32, 50)); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    t = time.perf_counter()
+    for _ in range(int(n)):
+        llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    print(json.dumps(int(n) / (time.perf_counter() - t)), flush=True)
 """
 
 
-def llama_cpp(python: str, gguf: Path, sizes: list[int], decode: int) -> dict:
-    out = subprocess.run([python, "-c", LLAMA, str(gguf), json.dumps(sizes), str(decode)],
-                         capture_output=True, text=True, timeout=1800, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+class LlamaCpp:
+    """llama.cpp in its own interpreter, one thread, one measurement a request."""
+
+    def __init__(self, python: str, gguf: Path, longest: int):
+        self.p = subprocess.Popen([python, "-c", LLAMA, str(gguf), str(longest)], text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.version = self._ask(None)["version"]
+
+    def _ask(self, line: str | None) -> Any:
+        assert self.p.stdin and self.p.stdout
+        if line:
+            self.p.stdin.write(line + "\n")
+            self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def prefill(self, n: int, seed: int) -> float:
+        return float(self._ask(f"prefill {n} {seed}"))
+
+    def decode(self, n: int) -> float:
+        return float(self._ask(f"decode {n}"))
+
+    def close(self) -> None:
+        if self.p.stdin:
+            self.p.stdin.close()
+        self.p.wait(60)
 
 
-def shoal_node(home: Path, model: str, sizes: list[int], decode: int,
-               env: dict[str, str]) -> dict:
+class ShoalNode:
     """A real node (its worker inherits this process's core) through /v1/completions."""
-    import httpx
 
-    from nodes import NodeProcess
+    def __init__(self, home: Path, model: str, env: dict[str, str]):
+        from nodes import NodeProcess
 
-    node = NodeProcess(home, model, env=env)
-    try:
-        node.wait_healthy()
-        node.wait_ready(600)
-        url = node.url + "/v1/completions"
+        self.model, self.node = model, NodeProcess(home, model, env=env)
+        self.node.wait_healthy()
+        self.node.wait_ready(600)
+        self.url = self.node.url + "/v1/completions"
 
-        def ask(prompt: list[int], n: int, stream: bool = False) -> httpx.Response:
-            body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0,
-                    "ignore_eos": True, "stream": stream}
-            return httpx.post(url, json=body, timeout=3600)
+    def prefill(self, n: int, seed: int) -> float:
+        import httpx
 
-        ask(token_ids(64, 99), 2).raise_for_status()  # warm-up
-        out: dict = {}
-        for seed, n in enumerate(sizes):
-            t = time.perf_counter()
-            ask(token_ids(n, seed + 1), 1).raise_for_status()
-            out[f"prefill_{n}"] = n / (time.perf_counter() - t)
-        body = {"model": model, "prompt": token_ids(DECODE_PROMPT, 50), "max_tokens": decode,
+        body = {"model": self.model, "prompt": token_ids(n, seed), "max_tokens": 1,
+                "temperature": 0, "ignore_eos": True}
+        t = time.perf_counter()
+        httpx.post(self.url, json=body, timeout=3600).raise_for_status()
+        return n / (time.perf_counter() - t)
+
+    def decode(self, n: int) -> float:
+        import httpx
+
+        body = {"model": self.model, "prompt": token_ids(DECODE_PROMPT, 50), "max_tokens": n,
                 "temperature": 0, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
         first, count = 0.0, 0
-        with httpx.stream("POST", url, json=body, timeout=3600) as r:
+        with httpx.stream("POST", self.url, json=body, timeout=3600) as r:
             for line in r.iter_lines():
                 if not line.startswith("data: {"):
                     continue
@@ -102,10 +125,10 @@ def shoal_node(home: Path, model: str, sizes: list[int], decode: int,
                 count = (chunk.get("usage") or {}).get("completion_tokens", count)
                 if not first and any(c.get("text") for c in chunk.get("choices") or []):
                     first = time.perf_counter()
-        out["decode"] = (count - 1) / (time.perf_counter() - first)
-        return out
-    finally:
-        node.stop()
+        return (count - 1) / (time.perf_counter() - first)
+
+    def close(self) -> None:
+        self.node.stop()
 
 
 FORMATS = r"""
@@ -153,7 +176,9 @@ def main() -> int:
     ap.add_argument("--core", type=int, default=1, help="the one core both run on")
     ap.add_argument("--sizes", default="512,4096", help="prompt lengths to prefill")
     ap.add_argument("--decode", type=int, default=128, help="tokens to decode")
-    ap.add_argument("--formats", default="float32,bfloat16,float16,8-bit,4-bit")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--formats", default="float32,bfloat16,float16,8-bit,4-bit",
+                    help="weight formats to time in-process ('' for none)")
     a = ap.parse_args()
     python = a.llama_python or shutil.which("python3") or ""
     probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True) \
@@ -177,25 +202,42 @@ def main() -> int:
         folder = ensure_default_model(tmp / "home" / "models")
         print(f"{gguf.name}, core {a.core} only, 1 thread each; prompts {sizes} tokens, "
               f"{a.decode} tokens decoded\n")
-        rows = {"llama.cpp": llama_cpp(python, gguf, sizes, a.decode)}
+        engines: dict[str, Any] = {"llama.cpp": LlamaCpp(python, gguf, max(sizes))}
         for name, on in (("Shoal node", "1"), ("Shoal node, MLX's own attention", "0")):
-            home = tmp / f"home-{on}"
+            home = tmp / f"home-{on}"  # a models folder each: no shared prefix cache
             shutil.copytree(tmp / "home" / "models", home / "models")
-            rows[name] = shoal_node(home, DEFAULT_MODEL_ID, sizes, a.decode,
-                                    {**env, "SHOAL_CPU_ATTENTION": on})
-        version = rows["llama.cpp"].pop("version")
-        print(f"| engine (llama-cpp-python {version}) | "
-              + " | ".join(f"prefill {n} tok/s" for n in sizes) + " | decode tok/s |")
+            engines[name] = ShoalNode(home, DEFAULT_MODEL_ID,
+                                      {**env, "SHOAL_CPU_ATTENTION": on})
+        rows: dict[str, dict[str, list[float]]] = {name: {} for name in engines}
+        try:
+            for e in engines.values():  # warm-up
+                e.prefill(64, 99)
+            for r in range(a.rounds):  # interleaved: the machine's drift hits each alike
+                for seed, n in enumerate(sizes):
+                    for name, e in engines.items():
+                        rows[name].setdefault(f"prefill_{n}", []).append(
+                            e.prefill(n, 1 + seed + r * len(sizes)))
+                for name, e in engines.items():
+                    rows[name].setdefault("decode", []).append(e.decode(a.decode))
+        finally:
+            for e in engines.values():
+                e.close()
+        med = {name: {k: statistics.median(v) for k, v in r.items()}
+               for name, r in rows.items()}
+        print(f"| engine (llama-cpp-python {engines['llama.cpp'].version}, median of "
+              f"{a.rounds}) | " + " | ".join(f"prefill {n} tok/s" for n in sizes)
+              + " | decode tok/s |")
         print("|---" * (len(sizes) + 2) + "|")
-        ref = rows["llama.cpp"]
-        for name, r in rows.items():
-            cells = [f"{r[f'prefill_{n}']:.0f} ({r[f'prefill_{n}'] / ref[f'prefill_{n}']:.2f}x)"
-                     for n in sizes]
+        ref = med["llama.cpp"]
+        for name, m in med.items():
+            cells = [f"{m[k]:.0f} ({m[k] / ref[k]:.2f}x)" for k in m if k != "decode"]
             print(f"| {name} | " + " | ".join(cells)
-                  + f" | {r['decode']:.1f} ({r['decode'] / ref['decode']:.2f}x) |")
-        print(f"\n| Shoal weights on the CPU (in-process) | prefill {sizes[0]} tok/s | "
-              "decode tok/s |\n|---|---|---|")
-        for kind in a.formats.split(","):
+                  + f" | {m['decode']:.1f} ({m['decode'] / ref['decode']:.2f}x) |", flush=True)
+        kinds = [k for k in a.formats.split(",") if k]
+        if kinds:
+            print(f"\n| Shoal weights on the CPU (in-process) | prefill {sizes[0]} tok/s | "
+                  "decode tok/s |\n|---|---|---|")
+        for kind in kinds:
             r = shoal_format(folder, kind, sizes[0], a.decode, env)
             print(f"| {kind} | {r['prefill']:.0f} | {r['decode']:.1f} |", flush=True)
     finally:

@@ -14,9 +14,9 @@ import math
 import os
 from typing import Any
 
-# queries at least this many take this path: prefill chunks (16 and up), not decode
-# steps nor a speculative verify of a few drafted tokens
-LEAST_QUERIES = 16
+# queries at least this many take this path: prefill chunks, not decode steps nor a
+# speculative verify (at most MAX_DRAFT + 1 = 17 queries, engine/runtime/speculative.py)
+LEAST_QUERIES = 32
 
 _installed: list[Any] = []  # MLX's own kernel, once replaced
 
