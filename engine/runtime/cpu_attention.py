@@ -4,8 +4,9 @@ On the CPU, mx.fast.scaled_dot_product_attention falls back to plain ops (scores
 softmax, values), and its softmax's exp runs at about 12 ns an element here (numpy's at
 0.5): at 4K tokens and more that exp is most of a prefill (docs/benchmarks.md, issue 51).
 mx.power(e, x) computes the same function through the C library at about a third of the
-cost, so a prompt's chunks attend through this version. Decode steps (few queries) keep
-MLX's kernel: there the scores are few and extra ops cost more than they save.
+cost, so a prompt's chunks attend through this version, their queries in blocks whose
+scores stay in cache (rows are independent: the same result bit for bit). Decode steps
+(few queries) keep MLX's kernel: there extra ops cost more than they save.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Any
 # queries at least this many take this path: prefill chunks, not decode steps nor a
 # speculative verify (at most MAX_DRAFT + 1 = 17 queries, engine/runtime/speculative.py)
 LEAST_QUERIES = 32
+# a chunk's queries go in blocks whose scores take about this much: past it (a long
+# prompt's later chunks) every pass over them misses the cache (8K keys: 1.4x faster)
+SCORES_BYTES = 8 << 20
 
 _installed: list[Any] = []  # MLX's own kernel, once replaced
 
@@ -35,7 +39,7 @@ def install() -> None:
 
 
 def attention(q: Any, k: Any, v: Any, *, scale: float, mask: Any = None,
-              sinks: Any = None, stream: Any = None) -> Any:
+              sinks: Any = None, force_fused: bool = False, stream: Any = None) -> Any:
     """The same attention as MLX's: softmax(q·kᵀ·scale, masked)·v, grouped-query heads
     as a broadcast (no repeated keys); anything this doesn't cover goes to MLX's own."""
     import mlx.core as mx
@@ -44,13 +48,27 @@ def attention(q: Any, k: Any, v: Any, *, scale: float, mask: Any = None,
     b, h, n, d = q.shape
     kv, keys = k.shape[1], k.shape[2]
     m = _mask_5d(mask, b, h, kv)
-    if (sinks is not None or stream is not None or n < LEAST_QUERIES or h % kv
-            or q.dtype != mx.float32 or m is False):
-        return fast(q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream)
-    r = h // kv
-    s = (q * scale).reshape(b, kv, r, n, d) @ k[:, :, None].swapaxes(-1, -2)
+    if (sinks is not None or stream is not None or force_fused or n < LEAST_QUERIES
+            or h % kv or q.dtype != mx.float32 or m is False):
+        return fast(q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=force_fused,
+                    stream=stream)
     if isinstance(mask, str):  # "causal": the queries are the last n of the keys
         m = mx.arange(keys - n, keys)[:, None] >= mx.arange(keys)[None]
+    rows = max(LEAST_QUERIES, SCORES_BYTES // (4 * h * keys))
+    if rows >= n:
+        return _attend(q, k, v, scale, m)
+    parts = [_attend(q[:, :, i:i + rows], k, v, scale,
+                     m[..., i:i + rows, :] if m is not None and m.shape[-2] == n else m)
+             for i in range(0, n, rows)]
+    return mx.concatenate(parts, axis=2)
+
+
+def _attend(q: Any, k: Any, v: Any, scale: float, m: Any) -> Any:
+    import mlx.core as mx
+
+    b, h, n, d = q.shape
+    kv = k.shape[1]
+    s = (q * scale).reshape(b, kv, h // kv, n, d) @ k[:, :, None].swapaxes(-1, -2)
     if m is not None:
         s = mx.where(m, s, -mx.inf) if m.dtype == mx.bool_ else s + m
     p = mx.power(mx.array(math.e, mx.float32), s - s.max(-1, keepdims=True))
