@@ -219,6 +219,9 @@ def cpu_fast_path(modules: Any, world: int = 1) -> Any:
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model, get_total_parameters
 
+    from engine.runtime.cpu_attention import install
+
+    install()  # prefill attention without MLX's slow CPU exp (a no-op on a GPU)
     if not unpacks_on_cpu(modules, world):
         return modules
     quantized = any(hasattr(m, "bits") for _, m in modules.named_modules())
