@@ -70,7 +70,10 @@ def _attend(q: Any, k: Any, v: Any, scale: float, m: Any) -> Any:
     kv = k.shape[1]
     s = (q * scale).reshape(b, kv, h // kv, n, d) @ k[:, :, None].swapaxes(-1, -2)
     if m is not None:
-        s = mx.where(m, s, -mx.inf) if m.dtype == mx.bool_ else s + m
+        # the lowest finite score, as MLX's own: a left-padded batch row's padding sees
+        # no key at all, and -inf there would make it NaN, which the next layer's
+        # attention spreads to the real rows (0 x NaN)
+        s = mx.where(m, s, mx.finfo(s.dtype).min) if m.dtype == mx.bool_ else s + m
     p = mx.power(mx.array(math.e, mx.float32), s - s.max(-1, keepdims=True))
     out = (p / p.sum(-1, keepdims=True)) @ v[:, :, None]
     return out.reshape(b, h, n, d)

@@ -25,6 +25,7 @@ def _masks(b: int, h: int, n: int, keys: int) -> list:
 @pytest.mark.parametrize("blocks", [False, True])
 @pytest.mark.parametrize("b,h,kv,n,keys", [(1, 9, 3, 64, 64), (1, 9, 3, 40, 300),
                                            (2, 8, 2, 32, 45), (1, 6, 1, 33, 70),
+                                           (2, 8, 2, 32, 32),  # padded rows see no key
                                            (1, 9, 3, 1, 100)])
 def test_the_same_attention_as_mlx_for_every_mask(b, h, kv, n, keys, blocks, monkeypatch):
     """Whole, and with the queries in blocks of 32 (as a long prompt's chunks go)."""
