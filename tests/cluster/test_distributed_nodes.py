@@ -131,10 +131,11 @@ def test_pipeline_over_three_nodes_serves_through_any_node(trio, tiny_node):
     assert greedy(c) == expected  # c relays to the owner
     stream = c.client.chat(HELLO, model="tiny-llama", max_tokens=24, temperature=0)
     assert "".join(d.text for d in stream) == expected
-    httpx.delete(a.url + f"/shoal/instances/{inst['id']}", timeout=60)
+    assert httpx.delete(a.url + f"/shoal/instances/{inst['id']}", timeout=60).is_success
+    # alone the followers stop within a few seconds; a loaded whole run took past 15
     wait_until(lambda: all(n.client.status().cluster.followers == [] or
                            all(f.state == "stopped" for f in
-                               n.client.status().cluster.followers) for n in trio), 15)
+                               n.client.status().cluster.followers) for n in trio), 40)
 
 
 def test_a_dead_rank_fails_the_instance_and_launching_again_works(tmp_path, tiny_model_dir):

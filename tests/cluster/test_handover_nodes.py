@@ -1,8 +1,9 @@
 """Prefill on one node, decode on another: two real nodes on loopback serving the bundled
 model, the first launched with the second as its prefill node. A long prompt is prefilled
 there and decoded here, token for token as one node answers it alone, its prompt reported
-as cached (the launch started the model on the prefill node); a prompt this node holds skips the prefill node; a short one never uses it; a
-prefill node killed mid-hand-over fails that request alone, saying so."""
+as cached (the launch started the model on the prefill node); a prompt this node holds
+skips the prefill node; a short one never uses it; a prefill node killed mid-hand-over
+fails that request alone, saying so."""
 
 from __future__ import annotations
 

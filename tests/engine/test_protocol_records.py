@@ -153,7 +153,8 @@ def test_a_plan_goes_over_the_wire_and_back_with_the_planners_keys():
     assert list(first) == ["model", "strategy", "backend", "context", "decode_tps",
                            "decode_tps_full_context", "prefill_tps", "decode_tps_streams",
                            "streams", "lanes", "decode_tps_drafted", "draft_tokens", "ttft",
-                           "watts", "decode_j_per_token", "warnings", "ranks"]
+                           "watts", "decode_j_per_token", "warnings", "ranks", "prefill",
+                           "prefill_min", "split_prefill"]
     assert list(first["ranks"][0]) == ["node", "name", "layers", "memory"]
     assert list(first["ranks"][0]["memory"]) == ["weights", "kv_cache", "prefix_cache",
                                                  "activations", "draft", "overhead", "total",
