@@ -113,10 +113,10 @@ SENTENCES: dict[str, Entry] = {
     "cancelled": Entry(SAID, fallback="Stopped, as asked."),
     "not_found": Entry(SAID, fallback="That item doesn't exist on {machine}.",
                        todo="Check its name."),
-    "copy_not_found": Entry(
-        "That copy of {model} isn't running any more.",
-        "The list of copies refreshes in a moment.",
-        "Nothing to stop: the other copies keep serving."),
+    "copy_not_found": Entry(  # the node's own words name the model and the machine
+        SAID, "The list of copies refreshes in a moment.",
+        "Nothing to stop: the other copies keep serving.",
+        fallback="That copy isn't running any more."),
     # --- models -------------------------------------------------------------------------
     "model_not_found": Entry(
         SAID, todo="Download it in Models, or choose a model that is on your machines.",
