@@ -63,8 +63,7 @@ def prefill_stream(model: Any, kv: Any, tokens: list[int], out: IO[bytes],
             progress(min(start + chunk, len(tokens)))
     for i, c in enumerate(cache):
         if kinds[i] in WHOLE:
-            extra, arrays = _whole(c)
-            _write(out, {"kind": "state", "layer": i, **extra}, arrays)
+            _write(out, {"kind": "state", "layer": i, **_whole(c)}, _layer_arrays(c))
     out.flush()
     return time.perf_counter() - t0
 
@@ -90,11 +89,11 @@ def _send_rows(c: Any, layer: int, out: IO[bytes], cancel: threading.Event) -> N
     c.update_and_fetch = rows_out
 
 
-def _whole(c: Any) -> tuple[dict[str, Any], list[Any]]:
+def _whole(c: Any) -> dict[str, Any]:
+    """What a windowed or recurrent layer's frame says beside its arrays."""
     if type(c).__name__ == "RotatingKVCache":
-        return ({"offset": c.offset, "keep": c.keep, "max_size": c.max_size,
-                 "idx": c._idx}, [c.keys, c.values])
-    return {"present": [a is not None for a in c.cache]}, [a for a in c.cache if a is not None]
+        return {"offset": c.offset, "keep": c.keep, "max_size": c.max_size, "idx": c._idx}
+    return {"present": [a is not None for a in c.cache]}
 
 
 def _write(out: IO[bytes], header: dict[str, Any], arrays: list[Any]) -> None:
@@ -103,7 +102,7 @@ def _write(out: IO[bytes], header: dict[str, Any], arrays: list[Any]) -> None:
 
     raws = []
     for a in arrays:
-        name = str(a.dtype).split(".")[-1]
+        name = _dtype(a)
         # numpy has no bfloat16: its bits go as uint16
         raws.append(np.ascontiguousarray(np.array(a.view(mx.uint16) if name == "bfloat16"
                                                   else a)))
@@ -134,7 +133,12 @@ def _layer_arrays(c: Any) -> list[Any]:
 def _shape(a: Any) -> tuple[Any, ...]:
     """An array's shape without the tokens' axis (a KV array's third), and its dtype."""
     return (tuple(d for i, d in enumerate(a.shape) if not (len(a.shape) == 4 and i == 2)),
-            str(a.dtype).split(".")[-1])
+            _dtype(a))
+
+
+def _dtype(a: Any) -> str:
+    """An MLX array's dtype as the frames name it ("float32", "bfloat16", ...)."""
+    return str(a.dtype).split(".")[-1]
 
 
 def adopt_stream(model: Any, kv: Any, tokens: list[int], read: Callable[[int], bytes],
