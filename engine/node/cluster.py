@@ -182,9 +182,7 @@ class Cluster:
         await self.node.check_model(path, all_files=len(ranks) == 1 or req.strategy == "tensor")
         inputs = inputs or self.plan_inputs(req.model)  # config.json read once a launch
         t0 = time.monotonic()
-        prefill = self._prefill_node(req, len(ranks))
-        if prefill is not None:
-            await self._start_prefill_node(req)
+        prefill = await self._prefill_node(req, len(ranks))
         self.node.prefill = None  # whatever this launch replaces prefilled for another
         if len(ranks) == 1:  # one node: a plain single-process model here
             memory_check(inputs, req, "pipeline", ranks, chosen)
@@ -234,9 +232,10 @@ class Cluster:
         inst.watch = asyncio.create_task(self._watch(inst))
         return replace(inst.info(), warning=warning) if warning else inst.info()
 
-    def _prefill_node(self, req: LaunchRequest, ranks: int) -> Any:
+    async def _prefill_node(self, req: LaunchRequest, ranks: int) -> Any:
         """The launch's prefill node (engine/node/handover.py), checked: a trusted member
-        other than this node, for a model this node serves alone."""
+        other than this node, for a model this node serves alone; the model started
+        there where it isn't already (_start_prefill_node)."""
         from engine.errors import BadRequest
         from engine.node.handover import MIN_TOKENS, PrefillNode
         if req.prefill is None:
@@ -251,17 +250,14 @@ class Cluster:
         if peer.id == self.id:
             raise BadRequest("'prefill' names the node that decodes; name another.",
                              param="prefill")
+        await self._start_prefill_node(req, peer)
         return PrefillNode(peer.id, req.model, req.prefill_min or MIN_TOKENS)
 
-    async def _start_prefill_node(self, req: LaunchRequest) -> None:
-        """The model started alone on the launch's prefill node, where it isn't already
-        (with this launch's KV bits: the two sides' KV must match); one that serves
-        another model now is left as it is, and the launch refused, saying so."""
+    async def _start_prefill_node(self, req: LaunchRequest, peer: Any) -> None:
+        """The model started alone on the launch's prefill node `peer`, where it isn't
+        already (with this launch's KV bits: the two sides' KV must match); one that
+        serves another model now is left as it is, and the launch refused, saying so."""
         from engine.errors import BadRequest
-        peer = self.peers.find(req.prefill or "")
-        if peer is None:  # _prefill_node found it a moment ago
-            raise BadRequest(f"'prefill': {str(req.prefill)[:80]!r} is no node of this "
-                             "cluster that this node can reach.", param="prefill")
         # asked now, not from the last poll: a launch there a moment ago must count
         serving = (await peer_record(NodeInfo, self.peers, peer.url, "GET",
                                      "/shoal/node")).serving

@@ -38,15 +38,6 @@ class PrefillNode:
     min_tokens: int = MIN_TOKENS
 
 
-@dataclass
-class Handed:
-    """What a hand-over moved, and how long it took."""
-    tokens: int = 0
-    bytes: int = 0
-    prefill_s: float = 0.0  # the prefill node's model time
-    total_s: float = 0.0  # asked to adopted, as this node saw it
-
-
 def folder(home: Path) -> Path:
     f = home / "tmp" / "handover"
     f.mkdir(parents=True, exist_ok=True)
@@ -54,20 +45,20 @@ def folder(home: Path) -> Path:
 
 
 async def before_generate(node: Any, cluster: Any, worker: Any,
-                          req: wire.GenerateRequest) -> Handed | None:
-    """Have the prefill node compute `req`'s prompt KV for `worker` where that pays; None
-    where the request runs here as it is. The worker takes the frames in as they arrive
+                          req: wire.GenerateRequest) -> None:
+    """Have the prefill node compute `req`'s prompt KV for `worker` where that pays (a
+    request where it doesn't runs here as it is). The worker takes the frames in as they arrive
     (the prefill there and the transfer run together), so the request decodes as soon
     as the last layer's rows are here."""
     plan: PrefillNode | None = getattr(node, "prefill", None)
     if plan is None or cluster is None or req.count_only or req.images \
             or worker.dist_config is not None or worker.model_id != plan.model:
-        return None
+        return
     if _chars(req) < plan.min_tokens:  # fewer characters than that can't be that many
-        return None                    # tokens: no pass through the worker to count
+        return                         # tokens: no pass through the worker to count
     ids, cached = await _listing(worker, req)
     if ids is None or len(ids) - 1 - cached < plan.min_tokens:
-        return None
+        return
     peer = cluster.peers.find(plan.node)
     if peer is None or not peer.trusted or not peer.reachable:
         raise PeerUnreachable(f"The prefill node ({cluster.name_of(plan.node)}) can't be "
@@ -94,13 +85,11 @@ async def before_generate(node: Any, cluster: Any, worker: Any,
     if isinstance(ans, wire.Error):
         raise _bad_gateway(f"The KV the prefill node sent couldn't be used: {ans.message}")
     done = time.monotonic()
-    got = Handed(len(tokens), size, there, done - t0)
     # the transfer ran beside the prefill there: what it added is the time past it
     log.info("%d prompt tokens prefilled by %s: %.1f MB streamed; prefill %.2f s there, "
              "last frame %.2f s after it, adopted %.2f s after that, in all %.2f s",
-             got.tokens, peer.name, size / 1e6, there, max(fetched - t0 - there, 0.0),
-             done - fetched, got.total_s)
-    return got
+             len(tokens), peer.name, size / 1e6, there, max(fetched - t0 - there, 0.0),
+             done - fetched, done - t0)
 
 
 async def _watched(peer: Any, fetch: Any, adopting: asyncio.Future) -> tuple[int, float]:
