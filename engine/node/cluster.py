@@ -348,6 +348,14 @@ class Cluster:
         if heal:
             self.healer.start(inst, reason)
 
+    async def unload(self) -> None:
+        """A user's unload of this node's model: what healing placed for it, here or led
+        by another node, ends too."""
+        placed = self.healer.forget()
+        if placed is not None:  # a copy led by another node: stopped there
+            await self.healer.undo(placed, placed.model)
+        await self.node.unload()
+
     async def stop_instance(self, reason: str = "stopped") -> None:
         if reason == "stopped":
             self.healer.forget()

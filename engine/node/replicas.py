@@ -113,10 +113,7 @@ async def stop_copy(cluster: Any, body: dict[str, Any], member: bool) -> Replica
                                "moment ago.", param="node")
         await cluster.stop_instance()
     else:  # as POST /shoal/unload: what healing placed elsewhere goes too
-        placed = cluster.healer.forget()
-        if placed is not None:
-            await cluster.healer.undo(placed, placed.model)
-        await cluster.node.unload()
+        await cluster.unload()
     cluster.router.stopped(node, model)
     log.info("stopped the copy of %s on %s", model, found.name)
     return ReplicaInfo(found.model or model, node, found.name, found.instance,

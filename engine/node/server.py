@@ -229,10 +229,9 @@ async def load(request: web.Request) -> web.Response:
 async def unload(request: web.Request) -> web.Response:
     cluster = request.app.get("cluster")
     if cluster is not None:  # the user's unload ends what healing did, here or elsewhere
-        placed = cluster.healer.forget()
-        if placed is not None:  # a copy led by another node: stopped there
-            await cluster.healer.undo(placed, placed.model)
-    await _node(request).unload()
+        await cluster.unload()
+    else:
+        await _node(request).unload()
     return web.json_response(_node(request).status().to_json())
 
 
