@@ -161,3 +161,31 @@ def views(qtbot, planner):
         w.show()
     yield state, place, topo, planner
     assert tasks.wait(10000)
+
+
+@pytest.fixture
+def placement_view(qtbot):
+    """Opens the Placement tab on a real node, followed as the app follows it (a
+    ClusterState polled fast), shown at 1000x800; stopped and waited for at the end."""
+    from app.cluster_state import ClusterState
+    from app.placement import PlacementView
+    from app.tasks import Tasks
+
+    opened = []
+
+    def open_on(node):  # a tests/nodes.py NodeProcess
+        tasks = Tasks(max_threads=8)
+        state = ClusterState(tasks, node.client, interval=0.3)
+        state.start()
+        opened.append((state, tasks))
+        place = PlacementView(node.client, tasks, state, node.home / "logs")
+        qtbot.addWidget(place)
+        place.resize(1000, 800)
+        place.show()
+        place.refresh_models()
+        return place
+
+    yield open_on
+    for state, tasks in opened:
+        state.stop()
+        assert tasks.wait(20000)

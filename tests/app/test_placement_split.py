@@ -14,9 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.cluster_state import ClusterState
-from app.placement import PlacementView
-from app.tasks import Tasks
 from engine.cluster_records import PlanInfo
 from nodes import ROOT, start_cluster
 
@@ -30,18 +27,9 @@ def cluster(tmp_path_factory, tiny_model_dir):
 
 
 @pytest.fixture
-def view(qtbot, cluster):
-    tasks = Tasks(max_threads=8)
-    state = ClusterState(tasks, cluster[0].client, interval=0.3)
-    state.start()
-    place = PlacementView(cluster[0].client, tasks, state, cluster[0].home / "logs")
-    qtbot.addWidget(place)
-    place.resize(1000, 800)
-    place.show()
-    place.refresh_models()
-    yield SimpleNamespace(place=place, cluster=cluster)
-    state.stop()
-    assert tasks.wait(20000)
+def view(placement_view, cluster):
+    place = placement_view(cluster[0])
+    return SimpleNamespace(place=place, cluster=cluster)
 
 
 def test_between_two_alike_machines_a_prefill_node_wouldnt_pay(qtbot, view, monkeypatch):

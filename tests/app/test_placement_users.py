@@ -6,9 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.cluster_state import ClusterState
-from app.placement import PlacementView
-from app.tasks import Tasks
 from nodes import start_cluster
 
 
@@ -21,18 +18,9 @@ def cluster(tmp_path_factory, tiny_model_dir):
 
 
 @pytest.fixture
-def view(qtbot, cluster):
-    tasks = Tasks(max_threads=8)
-    state = ClusterState(tasks, cluster[0].client, interval=0.3)
-    state.start()
-    place = PlacementView(cluster[0].client, tasks, state, cluster[0].home / "logs")
-    qtbot.addWidget(place)
-    place.resize(1000, 800)
-    place.show()
-    place.refresh_models()
-    yield SimpleNamespace(place=place, users=place.users_verdict, cluster=cluster)
-    state.stop()
-    assert tasks.wait(20000)
+def view(placement_view, cluster):
+    place = placement_view(cluster[0])
+    return SimpleNamespace(place=place, users=place.users_verdict, cluster=cluster)
 
 
 def test_the_verdict_follows_the_number_of_people(qtbot, view):
