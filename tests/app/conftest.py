@@ -163,6 +163,16 @@ def views(qtbot, planner):
     assert tasks.wait(10000)
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tiny_model_dir):
+    """Two real nodes on loopback, each holding the tiny model: one pair a test module."""
+    from nodes import start_cluster
+    nodes = start_cluster(tmp_path_factory.mktemp("cluster"), tiny_model_dir, 2)
+    yield nodes
+    for nd in nodes:
+        nd.stop()
+
+
 @pytest.fixture
 def placement_view(qtbot):
     """Opens the Placement tab on a real node, followed as the app follows it (a

@@ -19,17 +19,9 @@ from app.settings import SettingsDialog
 from app.status import StatusMonitor
 from app.tasks import Tasks
 from app.topology import TopologyView
-from nodes import NodeProcess, home_with, start_cluster
+from nodes import NodeProcess, home_with
 
 SECRET = "test-cluster-secret"  # start_cluster's default
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, tiny_model_dir):
-    nodes = start_cluster(tmp_path_factory.mktemp("cluster"), tiny_model_dir, 2)
-    yield nodes
-    for nd in nodes:
-        nd.stop()
 
 
 @pytest.fixture

@@ -15,15 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.cluster_records import PlanInfo
-from nodes import ROOT, start_cluster
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, tiny_model_dir):
-    nodes = start_cluster(tmp_path_factory.mktemp("split"), tiny_model_dir, 2)
-    yield nodes
-    for nd in nodes:
-        nd.stop()
+from nodes import ROOT
 
 
 @pytest.fixture

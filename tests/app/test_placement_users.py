@@ -6,16 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from nodes import start_cluster
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, tiny_model_dir):
-    nodes = start_cluster(tmp_path_factory.mktemp("users"), tiny_model_dir, 2)
-    yield nodes
-    for nd in nodes:
-        nd.stop()
-
 
 @pytest.fixture
 def view(placement_view, cluster):
