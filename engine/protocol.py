@@ -230,6 +230,7 @@ class AdoptKV(Message):
     id: str
     tokens: list[int]
     path: str
+    job: int = -1  # a group's: the hand-over's number, whose copy each rank's node wrote
 
 
 @dataclass(frozen=True)

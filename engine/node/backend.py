@@ -15,7 +15,7 @@ from engine import protocol as wire
 from engine.api.backend import RemoteModel, Started
 from engine.errors import ShoalError
 from engine.hub.local import LocalModel
-from engine.node import handover, relay
+from engine.node import prefill_split, relay
 from engine.node.beside import canonical
 from engine.node.routing import name_key
 from engine.node.service import Node
@@ -94,8 +94,8 @@ class NodeBackend:
     async def generate(self, model: str | None,
                        req: wire.GenerateRequest) -> AsyncIterator[Started]:
         worker = await self.node.ensure_loaded(self._named(model))
-        # a long prompt may be prefilled by another node first (engine/node/handover.py)
-        await handover.before_generate(self.node, self.cluster, worker, req)
+        # a long prompt may be prefilled by another node first (engine/node/prefill_split.py)
+        await prefill_split.before_generate(self.node, self.cluster, worker, req)
         async with worker.generate(req, self.node.on_turn) as events:
             yield Started(worker.model_id, events)
 

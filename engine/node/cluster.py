@@ -182,7 +182,7 @@ class Cluster:
         await self.node.check_model(path, all_files=len(ranks) == 1 or req.strategy == "tensor")
         inputs = inputs or self.plan_inputs(req.model)  # config.json read once a launch
         t0 = time.monotonic()
-        prefill = await self._prefill_node(req, len(ranks))
+        prefill = await self._prefill_node(req, ranks, inputs["model_config"])
         self.node.prefill = None  # whatever this launch replaces prefilled for another
         if len(ranks) == 1:  # one node: a plain single-process model here
             memory_check(inputs, req, "pipeline", ranks, chosen)
@@ -228,21 +228,26 @@ class Cluster:
             await self._start_or_end(inst, path, inputs["model_context"])
         inst.state = InstanceState.READY
         inst.ready_once = True
+        self.node.prefill = prefill
         inst.load_s = time.monotonic() - t0  # healing's estimate for placing it again
         inst.watch = asyncio.create_task(self._watch(inst))
         return replace(inst.info(), warning=warning) if warning else inst.info()
 
-    async def _prefill_node(self, req: LaunchRequest, ranks: int) -> Any:
+    async def _prefill_node(self, req: LaunchRequest, ranks: list[Rank],
+                            config: dict[str, Any]) -> Any:
         """The launch's prefill node (engine/node/handover.py), checked: a trusted member
-        other than this node, for a model this node serves alone; the model started
-        there where it isn't already (_start_prefill_node)."""
+        outside the instance (a group's too: engine/node/handover_group.py, where it
+        batches); the model started there where it isn't already (_start_prefill_node)."""
         from engine.errors import BadRequest
         from engine.node.handover import MIN_TOKENS, PrefillNode
+        from engine.placement.families import batching_refusal
         if req.prefill is None:
             return None
-        if ranks != 1:
-            raise BadRequest("A prefill node works with a model one node serves alone "
-                             "for now: leave 'prefill' out for a group.", param="prefill")
+        if len(ranks) > 1 and (self.node.max_streams < 2
+                               or batching_refusal(str(config.get("model_type")))):
+            raise BadRequest("This group would run one request at a time, which can't take "
+                             "a prefill node's KV: leave 'prefill' out, or serve more "
+                             "streams.", param="prefill")
         peer = self.peers.find(req.prefill)
         if peer is None or not peer.trusted or not peer.id:
             raise BadRequest(f"'prefill': {req.prefill[:80]!r} is no node of this cluster "
@@ -250,6 +255,9 @@ class Cluster:
         if peer.id == self.id:
             raise BadRequest("'prefill' names the node that decodes; name another.",
                              param="prefill")
+        if peer.id in {r.node for r in ranks}:
+            raise BadRequest(f"'prefill' names {peer.name}, a node of the model's group; "
+                             "name one outside it.", param="prefill")
         await self._start_prefill_node(req, peer)
         return PrefillNode(peer.id, req.model, req.prefill_min or MIN_TOKENS)
 

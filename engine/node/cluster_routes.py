@@ -145,6 +145,24 @@ async def peer_prefill(request: web.Request) -> web.StreamResponse:
         await job.close()
 
 
+@routes.post("/shoal/peer/handover/pull")
+async def peer_handover_pull(request: web.Request) -> web.Response:
+    """The group's owner has a prefill node's KV coming in: this member copies it
+    (engine/node/handover_group.py)."""
+    from engine.node.handover_group import pull
+    c = _cluster(request)
+    return web.json_response(await pull(c.node, c, request["caller"].node,
+                                        await json_object(request)))
+
+
+@routes.post("/shoal/peer/handover/frames")
+async def peer_handover_frames(request: web.Request) -> web.StreamResponse:
+    """A member of this node's group reads a hand-over's frames as they land here."""
+    from engine.node.handover_group import frames
+    c = _cluster(request)
+    return await frames(request, c.node, c)
+
+
 @routes.get("/shoal/peer/instances/{id}")
 async def peer_state(request: web.Request) -> web.Response:
     return web.json_response(_cluster(request).followers.state(request.match_info["id"])

@@ -1,12 +1,13 @@
 """Prefill on one node, decode on another. A node serving a model alone can name a prefill
-node (a launch's "prefill"): before a request whose prompt has at least `min_tokens` not in
-this node's prefix cache, the prefill node runs the model over the prompt (all but its last
-token) and streams the KV back over the authenticated node channel, each layer's rows as
-they are made, in the KV's own dtype (engine/runtime/handover.py, kv_frames.py); this
-node's worker takes the frames in as they arrive and keeps the cache in its prefix cache,
-so the request's own lookup finds it and decoding starts after one token. A prompt mostly
-cached here skips the prefill node. A prefill node that fails or stops answering fails that
-request alone, saying so."""
+node (a launch's "prefill"; a group's owner too: engine/node/handover_group.py): before
+a request whose prompt has at least `min_tokens` not in this node's prefix cache, the
+prefill node runs the model over the prompt (all but its last token) and streams the KV
+back over the authenticated node channel, each layer's rows as they are made, in the
+KV's own dtype (engine/runtime/handover.py, kv_frames.py); this node's worker takes the
+frames in as they arrive and keeps the cache in its prefix cache, so the request's own
+lookup finds it and decoding starts after one token. A prompt mostly cached here skips
+the prefill node. A prefill node that fails or stops answering fails that request alone,
+saying so."""
 
 from __future__ import annotations
 
@@ -44,28 +45,33 @@ def folder(home: Path) -> Path:
     return f
 
 
-async def before_generate(node: Any, cluster: Any, worker: Any,
-                          req: wire.GenerateRequest) -> None:
-    """Have the prefill node compute `req`'s prompt KV for `worker` where that pays (a
-    request where it doesn't runs here as it is). The worker takes the frames in as they arrive
-    (the prefill there and the transfer run together), so the request decodes as soon
-    as the last layer's rows are here."""
+async def decide(node: Any, cluster: Any, worker: Any,
+                 req: wire.GenerateRequest) -> tuple[Any, list[int]] | None:
+    """The prefill node and the tokens it prefills for `req` (all of its prompt but the
+    last token), where that pays; None where the request runs here as it is."""
     plan: PrefillNode | None = getattr(node, "prefill", None)
     if plan is None or cluster is None or req.count_only or req.images \
-            or worker.dist_config is not None or worker.model_id != plan.model:
-        return
+            or worker.model_id != plan.model:
+        return None
     if _chars(req) < plan.min_tokens:  # fewer characters than that can't be that many
-        return                         # tokens: no pass through the worker to count
+        return None                    # tokens: no pass through the worker to count
     ids, cached = await _listing(worker, req)
     if ids is None or len(ids) - 1 - cached < plan.min_tokens:
-        return
+        return None
     peer = cluster.peers.find(plan.node)
     if peer is None or not peer.trusted or not peer.reachable:
         raise PeerUnreachable(f"The prefill node ({cluster.name_of(plan.node)}) can't be "
                               "reached, so this long prompt can't be prefilled there. Try "
                               "again once it is back, or launch the model without it.")
+    return peer, ids[:-1]
+
+
+async def into_one(node: Any, cluster: Any, worker: Any, peer: Any,
+                   tokens: list[int]) -> None:
+    """`tokens`' KV from the prefill node `peer` into `worker` (serving alone), which takes
+    the frames in as they arrive (the prefill there and the transfer run together), so
+    the request decodes as soon as the last layer's rows are here."""
     t0 = time.monotonic()
-    tokens = ids[:-1]
     path = folder(node.home) / f"{uuid.uuid4().hex}.frames"
     path.touch()
     adopting = asyncio.ensure_future(worker.adopt_kv(wire.AdoptKV("", tokens, str(path))))

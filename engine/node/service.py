@@ -222,8 +222,9 @@ class Node:
         if self.prefix_disk_bytes > 0:
             out += ["--prefix-disk", str(self.home / "cache" / "prefix"),
                     "--prefix-disk-bytes", str(self.prefix_disk_bytes)]
-        if group:
-            return tuple(out)
+        if group:  # where its rank reads a prefill node's KV (engine/node/handover_group.py)
+            from engine.node.handover import folder
+            return (*out, "--handover-dir", str(folder(self.home)))
         limit = self.model_settings.context_limit(model_id)
         out += [*(("--kv-bits", str(kv_bits)) if kv_bits else ()),
                 *(("--context-limit", str(limit)) if limit else ())]

@@ -143,11 +143,18 @@ def _dtype(a: Any) -> str:
 
 def adopt_stream(model: Any, kv: Any, tokens: list[int], read: Callable[[int], bytes],
                  made_by: str = "", layout: list[list[tuple[Any, ...]]] | None = None,
-                 progress: Callable[[int], None] | None = None) -> list[Any]:
+                 progress: Callable[[int], None] | None = None,
+                 fresh: list[Any] | None = None,
+                 pick: Callable[[int, list[Any]], list[Any] | None] | None = None
+                 ) -> list[Any]:
     """The cache the frames `read` gives (b"" at their end) hold, checked to be what this
     model (`made_by`: its fingerprint; `layout`: layout_of's) keeps for exactly `tokens`
-    (a 400 saying what doesn't match otherwise), built as the frames arrive."""
-    reader, got = Reader(), _Assembly(kv.make(model), tokens, made_by, layout, progress)
+    (a 400 saying what doesn't match otherwise), built as the frames arrive. A group's
+    rank passes its own `fresh` cache and `pick`: per layer, the arrays it keeps (its
+    share of them), or None for a layer it doesn't hold."""
+    reader = Reader()
+    got = _Assembly(fresh if fresh is not None else kv.make(model), tokens, made_by, layout,
+                    progress, pick)
     while True:
         data = read(1 << 20)
         if not data:
@@ -187,8 +194,11 @@ class _Assembly:
 
     def __init__(self, fresh: list[Any], tokens: list[int], made_by: str,
                  layout: list[list[tuple[Any, ...]]] | None,
-                 progress: Callable[[int], None] | None):
+                 progress: Callable[[int], None] | None,
+                 pick: Callable[[int, list[Any]], list[Any] | None] | None = None):
         self.cache, self.tokens, self.made_by = fresh, tokens, made_by
+        self.pick = pick
+        self.held: set[int] = set()  # layers whose arrays a pick kept
         self.kinds = [type(c).__name__ for c in fresh]
         self.layout, self.progress = layout, progress
         self.begun = False
@@ -217,7 +227,10 @@ class _Assembly:
         if kind == "rows" and self.kinds[layer] in ROWS:
             self._rows(layer, header, arrays)
         elif kind == "state" and self.kinds[layer] in WHOLE and layer not in self.whole:
-            _set_whole(self.cache[layer], header, arrays, len(self.tokens))
+            _whole_checked(self.cache[layer], header, arrays, len(self.tokens))
+            kept = self._pick(layer, arrays)
+            if kept is not None:
+                _set_whole(self.cache[layer], header, kept, len(self.tokens))
             self.whole.add(layer)
         else:
             raise BadRequest(f"The handed-over KV sends layer {layer} as {str(kind)[:20]}, "
@@ -271,10 +284,20 @@ class _Assembly:
                 or not arrays or len(arrays) % 2:
             raise BadRequest(f"The handed-over KV's layer {layer} sends rows out of order "
                              "or shaped unlike what it says.")
-        self.rows[layer].append(arrays)
+        kept = self._pick(layer, arrays)
+        if kept is not None:
+            self.rows[layer].append(kept)
         self.count[layer] += n
         if self.progress and layer == self.last:
             self.progress(self.count[layer])
+
+    def _pick(self, layer: int, arrays: list[Any]) -> list[Any] | None:
+        if self.pick is None:
+            return arrays
+        kept = self.pick(layer, arrays)
+        if kept is not None:
+            self.held.add(layer)
+        return kept
 
     def _finish(self) -> None:
         import mlx.core as mx
@@ -289,6 +312,8 @@ class _Assembly:
                 raise BadRequest(f"The handed-over KV's layer {i} holds {self.count[i]} "
                                  f"tokens, not the prompt's {n}.")
             parts = self.rows[i]
+            if not parts:  # a layer another rank holds
+                continue
             full = [mx.concatenate([p[j] for p in parts], axis=2) if len(parts) > 1
                     else parts[0][j] for j in range(len(parts[0]))]
             half = len(full) // 2
@@ -312,15 +337,14 @@ def _checked(a: Any, want: tuple[Any, ...], layer: int) -> Any:
     return a
 
 
-def _set_whole(c: Any, header: dict[str, Any], arrays: list[Any], tokens: int) -> None:
-    """A windowed layer's state (its bounds this model's own) or a recurrent layer's."""
+def _whole_checked(c: Any, header: dict[str, Any], arrays: list[Any], tokens: int) -> None:
+    """A windowed layer's state (its bounds this model's own) or a recurrent layer's,
+    checked against the fresh cache `c` (a 400 where it isn't its)."""
     if type(c).__name__ == "ArraysCache":
         present = header.get("present")
         if not isinstance(present, list) or len(present) != len(c.cache) \
                 or sum(1 for p in present if p is True) != len(arrays):
             raise BadRequest("The handed-over KV's recurrent state isn't this model's.")
-        it = iter(arrays)
-        c.cache = [next(it) if p is True else None for p in present]
         return
     offset, keep, size, idx = (header.get(k) for k in ("offset", "keep", "max_size", "idx"))
     held = arrays[0].shape[2] if len(arrays) == 2 and arrays[0].ndim == 4 \
@@ -329,7 +353,16 @@ def _set_whole(c: Any, header: dict[str, Any], arrays: list[Any], tokens: int) -
             or not 0 <= idx <= held or held > tokens:
         raise BadRequest("The handed-over KV's windowed layer isn't this model's window "
                          "over the prompt.")
-    c.keys, c.values, c.offset, c._idx = arrays[0], arrays[1], tokens, idx
+
+
+def _set_whole(c: Any, header: dict[str, Any], arrays: list[Any], tokens: int) -> None:
+    """A windowed or recurrent layer's state into `c`, checked."""
+    _whole_checked(c, header, arrays, tokens)
+    if type(c).__name__ == "ArraysCache":
+        it = iter(arrays)
+        c.cache = [next(it) if p is True else None for p in header["present"]]
+        return
+    c.keys, c.values, c.offset, c._idx = arrays[0], arrays[1], tokens, header["idx"]
 
 
 def _arrays(x: Any) -> list[Any]:

@@ -186,6 +186,13 @@ class PrefixCache:
             self.lru.insert_cache(KEY, list(tokens), cache)  # for it is the next one
             self._evict()
 
+    def hold(self, tokens: list[int], cache: list[Any]) -> None:
+        """Keep `cache`, holding exactly `tokens`, past the budget until the next store
+        (a group's ranks each take a handed-over prefill in at the same plan: none may
+        evict on its own, engine/runtime/group/state.py apply_adopt)."""
+        if self.budget_tokens > 0 and tokens:
+            self.lru.insert_cache(KEY, list(tokens), cache)
+
     def put(self, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache`, holding exactly `tokens` (an entry read back from disk)."""
         self._store(tokens, cache)

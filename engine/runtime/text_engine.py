@@ -118,11 +118,14 @@ class TextEngine(Engine):
 
     def _check_ids(self, ids: list[int]) -> None:
         """Token ids from another node, checked as a client's are; a group's ranks run
-        the model only together, so a group takes no part in a hand-over yet."""
+        the model only together, so a group prefills for no other node (it takes another
+        node's prefill in through GroupLeader.adopt_kv)."""
         if self.rank is not None:
             raise BadRequest("A model split over several nodes can't prefill for another "
-                             "node or decode another node's prefill yet: use a node that "
-                             "holds the whole model.")
+                             "node: name a node that holds the whole model.")
+        self._valid_ids(ids)
+
+    def _valid_ids(self, ids: list[int]) -> None:
         if not ids or not all(isinstance(t, int) and not isinstance(t, bool)
                               and 0 <= t < self.limit for t in ids):
             raise BadRequest(f"The prompt's token ids must be whole numbers from 0 to "

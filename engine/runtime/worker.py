@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                    "lookup")
     p.add_argument("--draft-tokens", type=int, default=6, choices=range(1, 17),
                    metavar="1..16", help="the most guesses per pass (default 6)")
+    p.add_argument("--handover-dir", type=Path, default=None, metavar="DIR",
+                   help="where this rank's node writes another node's prefill for the "
+                        "group to take in (engine/runtime/group/adopt.py)")
     p.add_argument("--prefix-disk", type=Path, default=None, metavar="DIR",
                    help="keep finished prompts' KV on disk here too (a folder per model)")
     p.add_argument("--prefix-disk-bytes", type=int, default=0,

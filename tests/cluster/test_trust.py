@@ -269,3 +269,46 @@ def test_a_member_gone_bad_as_a_prefill_node_fails_the_long_prompt_alone(tmp_pat
     finally:
         a.stop()
         evil.stop()
+
+
+def test_a_member_gone_bad_as_a_groups_prefill_node_fails_the_long_prompt_alone(
+        tmp_path, tiny_model_dir):
+    """The same member gone bad named as the prefill node of a pipeline group over two
+    real nodes: the frames of another model reach both ranks, and both refuse them alike
+    (their prefix caches stay in step); the 2 GB header ends the hand-over on the owner
+    and the member's copy with it. Each long prompt gets a 502, the group goes on serving,
+    and no copy of the frames is left on either node."""
+    evil = HostilePeer(tmp_path, secret="the-secret", claims=("tiny-llama",))
+    nodes = start_cluster(tmp_path / "group", tiny_model_dir, 2, secret="the-secret")
+    a, b = nodes
+    try:
+        httpx.post(a.url + "/shoal/peers", json={"address": evil.address}, timeout=10)
+        wait_until(lambda: any(p["trusted"] for p in _peers(a).values()
+                               if p["url"].endswith(evil.address.split(":")[-1])), 15)
+        layers = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
+        r = httpx.post(a.url + "/shoal/instances", timeout=300, json={
+            "model": "tiny-llama", "strategy": "pipeline", "prefill": "evil-member",
+            "prefill_min": 40, "nodes": [
+                {"node": "self", "layers": [0, layers // 2]},
+                {"node": b.client.status().cluster.id, "layers": [layers // 2, layers]}]})
+        assert r.status_code == 201, r.text
+
+        def ask(text: str) -> httpx.Response:
+            return httpx.post(a.url + "/v1/completions", timeout=120, json={
+                "model": "tiny-llama", "prompt": text, "max_tokens": 4})
+        lied = ask("a long prompt for the prefill node " * 4)
+        assert lied.status_code == 502, lied.text
+        assert "another model" in lied.json()["error"]["message"]
+        bomb = ask("another long prompt for the prefill node " * 4)
+        assert bomb.status_code == 502, bomb.text
+        assert "isn't KV" in bomb.json()["error"]["message"]
+        assert ask("short").status_code == 200
+        assert ask("a long prompt for the prefill node " * 4).status_code == 502  # again
+        assert ask("short, once more").status_code == 200
+        for n in nodes:
+            assert n.proc.poll() is None
+            assert not list((n.home / "tmp" / "handover").glob("*.frames"))
+    finally:
+        for n in nodes:
+            n.stop()
+        evil.stop()

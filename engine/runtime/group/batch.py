@@ -28,6 +28,7 @@ from typing import Any
 
 from engine.runtime.batching import Prefilled, Streams
 from engine.runtime.chunking import Chunker
+from engine.runtime.group.adopt import ADOPT_WAIT_S, Adoption
 from engine.runtime.group.doorbell import BATCH, END, STEP, TOKEN
 from engine.runtime.group.lockstep import DTYPES, Link
 from engine.runtime.group.schedule import Scheduler
@@ -305,12 +306,13 @@ class TensorSteps:
 
 
 def serve_follower(steps: PipelineSteps | TensorSteps, link: Link,
-                   prefix: PrefixCache) -> None:
+                   prefix: PrefixCache, adopter: Any = None) -> None:
     """Ranks 1…n-1: follow rank 0's plans until the group quits. Between rounds a rank
     sleeps on its doorbell unbounded; inside one every wait is bounded (Link.wait)."""
     import mlx.core as mx
 
     state = State(prefix, steps.make_cache, steps.lanes)
+    state.adopter = adopter  # other nodes' prefills (engine/runtime/group/adopt.py)
     busy = False
     try:
         while True:
@@ -345,13 +347,14 @@ class GroupBatcher(Streams):
     def __init__(self, steps: PipelineSteps | TensorSteps, tokenizer: Any,
                  prefix: PrefixCache, streams: int, on_fatal: Callable[[str], None],
                  chunker: Chunker | None = None, drafting: Any = None,
-                 admission: Any = None):
+                 admission: Any = None, adopter: Any = None):
         from engine.runtime.sampling import token_sampler
 
         super().__init__()
         self.steps, self.link, self.streams = steps, steps.link, streams
         self.eos = set(int(t) for t in tokenizer.eos_token_ids)
         self.state = State(prefix, steps.make_cache, steps.lanes)
+        self.state.adopter = adopter  # other nodes' prefills (engine/runtime/group/adopt.py)
         self.chunker = chunker or Chunker()
         self.scheduler = Scheduler(
             self.state, streams, self.chunker, steps.hidden, steps.dtype,
@@ -373,14 +376,14 @@ class GroupBatcher(Streams):
         sched = self.scheduler
         try:
             while True:
-                idle = self.state.idle and not sched.waiting
+                idle = self.state.idle and not sched.waiting and not sched.adopts
                 if idle and self._busy:  # every rank goes back to sleep on its doorbell
                     self._busy = False   # (inside a round their waits are bounded)
                     self.link.end_round()
                 if idle:
                     self._resting.set()
                 self._take(block=idle)
-                if self.state.idle and not sched.waiting:
+                if self.state.idle and not sched.waiting and not sched.adopts:
                     continue
                 if not self._busy:
                     self._busy = True
@@ -405,6 +408,15 @@ class GroupBatcher(Streams):
             log.exception("batched generation failed on rank 0")
             self._on_fatal(f"Generation failed in the model's group: {e}")
 
+    def adopt(self, tokens: list[int], job: int, timeout: float = ADOPT_WAIT_S) -> str | None:
+        """Have every rank take hand-over `job`'s KV of `tokens` into its prefix cache, at
+        the next plan (engine/runtime/group/adopt.py); None once done, else why not."""
+        adoption = Adoption(list(tokens), job)
+        self._inbox.put(("adopt", adoption))  # type: ignore[arg-type]
+        if not adoption.done.wait(timeout):
+            return f"the group didn't get to it in {timeout:.0f} s"
+        return adoption.why
+
     def rest(self, timeout: float) -> bool:
         """Wait (bounded) until the round in progress has ended on every rank: a shutdown
         right after a request's last token must not quit the group under its last plan
@@ -422,6 +434,8 @@ class GroupBatcher(Streams):
             block = False
             if kind == "add":
                 self.scheduler.waiting.append(job)
+            elif kind == "adopt":
+                self.scheduler.adopts.append(job)  # type: ignore[arg-type]  # (an Adoption)
             else:
                 self.scheduler.leave(job)
 

@@ -57,17 +57,18 @@ def load_rank(model_dir: str, args: Any, emit: Any) -> Any:
     from engine.runtime.text_engine import load_drafting
     return _load_rank(model_dir, args.model_id, args.dist, emit, max(1, args.streams),
                       partial(load_drafting, args), (args.prefix_disk, args.prefix_disk_bytes),
-                      args.memory_limit)
+                      args.memory_limit, args.handover_dir)
 
 
 def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
                streams: int = 1, drafting: Callable[[Any, Any], Any] | None = None,
                disk: tuple[Path | None, int] = (None, 0),
-               memory_limit: int | None = None) -> Any:
+               memory_limit: int | None = None, handover: Path | None = None) -> Any:
     """`drafting` makes rank 0's Drafting from the tokenizer and the model (loading the
     draft model, if the node has one): rank 0 drafts for the whole group. `disk`: the
     folder and size of this node's prefix cache on disk (engine/runtime/group/disk.py);
-    `memory_limit`: the node's cap for admission, in bytes."""
+    `memory_limit`: the node's cap for admission, in bytes; `handover`: the folder where
+    this rank's node writes another node's prefill for the group to take in."""
     import mlx.core as mx
 
     from engine.cluster.dist_config import DistConfig
@@ -173,15 +174,16 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
     if streams > 1:  # requests decode together (engine/runtime/group/batch.py)
         from engine.runtime.group.batch import GroupBatcher, serve_follower
         steps = _steps(cfg.strategy, model, link, kv)
+        adopter = _adopter(cfg, steps, Path(model_path), handover)
         if _takes_images(Path(model_path)):  # Qwen-VL: 3-D positions on every rank
             from engine.runtime.vision.group import group_positions
             steps.placing = group_positions(Path(model_path), lm)
         if cfg.rank != 0:
-            serve_follower(steps, link, prefix)  # ends by quit or fatal
+            serve_follower(steps, link, prefix, adopter)  # ends by quit or fatal
         gen: Callable[..., Iterator[Any]] = GroupBatcher(
             steps, tokenizer, prefix, streams,
             on_fatal=lambda why: fatal("group_failed", why), drafting=drafts,
-            admission=admission)
+            admission=admission, adopter=adopter)
     else:
         if cfg.rank != 0:
             _follower(cfg.strategy, model, link, prefix, kv).serve()  # quit or fatal end it
@@ -221,6 +223,23 @@ class GroupLeader(TextEngine):
             from engine.runtime.vision.group import refuse_images_in_group
             refuse_images_in_group(request, self.no_images)
         super().generate(rid, request, cancel, emit)
+
+    def adopt_kv(self, cmd: Any, cancel: threading.Event, emit: Emit) -> None:
+        """Another node's prefill, which this node and every member node have written
+        whole to their hand-over folders (engine/node/handover.py), taken in by every rank
+        at the next plan (engine/runtime/group/adopt.py)."""
+        from engine.errors import BadRequest
+        from engine.protocol import KVAdopted
+
+        adopt = getattr(self.gen, "adopt", None)
+        if adopt is None:
+            raise BadRequest("This group runs one request at a time, which can't take "
+                             "another node's prefill: launch it with more streams.")
+        self._valid_ids(cmd.tokens)
+        why = adopt(cmd.tokens, cmd.job)
+        if why is not None:
+            raise BadRequest(f"The group couldn't take the handed-over KV in: {why}")
+        emit(KVAdopted(cmd.id, len(cmd.tokens)))
 
     def close(self, grace_s: float = 5.0) -> None:
         super().close(grace_s)  # the batcher's last round (its drop plan, its END) ends first
@@ -337,6 +356,21 @@ def _lockstep(runner: Any, fatal: Any, admission: Any) -> Callable[..., Iterator
 
 
 # A pipeline's Stage makes its caches (quantized by Stage.quantize_kv); tensor ranks get `kv`.
+def _adopter(cfg: Any, steps: Any, model_path: Path, folder: Path | None) -> Any:
+    """This rank's reader of another node's prefill (engine/runtime/group/adopt.py), or
+    None where its node passes none on."""
+    from engine.runtime.disk_cache import fingerprint
+    from engine.runtime.group.adopt import Adopter, pipeline_pick, tensor_pick
+
+    if folder is None:
+        return None
+    made_by = fingerprint(model_path, cfg.kv_bits)
+    if cfg.strategy == "pipeline":
+        held = (steps.stage.start, steps.stage.end)
+        return Adopter(folder, made_by, steps.make_cache, pipeline_pick(*held), held)
+    return Adopter(folder, made_by, steps.make_cache, tensor_pick(cfg.rank, cfg.world))
+
+
 def _steps(strategy: str, model: Any, link: Any, kv: Any) -> Any:
     from engine.runtime.group.batch import PipelineSteps, TensorSteps
     return PipelineSteps(model, link) if strategy == "pipeline" else \

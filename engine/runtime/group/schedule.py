@@ -17,11 +17,13 @@ from typing import Any
 
 from engine.runtime.batching import Job, Prefilled
 from engine.runtime.chunking import SMALLEST, Chunker
+from engine.runtime.group.adopt import Adoption
 from engine.runtime.group.state import (
     Plan,
     Seq,
     State,
     apply_admissions,
+    apply_adopt,
     apply_leavers,
     apply_trim,
 )
@@ -47,6 +49,7 @@ class Scheduler:
         self.hidden, self.dtype = hidden, dtype
         self.sampler = sampler  # a job's token sampler (may raise: its request fails)
         self.waiting: list[Job] = []
+        self.adopts: list[Adoption] = []  # other nodes' prefills to take in, one a plan
         self.gone: set[int] = set()  # uids whose sequences leave at their next plan
         self.jobs: dict[int, Job] = {}
         self._uid = 0
@@ -67,6 +70,10 @@ class Scheduler:
         self._forget([seqs[i] for i in plan.drop] + [st.pending[i] for i in plan.cancel])
         apply_leavers(plan, st)
         plan.keep = len(st.prefix)
+        if self.adopts:  # before anyone joins: the request that asked for it may be next
+            adoption = self.adopts.pop(0)
+            plan.adopt, plan.adopt_job = adoption.tokens, adoption.job
+            adoption.answer(apply_adopt(plan, st))
         self._guard()
         joining, fetched = self._admit(plan)
         for (job, sample, embeds), seq in zip(joining, apply_admissions(plan, st, fetched)):

@@ -22,7 +22,7 @@ from engine.runtime.group.lockstep import DTYPES
 from engine.runtime.prefix import PrefixCache
 from engine.runtime.vision.positions import shifted
 
-HEAD_LEN = 14
+HEAD_LEN = 16
 
 
 @dataclass
@@ -46,6 +46,11 @@ class Plan:
                          # of its last step refused (and padding), trimmed before this one
     # per admitted prompt: its 3-D positions (Qwen-VL images: positions.Placed.wire), or []
     places: list[list[int]] = field(default_factory=list)
+    # a prompt's KV another node prefilled, which every rank takes into its prefix cache
+    # from its own node's copy of the frames (engine/runtime/group/adopt.py): its tokens
+    # and the hand-over's number (-1: none)
+    adopt: list[int] = field(default_factory=list)
+    adopt_job: int = -1
 
     @property
     def width(self) -> int:
@@ -55,7 +60,7 @@ class Plan:
     def empty(self) -> bool:
         """Nothing to run and nothing to tell the other ranks."""
         return not (self.drop or self.cancel or self.admit or self.feed or self.chunk >= 0
-                    or any(self.trim))
+                    or any(self.trim) or self.adopt)
 
     def encode(self) -> tuple[Any, Any]:
         import mlx.core as mx
@@ -65,20 +70,22 @@ class Plan:
         pos = [t for p in places for t in p]
         head = [self.lane, len(self.drop), len(self.cancel), self.keep, len(self.admit),
                 len(ids), len(self.feed), self.chunk, self.chunk_len, self.hidden,
-                DTYPES.index(self.dtype), self.guesses, len(self.trim), len(pos)]
+                DTYPES.index(self.dtype), self.guesses, len(self.trim), len(pos),
+                len(self.adopt), self.adopt_job]
         body = [*self.drop, *self.cancel, *(len(p) for p in self.admit), *self.cached,
                 *ids, *self.feed, *self.trim, *(len(p) for p in places), *pos,
-                0]  # never empty
+                *self.adopt, 0]  # never empty
         return mx.array(head, dtype=mx.int32), mx.array(body, dtype=mx.int32)
 
     @staticmethod
     def body_len(head: list[int]) -> int:
-        return head[1] + head[2] + 3 * head[4] + head[5] + head[6] + head[12] + head[13] + 1
+        return head[1] + head[2] + 3 * head[4] + head[5] + head[6] + head[12] + head[13] \
+            + head[14] + 1
 
     @classmethod
     def decode(cls, head: list[int], body: list[int]) -> Plan:
-        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt, guesses, nt, npos \
-            = head
+        lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt, guesses, nt, npos, \
+            nadopt, job = head
         at = 0
 
         def take(n: int) -> list[int]:
@@ -91,7 +98,7 @@ class Plan:
         place_lens, pos = take(na), take(npos)
         places = _split(pos, place_lens) if npos else []  # (no prompt with positions)
         return cls(lane, drop, cancel, keep, _split(ids, lens), cached, feed, chunk,
-                   chunk_len, hidden, DTYPES[dt], guesses, trim, places)
+                   chunk_len, hidden, DTYPES[dt], guesses, trim, places, take(nadopt), job)
 
 
 def _split(flat: list[int], lens: list[int]) -> list[list[int]]:
@@ -150,6 +157,9 @@ class State:
     def __init__(self, prefix: PrefixCache, make_cache: Callable[[], list[Any]],
                  lanes: int = 1):
         self.prefix, self.make_cache = prefix, make_cache
+        # (job, tokens) -> this rank's share of another node's prefill of `tokens`, read
+        # from its node's copy of the frames (engine/runtime/group/adopt.py); or None
+        self.adopter: Callable[[int, list[int]], list[Any]] | None = None
         self.pending: list[Seq] = []
         self.lanes = [Lane() for _ in range(lanes)]
 
@@ -304,11 +314,34 @@ def _placed(plan: Plan, i: int, n: int) -> Any:
     return placed
 
 
+def apply_adopt(plan: Plan, state: State) -> str | None:
+    """The plan's handed-over KV into the prefix cache, on every rank at the same point
+    (before anyone joins, past the budget: the request that asked for it comes next).
+    Every rank reads the same bytes (its node checked its copy's hash) and checks them
+    alike, so each keeps it or none does. None where it went in, else why not."""
+    from engine.errors import ShoalError
+
+    if not plan.adopt:
+        return None
+    if state.adopter is None:
+        return "this group takes no KV from a prefill node"
+    try:
+        cache = state.adopter(plan.adopt_job, plan.adopt)
+    except ShoalError as e:
+        return e.message
+    except (OSError, ValueError) as e:
+        return str(e)
+    state.prefix.hold(plan.adopt, cache)
+    return None
+
+
 def apply_plan(plan: Plan, state: State) -> list[Seq]:
-    """Everything a plan changes before its step's compute, on any rank: leavers, then
-    joiners (rank 0 decides between the two and runs the same functions)."""
+    """Everything a plan changes before its step's compute, on any rank: leavers, an
+    adopted prefill, then joiners (rank 0 decides between them and runs the same
+    functions)."""
     apply_trim(plan, state)
     apply_leavers(plan, state)
+    apply_adopt(plan, state)
     return apply_admissions(plan, state)
 
 

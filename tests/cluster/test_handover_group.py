@@ -1,0 +1,126 @@
+"""Prefill on one node, decode on a group: three real nodes on loopback, the first two
+serving a model as a pipeline or tensor group, the third as its prefill node. A prompt
+longer than a prefill chunk is prefilled on the third and every rank of the group takes
+its share of the KV (a pipeline rank its layers, a tensor rank its heads): the answer is
+token for token the one the group gives alone, its prompt reported cached. A prefill node
+inside the group is refused by name; a member's hand-over route serves members of its
+own group only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from families import make_family_model
+from members import Member
+from nodes import start_cluster
+from tiny import make_tiny_model
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(sys.platform != "linux", reason="nodes on loopback")]
+CASES = [("wide", "pipeline"), ("wide", "tensor"), ("gemma3_text", "pipeline")]
+
+
+@pytest.fixture(scope="module")
+def trio(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("handover-group")
+    models = root / "models"
+    # 4 heads over 2 KV heads: a tensor group of two splits them
+    make_tiny_model(models / "wide", hidden_size=256, num_attention_heads=4,
+                    num_key_value_heads=2)
+    make_family_model(models / "gemma3_text", "gemma3_text", seed=3)
+    nodes = start_cluster(root / "nodes", models / "wide", 3)
+    for n in nodes:
+        shutil.copytree(models, n.home / "models", dirs_exist_ok=True)
+    yield nodes
+    for n in nodes:
+        n.stop()
+
+
+def node_id(n) -> str:
+    return n.client.status().cluster.id
+
+
+def launch(node, model: str, strategy: str, member, **extra) -> httpx.Response:
+    nodes = [{"node": "self"}, {"node": node_id(member)}]
+    if strategy == "pipeline":  # the layers halved
+        n = json.loads((node.home / "models" / model / "config.json").read_text())
+        half = n["num_hidden_layers"] // 2
+        nodes[0]["layers"] = [0, half]
+        nodes[1]["layers"] = [half, n["num_hidden_layers"]]
+    return httpx.post(node.url + "/shoal/instances", timeout=300, json={
+        "model": model, "strategy": strategy, "nodes": nodes, **extra})
+
+
+def complete(node, model: str, prompt: str) -> dict:
+    r = httpx.post(node.url + "/v1/completions", timeout=300, json={
+        "model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("model,strategy", CASES)
+def test_a_group_decodes_a_prefill_nodes_kv_as_it_answers_alone(trio, model: str,
+                                                                 strategy: str) -> None:
+    owner, member, prefill = trio
+    text = " ".join(f"{model} line {i} of the log, tide {i % 7}." for i in range(40))
+    r = launch(owner, model, strategy, member)
+    assert r.status_code == 201, r.text
+    alone = complete(owner, model, text)
+    assert alone["usage"]["prompt_tokens"] > 600  # more than one 512-token chunk
+    r = httpx.post(prefill.url + "/shoal/instances", timeout=300,
+                   json={"model": model, "nodes": [{"node": "self"}]})
+    assert r.status_code == 201, r.text
+    # fresh workers on both ranks: empty prefix caches
+    r = launch(owner, model, strategy, member, prefill=node_id(prefill), prefill_min=100)
+    assert r.status_code == 201, r.text
+    handed = Path(owner.log).read_text().count("for the group")
+    split = complete(owner, model, text)
+    assert split["choices"][0]["text"] == alone["choices"][0]["text"]
+    usage = split["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    assert Path(owner.log).read_text().count("for the group") == handed + 1
+    # each node's copy of the frames is gone once taken in
+    for n in (owner, member):
+        assert not list((n.home / "tmp" / "handover").glob("g*.frames"))
+
+
+def test_a_prefill_node_inside_the_group_is_refused_by_name(trio) -> None:
+    owner, member, _ = trio
+    r = launch(owner, "wide", "pipeline", member, prefill=node_id(member))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prefill"
+    assert "group" in r.json()["error"]["message"]
+
+
+def test_hand_over_routes_serve_the_groups_own_members_only(trio) -> None:
+    """Members holding the secret, but outside the group or naming what isn't a
+    hand-over, get a 400 saying so; nothing is written outside the hand-over folder."""
+    owner, member, prefill = trio
+    r = launch(owner, "wide", "pipeline", member)
+    assert r.status_code == 201, r.text
+    with Member(owner.cluster_url, "test-cluster-secret") as stranger:
+        r = stranger.call("POST", "/shoal/peer/handover/frames", {"job": 5})
+        assert r.status_code == 400 and "group" in r.text
+    with Member(owner.cluster_url, "test-cluster-secret", node_id(member)) as inside:
+        for job in (5, "../../etc/passwd", -1, 1 << 40, True):
+            r = inside.call("POST", "/shoal/peer/handover/frames", {"job": job})
+            assert r.status_code == 400, (job, r.text)
+    with Member(member.cluster_url, "test-cluster-secret") as stranger:
+        for body, words in (({"job": "../x", "model": "wide", "tokens": 3}, "numbered"),
+                            ({"job": 7, "model": "other", "tokens": 3}, "rank"),
+                            ({"job": 7, "model": "wide", "tokens": "3"}, "tokens"),
+                            ({"job": 7, "model": "wide", "tokens": 3}, "owns")):
+            r = stranger.call("POST", "/shoal/peer/handover/pull", body)
+            assert r.status_code == 400 and words in r.text, (body, r.text)
+    with Member(prefill.cluster_url, "test-cluster-secret") as m:
+        r = m.call("POST", "/shoal/peer/handover/pull",
+                   {"job": 7, "model": "wide", "tokens": 3})
+        assert r.status_code == 400 and "rank" in r.text
+    for n in trio:
+        assert not list(n.home.rglob("x")) and not list(n.home.rglob("g7.frames"))
