@@ -1,6 +1,7 @@
-"""When prefilling on another node pays (engine/node/handover.py does it): a placement that
-one node serves alone may have a prompt prefilled by a node outside it, whose KV then
-crosses the link between them. Time to first token with the split is the prefill node's
+"""When prefilling on another node pays (engine/node/handover.py does it): a placement
+(one node, or a group: engine/node/handover_group.py) may have a prompt prefilled by a
+node outside it, whose KV then crosses the link to its rank 0 (and on to its other
+nodes). Time to first token with the split is the prefill node's
 prefill of the prompt, the KV's transfer (`layers x K and V per token x bytes` for each
 token, a sliding-window layer's window at most, MLA's latent where the model has it), and
 the decode node's one-token step; without it, the decode node's own prefill. The figures
@@ -15,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.placement.cost import Stage, pipeline_step_s, ttft_s
+from engine.placement.cost import Stage, batched_step_s, pipeline_step_s, ttft_s
+from engine.placement.links import PlacementError, Topology, ring_links
 from engine.placement.model import LinkSpec, ModelSpec, NodeSpec
 from engine.placement.tables import DEFAULT, Assumptions
 
@@ -52,22 +54,37 @@ def kv_bytes(model: ModelSpec, tokens: int, bytes_per_value: float) -> int:
 def split_rows(model: ModelSpec, placement: Placement, nodes: Sequence[NodeSpec],
                links: Sequence[LinkSpec], prompts: Sequence[int],
                a: Assumptions = DEFAULT) -> list[SplitRow]:
-    """For a placement one node serves alone: each other node that holds the whole model
-    and has a link to it, at each prompt length the context holds and the hand-over takes
-    (HANDOVER_MIN_TOKENS uncached, less the last, or more). The prefill node runs
-    the whole prompt (the hand-over starts from a fresh cache); the placement alone runs
-    what its prefix cache doesn't hold (a.prompt_cached), as its own prediction does."""
-    if placement.strategy != "single":
+    """For a placement: each node outside it that holds the whole model and has a link
+    to its rank 0, at each prompt length the context holds and the hand-over takes
+    (HANDOVER_MIN_TOKENS uncached, less the last, or more). The prefill node runs the
+    whole prompt (the hand-over starts from a fresh cache); the placement alone runs what
+    its prefix cache doesn't hold (a.prompt_cached), as its own prediction does. A group's
+    other nodes copy the KV from rank 0's node as it lands there
+    (engine/node/handover_group.py): the slower of the two transfers counts."""
+    by_id = {n.id: n for n in nodes}
+    order = [by_id.get(r.node) for r in placement.ranks]
+    if not order or any(nd is None for nd in order):
         return []
-    decode = placement.ranks[0]
-    home = next((n for n in nodes if n.id == decode.node), None)
-    if home is None:
+    group = [nd for nd in order if nd is not None]
+    home, inside = group[0], {nd.id for nd in group}
+    if placement.strategy == "single":
+        stages, ring = [Stage(home, (0, model.layers), True)], []
+    else:
+        stages = [Stage(nd, r.layers, i == 0)
+                  for i, (nd, r) in enumerate(zip(group, placement.ranks))]
+        try:
+            ring = ring_links(Topology(links), group, placement.backend)
+        except PlacementError:
+            return []
+    copies = [_link(links, home.id, nd.id) for nd in group[1:]]
+    if any(k is None or k.bandwidth_Bps <= 0 for k in copies):
         return []
+    overlap = placement.strategy == "pipeline" and a.streams > 1  # as the prediction's
     weights = model.total_params * model.bytes_per_param
     rows = []
     for node in nodes:
         link = _link(links, home.id, node.id)
-        if node.id == home.id or link is None or link.bandwidth_Bps <= 0:
+        if node.id in inside or link is None or link.bandwidth_Bps <= 0:
             continue
         for n in (n for n in prompts if n <= placement.context and
                   n - 1 - int(n * a.prompt_cached) >= HANDOVER_MIN_TOKENS):
@@ -76,15 +93,24 @@ def split_rows(model: ModelSpec, placement: Placement, nodes: Sequence[NodeSpec]
             moved = kv_bytes(model, n - 1, per_value)
             if weights + moved > node.memory_bytes:
                 continue
-            alone = ttft_s(model, "single", [Stage(home, (0, model.layers), True)], [], n,
-                           int(n * a.prompt_cached), a=a)
+            alone = ttft_s(model, placement.strategy, stages, ring, n,
+                           int(n * a.prompt_cached), 0, overlap, a)
             there = ttft_s(model, "single", [Stage(node, (0, model.layers), True)], [], n,
                            a=a)
-            transfer = link.latency_s + moved / link.bandwidth_Bps
-            lead = pipeline_step_s(model, [Stage(home, (0, model.layers), True)], [], 1, n, a)
+            transfer = link.latency_s + max(
+                moved / k.bandwidth_Bps for k in [link, *copies] if k is not None)
+            lead = _one_token_s(model, placement.strategy, stages, ring, n, a)
             rows.append(SplitRow(node.name, node.id, n, alone, there + transfer + lead, there,
                                  transfer, moved))
     return rows
+
+
+def _one_token_s(model: ModelSpec, strategy: str, stages: Sequence[Stage],
+                 ring: Sequence[LinkSpec], position: int, a: Assumptions) -> float:
+    """The prompt's last token through the placement, after the handed-over KV."""
+    if strategy == "tensor":
+        return batched_step_s(model, stages, ring, "tensor", 1, position, a)
+    return pipeline_step_s(model, stages, ring, 1, position, a)
 
 
 @dataclass(frozen=True)
@@ -112,9 +138,10 @@ def best_split(model: ModelSpec, placement: Placement, nodes: Sequence[NodeSpec]
     if not wins:
         return None
     row = min(wins, key=lambda r: (r.split_s, r.node))
-    pair = [nd for nd in nodes if nd.id in (row.node_id, placement.ranks[0].node)]
+    used = {row.node_id, *(r.node for r in placement.ranks)}
+    pair = [nd for nd in nodes if nd.id in used]
 
-    def pays(n: int) -> bool:
+    def pays(n: int) -> bool:  # (the placement's nodes and the prefill node only)
         return any(r.pays for r in split_rows(model, placement, pair, links, [n], a))
 
     # The gain needn't grow with the prompt (over a slow link a short prompt can pay, a
@@ -136,8 +163,8 @@ def best_split(model: ModelSpec, placement: Placement, nodes: Sequence[NodeSpec]
 def prefer_split(model: ModelSpec, placements: Sequence[Placement],
                  nodes: Sequence[NodeSpec], links: Sequence[LinkSpec],
                  a: Assumptions = DEFAULT) -> list[Placement]:
-    """The placements, each one node serves alone with its best prefill node where one
-    pays (Placement.prefill: ranked for agents by that time, launched with it)."""
+    """The placements, each with its best prefill node where one pays (Placement.prefill:
+    ranked for agents by that time, launched with it)."""
     return [replace(p, prefill=best) if (best := best_split(model, p, nodes, links, a))
             else p for p in placements]
 

@@ -166,3 +166,35 @@ def test_over_a_slow_link_a_launch_hands_over_only_the_prompts_that_pay(tmp_path
     shown = cli(tmp_path, "1gbe", "--prompts", "1025,8000,32000", "--rank", "agents").stdout
     assert "#2 with prefill on rtx: pays from 32K tokens. 1025: " in shown, shown
     assert '"prefill_min": 18937 ' in shown
+
+
+def test_a_group_is_offered_a_prefill_node_outside_it(tmp_path: Path):
+    """Two Mac minis hold a 70B model only together; a DGX Spark beside them holds it
+    alone. Each placement over the two minis gets the Spark as its prefill node at 32K
+    (its prefill, the KV to rank 0 and on to the other mini), and a launch from it names
+    the Spark; no placement the Spark is in is offered it."""
+    sim = {"context": 32768,
+           "nodes": [{"name": n, "profile": "mac-mini-m4-pro", "memory_gb": 48,
+                      "has_model_files": True} for n in ("mini1", "mini2")]
+           + [{"id": "spark-1", "name": "spark", "profile": "dgx-spark"}],
+           "links": [{"a": "mini1", "b": "mini2", "preset": "thunderbolt5"},
+                     {"a": "mini1", "b": "spark-1", "preset": "10gbe"},
+                     {"a": "mini2", "b": "spark-1", "preset": "10gbe"}]}
+    f = tmp_path / "minis-spark.json"
+    f.write_text(json.dumps(sim))
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "plan", "Llama-3.3-70B",
+                          "--quant", "4bit", "--simulate", str(f), "--prompts", "32000",
+                          "--rank", "agents", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    placements = json.loads(out.stdout)["placements"]
+    minis = [p for p in placements if sorted(on(p)) == ["mini1", "mini2"]]
+    assert {p["strategy"] for p in minis} == {"pipeline", "tensor"}
+    for p in minis:
+        assert p["prefill"] == "spark-1" and p["prefill_min"] == HANDOVER_MIN_TOKENS
+        row = p["split_prefill"][0]
+        # 10.5 GB of KV over 10GbE: about 8.4 s, far less than the minis' own prefill
+        assert row["kv_bytes"] > 10e9 and 7 < row["transfer_s"] < 10
+        assert row["pays"] and row["alone_s"] / row["split_s"] > 5
+    assert not any(p["prefill"] or p["split_prefill"] for p in placements
+                   if "spark" in on(p))
