@@ -58,6 +58,9 @@ async def decide(node: Any, cluster: Any, worker: Any,
     ids, cached = await _listing(worker, req)
     if ids is None or len(ids) - 1 - cached < plan.min_tokens:
         return None
+    ready = getattr(worker, "ready", None)
+    if ready is not None and len(ids) >= ready.context_length:
+        return None  # the request itself says what doesn't fit (a 400), not the prefill node
     peer = cluster.peers.find(plan.node)
     if peer is None or not peer.trusted or not peer.reachable:
         raise PeerUnreachable(f"The prefill node ({cluster.name_of(plan.node)}) can't be "

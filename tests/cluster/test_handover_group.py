@@ -4,13 +4,16 @@ longer than a prefill chunk is prefilled on the third and every rank of the grou
 its share of the KV (a pipeline rank its layers, a tensor rank its heads): the answer is
 token for token the one the group gives alone, its prompt reported cached. A prefill node
 inside the group is refused by name; a member's hand-over route serves members of its
-own group only."""
+own group only; a prefill node killed mid-hand-over fails that request alone."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -32,7 +35,7 @@ def trio(tmp_path_factory: pytest.TempPathFactory):
     models = root / "models"
     # 4 heads over 2 KV heads: a tensor group of two splits them
     make_tiny_model(models / "wide", hidden_size=256, num_attention_heads=4,
-                    num_key_value_heads=2)
+                    num_key_value_heads=2, max_position_embeddings=16384)
     make_family_model(models / "gemma3_text", "gemma3_text", seed=3)
     nodes = start_cluster(root / "nodes", models / "wide", 3)
     for n in nodes:
@@ -124,3 +127,45 @@ def test_hand_over_routes_serve_the_groups_own_members_only(trio) -> None:
         assert r.status_code == 400 and "rank" in r.text
     for n in trio:
         assert not list(n.home.rglob("x")) and not list(n.home.rglob("g7.frames"))
+
+
+def test_a_prefill_node_killed_mid_hand_over_fails_that_request_alone(trio) -> None:
+    """(Last: it kills the prefill node.) The group answers a short prompt meanwhile and
+    after; no copy of the frames is left on either node of the group."""
+    owner, member, prefill = trio
+    r = httpx.post(prefill.url + "/shoal/instances", timeout=300,
+                   json={"model": "wide", "nodes": [{"node": "self"}]})
+    assert r.status_code == 201, r.text
+    r = launch(owner, "wide", "pipeline", member, prefill=node_id(prefill), prefill_min=100)
+    assert r.status_code == 201, r.text
+    # a prompt past the context is the request's own 400, not the prefill node's refusal
+    over = httpx.post(owner.url + "/v1/completions", timeout=120, json={
+        "model": "wide", "prompt": "x" * 17000, "max_tokens": 4})
+    assert over.status_code == 400 and "context" in over.text, over.text
+    got: dict[str, httpx.Response] = {}
+    text = " ".join(f"buoy {i} rang at {i % 9}." for i in range(700))  # ~14K tokens
+
+    def ask() -> None:
+        got["long"] = httpx.post(owner.url + "/v1/completions", timeout=120, json={
+            "model": "wide", "prompt": text, "max_tokens": 4, "temperature": 0})
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(3.0)  # the prefill node is at the prompt (it takes it many seconds)
+    assert t.is_alive()
+    prefill.proc.send_signal(signal.SIGKILL)
+    prefill.proc.wait(10)
+    short = complete(owner, "wide", "Say hi.")
+    t.join(60)
+    assert not t.is_alive()
+    assert got["long"].status_code >= 500, got["long"].text
+    assert "prefill node" in got["long"].json()["error"]["message"]
+    assert complete(owner, "wide", "Say hi again.")["choices"][0]["text"] is not None
+    assert short["usage"]["completion_tokens"] == 12
+
+    def no_copies() -> bool:
+        return not any(list((n.home / "tmp" / "handover").glob("g*.frames"))
+                       for n in (owner, member))
+    deadline = time.monotonic() + 10
+    while not no_copies() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert no_copies()
