@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from handover import prompt, ttft  # noqa: E402
+
 from nodes import start_cluster  # noqa: E402
 
 
