@@ -218,6 +218,7 @@ class PrefillKV(Message):
     id: str
     tokens: list[int]
     path: str
+    job: int = -1  # a group's: the hand-over's number, its ranks' files named by it
 
 
 @dataclass(frozen=True)

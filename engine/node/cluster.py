@@ -267,11 +267,16 @@ class Cluster:
         serves another model now is left as it is, and the launch refused, saying so."""
         from engine.errors import BadRequest
         # asked now, not from the last poll: a launch there a moment ago must count
-        serving = (await peer_record(NodeInfo, self.peers, peer.url, "GET",
-                                     "/shoal/node")).serving
+        info = await peer_record(NodeInfo, self.peers, peer.url, "GET", "/shoal/node")
+        serving = info.serving
         if serving is not None and serving.model == req.model \
-                and serving.strategy == "single":
+                and serving.strategy in ("single", "pipeline"):  # (a group: it owns it)
             return
+        if any(f.state not in ENDED for f in info.followers):
+            owner = next((p.name for p in self.peers.all() if p.info and p.info.serving
+                          and peer.id in p.info.serving.nodes[1:]), None) or "its owner"
+            raise BadRequest(f"The prefill node ({peer.name}) serves a rank of a group; "
+                             f"name {owner}, which owns it.", param="prefill")
         if serving is not None:
             raise BadRequest(f"The prefill node ({peer.name}) serves {serving.model[:80]} "
                              "now; stop that there, or name another prefill node.",

@@ -130,8 +130,14 @@ async def peer_prefill(request: web.Request) -> web.StreamResponse:
     """A member's long prompt prefilled here: its KV's frames streamed back as each layer
     makes them (engine/node/handover.py)."""
     from engine.node.handover import Prefill
+    from engine.node.handover_group import GroupPrefill
     body = await json_object(request)
-    job = Prefill(_cluster(request).node, body.get("model"), body.get("tokens"))
+    c = _cluster(request)
+    w = c.node.worker
+    job: Prefill | GroupPrefill = \
+        GroupPrefill(c.node, c, body.get("model"), body.get("tokens")) \
+        if w is not None and w.dist_config is not None \
+        else Prefill(c.node, body.get("model"), body.get("tokens"))
     try:
         first = await job.first()  # a refusal before any KV keeps its own status
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
@@ -161,6 +167,14 @@ async def peer_handover_frames(request: web.Request) -> web.StreamResponse:
     from engine.node.handover_group import frames
     c = _cluster(request)
     return await frames(request, c.node, c)
+
+
+@routes.post("/shoal/peer/handover/export")
+async def peer_handover_export(request: web.Request) -> web.StreamResponse:
+    """The group's owner reads what this node's rank writes for another node."""
+    from engine.node.handover_group import export
+    c = _cluster(request)
+    return await export(request, c.node, c)
 
 
 @routes.get("/shoal/peer/instances/{id}")

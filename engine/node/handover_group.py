@@ -210,7 +210,194 @@ def _gone(path: Path) -> None:
 def _sweep(folder: Path) -> None:
     """Copies no plan took (their request failed before it) go after STALE_S."""
     now = time.time()
-    for f in folder.glob("g*.frames"):
+    for f in [*folder.glob("g*.frames"), *folder.glob("p*.frames")]:
         with contextlib.suppress(OSError):
             if now - f.stat().st_mtime > STALE_S:
                 f.unlink()
+
+
+# --- a pipeline group as the prefill node -----------------------------------------------
+class GroupPrefill:
+    """A member's /shoal/peer/prefill on a pipeline group's owner: every rank writes its
+    layers' frames to its node's folder as the chunks pass (engine/runtime/group/export.py);
+    this node passes on its own rank's and each member node's (POST
+    /shoal/peer/handover/export) as whole frames come, rank 0's "begin" first, and ends
+    with its end frame once every rank has written its last."""
+
+    def __init__(self, node: Any, cluster: Any, model: Any, tokens: Any):
+        from engine.runtime.group.export import export_name
+        w, inst = node.worker, cluster.instance
+        if not isinstance(model, str) or w is None or not w.alive or w.model_id != model \
+                or inst is None or inst.model != model:
+            raise BadRequest(f"This node doesn't run {str(model)[:80]!r} now; launch it "
+                             "here to prefill for it.", param="model")
+        if inst.strategy != "pipeline":
+            raise BadRequest("A tensor group can't prefill for another node (its ranks "
+                             "hold every layer's heads in parts): launch it as a pipeline.",
+                             param="model")
+        if not isinstance(tokens, list) or not tokens:
+            raise BadRequest("Send the prompt's token ids as 'tokens'.", param="tokens")
+        self.members = [cluster.peers.find(r.node) for r in inst.ranks[1:]]
+        if any(m is None or not m.trusted or not m.reachable for m in self.members):
+            raise PeerUnreachable("A node of this group can't be reached; it can't prefill "
+                                  "now.")
+        self.peers, self.job = cluster.peers, secrets.randbelow(1 << 31)
+        self.path = one.folder(node.home) / export_name(self.job)
+        self.path.touch()
+        self._q: asyncio.Queue[tuple[int, dict[str, Any] | None, bytes]] = asyncio.Queue()
+        self._task = asyncio.ensure_future(w.prefill_kv(wire.PrefillKV(
+            "", tokens, str(self.path), self.job)))
+        self._sources = [asyncio.ensure_future(self._own())] + [
+            asyncio.ensure_future(self._member(i + 1, m)) for i, m in enumerate(self.members)]
+        self._frames = self._merged()
+
+    async def first(self) -> bytes:
+        return await self._frames.__anext__()
+
+    async def rest(self) -> Any:
+        async for raw in self._frames:
+            yield raw
+
+    async def close(self) -> None:
+        for t in [*self._sources, self._task]:
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        _gone(self.path)
+
+    async def _merged(self) -> Any:
+        """The ranks' frames in an order the decode side takes (its "begin" first); an
+        error before the first frame raises (its own status), after it is a frame."""
+        from engine.api.render import error_of
+        from engine.runtime.kv_frames import encode
+        begun, ended = False, 0
+        held: list[bytes] = []
+        while ended < len(self._sources):
+            src, header, raw = await self._get()
+            if header is None or header["kind"] == "error":
+                why = raw.decode(errors="replace") if header is None \
+                    else str(header.get("message"))[:300]
+                if not begun:
+                    ans = self._task.result() if self._task.done() else None
+                    if isinstance(ans, wire.Error):
+                        raise error_of(ans)
+                    raise one._bad_gateway(f"The group couldn't prefill: {why}")
+                yield encode({"kind": "error", "message": why})
+                return
+            if header["kind"] == "rank_end":
+                ended += 1
+            elif begun:
+                yield raw
+            elif src == 0 and header["kind"] == "begin":
+                begun = True
+                yield raw
+                for h in held:
+                    yield h
+                held = []
+            else:
+                held.append(raw)
+        ans = await self._task
+        if isinstance(ans, wire.Error):
+            yield encode({"kind": "error", "message": ans.message})
+        else:
+            yield encode({"kind": "end", "seconds": ans.seconds})
+
+    async def _get(self) -> tuple[int, dict[str, Any] | None, bytes]:
+        """The next whole frame from any rank; a worker that failed before writing, or a
+        member gone, is an error item."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                return await asyncio.wait_for(self._q.get(), one.WATCH_S)
+            if self._task.done() and isinstance(self._task.result(), wire.Error):
+                return 0, None, self._task.result().message.encode()
+            gone = next((m for m in self.members if not m.reachable), None)
+            if gone is not None:
+                return 0, None, f"{gone.name} stopped answering".encode()
+
+    async def _own(self) -> None:
+        """This node's rank's frames, as its worker writes them."""
+        frames = Reader()
+        with self.path.open("rb") as f:
+            while True:
+                data = f.read(1 << 20)
+                if not data:
+                    await asyncio.sleep(one.POLL_S)
+                    continue
+                if await self._put(0, frames, data):
+                    return
+
+    async def _member(self, i: int, m: Any) -> None:
+        frames = Reader()
+        try:
+            async with self.peers.stream(m.url, "POST", "/shoal/peer/handover/export",
+                                         _json({"job": self.job}),
+                                         {"Content-Type": "application/json"}) as up:
+                if up.status != 200:
+                    raw = await up.content.read(65536)
+                    await self._q.put((i, None, f"{m.name}: {raw[:300]!r}".encode()))
+                    return
+                async for chunk in up.content.iter_any():
+                    if await self._put(i, frames, chunk):
+                        return
+            await self._q.put((i, None, f"{m.name}'s frames ended early".encode()))
+        except (ShoalError, OSError, ConnectionError, FrameError) as e:
+            await self._q.put((i, None, f"{m.name}: {e}".encode()))
+
+    async def _put(self, src: int, frames: Reader, data: bytes) -> bool:
+        """Whole frames into the queue; True once this rank's last has come."""
+        from engine.runtime.kv_frames import encode
+        try:
+            got = frames.feed(data)
+        except FrameError as e:
+            await self._q.put((src, None, f"rank {src}'s frames can't be read ({e})".encode()))
+            return True
+        for header, payload in got:
+            await self._q.put((src, header, encode(header) + payload))
+            if header["kind"] in ("rank_end", "error"):
+                return True
+        return False
+
+
+async def export(request: web.Request, node: Any, cluster: Any) -> web.StreamResponse:
+    """POST /shoal/peer/handover/export: the owner of the group this node's rank serves
+    reads the frames the rank writes for export `job`, until its last (the file removed
+    then)."""
+    from engine.node.incoming import json_object
+    from engine.runtime.group.export import RANK_END, export_name
+
+    body = await json_object(request)
+    name = export_name(body.get("job"))
+    caller = request["caller"].node
+    if not any(f.owner_id == caller and f.worker is not None and f.worker.alive
+               for f in cluster.followers.all()):
+        raise BadRequest("Only the owner of a group this node serves a rank of reads its "
+                         "hand-overs.")
+    folder = one.folder(node.home)
+    _sweep(folder)
+    path = folder / name
+    resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    await resp.prepare(request)
+    reader = Reader(keep=False)
+    try:
+        waited = time.monotonic()
+        while not path.exists():  # its plan may not have reached this rank yet (the
+            await asyncio.sleep(one.POLL_S)  # owner's leaving ends this wait too)
+            if time.monotonic() - waited > STALE_S:
+                return resp
+        with path.open("rb") as f:
+            while True:
+                data = f.read(1 << 20)
+                if not data:
+                    await asyncio.sleep(one.POLL_S)
+                    continue
+                await resp.write(data)
+                try:
+                    if any(h["kind"] in (RANK_END, "error") for h, _ in reader.feed(data)):
+                        break
+                except FrameError:
+                    break
+    finally:
+        _gone(path)
+    await resp.write_eof()
+    return resp

@@ -59,6 +59,7 @@ class Job:
     cancel: threading.Event | None = None  # set when its client leaves
     ends: frozenset[int] = frozenset()  # the tokens that end it (rules.stop_tokens)
     images: Any = None  # engine.runtime.vision.images.ImagePrompt: prefilled as embeddings
+    export: int = -1  # a group's prefill for another node: the hand-over's number
 
     @property
     def key(self) -> list[int]:

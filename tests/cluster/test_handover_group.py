@@ -129,6 +129,41 @@ def test_hand_over_routes_serve_the_groups_own_members_only(trio) -> None:
         assert not list(n.home.rglob("x")) and not list(n.home.rglob("g7.frames"))
 
 
+@pytest.mark.parametrize("model", ["wide", "gemma3_text"])
+def test_a_pipeline_group_prefills_for_a_node_that_decodes_alone(trio, model: str) -> None:
+    """The other way round: the first node serves the model alone, the other two as a
+    pipeline group that prefills for it, each rank writing its layers' frames and the
+    group's owner passing them on together. Naming the group's second node is refused:
+    its owner is the one to name."""
+    decode, g0, g1 = trio
+    text = " ".join(f"{model} entry {i}: the bell rang {i % 5} times." for i in range(36))
+    r = httpx.post(decode.url + "/shoal/instances", timeout=300,
+                   json={"model": model, "nodes": [{"node": "self"}]})
+    assert r.status_code == 201, r.text
+    alone = complete(decode, model, text)
+    assert alone["usage"]["prompt_tokens"] > 600
+    g1.client._call("POST", "/shoal/unload")  # (a node serving it alone could prefill)
+    r = launch(g0, model, "pipeline", g1)
+    assert r.status_code == 201, r.text
+    r = httpx.post(decode.url + "/shoal/instances", timeout=300, json={
+        "model": model, "nodes": [{"node": "self"}], "prefill": node_id(g1)})
+    assert r.status_code == 400 and "owns it" in r.text, r.text
+    r = httpx.post(decode.url + "/shoal/instances", timeout=300, json={
+        "model": model, "nodes": [{"node": "self"}], "prefill": node_id(g0),
+        "prefill_min": 100})
+    assert r.status_code == 201, r.text
+    handed = Path(decode.log).read_text().count("prefilled by")
+    split = complete(decode, model, text)
+    assert split["choices"][0]["text"] == alone["choices"][0]["text"]
+    usage = split["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    assert Path(decode.log).read_text().count("prefilled by") == handed + 1
+    for n in (g0, g1):
+        assert not list((n.home / "tmp" / "handover").glob("p*.frames"))
+    # the group still answers its own requests
+    assert complete(g0, model, "Say hi.")["usage"]["completion_tokens"] == 12
+
+
 def test_a_prefill_node_killed_mid_hand_over_fails_that_request_alone(trio) -> None:
     """(Last: it kills the prefill node.) The group answers a short prompt meanwhile and
     after; no copy of the frames is left on either node of the group."""

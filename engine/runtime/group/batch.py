@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.runtime.batching import Prefilled, Streams
+from engine.runtime.batching import Job, Prefilled, Streams
 from engine.runtime.chunking import Chunker
 from engine.runtime.group.adopt import ADOPT_WAIT_S, Adoption
 from engine.runtime.group.doorbell import BATCH, END, STEP, TOKEN
@@ -47,6 +47,7 @@ from engine.runtime.prefix import PrefixCache
 log = logging.getLogger(__name__)
 
 Outputs = list[tuple[list[Seq], Any]]  # a lane's sequences and their logits (B, vocab)
+EXPORTED = "exported"  # on an export's queue: rank 0's part of it is written
 
 
 # --- the compute of one step, per strategy --------------------------------------------
@@ -306,13 +307,14 @@ class TensorSteps:
 
 
 def serve_follower(steps: PipelineSteps | TensorSteps, link: Link,
-                   prefix: PrefixCache, adopter: Any = None) -> None:
+                   prefix: PrefixCache, adopter: Any = None, exporter: Any = None) -> None:
     """Ranks 1…n-1: follow rank 0's plans until the group quits. Between rounds a rank
     sleeps on its doorbell unbounded; inside one every wait is bounded (Link.wait)."""
     import mlx.core as mx
 
     state = State(prefix, steps.make_cache, steps.lanes)
     state.adopter = adopter  # other nodes' prefills (engine/runtime/group/adopt.py)
+    state.exporter = exporter  # prefills for other nodes (group/export.py)
     busy = False
     try:
         while True:
@@ -334,6 +336,7 @@ def serve_follower(steps: PipelineSteps | TensorSteps, link: Link,
             apply_plan(plan, state)
             steps.run(plan, state)
             apply_step(plan, state)
+            state.exported.clear()  # (rank 0 answers for them)
     except OutOfStep as e:
         link.fail(str(e))
 
@@ -347,14 +350,16 @@ class GroupBatcher(Streams):
     def __init__(self, steps: PipelineSteps | TensorSteps, tokenizer: Any,
                  prefix: PrefixCache, streams: int, on_fatal: Callable[[str], None],
                  chunker: Chunker | None = None, drafting: Any = None,
-                 admission: Any = None, adopter: Any = None):
+                 admission: Any = None, adopter: Any = None, exporter: Any = None):
         from engine.runtime.sampling import token_sampler
 
         super().__init__()
         self.steps, self.link, self.streams = steps, steps.link, streams
         self.eos = set(int(t) for t in tokenizer.eos_token_ids)
+        self.tokenizer = tokenizer  # (an export's Job reads its stop tokens)
         self.state = State(prefix, steps.make_cache, steps.lanes)
         self.state.adopter = adopter  # other nodes' prefills (engine/runtime/group/adopt.py)
+        self.state.exporter = exporter  # prefills for other nodes (group/export.py)
         self.chunker = chunker or Chunker()
         self.scheduler = Scheduler(
             self.state, streams, self.chunker, steps.hidden, steps.dtype,
@@ -403,10 +408,47 @@ class GroupBatcher(Streams):
                     self.chunker.took(plan.chunk_len, time.perf_counter() - t)
                     _prefilled(chunked, plan.chunk_len)
                 apply_step(plan, self.state)
+                self._exported()
                 self._sample(outputs)
         except Exception as e:  # the group's state is unknown now: take it down
             log.exception("batched generation failed on rank 0")
             self._on_fatal(f"Generation failed in the model's group: {e}")
+
+    def export(self, tokens: list[int], job: int, cancel: threading.Event,
+               progress: Callable[[int], None]) -> None:
+        """Prefill `tokens` on every rank for another node, each rank writing its layers'
+        KV as hand-over `job`'s frames (engine/runtime/group/export.py); returns once
+        rank 0's part is written (the others' follow within their step). Raises what
+        failed it; a cancel takes it out at the next plan."""
+        import queue
+
+        from engine.runtime.sampling import Sampling
+
+        job_ = Job(list(tokens) + [0], Sampling(max_tokens=1), self.tokenizer,
+                   cancel=cancel, export=job)
+        self._inbox.put(("add", job_))
+        try:
+            while True:
+                try:
+                    item = job_.out.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, Prefilled):
+                    progress(item.done)
+                elif item == EXPORTED:
+                    return
+        finally:
+            self._inbox.put(("remove", job_))
+
+    def _exported(self) -> None:
+        """Exports done at this step: their requests hear so, and they leave."""
+        for seq in self.state.exported:
+            if seq.job is not None:
+                seq.job.out.put(EXPORTED)
+        self.scheduler.forget(self.state.exported)
+        self.state.exported.clear()
 
     def adopt(self, tokens: list[int], job: int, timeout: float = ADOPT_WAIT_S) -> str | None:
         """Have every rank take hand-over `job`'s KV of `tokens` into its prefix cache, at

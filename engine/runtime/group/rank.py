@@ -175,15 +175,16 @@ def _load_rank(model_path: str, model_id: str, config_path: Path, emit: Any,
         from engine.runtime.group.batch import GroupBatcher, serve_follower
         steps = _steps(cfg.strategy, model, link, kv)
         adopter = _adopter(cfg, steps, Path(model_path), handover)
+        exporter = _exporter(cfg, steps, Path(model_path), handover)
         if _takes_images(Path(model_path)):  # Qwen-VL: 3-D positions on every rank
             from engine.runtime.vision.group import group_positions
             steps.placing = group_positions(Path(model_path), lm)
         if cfg.rank != 0:
-            serve_follower(steps, link, prefix, adopter)  # ends by quit or fatal
+            serve_follower(steps, link, prefix, adopter, exporter)  # quit or fatal end it
         gen: Callable[..., Iterator[Any]] = GroupBatcher(
             steps, tokenizer, prefix, streams,
             on_fatal=lambda why: fatal("group_failed", why), drafting=drafts,
-            admission=admission, adopter=adopter)
+            admission=admission, adopter=adopter, exporter=exporter)
     else:
         if cfg.rank != 0:
             _follower(cfg.strategy, model, link, prefix, kv).serve()  # quit or fatal end it
@@ -223,6 +224,34 @@ class GroupLeader(TextEngine):
             from engine.runtime.vision.group import refuse_images_in_group
             refuse_images_in_group(request, self.no_images)
         super().generate(rid, request, cancel, emit)
+
+    def prefill_kv(self, cmd: Any, cancel: threading.Event, emit: Emit) -> None:
+        """The prompt's KV for another node, every rank writing its layers' frames to its
+        node's hand-over folder as the chunks pass (engine/runtime/group/export.py);
+        answered once rank 0's part is written."""
+        import time
+
+        from engine.errors import BadRequest
+        from engine.protocol import KVWritten, Progress
+        from engine.runtime.group.export import refusal
+
+        gen: Any = self.gen
+        export = getattr(gen, "export", None)
+        if export is None or getattr(self.rank, "strategy", None) != "pipeline" \
+                or gen.state.exporter is None:
+            raise BadRequest("Only a pipeline group serving several streams prefills for "
+                             "another node: launch this one as such, or name a node that "
+                             "holds the whole model.")
+        why = refusal(gen.steps.make_cache())
+        if why:
+            raise BadRequest(why + " Launch the model without a prefill node.")
+        self._valid_ids(cmd.tokens)
+        n, t0 = len(cmd.tokens), time.perf_counter()
+        export(cmd.tokens, cmd.job, cancel,
+               lambda done: emit(Progress(cmd.id, 0, min(done, n), n)))
+        from pathlib import Path
+        emit(KVWritten(cmd.id, Path(cmd.path).stat().st_size,
+                       round(time.perf_counter() - t0, 4)))
 
     def adopt_kv(self, cmd: Any, cancel: threading.Event, emit: Emit) -> None:
         """Another node's prefill, which this node and every member node have written
@@ -369,6 +398,23 @@ def _adopter(cfg: Any, steps: Any, model_path: Path, folder: Path | None) -> Any
         held = (steps.stage.start, steps.stage.end)
         return Adopter(folder, made_by, steps.make_cache, pipeline_pick(*held), held)
     return Adopter(folder, made_by, steps.make_cache, tensor_pick(cfg.rank, cfg.world))
+
+
+def _exporter(cfg: Any, steps: Any, model_path: Path, folder: Path | None) -> Any:
+    """This rank's writer of a prompt's KV for another node (engine/runtime/group/
+    export.py): a pipeline rank's, where its node takes them; None otherwise."""
+    from engine.runtime.disk_cache import fingerprint
+    from engine.runtime.group.export import Exporter, export_name
+
+    if folder is None or cfg.strategy != "pipeline":
+        return None
+    made_by = fingerprint(model_path, cfg.kv_bits)
+    held = (steps.stage.start, steps.stage.end)
+
+    def export(job: int, tokens: list[int], cache: list[Any]) -> Exporter:
+        return Exporter(folder / export_name(job), held, cfg.rank == 0, made_by, tokens,
+                        cache)
+    return export
 
 
 def _steps(strategy: str, model: Any, link: Any, kv: Any) -> Any:

@@ -138,12 +138,16 @@ class Scheduler:
         while self.waiting and not self._full \
                 and len(st.pending) + len(joining) + st.n_decoding < self.streams:
             job = self.waiting.pop(0)
+            if job.export >= 0 and plan.export >= 0:  # one export a plan
+                self.waiting.insert(0, job)
+                break
             try:
                 sample = self.sampler(job)
             except Exception as e:  # e.g. a grammar that can't be built
                 job.out.put(e)
                 continue
-            cache, job.cached = st.prefix.fetch(job.key)
+            # an export is prefilled whole, from a fresh cache (group/export.py)
+            cache, job.cached = (None, 0) if job.export >= 0 else st.prefix.fetch(job.key)
             need = self._room(job)
             if need is None:
                 continue
@@ -162,6 +166,8 @@ class Scheduler:
             self._taken[job.uid] = need
             joining.append((job, sample, embeds))
             fetched.append((cache, job.cached))
+            if job.export >= 0:
+                plan.export, plan.export_job = len(plan.admit), job.export
             plan.admit.append(job.key)
             plan.cached.append(job.cached)
             placed = getattr(job.images, "placed", None)  # Qwen-VL: every rank rotates
@@ -219,6 +225,10 @@ class Scheduler:
         for s in self.state.pending:
             if s.job is not None and s.job.cancel is not None and s.job.cancel.is_set():
                 self.gone.add(uid(s))
+
+    def forget(self, seqs: list[Seq]) -> None:
+        """Sequences that left outside a plan's drops (exports done, group/export.py)."""
+        self._forget(seqs)
 
     def _forget(self, seqs: list[Seq]) -> None:
         for s in seqs:

@@ -22,7 +22,7 @@ from engine.runtime.group.lockstep import DTYPES
 from engine.runtime.prefix import PrefixCache
 from engine.runtime.vision.positions import shifted
 
-HEAD_LEN = 16
+HEAD_LEN = 18
 
 
 @dataclass
@@ -51,6 +51,10 @@ class Plan:
     # and the hand-over's number (-1: none)
     adopt: list[int] = field(default_factory=list)
     adopt_job: int = -1
+    # the admitted prompt (its index) whose KV every rank writes out for another node
+    # instead of decoding it (engine/runtime/group/export.py), and the hand-over's number
+    export: int = -1
+    export_job: int = -1
 
     @property
     def width(self) -> int:
@@ -71,7 +75,7 @@ class Plan:
         head = [self.lane, len(self.drop), len(self.cancel), self.keep, len(self.admit),
                 len(ids), len(self.feed), self.chunk, self.chunk_len, self.hidden,
                 DTYPES.index(self.dtype), self.guesses, len(self.trim), len(pos),
-                len(self.adopt), self.adopt_job]
+                len(self.adopt), self.adopt_job, self.export, self.export_job]
         body = [*self.drop, *self.cancel, *(len(p) for p in self.admit), *self.cached,
                 *ids, *self.feed, *self.trim, *(len(p) for p in places), *pos,
                 *self.adopt, 0]  # never empty
@@ -85,7 +89,7 @@ class Plan:
     @classmethod
     def decode(cls, head: list[int], body: list[int]) -> Plan:
         lane, nd, nc, keep, na, nids, nf, chunk, chunk_len, hidden, dt, guesses, nt, npos, \
-            nadopt, job = head
+            nadopt, job, export, export_job = head
         at = 0
 
         def take(n: int) -> list[int]:
@@ -98,7 +102,8 @@ class Plan:
         place_lens, pos = take(na), take(npos)
         places = _split(pos, place_lens) if npos else []  # (no prompt with positions)
         return cls(lane, drop, cancel, keep, _split(ids, lens), cached, feed, chunk,
-                   chunk_len, hidden, DTYPES[dt], guesses, trim, places, take(nadopt), job)
+                   chunk_len, hidden, DTYPES[dt], guesses, trim, places, take(nadopt), job,
+                   export, export_job)
 
 
 def _split(flat: list[int], lens: list[int]) -> list[list[int]]:
@@ -126,6 +131,7 @@ class Seq:
     embedded: bool = False
     embeds: Any = None         # rank 0: those embeddings, from `cached` on (vision/group.py)
     placed: Any = None         # Qwen-VL: its 3-D positions and delta (vision/positions.py)
+    export: Any = None         # group/export.py's Exporter: its KV goes to another node
 
     @property
     def left(self) -> int:
@@ -160,6 +166,9 @@ class State:
         # (job, tokens) -> this rank's share of another node's prefill of `tokens`, read
         # from its node's copy of the frames (engine/runtime/group/adopt.py); or None
         self.adopter: Callable[[int, list[int]], list[Any]] | None = None
+        # (job, tokens, cache) -> this rank's Exporter of a prompt's KV for another node
+        self.exporter: Callable[[int, list[int], list[Any]], Any] | None = None
+        self.exported: list[Seq] = []  # exports done at the last step (rank 0 answers)
         self.pending: list[Seq] = []
         self.lanes = [Lane() for _ in range(lanes)]
 
@@ -192,6 +201,9 @@ class State:
                 lane.batch = None
         gone = set(plan.cancel)
         for s in [s for i, s in enumerate(self.pending) if i in gone]:
+            if s.export is not None:  # (its cache writes to a file: never kept)
+                s.export.abort()
+                continue
             # a prompt left mid-prefill: the chunks it did stay (this rank's layers of
             # them), so a retry starts where it stopped
             if s.cache is not None and len(s.tokens) > s.cached:
@@ -211,6 +223,11 @@ class State:
         for seq in [s for s in self.pending if s.left == 0]:
             self.pending.remove(seq)
             assert seq.cache is not None
+            if seq.export is not None:  # written out for another node: it leaves here
+                seq.export.finish(seq.cache)
+                seq.cache = None
+                self.exported.append(seq)
+                continue
             self.prefix.snapshot(seq.prompt, seq.cache)
             # a Qwen-VL image request's rows rotate at offset + delta from here on
             delta = seq.placed.delta if seq.placed is not None else 0
@@ -289,11 +306,20 @@ def apply_admissions(plan: Plan, state: State,
     decided (a follower looks up here and checks it finds what rank 0 found)."""
     seqs = []
     for i, (prompt, cached) in enumerate(zip(plan.admit, plan.cached)):
-        cache, n = fetched[i] if fetched is not None else state.prefix.fetch(prompt)
+        if i == plan.export:  # prefilled whole, from a fresh cache
+            cache, n = None, 0
+        else:
+            cache, n = fetched[i] if fetched is not None else state.prefix.fetch(prompt)
         if n != cached:
             raise OutOfStep(f"the prefix cache is out of step (rank 0 holds {cached} of the "
                             f"prompt's tokens, this rank {n})")
-        seqs.append(state.admit(prompt, cache, cached, _placed(plan, i, len(prompt))))
+        seq = state.admit(prompt, cache, cached, _placed(plan, i, len(prompt)))
+        if i == plan.export:
+            if state.exporter is None:
+                raise OutOfStep("this rank can't write a prompt's KV for another node")
+            assert seq.cache is not None
+            seq.export = state.exporter(plan.export_job, prompt[:-1], seq.cache)
+        seqs.append(seq)
     state.joined()
     return seqs
 
