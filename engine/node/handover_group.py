@@ -384,6 +384,7 @@ async def export(request: web.Request, node: Any, cluster: Any) -> web.StreamRes
         while not path.exists():  # its plan may not have reached this rank yet (the
             await asyncio.sleep(one.POLL_S)  # owner's leaving ends this wait too)
             if time.monotonic() - waited > STALE_S:
+                await resp.write_eof()
                 return resp
         with path.open("rb") as f:
             while True:
