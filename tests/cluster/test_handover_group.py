@@ -1,10 +1,12 @@
-"""Prefill on one node, decode on a group: three real nodes on loopback, the first two
-serving a model as a pipeline or tensor group, the third as its prefill node. A prompt
-longer than a prefill chunk is prefilled on the third and every rank of the group takes
-its share of the KV (a pipeline rank its layers, a tensor rank its heads): the answer is
-token for token the one the group gives alone, its prompt reported cached. A prefill node
-inside the group is refused by name; a member's hand-over route serves members of its
-own group only; a prefill node killed mid-hand-over fails that request alone."""
+"""Prefill on one node, decode on a group, and the other way round: four real nodes on
+loopback. The first two serve a model as a pipeline or tensor group, the third prefills
+for it: a prompt longer than a prefill chunk is prefilled there and every rank of the
+group takes its share of the KV (a pipeline rank its layers, a tensor rank its heads),
+and the answer is token for token the one the group gives alone, its prompt reported
+cached. A pipeline group prefills for a node decoding alone, and for a group (the last
+two nodes). A prefill node inside the group, or a group's member rather than its owner,
+is refused by name; the hand-over routes serve their own group's members only; a prefill
+node killed mid-hand-over fails that request alone."""
 
 from __future__ import annotations
 
@@ -30,14 +32,14 @@ CASES = [("wide", "pipeline"), ("wide", "tensor"), ("gemma3_text", "pipeline")]
 
 
 @pytest.fixture(scope="module")
-def trio(tmp_path_factory: pytest.TempPathFactory):
+def quartet(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("handover-group")
     models = root / "models"
     # 4 heads over 2 KV heads: a tensor group of two splits them
     make_tiny_model(models / "wide", hidden_size=256, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=16384)
     make_family_model(models / "gemma3_text", "gemma3_text", seed=3)
-    nodes = start_cluster(root / "nodes", models / "wide", 3)
+    nodes = start_cluster(root / "nodes", models / "wide", 4)
     for n in nodes:
         shutil.copytree(models, n.home / "models", dirs_exist_ok=True)
     yield nodes
@@ -68,9 +70,9 @@ def complete(node, model: str, prompt: str) -> dict:
 
 
 @pytest.mark.parametrize("model,strategy", CASES)
-def test_a_group_decodes_a_prefill_nodes_kv_as_it_answers_alone(trio, model: str,
+def test_a_group_decodes_a_prefill_nodes_kv_as_it_answers_alone(quartet, model: str,
                                                                  strategy: str) -> None:
-    owner, member, prefill = trio
+    owner, member, prefill, _ = quartet
     text = " ".join(f"{model} line {i} of the log, tide {i % 7}." for i in range(40))
     r = launch(owner, model, strategy, member)
     assert r.status_code == 201, r.text
@@ -93,18 +95,18 @@ def test_a_group_decodes_a_prefill_nodes_kv_as_it_answers_alone(trio, model: str
         assert not list((n.home / "tmp" / "handover").glob("g*.frames"))
 
 
-def test_a_prefill_node_inside_the_group_is_refused_by_name(trio) -> None:
-    owner, member, _ = trio
+def test_a_prefill_node_inside_the_group_is_refused_by_name(quartet) -> None:
+    owner, member, _, _ = quartet
     r = launch(owner, "wide", "pipeline", member, prefill=node_id(member))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "prefill"
     assert "group" in r.json()["error"]["message"]
 
 
-def test_hand_over_routes_serve_the_groups_own_members_only(trio) -> None:
+def test_hand_over_routes_serve_the_groups_own_members_only(quartet) -> None:
     """Members holding the secret, but outside the group or naming what isn't a
     hand-over, get a 400 saying so; nothing is written outside the hand-over folder."""
-    owner, member, prefill = trio
+    owner, member, prefill, _ = quartet
     r = launch(owner, "wide", "pipeline", member)
     assert r.status_code == 201, r.text
     with Member(owner.cluster_url, "test-cluster-secret") as stranger:
@@ -125,17 +127,17 @@ def test_hand_over_routes_serve_the_groups_own_members_only(trio) -> None:
         r = m.call("POST", "/shoal/peer/handover/pull",
                    {"job": 7, "model": "wide", "tokens": 3})
         assert r.status_code == 400 and "rank" in r.text
-    for n in trio:
+    for n in quartet[:3]:
         assert not list(n.home.rglob("x")) and not list(n.home.rglob("g7.frames"))
 
 
 @pytest.mark.parametrize("model", ["wide", "gemma3_text"])
-def test_a_pipeline_group_prefills_for_a_node_that_decodes_alone(trio, model: str) -> None:
+def test_a_pipeline_group_prefills_for_a_node_that_decodes_alone(quartet, model: str) -> None:
     """The other way round: the first node serves the model alone, the other two as a
     pipeline group that prefills for it, each rank writing its layers' frames and the
     group's owner passing them on together. Naming the group's second node is refused:
     its owner is the one to name."""
-    decode, g0, g1 = trio
+    decode, g0, g1, _ = quartet
     text = " ".join(f"{model} entry {i}: the bell rang {i % 5} times." for i in range(36))
     r = httpx.post(decode.url + "/shoal/instances", timeout=300,
                    json={"model": model, "nodes": [{"node": "self"}]})
@@ -164,10 +166,26 @@ def test_a_pipeline_group_prefills_for_a_node_that_decodes_alone(trio, model: st
     assert complete(g0, model, "Say hi.")["usage"]["completion_tokens"] == 12
 
 
-def test_a_prefill_node_killed_mid_hand_over_fails_that_request_alone(trio) -> None:
+def test_a_group_prefills_for_a_group(quartet) -> None:
+    """Both sides groups: two nodes decode as a pipeline, the other two prefill as one;
+    the answer is the decode group's own, its prompt cached."""
+    d0, d1, p0, p1 = quartet
+    text = " ".join(f"quay {i}: the crane lifted {i % 6} crates." for i in range(36))
+    assert launch(d0, "wide", "pipeline", d1).status_code == 201
+    alone = complete(d0, "wide", text)
+    assert launch(p0, "wide", "pipeline", p1).status_code == 201
+    r = launch(d0, "wide", "pipeline", d1, prefill=node_id(p0), prefill_min=100)
+    assert r.status_code == 201, r.text
+    split = complete(d0, "wide", text)
+    assert split["choices"][0]["text"] == alone["choices"][0]["text"]
+    usage = split["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+
+
+def test_a_prefill_node_killed_mid_hand_over_fails_that_request_alone(quartet) -> None:
     """(Last: it kills the prefill node.) The group answers a short prompt meanwhile and
     after; no copy of the frames is left on either node of the group."""
-    owner, member, prefill = trio
+    owner, member, prefill, _ = quartet
     r = httpx.post(prefill.url + "/shoal/instances", timeout=300,
                    json={"model": "wide", "nodes": [{"node": "self"}]})
     assert r.status_code == 201, r.text
