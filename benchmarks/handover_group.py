@@ -12,7 +12,11 @@ another of the same length with the split, in the same run.
 Model: a random-weight 4-layer model with a 40,000-token context (the --tiny one of
 benchmarks/handover.py).
 
+With --prefill-group the other way round: A decodes alone, B and C prefill for it as a
+two-rank pipeline (B rank 0, on core 1 with C: the group's ranks share one core).
+
 Run: .venv/bin/python benchmarks/handover_group.py [--tokens 1000,8000,32000]
+     [--prefill-group]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from handover import handed as one_handed  # noqa: E402
 from handover import prompt, ttft  # noqa: E402
 
 from nodes import start_cluster  # noqa: E402
@@ -50,6 +55,9 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", default="1000,8000,32000")
+    p.add_argument("--prefill-group", action="store_true",
+                   help="the other way round: A decodes alone, B and C prefill as a "
+                        "two-rank pipeline (B rank 0)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-handover-group-"))
     rows: list[dict[str, Any]] = []
@@ -67,8 +75,13 @@ def main() -> None:
             bid, cid = (n.client.status().cluster.id for n in (b, c))
             group = {"model": model, "strategy": "pipeline", "nodes": [
                 {"node": "self", "layers": [0, 2]}, {"node": cid, "layers": [2, 4]}]}
-            httpx.post(b.url + "/shoal/instances", timeout=900, json={
-                "model": model, "nodes": [{"node": "self"}]}).raise_for_status()
+            if args.prefill_group:  # B and C prefill, A decodes alone
+                httpx.post(b.url + "/shoal/instances", timeout=900,
+                           json=group).raise_for_status()
+                group = {"model": model, "nodes": [{"node": "self"}]}
+            else:
+                httpx.post(b.url + "/shoal/instances", timeout=900, json={
+                    "model": model, "nodes": [{"node": "self"}]}).raise_for_status()
             for n_tokens in (int(x) for x in args.tokens.split(",")):
                 httpx.post(a.url + "/shoal/instances", timeout=900,
                            json=group).raise_for_status()
@@ -77,7 +90,8 @@ def main() -> None:
                     **group, "prefill": bid, "prefill_min": 256}).raise_for_status()
                 split = ttft(a.url, model, prompt(n_tokens, n_tokens + 1, 5))
                 rows.append({"tokens": alone[1], "alone": alone[0], "split": split[0],
-                             "cached": split[2], "handed": handed(a.log)})
+                             "cached": split[2], "handed": handed(a.log)
+                             or one_handed(a.log)})
                 print(rows[-1], flush=True)
         finally:
             for n in nodes:
