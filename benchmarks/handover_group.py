@@ -98,10 +98,16 @@ def main() -> None:
                 n.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{model}, a two-rank pipeline (A core 0, C core 1) and its prefill node (B, "
-          "core 1) on one machine.\n")
-    print("| prompt tokens | TTFT group alone (s) | TTFT split (s) | KV | prefill there (s) "
-          "| both copies whole after it (s) | taken in after that (s) |")
+    if args.prefill_group:
+        print(f"\n{model}: A decodes alone (core 0); B and C prefill for it as a two-rank "
+              "pipeline (both on core 1).\n")
+        print("| prompt tokens | TTFT A alone (s) | TTFT split (s) | KV | rank 0's part "
+              "there (s) | last frame after it (s) | adopted after that (s) |")
+    else:
+        print(f"\n{model}, a two-rank pipeline (A core 0, C core 1) and its prefill node "
+              "(B, core 1) on one machine.\n")
+        print("| prompt tokens | TTFT group alone (s) | TTFT split (s) | KV | prefill there "
+              "(s) | both copies whole after it (s) | taken in after that (s) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         mb, there, tail, took = r["handed"] or (0.0, 0.0, 0.0, 0.0)

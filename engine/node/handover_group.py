@@ -242,6 +242,9 @@ class GroupPrefill:
             raise PeerUnreachable("A node of this group can't be reached; it can't prefill "
                                   "now.")
         self.peers, self.job = cluster.peers, secrets.randbelow(1 << 31)
+        # what one rank may send at most: the whole prompt's KV (its share is less)
+        self.bound = one._bound(node, model, len(tokens))
+        self._got: dict[int, int] = {}
         self.path = one.folder(node.home) / export_name(self.job)
         self.path.touch()
         self._q: asyncio.Queue[tuple[int, dict[str, Any] | None, bytes]] = asyncio.Queue()
@@ -347,6 +350,11 @@ class GroupPrefill:
     async def _put(self, src: int, frames: Reader, data: bytes) -> bool:
         """Whole frames into the queue; True once this rank's last has come."""
         from engine.runtime.kv_frames import encode
+        self._got[src] = self._got.get(src, 0) + len(data)
+        if self._got[src] > self.bound:
+            await self._q.put((src, None, f"rank {src} sent more KV than the prompt "
+                               "holds".encode()))
+            return True
         try:
             got = frames.feed(data)
         except FrameError as e:
