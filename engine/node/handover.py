@@ -79,8 +79,8 @@ async def into_one(node: Any, cluster: Any, worker: Any, peer: Any,
     path.touch()
     adopting = asyncio.ensure_future(worker.adopt_kv(wire.AdoptKV("", tokens, str(path))))
     try:
-        fetch = _fetch(cluster.peers, peer, worker.model_id, tokens, path,
-                       _bound(node, worker.model_id, len(tokens)))
+        fetch = fetch_frames(cluster.peers, peer, worker.model_id, tokens, path,
+                       kv_bound(node, worker.model_id, len(tokens)))
         size, there = await _watched(peer, fetch, adopting)
         fetched = time.monotonic()
         ans = await adopting
@@ -92,7 +92,7 @@ async def into_one(node: Any, cluster: Any, worker: Any, peer: Any,
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
     if isinstance(ans, wire.Error):
-        raise _bad_gateway(f"The KV the prefill node sent couldn't be used: {ans.message}")
+        raise bad_gateway(f"The KV the prefill node sent couldn't be used: {ans.message}")
     done = time.monotonic()
     # the transfer ran beside the prefill there: what it added is the time past it
     log.info("%d prompt tokens prefilled by %s: %.1f MB streamed; prefill %.2f s there, "
@@ -113,7 +113,7 @@ async def _watched(peer: Any, fetch: Any, adopting: asyncio.Future) -> tuple[int
             if not task.done() and adopting.done():
                 ans = adopting.result()
                 why = ans.message if isinstance(ans, wire.Error) else "it stopped early"
-                raise _bad_gateway("The KV the prefill node sends couldn't be used: " + why)
+                raise bad_gateway("The KV the prefill node sends couldn't be used: " + why)
             if not task.done() and not peer.reachable:
                 raise PeerUnreachable(f"The prefill node ({peer.name}) stopped answering "
                                       "during the hand-over; this request is lost. Try "
@@ -149,7 +149,7 @@ async def _listing(worker: Any, req: wire.GenerateRequest) -> tuple[list[int] | 
     return list(acc.prompt_ids), int(acc.cached or 0)
 
 
-def _bound(node: Any, model: str, tokens: int) -> int:
+def kv_bound(node: Any, model: str, tokens: int) -> int:
     """The most bytes a hand-over of `tokens` tokens may bring: their KV in float32 (a
     CPU worker runs the model unpacked in float32; the plan counts 16 bits), and the
     file's header."""
@@ -162,7 +162,7 @@ def _bound(node: Any, model: str, tokens: int) -> int:
     return int((tokens + 256) * max(per, 1) * 2 * 1.1) + HEADER_BYTES
 
 
-async def _fetch(peers: Any, peer: Any, model: str, tokens: list[int], path: Path,
+async def fetch_frames(peers: Any, peer: Any, model: str, tokens: list[int], path: Path,
                  bound: int) -> tuple[int, float]:
     """The prefill node's frames for `tokens`, appended to `path` as they come (the
     worker reads them there); (their bytes, the seconds the prefill node's model took,
@@ -179,25 +179,25 @@ async def _fetch(peers: Any, peer: Any, model: str, tokens: list[int], path: Pat
                     why = json.loads(raw)["error"]["message"]
                 except (ValueError, KeyError, TypeError):
                     why = raw[:200].decode(errors="replace")
-                raise _bad_gateway(f"The prefill node ({peer.name}) couldn't prefill "
+                raise bad_gateway(f"The prefill node ({peer.name}) couldn't prefill "
                                    f"this prompt: {why}")
             with path.open("ab") as f:
                 async for chunk in up.content.iter_any():
                     size += len(chunk)
                     if size > bound or end is not None:
-                        raise _bad_gateway(f"The prefill node ({peer.name}) sent more KV "
+                        raise bad_gateway(f"The prefill node ({peer.name}) sent more KV "
                                            f"than {len(tokens)} tokens hold; its answer "
                                            "was dropped.")
                     f.write(chunk)
                     f.flush()
                     for header, _ in frames.feed(chunk):
                         if header["kind"] == "error":
-                            raise _bad_gateway(f"The prefill node ({peer.name}) failed: "
+                            raise bad_gateway(f"The prefill node ({peer.name}) failed: "
                                                f"{str(header.get('message'))[:300]}")
                         if header["kind"] == "end":
                             end = header
     except FrameError as e:
-        raise _bad_gateway(f"The prefill node ({peer.name}) sent what isn't KV ({e}).") \
+        raise bad_gateway(f"The prefill node ({peer.name}) sent what isn't KV ({e}).") \
             from None
     except PeerUnreachable as e:
         raise PeerUnreachable(f"The prefill node ({peer.name}) stopped answering during "
@@ -278,7 +278,7 @@ class Prefill:
             self.path.unlink(missing_ok=True)
 
 
-def _bad_gateway(message: str) -> ShoalError:
+def bad_gateway(message: str) -> ShoalError:
     e = ShoalError(message, code="handover_failed")
     e.status = 502
     return e

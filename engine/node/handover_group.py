@@ -45,8 +45,8 @@ async def into_group(node: Any, cluster: Any, worker: Any, peer: Any,
     job = secrets.randbelow(1 << 31)
     path = one.folder(node.home) / frames_name(job)
     path.touch()
-    bound = one._bound(node, worker.model_id, len(tokens))
-    fetch = one._fetch(cluster.peers, peer, worker.model_id, tokens, path, bound)
+    bound = one.kv_bound(node, worker.model_id, len(tokens))
+    fetch = one.fetch_frames(cluster.peers, peer, worker.model_id, tokens, path, bound)
     tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(fetch)]
     tasks += [asyncio.ensure_future(cluster.peers.call(
         m.url, "POST", "/shoal/peer/handover/pull",
@@ -55,10 +55,10 @@ async def into_group(node: Any, cluster: Any, worker: Any, peer: Any,
     try:
         answers = await _watched([peer, *members], tasks)
         fetched = time.monotonic()
-        mine = _digest(path)
+        mine = await asyncio.to_thread(_digest, path)  # (GBs for a long prompt)
         for m, ans in zip(members, answers[1:]):
             if not isinstance(ans, dict) or ans.get("sha256") != mine:
-                raise one._bad_gateway(f"{m.name}'s copy of the handed-over KV differs "
+                raise one.bad_gateway(f"{m.name}'s copy of the handed-over KV differs "
                                        "from this node's; the request is not served.")
         ans = await worker.adopt_kv(wire.AdoptKV("", tokens, str(path), job))
     finally:
@@ -67,7 +67,7 @@ async def into_group(node: Any, cluster: Any, worker: Any, peer: Any,
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
     if isinstance(ans, wire.Error):
-        raise one._bad_gateway(f"The KV the prefill node sent couldn't be used: {ans.message}")
+        raise one.bad_gateway(f"The KV the prefill node sent couldn't be used: {ans.message}")
     size, there = answers[0]
     log.info("%d prompt tokens prefilled by %s for the group (%d ranks): %.1f MB; prefill "
              "%.2f s there, every copy whole %.2f s after it, taken in %.2f s after that",
@@ -123,19 +123,19 @@ async def pull(node: Any, cluster: Any, caller: str, body: dict[str, Any]) -> di
     folder = one.folder(node.home)
     _sweep(folder)
     path = folder / name
-    bound, size, end = one._bound(node, model, n), 0, None
+    bound, size, end = one.kv_bound(node, model, n), 0, None
     h, frames = hashlib.sha256(), Reader(keep=False)
     try:
         async with cluster.peers.stream(owner.url, "POST", "/shoal/peer/handover/frames",
                                         _json({"job": job}),
                                         {"Content-Type": "application/json"}) as up:
             if up.status != 200:
-                raise one._bad_gateway(f"{owner.name} has no hand-over numbered {job}.")
+                raise one.bad_gateway(f"{owner.name} has no hand-over numbered {job}.")
             with path.open("wb") as f:
                 async for chunk in up.content.iter_any():
                     size += len(chunk)
                     if size > bound or end is not None:
-                        raise one._bad_gateway(f"{owner.name} sent more KV than {n} tokens "
+                        raise one.bad_gateway(f"{owner.name} sent more KV than {n} tokens "
                                                "hold.")
                     f.write(chunk)
                     h.update(chunk)
@@ -144,7 +144,7 @@ async def pull(node: Any, cluster: Any, caller: str, body: dict[str, Any]) -> di
                             end = header
     except FrameError as e:
         _gone(path)
-        raise one._bad_gateway(f"{owner.name} sent what isn't KV ({e}).") from None
+        raise one.bad_gateway(f"{owner.name} sent what isn't KV ({e}).") from None
     except (ShoalError, OSError, ConnectionError) as e:
         _gone(path)
         if isinstance(e, ShoalError):
@@ -157,7 +157,7 @@ async def pull(node: Any, cluster: Any, caller: str, body: dict[str, Any]) -> di
     if end is None or end["kind"] != "end":
         _gone(path)
         why = str(end.get("message"))[:300] if end else "its frames ended early"
-        raise one._bad_gateway(f"The hand-over failed: {why}")
+        raise one.bad_gateway(f"The hand-over failed: {why}")
     return {"bytes": size, "sha256": h.hexdigest()}
 
 
@@ -243,7 +243,7 @@ class GroupPrefill:
                                   "now.")
         self.peers, self.job = cluster.peers, secrets.randbelow(1 << 31)
         # what one rank may send at most: the whole prompt's KV (its share is less)
-        self.bound = one._bound(node, model, len(tokens))
+        self.bound = one.kv_bound(node, model, len(tokens))
         self._got: dict[int, int] = {}
         self.path = one.folder(node.home) / export_name(self.job)
         self.path.touch()
@@ -285,7 +285,7 @@ class GroupPrefill:
                     ans = self._task.result() if self._task.done() else None
                     if isinstance(ans, wire.Error):
                         raise error_of(ans)
-                    raise one._bad_gateway(f"The group couldn't prefill: {why}")
+                    raise one.bad_gateway(f"The group couldn't prefill: {why}")
                 yield encode({"kind": "error", "message": why})
                 return
             if header["kind"] == "rank_end":
