@@ -236,6 +236,23 @@ def test_a_member_gone_bad_cant_write_outside_the_model_cache(tmp_path, tiny_mod
         evil.stop()
 
 
+def _ask(url: str, text: str) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", timeout=120, json={
+        "model": "tiny-llama", "prompt": text, "max_tokens": 4})
+
+
+def _each_lie_fails_its_prompt_alone(url: str) -> None:
+    """HostilePeer as the prefill node answers with another model's frames, then a 2 GB
+    frame header: each long prompt gets a 502 naming why; a short one is answered."""
+    lied = _ask(url, "a long prompt for the prefill node " * 4)
+    assert lied.status_code == 502, lied.text
+    assert "another model" in lied.json()["error"]["message"]
+    bomb = _ask(url, "another long prompt for the prefill node " * 4)
+    assert bomb.status_code == 502, bomb.text
+    assert "isn't KV" in bomb.json()["error"]["message"]
+    assert _ask(url, "short").status_code == 200
+
+
 def test_a_member_gone_bad_as_a_prefill_node_fails_the_long_prompt_alone(tmp_path,
                                                                           tiny_model_dir):
     """A member that holds the secret, named as the prefill node, answers with KV frames
@@ -253,17 +270,7 @@ def test_a_member_gone_bad_as_a_prefill_node_fails_the_long_prompt_alone(tmp_pat
             "model": "tiny-llama", "nodes": [{"node": "self"}], "prefill": "evil-member",
             "prefill_min": 40})
         assert r.status_code == 201, r.text
-
-        def ask(text: str) -> httpx.Response:
-            return httpx.post(a.url + "/v1/completions", timeout=60, json={
-                "model": "tiny-llama", "prompt": text, "max_tokens": 4})
-        lied = ask("a long prompt for the prefill node " * 4)
-        assert lied.status_code == 502, lied.text
-        assert "another model" in lied.json()["error"]["message"]
-        bomb = ask("another long prompt for the prefill node " * 4)
-        assert bomb.status_code == 502, bomb.text
-        assert "isn't KV" in bomb.json()["error"]["message"]
-        assert ask("short").status_code == 200
+        _each_lie_fails_its_prompt_alone(a.url)
         assert [g["path"] for g in evil.received()].count("/shoal/peer/prefill") == 2
         assert a.proc.poll() is None
     finally:
@@ -292,19 +299,9 @@ def test_a_member_gone_bad_as_a_groups_prefill_node_fails_the_long_prompt_alone(
                 {"node": "self", "layers": [0, layers // 2]},
                 {"node": b.client.status().cluster.id, "layers": [layers // 2, layers]}]})
         assert r.status_code == 201, r.text
-
-        def ask(text: str) -> httpx.Response:
-            return httpx.post(a.url + "/v1/completions", timeout=120, json={
-                "model": "tiny-llama", "prompt": text, "max_tokens": 4})
-        lied = ask("a long prompt for the prefill node " * 4)
-        assert lied.status_code == 502, lied.text
-        assert "another model" in lied.json()["error"]["message"]
-        bomb = ask("another long prompt for the prefill node " * 4)
-        assert bomb.status_code == 502, bomb.text
-        assert "isn't KV" in bomb.json()["error"]["message"]
-        assert ask("short").status_code == 200
-        assert ask("a long prompt for the prefill node " * 4).status_code == 502  # again
-        assert ask("short, once more").status_code == 200
+        _each_lie_fails_its_prompt_alone(a.url)
+        assert _ask(a.url, "a long prompt for the prefill node " * 4).status_code == 502
+        assert _ask(a.url, "short, once more").status_code == 200
         for n in nodes:
             assert n.proc.poll() is None
             assert not list((n.home / "tmp" / "handover").glob("*.frames"))
