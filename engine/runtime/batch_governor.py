@@ -6,8 +6,9 @@ A pass over a batch of `size` sequences, `m` guesses wide, costs about plain(siz
 an Apple GPU a pass reads the weights once whatever its width, so r is small; on a CPU
 a batch's pass is bound by arithmetic, so a column costs about as much as the pass
 itself and drafting rarely pays. `r` is measured per batch size (a larger batch's is
-larger); until a size has one, the nearest measured size's serves, and with none, r = 1
-(a guess as dear as a token: no drafting until a probe measures it).
+larger); until a size has one, the nearest measured size's serves, grown in proportion
+where that size is smaller, and with none, r = 1 (a guess as dear as a token: no drafting
+until a probe measures it).
 
 Acceptance is a geometric fit (each guess kept with probability alpha), fed by the
 guesses that ran and by shadow guesses: while the batch doesn't draft, prompt lookup
@@ -57,10 +58,24 @@ class Shared:
             return None
         return table[min(table, key=lambda s: (abs(s - size), -s))]
 
+    def cost(self, size: int) -> float | None:
+        """A guess column's cost at `size`: as measured there, else the nearest size's,
+        grown in proportion where that size is smaller (up to a whole pass): a column
+        costs more in a larger batch (on a CPU about in proportion), and a batch that
+        keeps changing (requests coming and going) may go long without a pass timed alone
+        at its size, drafting all along on a smaller batch's cheaper figure."""
+        if not self.r:
+            return None
+        if size in self.r:
+            return self.r[size]
+        near = min(self.r, key=lambda s: (abs(s - size), -s))
+        r = self.r[near]
+        return max(r, min(1.0, r * size / near)) if near < size else r
+
     def ratio(self, size: int, m: int, lengths: list[int], r: float | None = None) -> float:
         """Expected tokens per second with `m` guesses over that without any (`r`: the
         cost of a guess column, if not as measured)."""
-        r = self.nearest(self.r, size) if r is None else r
+        r = self.cost(size) if r is None else r
         r = 1.0 if r is None else r
         alpha = min(self.alpha, 0.999)
         tokens = sum((1 - alpha ** (min(m, n) + 1)) / (1 - alpha) for n in lengths)

@@ -113,6 +113,28 @@ def test_the_governor_stops_where_guesses_lose_and_starts_again_where_they_win()
     assert sum(first[16:]) == 0  # refused again: one row's passes, it stops within 16
 
 
+def test_a_larger_batch_doesnt_draft_on_a_smaller_batchs_cheap_guesses():
+    """Guesses are kept (answers that copy their prompts) and a 4-sequence batch measured
+    a guess column at 0.3 of a pass. A 16-sequence batch that changes at every step
+    (requests coming and going, so no pass is timed alone at its size) must not draft on
+    that figure: on a CPU a column costs about in proportion to the batch (the first
+    16-stream round against mlx_lm.server ran at 0.70x while it did)."""
+    from engine.runtime.batch_governor import BatchGovernor, Shared
+
+    shared = Shared(max_draft=6)
+    small = BatchGovernor(shared, 4)
+    for _ in range(8):
+        small.observed_rows([], 0, 1.0)
+        for _ in range(4):
+            small.shadow(4, 4)
+    small.observed_rows([(2, 2)] * 4, 2, 1.6)  # r = 0.3 at 4
+    assert abs(shared.r[4] - 0.3) < 1e-9
+    assert small.length(100) > 0  # drafting pays at 4
+    big = BatchGovernor(shared, 16)
+    drafted = sum(1 for _ in range(50) if big.width([big.length(100)] * 16) > 0)
+    assert drafted <= 3  # at most the probes, each of which would measure it
+
+
 def test_a_new_prompt_goes_in_within_a_few_decode_steps_of_a_running_batch(tiny):
     """Three answers decode; a fourth request with a ~1,600-token prompt arrives. Its
     first token comes within about two decode steps per 256 of its tokens: the prompt isn't
