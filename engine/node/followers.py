@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from engine.cluster_records import FollowerState, RankPorts, RankPrepare, RankStart
 from engine.errors import ShoalError
-from engine.node.handover import folder
 from engine.node.launch import check_instance_id, fresh_ports, write_config
 from engine.node.peers import Peers
 from engine.node.service import Node
@@ -76,8 +75,9 @@ class Followers:
         f.worker = WorkerHandle(model, path, logs_dir(self.node.home) / f"worker-{inst_id}.log",
                                 lambda ev: self._on_event(f, ev),
                                 dist_config=write_config(self.node.home, inst_id, cfg),
-                                # where it reads a prefill node's KV (node/handover_group.py)
-                                worker_args=("--handover-dir", str(folder(self.node.home))))
+                                # this node's admission budget, its share of the prefix
+                                # cache's disk tier, where it reads a prefill node's KV
+                                worker_args=self.node.rank_flags())
         self.node.keep(asyncio.create_task(self._run(f)))
 
     async def _run(self, f: Follower) -> None:

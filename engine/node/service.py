@@ -212,6 +212,11 @@ class Node:
         async with self._load_lock:
             return await self._start(model_id, path, dist_config, kv_bits)
 
+    def rank_flags(self) -> tuple[str, ...]:
+        """The flags of a rank this node runs for another node's group (its own memory
+        cap, disk tier and hand-over folder; the rest comes in its config)."""
+        return self._worker_flags("", None, group=True)
+
     def _worker_flags(self, model_id: str, kv_bits: int | None, group: bool
                       ) -> tuple[str, ...]:
         """A worker's flags beyond the node's own: the admission budget and the prefix
