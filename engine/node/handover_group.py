@@ -178,23 +178,31 @@ async def frames(request: web.Request, node: Any, cluster: Any) -> web.StreamRes
         raise BadRequest("No hand-over runs with that number here.") from None
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     await resp.prepare(request)
-    reader = Reader(keep=False)
-    with f:
-        while True:
-            data = f.read(1 << 20)
-            if data:
-                await resp.write(data)
-                try:
-                    if any(h["kind"] in ("end", "error") for h, _ in reader.feed(data)):
-                        break
-                except FrameError:
-                    break  # the owner's own fetch says what is wrong
-            elif not path.exists():
-                break  # the hand-over ended here: the member sees its frames end early
-            else:
-                await asyncio.sleep(one.POLL_S)
+    with f:  # (the owner's own fetch says what is wrong with frames that aren't)
+        await _pass_on(f, path, resp, ("end", "error"))
     await resp.write_eof()
     return resp
+
+
+async def _pass_on(f: Any, path: Path, resp: web.StreamResponse, ends: tuple[str, ...]
+                   ) -> None:
+    """The frames written to `path` (open as `f`) to `resp` as they come, until one whose
+    kind is in `ends`, bytes that aren't frames, or the file's removal (its hand-over
+    ended here: the reader sees the frames end early)."""
+    reader = Reader(keep=False)
+    while True:
+        data = f.read(1 << 20)
+        if data:
+            await resp.write(data)
+            try:
+                if any(h["kind"] in ends for h, _ in reader.feed(data)):
+                    return
+            except FrameError:
+                return
+        elif not path.exists():
+            return
+        else:
+            await asyncio.sleep(one.POLL_S)
 
 
 def _json(body: dict[str, Any]) -> bytes:
@@ -386,7 +394,6 @@ async def export(request: web.Request, node: Any, cluster: Any) -> web.StreamRes
     path = folder / name
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     await resp.prepare(request)
-    reader = Reader(keep=False)
     try:
         waited = time.monotonic()
         while not path.exists():  # its plan may not have reached this rank yet (the
@@ -395,17 +402,7 @@ async def export(request: web.Request, node: Any, cluster: Any) -> web.StreamRes
                 await resp.write_eof()
                 return resp
         with path.open("rb") as f:
-            while True:
-                data = f.read(1 << 20)
-                if not data:
-                    await asyncio.sleep(one.POLL_S)
-                    continue
-                await resp.write(data)
-                try:
-                    if any(h["kind"] in (RANK_END, "error") for h, _ in reader.feed(data)):
-                        break
-                except FrameError:
-                    break
+            await _pass_on(f, path, resp, (RANK_END, "error"))
     finally:
         _gone(path)
     await resp.write_eof()

@@ -24,11 +24,17 @@ ADOPT_WAIT_S = 120.0  # rank 0's request waits this long for its plan (a busy gr
 Pick = Callable[[int, list[Any]], "list[Any] | None"]
 
 
-def frames_name(job: Any) -> str:
-    """The frames' file in a node's hand-over folder; `job` comes from rank 0's plan."""
+def job_file(job: Any, kind: str = "g") -> str:
+    """A hand-over's frames file in a node's hand-over folder: "g" a copy a group takes in
+    (`job` from rank 0's plan), "p" a rank's prefill for another node (group/export.py);
+    a 400 for a number that isn't one (it comes from another node)."""
     if type(job) is not int or not 0 <= job < 1 << 31:
         raise BadRequest(f"No hand-over is numbered {str(job)[:20]}.")
-    return f"g{job}.frames"
+    return f"{kind}{job}.frames"
+
+
+def frames_name(job: Any) -> str:
+    return job_file(job, "g")
 
 
 @dataclass

@@ -13,16 +13,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from engine.errors import BadRequest
-
 RANK_END = "rank_end"
 
 
 def export_name(job: Any) -> str:
     """A rank's frames for export `job` in its node's hand-over folder."""
-    if type(job) is not int or not 0 <= job < 1 << 31:
-        raise BadRequest(f"No hand-over is numbered {str(job)[:20]}.")
-    return f"p{job}.frames"
+    from engine.runtime.group.adopt import job_file
+    return job_file(job, "p")
 
 
 def refusal(cache: list[Any]) -> str | None:
