@@ -304,6 +304,7 @@ class ServingInfo(Record):
     strategy: str = "single"  # single | pipeline | tensor
     nodes: list[str] = field(default_factory=list)  # its ranks' node ids, rank 0 first
     ready: bool = False  # loaded and answering (not loading, failing or stopping)
+    loading: bool = False  # loading it now: a request sent there waits for the load
     running: int = 0  # requests generating
     waiting: int = 0  # requests waiting for a turn
     streams: int = 1  # requests it runs at once

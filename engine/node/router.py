@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.errors import Busy
 from engine.node.routing import Replica, choose, name_key, same_name, whole
-from engine.records import ReplicaInfo, ReplicasInfo, RunnerReady, ServingInfo
+from engine.records import ReplicaInfo, ReplicasInfo, RunnerLoading, RunnerReady, ServingInfo
 
 log = logging.getLogger(__name__)
 # longer than a peer poll (2 s): by then every node's view of a stopped copy is fresh
@@ -41,7 +41,9 @@ class Router:
             else None
         ready = w.alive and isinstance(node.runner, RunnerReady) \
             and node.runner.model == w.model_id
+        loading = isinstance(node.runner, RunnerLoading) and node.runner.model == w.model_id
         if inst is not None:
+            loading = inst.state == "starting" or (loading and inst.state == "ready")
             ready = ready and inst.state == "ready"
             nodes = [r.node for r in inst.ranks]
         else:
@@ -49,6 +51,7 @@ class Router:
         plan = getattr(node, "prefill", None)
         return ServingInfo(w.model_id, inst.id if inst else None,
                            inst.strategy if inst else "single", nodes, bool(ready),
+                           bool(loading) and not ready,
                            w.in_flight if w.alive else 0, w.waiting if w.alive else 0,
                            node.max_streams, plan.node if plan is not None else None)
 
@@ -75,18 +78,22 @@ class Router:
         mine = w.model_id if w is not None and w.alive else None
         return same_name(model, self.names(), prefer=mine)
 
-    def replicas(self, model: str) -> list[Replica]:
+    def replicas(self, model: str, loading: bool = False) -> list[Replica]:
         """Every ready replica of `model` (under any of its names) this node can send a
-        request to now."""
+        request to now; with `loading`, the copies loading it instead."""
         out, key = [], name_key(model)
+
+        def fits(s: ServingInfo) -> bool:
+            return isinstance(s.model, str) and name_key(s.model) == key \
+                and (s.loading if loading else s.ready) is True
+
         mine = self.serving()
-        if mine is not None and name_key(mine.model) == key and mine.ready:
+        if mine is not None and fits(mine):
             out.append(self._replica(mine, self.cluster.id, None, self.cluster.name))
         theirs = [(p, p.info.serving) for p in self.cluster.peers.all()
                   if p.trusted and p.reachable and p.info and p.info.serving and p.id]
         for p, s in theirs:
-            if isinstance(s.model, str) and name_key(s.model) == key and s.ready is True \
-                    and not self._just_stopped(p.id, key):
+            if fits(s) and not self._just_stopped(p.id, key):
                 out.append(self._replica(s, p.id, p.url, p.name or p.id))
         # a node that prefills for another copy decodes nothing itself
         prefilling = {s.prefill for s in [mine] + [s for _, s in theirs]
@@ -127,9 +134,10 @@ class Router:
 
     def choose(self, model: str, key: Callable[[], str | None] | None) -> Replica | None:
         """The replica for a request for `model` (`key` gives its conversation's key,
-        worked out only where there is a choice); None where none runs (the caller loads
-        the model here, as a node alone does)."""
-        found = self.replicas(model)
+        worked out only where there is a choice): a ready one, else one loading it (the
+        request waits there rather than load another copy here); None where none runs
+        (the caller loads the model here, as a node alone does)."""
+        found = self.replicas(model) or self.replicas(model, loading=True)
         if not found:
             return None
         r, why = choose(key() if key is not None and len(found) > 1 else None, found)
