@@ -298,7 +298,7 @@ class ServingInfo(Record):
     """What a node's worker answers requests for (NodeInfo.serving): one replica of
     `model`, the node alone or a group it owns, and its load, which peers route by
     (engine/node/routing.py)."""
-    optional = ("instance", "prefill")
+    optional = ("instance", "prefill", "engine")
     model: str
     instance: str | None = None  # the group's id where this node owns a distributed instance
     strategy: str = "single"  # single | pipeline | tensor
@@ -309,6 +309,7 @@ class ServingInfo(Record):
     waiting: int = 0  # requests waiting for a turn
     streams: int = 1  # requests it runs at once
     prefill: str | None = None  # the node that prefills its long prompts (engine/node/handover.py)
+    engine: str | None = None  # "llamacpp" where llama.cpp runs it (None: MLX)
 
 
 @dataclass(frozen=True)
@@ -482,13 +483,14 @@ class RunnerLoading(RunnerState):
 
 @dataclass(frozen=True)
 class RunnerReady(RunnerState):
-    optional = ("capabilities",)
+    optional = ("capabilities", "engine")
     kind = "Ready"
     model: str
     context_length: int
     pid: int
     generating: bool = False
     capabilities: list[str] | None = None  # "generate", "vision", "embed", "rerank"
+    engine: str | None = None  # "llamacpp" where llama.cpp runs it (None: MLX)
 
 
 @dataclass(frozen=True)

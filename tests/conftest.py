@@ -14,6 +14,9 @@ import pytest
 os.environ["SHOAL_MDNS"] = "off"
 os.environ["SHOAL_CLUSTER_HOST"] = "127.0.0.1"  # and open no port beyond loopback
 os.environ["SHOAL_CALIBRATE"] = "0"  # a second of full CPU per node start; tests opt in
+# Nodes serve on MLX, which the suite's exact comparisons are about; the llama.cpp engine's
+# tests opt in (tests/engine/runtime/test_llamacpp_engine.py)
+os.environ["SHOAL_CPU_ENGINE"] = "mlx"
 sys.path.insert(0, str(Path(__file__).parent))
 from nodes import NodeProcess, home_with  # noqa: E402
 from tiny import make_tiny_model  # noqa: E402

@@ -35,6 +35,7 @@ from engine.hub.gguf_arch import (
 )
 from engine.hub.gguf_quants import SUPPORTED_TYPES
 from engine.hub.gguf_reader import GGUFHeader, read_header
+from engine.hub.gguf_source import keep_source
 from engine.hub.gguf_tokenizer import build_tokenizer
 from engine.hub.gguf_weights import Planned, quantization, report, save_weights
 
@@ -91,6 +92,7 @@ def import_gguf(path: Path, dest_root: Path, name: str | None = None, *,
         (tmp / "tokenizer.json").write_text(tokenizer.tokenizer_json, encoding="utf-8")
         _write_json(tmp / "tokenizer_config.json", tokenizer.config)
         _check_loads(tmp, path.name)
+        keep_source(path, tmp)  # what llama.cpp serves on a CPU node
         _replace(tmp, dest, overwrite)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -86,7 +86,8 @@ def describe(model: str, path: Path) -> Found:
         config, files = {}, []
     caps = capabilities(config if isinstance(config, dict) else {},
                         frozenset(p.name for p in files), f"{model} {path.name}")
-    return Found(model, path, caps, sum(p.stat().st_size for p in files))
+    from engine.hub.gguf_source import NAME  # (a link to the file it came from)
+    return Found(model, path, caps, sum(p.stat().st_size for p in files if p.name != NAME))
 
 
 class Beside:
@@ -196,7 +197,9 @@ class Beside:
     def node_size(self, model: str, path: Path | None = None) -> int:
         try:
             folder = path or self.workers[model].model_path
-            return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+            from engine.hub.gguf_source import NAME  # (a link to the file it came from)
+            return sum(p.stat().st_size for p in folder.iterdir()
+                       if p.is_file() and p.name != NAME)
         except (OSError, KeyError):
             return 0
 

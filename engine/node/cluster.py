@@ -21,7 +21,7 @@ from typing import Any
 
 from engine import __version__
 from engine.api.common import parse
-from engine.errors import ShoalError
+from engine.errors import BadRequest, ShoalError
 from engine.node.facts import Facts, capped
 from engine.node.followers import Followers
 from engine.node.group_start import WATCH_S, follower_state, peer_record, start_ranks
@@ -189,10 +189,15 @@ class Cluster:
             choose_lanes(req.lanes, "pipeline", [self.host], 1, 1)  # one process: one batch
             await self.healer.undo(healed, req.model)
             await self.stop_instance(REPLACED)
-            await self.node.start_worker(req.model, path, kv_bits=req.kv(None))
+            await self.node.start_worker(req.model, path, kv_bits=req.kv(None),
+                                         engine=req.engine, handover=prefill is not None)
             self.node.prefill = prefill
             return InstanceInfo(None, req.model, "single", InstanceState.READY, None,
                                 [RankInfo(0, self.id)], kv_bits=req.kv(None) or 16)
+        if req.engine == "llamacpp":
+            raise BadRequest("'engine': llama.cpp serves a model one node holds alone; a "
+                             "group runs on MLX. Leave 'engine' out, or launch on one node.",
+                             param="engine")
         rdma = rdma_matrix(ranks, req.backend, self._platforms(ranks)) \
             if req.backend != "ring" else None
         check_placement(inputs["model_config"], req.strategy, ranks)
@@ -238,7 +243,6 @@ class Cluster:
         """The launch's prefill node (engine/node/handover.py), checked: a trusted member
         outside the instance (a group's too: engine/node/handover_group.py, where it
         batches); the model started there where it isn't already (_start_prefill_node)."""
-        from engine.errors import BadRequest
         from engine.node.handover import MIN_TOKENS, PrefillNode
         from engine.placement.families import batching_refusal
         if req.prefill is None:
@@ -265,12 +269,16 @@ class Cluster:
         """The model started alone on the launch's prefill node `peer`, where it isn't
         already (with this launch's KV bits: the two sides' KV must match); one that
         serves another model now is left as it is, and the launch refused, saying so."""
-        from engine.errors import BadRequest
         # asked now, not from the last poll: a launch there a moment ago must count
         info = await peer_record(NodeInfo, self.peers, peer.url, "GET", "/shoal/node")
         serving = info.serving
         if serving is not None and serving.model == req.model \
                 and serving.strategy in ("single", "pipeline"):  # (a group: it owns it)
+            if serving.engine == "llamacpp":
+                raise BadRequest(f"The prefill node ({peer.name}) serves {req.model[:80]} "
+                                 "through llama.cpp, which can't hand its KV over: launch "
+                                 "it there with \"engine\": \"mlx\", or name another "
+                                 "prefill node.", param="prefill")
             return
         if any(f.state not in ENDED for f in info.followers):
             owner = next((p.name for p in self.peers.all() if p.info and p.info.serving
@@ -284,7 +292,7 @@ class Cluster:
         log.info("starting %s on %s to prefill for this node", req.model, peer.name)
         await peer_record(InstanceInfo, self.peers, peer.url, "POST", "/shoal/instances",
                           {"model": req.model, "nodes": [{"node": "self"}],
-                           "kv_bits": req.kv_bits}, timeout=900)
+                           "kv_bits": req.kv_bits, "engine": "mlx"}, timeout=900)
 
     def _platforms(self, ranks: list[Rank]) -> dict[str, PlatformReport | None]:
         """Each rank node's platform report (Thunderbolt, RDMA), for jaccl's devices."""

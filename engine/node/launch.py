@@ -62,6 +62,8 @@ class LaunchRequest(Strict):
     # how long a prompt's uncached part must be for that (engine/node/handover.py)
     prefill: str | None = None
     prefill_min: StrictInt | None = Field(default=None, ge=1)
+    # what runs a model one node serves alone (engine/node/cpu_engine.py)
+    engine: Literal["auto", "mlx", "llamacpp"] = "auto"
 
     @field_validator("lanes", mode="before")
     @classmethod
@@ -79,8 +81,9 @@ class LaunchRequest(Strict):
     def body(self, nodes: list[NodeRef] | None = None) -> dict[str, Any]:
         """As JSON, for the node a launch is handed over to."""
         out = self.model_dump(exclude_none=True)
-        if out.get("replicas") == 1:  # one copy: the body an older node reads too
-            del out["replicas"]
+        for name, default in (("replicas", 1), ("engine", "auto")):
+            if out.get(name) == default:  # the body an older node reads too
+                del out[name]
         if nodes is not None:
             out["nodes"] = [n.model_dump(exclude_none=True) for n in nodes]
         return out

@@ -53,7 +53,8 @@ class Router:
                            inst.strategy if inst else "single", nodes, bool(ready),
                            bool(loading) and not ready,
                            w.in_flight if w.alive else 0, w.waiting if w.alive else 0,
-                           node.max_streams, plan.node if plan is not None else None)
+                           node.max_streams, plan.node if plan is not None else None,
+                           "llamacpp" if getattr(w, "engine", "mlx") == "llamacpp" else None)
 
     # --- the replicas ---------------------------------------------------------------------
     def names(self) -> list[str]:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -205,12 +206,14 @@ class Node:
 
     async def start_worker(self, model_id: str, path: Path,
                            dist_config: Path | None = None,
-                           kv_bits: int | None = None) -> WorkerHandle:
+                           kv_bits: int | None = None, engine: str = "auto",
+                           handover: bool = False) -> WorkerHandle:
         """Start (replacing any current one) the worker this node serves requests with;
         `kv_bits` quantizes the KV of one that serves alone (a group's ranks read theirs
-        from the config)."""
+        from the config); `engine` and `handover` choose what runs it
+        (engine/node/cpu_engine.py)."""
         async with self._load_lock:
-            return await self._start(model_id, path, dist_config, kv_bits)
+            return await self._start(model_id, path, dist_config, kv_bits, engine, handover)
 
     def rank_flags(self) -> tuple[str, ...]:
         """The flags of a rank this node runs for another node's group (its own memory
@@ -236,9 +239,16 @@ class Node:
         return tuple(out)
 
     async def _start(self, model_id: str, path: Path, dist_config: Path | None,
-                     kv_bits: int | None = None) -> WorkerHandle:
+                     kv_bits: int | None = None, engine: str = "auto",
+                     handover: bool = False) -> WorkerHandle:
+        from engine.node.cpu_engine import choose
+        plan = self.prefill  # a prefill node's KV comes in through MLX's cache
+        handover = handover or (plan is not None and getattr(plan, "model", None) == model_id)
         try:  # refused before the running worker is stopped
             await self.check_model(path)
+            engine = "mlx" if dist_config is not None else await asyncio.to_thread(
+                choose, engine, path, kv_bits=kv_bits,
+                drafting="--draft-model" in self.worker_args, handover=handover)
         except ShoalError as e:
             if self.worker is None or not self.worker.alive:
                 self._set(RunnerFailed(model_id, e.message))  # the status says why
@@ -252,7 +262,9 @@ class Node:
                          self._on_worker_event, self.token_timeout, dist_config=dist_config,
                          streams=self.max_streams, queue_wait_s=self.queue_wait_s,
                          worker_args=self.worker_args + self._worker_flags(
-                             model_id, kv_bits, group=dist_config is not None))
+                             model_id, kv_bits, group=dist_config is not None)
+                         + (("--engine", engine) if engine != "mlx" else ()))
+        w.engine = engine
         w.metrics = self.metrics
         if dist_config is not None:
             w.fail_hint = lambda: self.heal_hint(model_id)
@@ -263,7 +275,8 @@ class Node:
             self._set(RunnerFailed(model_id, e.message))
             raise
         self._set(RunnerReady(model_id, ready.context_length, ready.pid,
-                              capabilities=list(ready.capabilities)))
+                              capabilities=list(ready.capabilities),
+                              engine=engine if engine != "mlx" else None))
         log.info("model %s ready in %.1f s (worker pid %s)", model_id, ready.load_s, ready.pid)
         return w
 
@@ -328,8 +341,7 @@ class Node:
         self._used = time.monotonic()
         r = self.runner
         if isinstance(r, RunnerReady):
-            self._set(RunnerReady(r.model, r.context_length, r.pid, generating=busy,
-                                  capabilities=r.capabilities))
+            self._set(replace(r, generating=busy))
 
     async def unload(self, idle: RunnerIdle | None = None) -> None:
         async with self._load_lock:

@@ -60,6 +60,7 @@ class WorkerHandle:
         self.model_id = model_id
         self.worker_args = worker_args  # e.g. the node's drafting flags
         self.dist_config = dist_config
+        self.engine = "mlx"  # or "llamacpp" (engine/node/cpu_engine.py)
         self.model_path = model_path
         self.ready: Ready | None = None  # the worker's ready message, once loaded
         self.log_path = log_path

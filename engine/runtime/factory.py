@@ -21,6 +21,9 @@ def make_engine(model_dir: str, args: Any, emit: Emit) -> Engine:
     if getattr(args, "dist", None) is not None:
         from engine.runtime.group.rank import load_rank
         return load_rank(model_dir, args, emit)
+    if getattr(args, "engine", "mlx") == "llamacpp":  # a CPU node's text model
+        from engine.runtime.llamacpp import load_engine as load_llamacpp
+        return load_llamacpp(model_dir, args, emit)
     does = _capabilities(Path(model_dir), getattr(args, "model_id", "") or "")
     if "generate" not in does and ("embed" in does or "rerank" in does):
         from engine.runtime.embedding import load_engine as load_embedding

@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                         " what Metal may wire on a Mac, what the OS has available elsewhere)")
     p.add_argument("--context-limit", type=int, default=None, metavar="TOKENS",
                    help="serve less context than the model declares (the user's limit)")
+    p.add_argument("--engine", choices=("mlx", "llamacpp"), default="mlx",
+                   help="what runs a model served alone: MLX, or llama.cpp from the GGUF "
+                        "file it was imported from (engine/node/cpu_engine.py chooses)")
     p.add_argument("--kv-bits", type=int, default=None, choices=(4, 8),
                    help="quantize the KV cache to 8 or 4 bits (default: the model's 16; "
                         "a group takes its ranks' from --dist)")
