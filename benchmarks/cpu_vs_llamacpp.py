@@ -1,16 +1,17 @@
 """Benchmark: a Linux CPU node against llama.cpp on the same GGUF and the same core (issue 51).
 
-The bundled SmolLM2-135M-Instruct (Q4_1 GGUF): llama.cpp (llama-cpp-python, run by its own
-interpreter, one thread) and a real `shoal node` (one BLAS thread), both pinned to one core,
-one after the other in the same run, on the same token ids. Then the weight formats Shoal
-can run on the CPU, in-process with a worker's environment. Prefill tokens/s is the prompt's
-length over its time to first token; decode tokens/s counts the tokens after the first.
+The bundled SmolLM2-135M-Instruct (Q4_1 GGUF), all pinned to one core, one thread each, on
+the same token ids, interleaved in one run: llama.cpp itself (xllamacpp's server in its own
+interpreter, driven directly), a real `shoal node` serving it through its llama.cpp engine
+(engine/runtime/llamacpp.py, what a Linux CPU node runs by default), and one serving it on
+MLX (SHOAL_CPU_ENGINE=mlx: the weights unpacked to float32 for OpenBLAS). Then, optionally,
+the weight formats MLX can run on the CPU, in-process with a worker's environment. Prefill
+tokens/s is the prompt's length over its time to first token; decode tokens/s counts the
+tokens after the first.
 
-llama.cpp stays out of Shoal's environment: install it into a scratch venv and name it,
-    python -m venv /tmp/llama && CMAKE_BUILD_PARALLEL_LEVEL=1 /tmp/llama/bin/pip install \
-        llama-cpp-python
-    .venv/bin/python benchmarks/cpu_vs_llamacpp.py --llama-python /tmp/llama/bin/python
-Without it the script says so and exits 0. Not part of the test suite.
+    .venv/bin/python benchmarks/cpu_vs_llamacpp.py [--formats float32,8-bit]
+Without xllamacpp (scripts/setup installs it on Linux) it says so and exits 0. Not part of
+the test suite.
 """
 
 from __future__ import annotations
@@ -40,35 +41,38 @@ def token_ids(n: int, seed: int) -> list[int]:
 
 
 LLAMA = r"""
-import json, sys, time
-import numpy as np
-from llama_cpp import Llama
-import llama_cpp
-llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]) + 64, n_threads=1,
-            n_threads_batch=1, n_batch=512, verbose=False)
+import json, os, sys, tempfile, time
+import xllamacpp
+p = xllamacpp.CommonParams()
+p.model.path = sys.argv[1]
+p.hostnames = [os.path.join(tempfile.mkdtemp(), "s.sock")]
+p.n_ctx, p.verbosity = int(sys.argv[2]) + 64, 1
+p.cpuparams.n_threads = p.cpuparams_batch.n_threads = 1
+server = xllamacpp.Server(p)
 ids = lambda n, seed: [(i * 7919 + seed * 104729) % 40000 + 100 for i in range(n)]
-print(json.dumps({"version": llama_cpp.__version__}), flush=True)
+print(json.dumps({"version": xllamacpp.__version__}), flush=True)
 for line in sys.stdin:  # "prefill N SEED" or "decode N": one measurement a line
     what, n, *seed = line.split()
-    llm.reset()
-    if what == "prefill":
-        t = time.perf_counter(); llm.eval(ids(int(n), int(seed[0])))
-        print(json.dumps(int(n) / (time.perf_counter() - t)), flush=True)
-        continue
-    llm.eval(ids(32, 50)); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    times = []
+    body = {"prompt": ids(int(n), int(seed[0])) if what == "prefill" else ids(32, 50),
+            "n_predict": 1 if what == "prefill" else int(n), "temperature": 0,
+            "ignore_eos": True, "stream": True, "cache_prompt": False}
     t = time.perf_counter()
-    for _ in range(int(n)):
-        llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    print(json.dumps(int(n) / (time.perf_counter() - t)), flush=True)
+    server.handle_completions(body, lambda c: times.append(time.perf_counter()) and False
+                              if c.get("choices") and c["choices"][0].get("text") else False)
+    got = int(n) / (times[0] - t) if what == "prefill" else \
+        (len(times) - 1) / (times[-1] - times[0])
+    print(json.dumps(got), flush=True)
 """
 
 
 class LlamaCpp:
     """llama.cpp in its own interpreter, one thread, one measurement a request."""
 
-    def __init__(self, python: str, gguf: Path, longest: int):
-        self.p = subprocess.Popen([python, "-c", LLAMA, str(gguf), str(longest)], text=True,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    def __init__(self, gguf: Path, longest: int):
+        self.p = subprocess.Popen([sys.executable, "-c", LLAMA, str(gguf), str(longest)],
+                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL)
         self.version = self._ask(None)["version"]
 
     def _ask(self, line: str | None) -> Any:
@@ -171,21 +175,18 @@ def shoal_format(folder: Path, kind: str, n: int, decode: int, env: dict[str, st
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON", ""),
-                    help="an interpreter with llama-cpp-python (default: $LLAMA_PYTHON)")
-    ap.add_argument("--core", type=int, default=1, help="the one core both run on")
+    ap.add_argument("--core", type=int, default=1, help="the one core all run on")
     ap.add_argument("--sizes", default="512,4096", help="prompt lengths to prefill")
     ap.add_argument("--decode", type=int, default=128, help="tokens to decode")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--formats", default="float32,bfloat16,float16,8-bit,4-bit",
-                    help="weight formats to time in-process ('' for none)")
+    ap.add_argument("--formats", default="",
+                    help="MLX weight formats to time in-process, e.g. float32,bfloat16,"
+                         "float16,8-bit,4-bit (default: none)")
     a = ap.parse_args()
-    python = a.llama_python or shutil.which("python3") or ""
-    probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True) \
-        if python else None
-    if probe is None or probe.returncode != 0:
-        print("skipped: llama.cpp isn't installed. Install llama-cpp-python into a scratch "
-              "venv and pass --llama-python PATH (see this file's docstring).")
+    import importlib.util
+    if importlib.util.find_spec("xllamacpp") is None:
+        print("skipped: llama.cpp (xllamacpp) isn't installed; scripts/setup installs it "
+              "on Linux")
         return 0
     from engine.hub.bundled import DEFAULT_MODEL_ID, bundled_gguf, ensure_default_model
     from engine.platform.cpu import worker_env
@@ -202,12 +203,13 @@ def main() -> int:
         folder = ensure_default_model(tmp / "home" / "models")
         print(f"{gguf.name}, core {a.core} only, 1 thread each; prompts {sizes} tokens, "
               f"{a.decode} tokens decoded\n")
-        engines: dict[str, Any] = {"llama.cpp": LlamaCpp(python, gguf, max(sizes))}
-        for name, on in (("Shoal node", "1"), ("Shoal node, MLX's own attention", "0")):
-            home = tmp / f"home-{on}"  # a models folder each: no shared prefix cache
+        engines: dict[str, Any] = {"llama.cpp": LlamaCpp(gguf, max(sizes))}
+        for name, engine in (("Shoal node, llama.cpp engine", "auto"),
+                             ("Shoal node, MLX", "mlx")):
+            home = tmp / f"home-{engine}"  # a models folder each: no shared prefix cache
             shutil.copytree(tmp / "home" / "models", home / "models")
             engines[name] = ShoalNode(home, DEFAULT_MODEL_ID,
-                                      {**env, "SHOAL_CPU_ATTENTION": on})
+                                      {**env, "SHOAL_CPU_ENGINE": engine})
         rows: dict[str, dict[str, list[float]]] = {name: {} for name in engines}
         try:
             for e in engines.values():  # warm-up
@@ -224,7 +226,7 @@ def main() -> int:
                 e.close()
         med = {name: {k: statistics.median(v) for k, v in r.items()}
                for name, r in rows.items()}
-        print(f"| engine (llama-cpp-python {engines['llama.cpp'].version}, median of "
+        print(f"| engine (xllamacpp {engines['llama.cpp'].version}, median of "
               f"{a.rounds}) | " + " | ".join(f"prefill {n} tok/s" for n in sizes)
               + " | decode tok/s |")
         print("|---" * (len(sizes) + 2) + "|")

@@ -33,7 +33,7 @@ from engine.errors import BadRequest, ShoalError
 from engine.protocol import GenerateRequest, Loading
 from engine.runtime.engine import Emit, Engine
 from engine.runtime.generate import Record, decode_tps
-from engine.runtime.llamacpp_body import body
+from engine.runtime.llamacpp_body import body, refuse
 from engine.runtime.sampling import Sampling
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class LlamaCppEngine(Engine):
             raise BadRequest("'prompt_logprobs' can't be served by this node's llama.cpp "
                              "engine. Leave it out, or serve the model with MLX (launch it "
                              "with \"engine\": \"mlx\").", param="prompt_logprobs")
+        refuse(request.sampling)  # before the answer starts: a stream's 400 too
         run(rid, request, None, self.tokenizer, self.context_length, self.stream, cancel,
             emit, self.limit)
 

@@ -23,8 +23,9 @@ REFUSED = (
 WINDOW = 20
 
 
-def refuse(sampling: Sampling) -> None:
-    """A 400 naming the first field llama.cpp can't honour."""
+def refuse(sampling: Any) -> None:
+    """A 400 naming the first field llama.cpp can't honour (of a Sampling or the
+    request's SamplingRequest)."""
     for name, what in REFUSED:
         if getattr(sampling, name):
             raise BadRequest(f"'{name}' ({what}) can't be served by this node's llama.cpp "

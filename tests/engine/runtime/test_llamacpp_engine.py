@@ -135,14 +135,39 @@ def test_seed_stop_logprobs_and_schema_are_honoured(node: NodeProcess) -> None:
     assert set(answer) == {"river", "km"} and isinstance(answer["km"], int)
 
 
+def test_a_forced_tool_call_and_a_repeated_prompt(node: NodeProcess) -> None:
+    """An agent's two staples: a forced tool call comes back as a call with arguments of
+    its schema (the constraint is llama.cpp's grammar), and a prompt asked again finds its
+    tokens in llama.cpp's slot cache, as the usage says."""
+    tool = {"type": "function", "function": {
+        "name": "river_length", "description": "The length of a river in km.",
+        "parameters": {"type": "object", "properties": {"river": {"type": "string"}},
+                       "required": ["river"]}}}
+    r = chat(node, max_tokens=40, tools=[tool],
+             tool_choice={"type": "function", "function": {"name": "river_length"}})
+    assert r.status_code == 200, r.text
+    msg = r.json()["choices"][0]
+    assert msg["finish_reason"] == "tool_calls", msg
+    call = msg["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "river_length" and "river" in json.loads(call["arguments"])
+
+    long = [{"role": "system", "content": "You know rivers. " * 60}, *CHAT]
+    first = chat(node, messages=long, max_tokens=4).json()["usage"]
+    again = chat(node, messages=long, max_tokens=4).json()["usage"]
+    # (the first may find the chat template's first few tokens in a slot)
+    assert (first.get("prompt_tokens_details") or {}).get("cached_tokens", 0) < 16
+    assert again["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 8
+
+
 @pytest.mark.parametrize("field,value", [("min_tokens", 5), ("bad_words", ["river"]),
                                          ("allowed_token_ids", [1, 2]),
                                          ("prompt_logprobs", 1)])
 def test_what_llamacpp_cant_do_is_refused_by_name(node, field, value) -> None:
-    r = chat(node, max_tokens=4, **{field: value})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["param"] == field and "llama.cpp" in err["message"]
+    for stream in (False, True):  # a stream is refused before it starts, as a 400
+        r = chat(node, max_tokens=4, stream=stream, **{field: value})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == field and "llama.cpp" in err["message"]
     assert chat(node, max_tokens=2).status_code == 200  # and the node serves on
 
 
@@ -167,7 +192,10 @@ def test_a_client_that_leaves_frees_its_slot(node: NodeProcess) -> None:
     assert out == [200, 200] and time.monotonic() - t0 < 60
 
 
-def test_two_streams_answer_as_alone(node: NodeProcess) -> None:
+def test_two_streams_answer_together(node: NodeProcess) -> None:
+    """llama.cpp's batch of two isn't bit for bit its batch of one (its sums run in
+    another order), so a greedy answer may part from the lone one after a while: each
+    starts as alone and both finish."""
     asks = ["Name three rivers in Europe.", "What is the capital of France?"]
 
     def one(q: str) -> str:
@@ -184,7 +212,8 @@ def test_two_streams_answer_as_alone(node: NodeProcess) -> None:
         t.start()
     for t in threads:
         t.join(120)
-    assert [together[0], together[1]] == alone
+    for i in range(2):
+        assert together[i][:24] == alone[i][:24], (together, alone)
 
 
 def test_a_prompt_beyond_the_context_is_the_clients_400(node: NodeProcess) -> None:
