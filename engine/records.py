@@ -208,7 +208,7 @@ class MemoryInfo(Record):
 class MachineInfo(Record):
     """A machine: its chip, OS, GPU, MLX and memory (engine/telemetry/memory.py)."""
     singles = {"memory": MemoryInfo, "nvidia": NvidiaReport}
-    optional = ("nvidia",)
+    optional = ("nvidia", "cpu_engine")
     chip: str | None = None  # "Apple M3 Ultra", "AMD EPYC 7763 64-Core Processor"
     os_name: str = ""  # "macOS", "Ubuntu 22.04.4 LTS"
     os_version: str = ""  # "26.2", kernel release on Linux
@@ -217,6 +217,8 @@ class MachineInfo(Record):
     mlx_backend: str | None = None  # "metal" | "cuda" | "cpu" | None (mlx unusable)
     memory: MemoryInfo = field(default_factory=MemoryInfo)
     nvidia: NvidiaReport | None = None  # Linux: nvidia-smi's GPUs, or why there are none
+    # "llamacpp" where a GGUF import served alone runs on llama.cpp (engine/node/cpu_engine.py)
+    cpu_engine: str | None = None
 
 
 @dataclass(frozen=True)

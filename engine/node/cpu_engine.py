@@ -39,6 +39,14 @@ def installed() -> bool:
         and ctypes.util.find_library("gomp") is not None
 
 
+def gguf_engine() -> str | None:
+    """"llamacpp" where this node serves a GGUF import alone on llama.cpp by default (the
+    planner counts its weights as the file has them), else None."""
+    if node_default() == "mlx" or not mlx_on_cpu() or not installed():
+        return None
+    return "llamacpp"
+
+
 def choose(asked: str, folder: Path, *, kv_bits: int | None = None,
            drafting: bool = False, handover: bool = False) -> str:
     """"mlx" or "llamacpp" for a model served alone from `folder`, as `asked` ("auto"

@@ -46,6 +46,7 @@ class PlanNode(TypedDict, total=False):
     has_model: bool
     rdma: bool
     mlx_backend: str | None
+    cpu_engine: str | None  # "llamacpp": it serves GGUF imports alone on llama.cpp
     memory_bandwidth_Bps: float  # a file's figures, over the chip's table
     compute_flops: float
     watts: float
@@ -108,7 +109,7 @@ def planner_node(info: NodeInfo) -> PlanNode:
             "memory_usable_bytes": machine.memory.available_bytes,
             "memory_bytes": machine.memory.total_bytes, "chip": machine.chip,
             "models": info.models, "rdma": bool(rdma),
-            "mlx_backend": machine.mlx_backend,
+            "mlx_backend": machine.mlx_backend, "cpu_engine": machine.cpu_engine,
             "measured_bandwidth_Bps": speed.memory_bandwidth_Bps,
             "measured_flops": speed.compute_flops,
             "measured_attention_flops": speed.attention_flops,
@@ -283,6 +284,7 @@ def _node_from_info(i: int, info: PlanNode, model_name: str | None,
                     float(info.get("measured_attention_flops") or 0.0),
                     prefill_flops=_widths(info.get("measured_prefill_flops")),
                     unpacks=info.get("mlx_backend") == "cpu",
+                    reads_gguf=info.get("cpu_engine") == "llamacpp",
                     watts=float(info.get("watts") or info.get("measured_watts")
                                 or (prof or {}).get("max_power_w") or 0.0),
                     guessed=guessed)

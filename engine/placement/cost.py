@@ -93,6 +93,9 @@ def _bpp(r: _Rates, node: NodeSpec, layers: tuple[int, int], shards: int) -> flo
     float32 where that copy fits in half its memory (engine/platform/cpu.py), else the
     checkpoint's."""
     bpp = r.model.bytes_per_param
+    if node.reads_gguf and r.model.gguf and shards == 1 \
+            and layers == (0, r.model.layers):  # alone: llama.cpp reads the file as it is
+        return bpp
     if node.unpacks and bpp < 4:
         s, e = layers
         if (r.t.weights[e] - r.t.weights[s]) / shards * 4 <= node.memory_bytes / 2:

@@ -57,6 +57,9 @@ class NodeSpec:
     prefill_flops: tuple[tuple[int, float], ...] = ()
     # MLX runs on its CPU: quantized weights are unpacked to float32 where they fit
     unpacks: bool = False
+    # serves a GGUF import alone on llama.cpp, its weights as the file has them
+    # (engine/node/cpu_engine.py): no unpacking to float32
+    reads_gguf: bool = False
     # watts it draws running a model: measured while it served, else the catalogued
     # maximum (an upper bound); 0: unknown
     watts: float = 0.0
@@ -106,6 +109,7 @@ class ModelSpec:
     model_type: str = ""
     shardable: bool = True
     kv_bytes: float = 2  # per value: the activation dtype, or quantized (kv_value_bytes)
+    gguf: bool = False  # imported from a GGUF file, which llama.cpp reads as it is
     _raw: tuple[float, float] = field(default=(0.0, 0.0), init=False, repr=False,
                                       compare=False)
 
@@ -275,7 +279,8 @@ class ModelSpec:
                    vocab=num("vocab_size"), bytes_per_param=bytes_per_param,
                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                    context=planning_context(window), model_type=mtype,
-                   shardable=strategy_refusal(mtype, "tensor") is None, **extra)
+                   shardable=strategy_refusal(mtype, "tensor") is None,
+                   gguf=isinstance(config.get("shoal_import"), Mapping), **extra)
         if weight_bytes and weight_bytes > 0:  # the checkpoint's real size beats the format
             spec = spec.with_quantization(weight_bytes / spec.total_params)
         return spec

@@ -78,8 +78,10 @@ def test_lists_shoal_and_cache_models_and_skips_the_rest(models_dir: Path, hf_ca
     plain, imported, cached = models
     assert imported == LocalModel(
         id="tiny-Q4_1", path=models_dir / "tiny-Q4_1", source="shoal",
-        size_bytes=sum(p.stat().st_size for p in (models_dir / "tiny-Q4_1").iterdir()),
+        size_bytes=sum(p.stat().st_size for p in (models_dir / "tiny-Q4_1").iterdir()
+                       if p.name != "source.gguf"),  # a link to the file, not counted twice
         layers=2, quantization="4-bit (group 32)", model_type="llama", context_length=256)
+    assert (models_dir / "tiny-Q4_1" / "source.gguf").stat().st_nlink == 2  # (llama.cpp's)
     assert plain.quantization == "f32"
     assert cached.quantization == "bf16" and cached.model_type == "qwen2"
     assert cached.path == hf_cache / "models--tiny-org--tiny-qwen" / "snapshots" / REV
