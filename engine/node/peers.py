@@ -222,10 +222,12 @@ class Peers:
         except NotInCluster as e:
             if peer.trusted or peer.error is None:
                 log.warning("peer %s is not in this cluster: %s", url, e.message)
-            # an id refused as another node's is learned again next time
+            # its id is learned again next time, through the hello it must sign: a peer
+            # that took a new id (a copied state folder) refuses requests signed for the
+            # old one with an unsigned 401, which says nothing this node may trust, so
+            # keeping the old id would refuse it for good
             self._peers[url] = replace(peer, reachable=True, trusted=False, info=None,
-                                       last_seen=time.monotonic(),
-                                       id=None if e.code == "wrong_node" else peer.id,
+                                       last_seen=time.monotonic(), id=None,
                                        error=f"not in this cluster: {e.message}")
         except ShoalError as e:
             if peer.reachable:
