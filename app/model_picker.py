@@ -42,8 +42,8 @@ def loaded_state(model: str, status: dict[str, Any],
     runner = status.get("runner") or {}
     if runner.get("model") == model:
         progress = progress_of(runner)
-        if runner.get("type") == "Ready":
-            return "loaded"
+        if runner.get("type") == "Ready":  # (on llama.cpp: a Linux CPU node's GGUF model)
+            return "loaded on llama.cpp" if runner.get("engine") == "llamacpp" else "loaded"
         if runner.get("type") == "Loading":
             return "loading" + (f" {_percent(*progress)}" if progress else "")
         if runner.get("type") == "Preparing":

@@ -45,6 +45,10 @@ def test_the_picker_says_size_fit_and_loaded_state(qtbot):
     picker.set_status({"state": "idle", "model": "small", "runner": {
         "type": "Ready", "model": "small", "context_length": 8192, "pid": 1}})
     assert picker.detail("small") == "2.0 GB · fits this machine · loaded"
+    picker.set_status({"state": "idle", "model": "small", "runner": {
+        "type": "Ready", "model": "small", "context_length": 8192, "pid": 1,
+        "engine": "llamacpp"}})  # a Linux CPU node serving its GGUF
+    assert picker.detail("small") == "2.0 GB · fits this machine · loaded on llama.cpp"
 
 
 def test_the_chat_shows_the_load_and_what_the_node_has(qtbot, tiny_node, home):
