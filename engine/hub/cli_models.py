@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import Cancelled, ShoalError
+from engine.errors import BadRequest, Cancelled, ShoalError
 
 if TYPE_CHECKING:
     from engine.hub.token import TokenStore
@@ -178,8 +178,8 @@ def store_token(store: TokenStore, token: str,
     from engine.hub.token import mask
     token = token.strip()
     if not token:
-        raise ShoalError("No token given. Create one at "
-                         "https://huggingface.co/settings/tokens and paste it.")
+        raise BadRequest("No token given. Create one at "
+                         "https://huggingface.co/settings/tokens and paste it.", param="token")
     who = _whoami(token, note)
     store.set(token)
     return f"Token {mask(token)} stored in {store.where}" + \

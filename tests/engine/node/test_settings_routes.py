@@ -32,6 +32,7 @@ def test_the_secret_is_shown_and_rotated(node, monkeypatch):
 
 def test_an_empty_token_is_refused_and_nothing_is_stored(node, monkeypatch):
     monkeypatch.setenv("SHOAL_KEYRING", "0")
-    with pytest.raises(ShoalError, match="No token given"):
+    with pytest.raises(ShoalError, match="No token given") as refused:
         node.client.set_hf_token("  ")
+    assert refused.value.status == 400 and refused.value.param == "token"  # the client's
     assert TokenStore(node.home).get() is None
