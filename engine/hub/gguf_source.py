@@ -32,6 +32,12 @@ def gguf_source(folder: Path, bundled: Path | None = None) -> Path | None:
     return None
 
 
+def model_files(folder: Path) -> list[Path]:
+    """The folder's files, less the link to the GGUF it came from: the model's size counts
+    its weights once (OSError where the folder can't be read)."""
+    return [p for p in folder.iterdir() if p.is_file() and p.name != NAME]
+
+
 def keep_source(path: Path, folder: Path) -> None:
     """A hard link to the imported file in the folder (no copy: where it can't be linked,
     on another disk say, the folder is served by MLX alone)."""

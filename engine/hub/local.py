@@ -144,8 +144,8 @@ def _describe(folder: Path, model_id: str, source: Source) -> LocalModel | None:
         layers = config.get("num_hidden_layers", text.get("num_hidden_layers"))
         from engine.hub.checkpoint import model_context
         context = model_context(config)
-        from engine.hub.gguf_source import NAME  # (a link to the GGUF it came from)
-        files = [p for p in folder.iterdir() if p.is_file() and p.name != NAME]
+        from engine.hub.gguf_source import model_files
+        files = model_files(folder)
         size = sum(p.stat().st_size for p in files)
         from engine.modelconfig import capabilities
         return LocalModel(

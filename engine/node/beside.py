@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import BadRequest, Busy, ShoalError
+from engine.hub.gguf_source import model_files
 from engine.node.worker_handle import WorkerHandle
 from engine.paths import logs_dir
 from engine.records import RunnerFailed, RunnerLoading, RunnerReady, RunnerState
@@ -81,13 +82,12 @@ def describe(model: str, path: Path) -> Found:
     from engine.modelconfig import capabilities
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        files = [p for p in path.iterdir() if p.is_file()]
+        files = model_files(path)
     except (OSError, ValueError):
         config, files = {}, []
     caps = capabilities(config if isinstance(config, dict) else {},
                         frozenset(p.name for p in files), f"{model} {path.name}")
-    from engine.hub.gguf_source import NAME  # (a link to the file it came from)
-    return Found(model, path, caps, sum(p.stat().st_size for p in files if p.name != NAME))
+    return Found(model, path, caps, sum(p.stat().st_size for p in files))
 
 
 class Beside:
@@ -197,9 +197,7 @@ class Beside:
     def node_size(self, model: str, path: Path | None = None) -> int:
         try:
             folder = path or self.workers[model].model_path
-            from engine.hub.gguf_source import NAME  # (a link to the file it came from)
-            return sum(p.stat().st_size for p in folder.iterdir()
-                       if p.is_file() and p.name != NAME)
+            return sum(p.stat().st_size for p in model_files(folder))
         except (OSError, KeyError):
             return 0
 

@@ -90,13 +90,10 @@ class Cluster:
         mine = self.describe()
         facts = capped(self.facts.describe() if self.facts else Facts(),
                        self.node.memory_limit)
-        from engine.node.cpu_engine import gguf_engine
-        machine = replace(facts.machine, cpu_engine=gguf_engine()) \
-            if facts.machine is not None else None
         return NodeInfo(self.id, self.name, mine.instances, mine.followers, __version__,
                         mlx_version(), self.node.status().state,
                         [m.id for m in self.node.local_models()], self.links(),
-                        machine=machine, speed=facts.speed,
+                        machine=facts.machine, speed=facts.speed,
                         platform=facts.platform, power=facts.power, draft=self.draft,
                         serving=self.router.serving())
 

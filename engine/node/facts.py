@@ -50,7 +50,7 @@ class NodeFacts:
         while True:
             try:
                 if self.machine is None:
-                    self.machine = await asyncio.to_thread(machine_info)
+                    self.machine = await asyncio.to_thread(_machine, machine_info)
                     if self.home is not None and os.environ.get("SHOAL_CALIBRATE") != "0":
                         from engine.telemetry.calibrate import VERSION, calibration
                         key = (f"{self.machine.chip}|{self.machine.mlx_version}|"
@@ -83,6 +83,13 @@ class NodeFacts:
                 await self._task
         if self._sampler:
             await asyncio.to_thread(self._sampler.stop)
+
+
+def _machine(machine_info: Any) -> MachineInfo:
+    """The machine, with the engine its GGUF imports run on where that isn't MLX (the
+    planner reads it: engine/node/cpu_engine.py)."""
+    from engine.node.cpu_engine import gguf_engine
+    return replace(machine_info(), cpu_engine=gguf_engine())
 
 
 def capped(facts: Facts, limit: int | None) -> Facts:

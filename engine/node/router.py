@@ -54,7 +54,7 @@ class Router:
                            bool(loading) and not ready,
                            w.in_flight if w.alive else 0, w.waiting if w.alive else 0,
                            node.max_streams, plan.node if plan is not None else None,
-                           "llamacpp" if getattr(w, "engine", "mlx") == "llamacpp" else None)
+                           "llamacpp" if w.engine == "llamacpp" else None)
 
     # --- the replicas ---------------------------------------------------------------------
     def names(self) -> list[str]:
