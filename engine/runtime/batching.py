@@ -189,10 +189,7 @@ class Batcher(Streams):
             if not self._jobs:
                 continue
             try:
-                # the chunk size is read at each step (BatchGenerator keeps it public)
-                # (alone: no answer decodes yet, so none waits on a large chunk)
-                self._gen.prefill_step_size = self.chunker.size(
-                    alone=not len(self._gen._generation_batch))
+                self._plan_prefill()
                 with self._gen.stats() as st:
                     prompts, responses = self._gen.next()
                 self.chunker.took(st.prompt_tokens, st.prompt_time)
@@ -243,6 +240,21 @@ class Batcher(Streams):
             self._guard(responses)
             if self._held and finished:
                 self._admit_held()  # someone finished: room for those waiting?
+
+    def _plan_prefill(self) -> None:
+        """This step's prompt work (mlx-lm reads both fields at each step). A step
+        returns its decode tokens only after its prompt work, so while a prompt moves to
+        decoding, or waits for its first token, no new prompt joins: its first token
+        isn't held back by the next arrivals' prefill (a wave of 16 chat turns got every
+        first token after all 16 prefilled; now the first ones come as they are ready)."""
+        gen = self._gen
+        # alone: no answer decodes yet, so none waits on a large chunk
+        gen.prefill_step_size = self.chunker.size(alone=not len(gen._generation_batch))
+        current = gen._currently_processing  # [segments left, done, total] each
+        ending = any(len(c[0]) == 1 and len(c[0][0]) == 1 for c in current)
+        fresh = any(j.emitted == 0 for uid in gen._generation_batch.uids
+                    if (j := self._jobs.get(uid)) is not None)
+        gen.prefill_batch_size = len(current) if ending or fresh else self.streams
 
     def _fill_step(self) -> None:
         """One chunk of an image request's prefill; it joins the batch once done."""

@@ -169,3 +169,58 @@ def test_a_new_prompt_goes_in_within_a_few_decode_steps_of_a_running_batch(tiny)
         t.join(180)
     assert first.token is not None and all(c == 400 for c in counts)
     assert waited <= 16, f"the new prompt waited {waited} decode steps"
+
+
+def test_a_prompt_ready_to_answer_isnt_held_back_by_the_next_arrivals_prefill(tiny):
+    """Chat turns that arrive while another is moving to decoding (its prompt all in but
+    its last token): each step gives its decode tokens only after its prompt work, so
+    none joins until that one has its first token (before, the first turn's first token
+    came after the next arrivals had prefilled). Each arrival is timed from inside the
+    scheduler's step, so the moment is certain."""
+    import time
+
+    from engine.runtime.batching import Batcher
+    from engine.runtime.prefix import PrefixCache
+    from engine.runtime.sampling import Sampling
+
+    model, tok = tiny
+    gen = Batcher(model, tok, PrefixCache(0), 8)
+    got: list[list] = [[] for _ in range(4)]
+
+    def one(i: int) -> None:
+        for r in gen(model, tok, prompt_of(tok, f"Turn {i}: " + "tell me about tides. " * 6),
+                     Sampling(max_tokens=12, ignore_eos=True)):
+            got[i].append(r)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    pending = list(threads[1:])
+    steps: list[tuple[bool, int]] = []  # (one awaits its first token, prompts joined)
+    step = gen._gen.next
+
+    def awaiting() -> bool:
+        g = gen._gen
+        return any(len(c[0]) == 1 and len(c[0][0]) == 1 for c in g._currently_processing) \
+            or any(j.emitted == 0 for u in g._generation_batch.uids
+                   if (j := gen._jobs.get(u)) is not None)
+
+    def watched():
+        g = gen._gen
+        before, waiting = len(g._unprocessed_sequences), awaiting()
+        out = step()
+        steps.append((waiting, before - len(g._unprocessed_sequences)))
+        if pending and awaiting():  # the next turn arrives now
+            pending.pop(0).start()
+            deadline = time.monotonic() + 10
+            while gen._inbox.empty() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return out
+    gen._gen.next = watched
+    threads[0].start()
+    deadline = time.monotonic() + 60
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive()
+    assert all(len(g) == 12 for g in got)
+    assert sum(1 for w, _ in steps if w) >= 3  # every arrival came at such a moment
+    assert not [s for s in steps if s[0] and s[1]], steps
