@@ -36,6 +36,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from nodes import NodeProcess, start_cluster  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
+# one engine for every setup: a pipeline runs on MLX, so replicas do too (a Linux CPU node
+# alone takes llama.cpp for a GGUF import by default, engine/node/cpu_engine.py)
+os.environ.setdefault("SHOAL_CPU_ENGINE", "mlx")
 TOPICS = ["ferries", "herring", "lighthouses", "tides", "sea birds", "fog", "nets", "ice",
           "whales", "storms", "harbours", "sails", "knots", "maps", "stars", "winds"]
 SYSTEM = ("You answer questions about the harbour town of Kvalvik: its ferries, its fish "

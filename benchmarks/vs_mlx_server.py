@@ -35,6 +35,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from nodes import NodeProcess, free_port, home_with  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
+# the comparison is the same float32 weights and BLAS: Shoal's MLX engine, not the
+# llama.cpp one a Linux CPU node takes for a GGUF import by default (cpu_vs_llamacpp.py)
+os.environ.setdefault("SHOAL_CPU_ENGINE", "mlx")
 
 
 def float32_copy(src: Path, dest: Path) -> Path:
