@@ -372,6 +372,9 @@ class NodeInfo(Record):
     power: PowerInfo | None = None
     draft: DraftInfo | None = None
     serving: ServingInfo | None = None  # the replica it answers for, if any
+    # the conversations that replica served lately (their routing keys' first 16 hex
+    # digits, engine/node/router.py): peers send their later turns there. Members only.
+    conversations: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,9 @@ class NodeBackend:
         if request.get("caller") is None:
             chosen = router.choose(model, key)
             if chosen is not None:
-                if chosen.url is None:
+                if chosen.url is None:  # counted in this replica's load until it ends
+                    release = router.hold(chosen.node)
+                    request.task.add_done_callback(lambda _: release())
                     return None
                 if isinstance(body, dict) and chosen.model:  # the name it knows it by
                     body = {**body, "model": chosen.model}
@@ -163,6 +165,8 @@ class NodeBackend:
                                                f"serving {model}")
         else:
             router.refuse_stopped(model)  # a member's view from before a user's Stop
+            if here and key is not None:  # the member chose this copy for it
+                router.served_here(key())
         if here:
             return None
         return await relay.relay(request, self.cluster, model, body)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +18,9 @@ from engine.records import ReplicaInfo, ReplicasInfo, RunnerLoading, RunnerReady
 log = logging.getLogger(__name__)
 # longer than a peer poll (2 s): by then every node's view of a stopped copy is fresh
 STOPPED_S = 10.0
+SHORT = 16  # hex digits of a conversation's key that name it between nodes
+RECENT = 512  # conversations a replica names to its peers as served lately
+WENT = 4096  # conversations this node remembers sending, until the replica names them
 
 
 class Router:
@@ -28,6 +31,13 @@ class Router:
         self._sending: Counter[str] = Counter()  # node id -> requests in flight from here
         # (node id, name key) -> when a user's Stop ended that copy
         self._stopped: dict[tuple[str, str], float] = {}
+        # the conversations this node's replica served lately (newest last), and the
+        # worker that served them (a new worker's cache holds none)
+        self._kept: OrderedDict[str, None] = OrderedDict()
+        self._kept_by: Any = None
+        # conversation -> the node this one sent it to (known before that node's next poll)
+        self._went: OrderedDict[str, str] = OrderedDict()
+        self._named: dict[str, tuple[Any, frozenset[str]]] = {}  # peer id -> (info, its)
 
     # --- what this node serves ---------------------------------------------------------
     def serving(self) -> ServingInfo | None:
@@ -124,8 +134,9 @@ class Router:
 
     def _replica(self, s: ServingInfo, node: str, url: str | None, name: str) -> Replica:
         running, waiting = whole(s.running), whole(s.waiting)
-        if url is not None:  # what this node sent since the peer's last poll counts too
-            running = max(running + waiting, self._sending[node]) - waiting
+        # what this node sent since the peer's last poll counts too, and so do requests
+        # it chose to serve itself that haven't reached its worker yet
+        running = max(running + waiting, self._sending[node]) - waiting
         nodes = tuple(n for n in s.nodes if isinstance(n, str)) if isinstance(s.nodes, list) \
             else (node,)
         return Replica(node, url, name, s.instance if isinstance(s.instance, str) else None,
@@ -141,19 +152,70 @@ class Router:
         found = self.replicas(model) or self.replicas(model, loading=True)
         if not found:
             return None
-        r, why = choose(key() if key is not None and len(found) > 1 else None, found)
+        k = key() if key is not None and len(found) > 1 else None
+        short = k[:SHORT] if k is not None else ""
+        r, why = choose(k, found, lambda rep: self._served(rep, short))
+        if k is not None:
+            _remember(self._went, short, r.node, WENT)
+            if r.url is None:
+                self.served_here(k)
         self.routed[(model, r.node)] += 1
         self.reasons[(model, r.node, why)] += 1
         return r
 
+    # --- the conversations each replica served ---------------------------------------------
+    def served_here(self, key: str | None) -> None:
+        """This node's replica serves conversation `key`: its later turns come here."""
+        w = self.cluster.node.worker
+        if key is None or w is None:
+            return
+        if self._kept_by is not w:
+            self._kept.clear()
+            self._kept_by = w
+        _remember(self._kept, key[:SHORT], None, RECENT)
+
+    def recent(self) -> list[str]:
+        """The conversations this node's replica served lately, for its peers' routing
+        (NodeInfo.conversations; members only: never in the topology)."""
+        return list(self._kept) if self._kept_by is self.cluster.node.worker else []
+
+    def _served(self, r: Replica, short: str) -> bool:
+        if r.url is None:
+            return short in self._kept and self._kept_by is self.cluster.node.worker
+        return self._went.get(short) == r.node or short in self._theirs(r.node)
+
+    def _theirs(self, node: str) -> frozenset[str]:
+        """The conversations a peer said its replica served (its last poll), checked: a
+        list of strings, at most RECENT."""
+        info = next((p.info for p in self.cluster.peers.all() if p.id == node), None)
+        got = self._named.get(node)
+        if got is not None and got[0] is info:
+            return got[1]
+        named = getattr(info, "conversations", None)
+        keys = frozenset(k for k in named[:RECENT] if isinstance(k, str) and len(k) == SHORT) \
+            if isinstance(named, list) else frozenset()
+        self._named[node] = (info, keys)
+        return keys
+
     @contextlib.contextmanager
     def sending(self, node: str) -> Iterator[None]:
         """A request in flight from here to `node`'s replica."""
-        self._sending[node] += 1
+        release = self.hold(node)
         try:
             yield
         finally:
-            self._sending[node] -= 1
+            release()
+
+    def hold(self, node: str) -> Callable[[], None]:
+        """A request this node sent to `node`'s replica (its own too), counted in that
+        replica's load until the returned call (once: later calls do nothing)."""
+        self._sending[node] += 1
+        held = [True]
+
+        def release() -> None:
+            if held.pop() if held else False:
+                self._sending[node] -= 1
+        return release
 
     # --- what the user sees --------------------------------------------------------------
     def info(self) -> ReplicasInfo:
@@ -170,3 +232,10 @@ class Router:
                                        list(r.nodes), r.url is None, r.running, r.waiting,
                                        r.streams, n, round(n / total, 4) if total else 0.0))
         return ReplicasInfo(out)
+
+
+def _remember(kept: OrderedDict[str, Any], key: str, value: Any, most: int) -> None:
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > most:
+        kept.popitem(last=False)

@@ -2,9 +2,14 @@
 model). A conversation goes where its earlier turns went, so its prefix is in that
 replica's cache: every node ranks the replicas by the same hash of the conversation's
 start (rendezvous hashing), so every node makes the same choice without asking anyone,
-and a replica joining or leaving moves only the conversations that ranked it first. Load
-overrides the hash only where it matters: a replica that is full, or has clearly more
-requests than the least loaded one, gives the request to the least loaded.
+and a replica joining or leaving moves only the conversations that ranked it first.
+
+Load overrides the hash where it matters. A conversation a replica has served (each
+replica tells its peers the ones it served lately, engine/node/router.py) stays there
+unless that replica is full or has clearly more requests than the least loaded. One no
+replica has served, whose start no cache holds, goes to the least loaded, the hash's
+order deciding among equals: a wave of new conversations spreads evenly, where the hash
+alone left it as uneven as chance (5 and 3 of 8), paced by the busier copy.
 
 The loads are what the peers' polls last said (every 2 s), raised by the requests this
 node has sent each replica since: choosing waits on no round trip.
@@ -16,7 +21,7 @@ are the copies served under any of them (name_key)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,11 +76,15 @@ def ranked(key: str, replicas: Sequence[Replica]) -> list[Replica]:
     return sorted(replicas, key=weight, reverse=True)
 
 
-def choose(key: str | None, replicas: Sequence[Replica]) -> tuple[Replica, str]:
+def choose(key: str | None, replicas: Sequence[Replica],
+           served: Callable[[Replica], bool] = lambda r: True) -> tuple[Replica, str]:
     """The replica for a request with conversation `key` and why ("prefix", "load", or
-    "only"): its first in hash order, unless that one is full while another isn't, or has
-    SPREAD requests more than the least loaded. Without a key, the least loaded (this node
-    first among equals: no hop)."""
+    "only"). `served(r)`: whether replica r served this conversation lately (the default,
+    every one, is the hash's choice alone). A conversation's replica keeps it unless
+    that one is full while another isn't, or has SPREAD requests more than the least
+    loaded; one no replica served goes to the least loaded, the first in hash order
+    among equals. Without a key, the least loaded (this node first among equals: no
+    hop)."""
     if not replicas:
         raise ValueError("no replica to choose from")
     if len(replicas) == 1:
@@ -83,7 +92,12 @@ def choose(key: str | None, replicas: Sequence[Replica]) -> tuple[Replica, str]:
     least = min(replicas, key=lambda r: (r.full, r.load, r.url is not None, r.node))
     if key is None:
         return least, "load"
-    first = ranked(key, replicas)[0]
+    order = ranked(key, replicas)
+    holders = [r for r in order if served(r)]
+    if not holders:  # min keeps the first of equals: the hash's order
+        new = min(order, key=lambda r: (r.full, r.load))
+        return new, "prefix" if new is order[0] else "load"
+    first = holders[0]
     if (first.full and not least.full) or first.load - least.load >= SPREAD:
         return least, "load"
     return first, "prefix"

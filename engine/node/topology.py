@@ -4,6 +4,7 @@ link, and the Thunderbolt cables between trusted nodes, found from their platfor
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from engine.cluster_records import CableInfo, TopologyInfo, TopologyLink, TopologyNode
 from engine.node.peers import Peer
@@ -17,16 +18,22 @@ def topology_info(me: NodeInfo, peers: Iterable[Peer]) -> TopologyInfo:
     """This node first, then its peers; each node's links as it measured them (a peer's
     only once it is trusted)."""
     peers = list(peers)
-    nodes = [TopologyNode(**vars(me), self=True, reachable=True, trusted=True)]
+    nodes = [TopologyNode(**_shown(me), self=True, reachable=True, trusted=True)]
     links = [TopologyLink(me.id, **vars(lk)) for lk in me.links]
     for p in peers:
         # what the peer list knows wins over what the peer last said (as its JSON did)
-        nodes.append(TopologyNode(**{**(vars(p.info) if p.info else {}), **vars(p.public())}))
+        nodes.append(TopologyNode(**{**(_shown(p.info) if p.info else {}), **vars(p.public())}))
         if p.trusted and p.info is not None:
             links += [TopologyLink(p.id, **vars(lk)) for lk in p.info.links]
     cables = cluster_cables({me.id: me.platform, **{p.id: p.info.platform for p in peers
                                                     if p.trusted and p.id and p.info}})
     return TopologyInfo(nodes, links, cables)
+
+
+def _shown(info: NodeInfo) -> dict[str, Any]:
+    """A node's description less what only its peers' routing reads (the conversations
+    its replica served: a fingerprint of users' prompts)."""
+    return {k: v for k, v in vars(info).items() if k != "conversations"}
 
 
 def cluster_cables(platforms: Mapping[str, PlatformReport | None]) -> list[CableInfo]:

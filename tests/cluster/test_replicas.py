@@ -131,6 +131,54 @@ def test_distinct_conversations_spread_over_both_copies(trio, launched) -> None:
     assert "shoal_routed_requests_total{" in metrics
 
 
+def key_of(messages: list[dict]) -> str:
+    """The conversation's routing key as a node works it out from this body."""
+    from engine.api.conversation import conversation_key
+    from engine.api.openai_chat import ChatCompletionRequest, to_request
+    return conversation_key(to_request(ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": messages})))
+
+
+def test_new_conversations_at_once_split_evenly_and_each_follows_its_copy(
+        trio, launched) -> None:
+    """Two new conversations whose hash prefers the same copy, sent at once: the second
+    goes to the other copy (the least loaded), and its next turn, sent to the node that
+    runs the copy the hash prefers, still lands on the copy that cached it (that copy
+    names the conversations it served to its peers)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.node.routing import Replica, ranked
+    entry, copies, by_id = launched["entry"], launched["copies"], launched["by_id"]
+    reps = [Replica(c, "x", c, None, "single", (c,), 0, 0, 16) for c in copies]
+    firsts: list[list[dict]] = []
+    for k in range(64):
+        chat = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Wave question {k}: how deep is the harbour?"}]
+        if ranked(key_of(chat), reps)[0].node == copies[0]:
+            firsts.append(chat)
+        if len(firsts) == 2:
+            break
+    before = {r["node"]: r["routed"] for r in replicas(entry)}
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda m: httpx.post(
+            entry.url + "/v1/chat/completions", timeout=180, json={
+                "model": MODEL, "messages": m, "max_tokens": 64, "temperature": 0,
+                "ignore_eos": True}), firsts))  # both in flight at once
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    after = {r["node"]: r["routed"] for r in replicas(entry)}
+    assert [after[c] - before.get(c, 0) for c in copies] == [1, 1], (before, after)
+    time.sleep(2.5)  # a peer poll: every node knows what each copy served
+    hashed = by_id[copies[0]]  # its own copy is the hash's first for both
+    for chat, a in zip(firsts, (x.json() for x in answers)):
+        later = chat + [{"role": "assistant", "content": a["choices"][0]["message"]
+                         ["content"]}, {"role": "user", "content": "And at low tide?"}]
+        b = ask(hashed, later)
+        assert cached(b) >= a["usage"]["prompt_tokens"] - 8, (a["usage"], b["usage"])
+    # what a copy served is for its peers' routing: the user's topology doesn't show it
+    topo = httpx.get(hashed.url + "/shoal/topology", timeout=10).json()
+    assert topo["nodes"] and not any("conversations" in n for n in topo["nodes"])
+
+
 def test_a_killed_copy_stops_receiving_requests_within_seconds(trio, launched) -> None:
     entry, victim = launched["entry"], launched["by_id"][launched["copies"][1]]
     victim.proc.send_signal(signal.SIGKILL)

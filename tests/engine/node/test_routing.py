@@ -95,3 +95,46 @@ def test_every_name_a_node_takes_for_a_model_finds_the_one_it_is_served_under():
     assert same_name("SmolLM2-135M-Instruct", both, prefer="smollm2-135m-instruct") \
         == "smollm2-135m-instruct"
     assert name_key("a" * 5000) == "a" * 5000  # a long name is only a long name
+
+
+def test_a_wave_of_new_conversations_spreads_evenly_and_a_served_one_stays():
+    """Conversations no replica served go to the least loaded (the hash only breaks ties),
+    so 8 arriving at once split 4 and 4 where the hash alone split them as chance did; a
+    conversation a replica served stays there under the same load."""
+    loads = {"a": 0, "b": 0}
+    for k in range(8):
+        got, _ = choose(f"new-{k}", [rep(n, running=v) for n, v in loads.items()],
+                        served=lambda r: False)
+        loads[got.node] += 1
+    assert loads == {"a": 4, "b": 4}
+    key = "served-before"
+    a, b = ranked(key, [rep("a"), rep("b")])
+    # the hash prefers a; b served it and is one request busier: it stays on b
+    got, why = choose(key, [rep(a.node), rep(b.node, running=1)],
+                      served=lambda r: r.node == b.node)
+    assert (got.node, why) == (b.node, "prefix")
+    # new, the same load: the hash's first; new and the hash's first busier: the other
+    assert choose(key, [rep(a.node), rep(b.node)], served=lambda r: False)[0].node == a.node
+    got, why = choose(key, [rep(a.node, running=1), rep(b.node)], served=lambda r: False)
+    assert (got.node, why) == (b.node, "load")
+
+
+def test_a_peers_list_of_conversations_is_checked_before_it_is_used():
+    """What a peer says its copy served is read as at most RECENT keys of the right
+    length; anything else (a string, numbers, a huge list) counts as nothing or is cut,
+    and a new poll's answer is read again."""
+    from types import SimpleNamespace
+
+    from engine.node.router import RECENT, SHORT, Router
+
+    peer = SimpleNamespace(id="p1", info=SimpleNamespace(conversations="a" * SHORT))
+    cluster = SimpleNamespace(peers=SimpleNamespace(all=lambda: [peer]),
+                              node=SimpleNamespace(worker=None))
+    router = Router(cluster)
+    assert router._theirs("p1") == frozenset()
+    good = "0123456789abcdef"
+    peer.info = SimpleNamespace(conversations=[good, 7, None, "short", {"k": 1}])
+    assert router._theirs("p1") == {good}
+    peer.info = SimpleNamespace(conversations=[f"{i:016x}" for i in range(100_000)])
+    assert len(router._theirs("p1")) == RECENT
+    assert router._theirs("nobody") == frozenset()
