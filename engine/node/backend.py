@@ -155,7 +155,11 @@ class NodeBackend:
             if chosen is not None:
                 if chosen.url is None:  # counted in this replica's load until it ends
                     release = router.hold(chosen.node)
-                    request.task.add_done_callback(lambda _: release())
+                    task = getattr(request, "task", None)
+                    if task is None:
+                        release()
+                    else:
+                        task.add_done_callback(lambda _: release())
                     return None
                 if isinstance(body, dict) and chosen.model:  # the name it knows it by
                     body = {**body, "model": chosen.model}

@@ -244,7 +244,8 @@ class Batcher(Streams):
     def _plan_prefill(self) -> None:
         """This step's prompt work (mlx-lm reads both fields at each step). A step
         returns its decode tokens only after its prompt work, so while a prompt moves to
-        decoding, or waits for its first token, no new prompt joins: its first token
+        decoding, or waits for its first token, new prompts join only while their work
+        is about one decode step's (a turn whose history is cached): its first token
         isn't held back by the next arrivals' prefill (a wave of 16 chat turns got every
         first token after all 16 prefilled; now the first ones come as they are ready)."""
         gen = self._gen
@@ -254,7 +255,16 @@ class Batcher(Streams):
         ending = any(len(c[0]) == 1 and len(c[0][0]) == 1 for c in current)
         fresh = any(j.emitted == 0 for uid in gen._generation_batch.uids
                     if (j := self._jobs.get(uid)) is not None)
-        gen.prefill_batch_size = len(current) if ending or fresh else self.streams
+        if not (ending or fresh):
+            gen.prefill_batch_size = self.streams
+            return
+        joins, used, cheap = 0, 0, self.chunker.one_step()
+        for seq in gen._unprocessed_sequences:  # (uid, segments left, ...): in order
+            used += sum(len(p) for p in seq[1])
+            if used > cheap:
+                break
+            joins += 1
+        gen.prefill_batch_size = len(current) + joins
 
     def _fill_step(self) -> None:
         """One chunk of an image request's prefill; it joins the batch once done."""

@@ -53,6 +53,11 @@ class Chunker:
         want = int(self._rate * target)
         return max(self.least, min(LARGEST, want // SMALLEST * SMALLEST))
 
+    def one_step(self) -> int:
+        """About as many prompt tokens as one decode step takes (SMALLEST until both
+        are measured): prompt work that costs the batch little."""
+        return max(SMALLEST, int(self._rate * self.step_s))
+
     def took(self, tokens: int, seconds: float) -> None:
         """A prefill of `tokens` took `seconds`: size the next chunk from that rate."""
         if tokens <= 0 or seconds <= 0:
