@@ -356,7 +356,7 @@ class NodeInfo(Record):
     singles = {"machine": MachineInfo, "speed": SpeedInfo, "draft": DraftInfo,
                "power": PowerInfo, "platform": PlatformReport, "serving": ServingInfo}
     states = {"state": NodeState}
-    optional = ("serving",)
+    optional = ("serving", "conversations")
     id: str
     name: str | None = None
     instances: list[InstanceInfo] = field(default_factory=list)  # those it owns
@@ -374,7 +374,7 @@ class NodeInfo(Record):
     serving: ServingInfo | None = None  # the replica it answers for, if any
     # the conversations that replica served lately (their routing keys' first 16 hex
     # digits, engine/node/router.py): peers send their later turns there. Members only.
-    conversations: list[str] = field(default_factory=list)
+    conversations: list[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ class Cluster:
                         [m.id for m in self.node.local_models()], self.links(),
                         machine=facts.machine, speed=facts.speed,
                         platform=facts.platform, power=facts.power, draft=self.draft,
-                        serving=self.router.serving(), conversations=self.router.recent())
+                        serving=self.router.serving(),
+                        conversations=self.router.recent() or None)
 
     def name_of(self, node_id: str) -> str:
         """A node's machine name, for sentences a person reads (its address where it never
