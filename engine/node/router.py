@@ -142,7 +142,7 @@ class Router:
         return Replica(node, url, name, s.instance if isinstance(s.instance, str) else None,
                        s.strategy if isinstance(s.strategy, str) else "single",
                        nodes or (node,), running, waiting, whole(s.streams, 1, 4096) or 1,
-                       s.model)
+                       s.model, self._sending[node])
 
     def choose(self, model: str, key: Callable[[], str | None] | None) -> Replica | None:
         """The replica for a request for `model` (`key` gives its conversation's key,

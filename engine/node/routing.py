@@ -7,9 +7,12 @@ and a replica joining or leaving moves only the conversations that ranked it fir
 Load overrides the hash where it matters. A conversation a replica has served (each
 replica tells its peers the ones it served lately, engine/node/router.py) stays there
 unless that replica is full or has clearly more requests than the least loaded. One no
-replica has served, whose start no cache holds, goes to the least loaded, the hash's
-order deciding among equals: a wave of new conversations spreads evenly, where the hash
-alone left it as uneven as chance (5 and 3 of 8), paced by the busier copy.
+replica has served, whose start no cache holds, goes to the replica this node has the
+fewest requests in flight to, the hash's order deciding among equals: a wave of new
+conversations through one node spreads evenly, where the hash alone left it as uneven as
+chance (5 and 3 of 8), paced by the busier copy; one at a time, each goes where the hash
+says on every node, so a next turn sent to another node before the copies' next poll
+still finds it.
 
 The loads are what the peers' polls last said (every 2 s), raised by the requests this
 node has sent each replica since: choosing waits on no round trip.
@@ -42,6 +45,7 @@ class Replica:
     waiting: int
     streams: int
     model: str = ""  # the name the copy is served under (one of the model's names)
+    sent: int = 0  # requests the choosing node has in flight there (exact, never stale)
 
     @property
     def load(self) -> int:
@@ -94,10 +98,15 @@ def choose(key: str | None, replicas: Sequence[Replica],
         return least, "load"
     order = ranked(key, replicas)
     holders = [r for r in order if served(r)]
-    if not holders:  # min keeps the first of equals: the hash's order
-        new = min(order, key=lambda r: (r.full, r.load))
-        return new, "prefix" if new is order[0] else "load"
-    first = holders[0]
+    first = holders[0] if holders else order[0]
+    if not holders and not (first.full and not least.full) \
+            and first.load - least.load < SPREAD:
+        # by what this node has in flight, which it knows exactly: a wave through it
+        # splits evenly, while one request at a time goes where the hash says, as on
+        # every other node (the polled loads are up to a poll old); min keeps the first
+        # of equals, the hash's order
+        new = min(order, key=lambda r: (r.full, r.sent))
+        return new, "prefix" if new is first else "load"
     if (first.full and not least.full) or first.load - least.load >= SPREAD:
         return least, "load"
     return first, "prefix"

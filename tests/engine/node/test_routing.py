@@ -11,8 +11,9 @@ from engine.node.routing import Replica, choose, name_key, ranked, same_name
 
 
 def rep(node: str, running: int = 0, waiting: int = 0, streams: int = 8,
-        url: str | None = "https://peer") -> Replica:
-    return Replica(node, url, node, None, "single", (node,), running, waiting, streams)
+        url: str | None = "https://peer", sent: int = 0) -> Replica:
+    return Replica(node, url, node, None, "single", (node,), running, waiting, streams,
+                   sent=sent)
 
 
 def chat(*turns: tuple[str, str], tools: list | None = None) -> wire.GenerateRequest:
@@ -102,8 +103,8 @@ def test_a_wave_of_new_conversations_spreads_evenly_and_a_served_one_stays():
     so 8 arriving at once split 4 and 4 where the hash alone split them as chance did; a
     conversation a replica served stays there under the same load."""
     loads = {"a": 0, "b": 0}
-    for k in range(8):
-        got, _ = choose(f"new-{k}", [rep(n, running=v) for n, v in loads.items()],
+    for k in range(8):  # all in flight from this node at once
+        got, _ = choose(f"new-{k}", [rep(n, running=v, sent=v) for n, v in loads.items()],
                         served=lambda r: False)
         loads[got.node] += 1
     assert loads == {"a": 4, "b": 4}
@@ -113,9 +114,17 @@ def test_a_wave_of_new_conversations_spreads_evenly_and_a_served_one_stays():
     got, why = choose(key, [rep(a.node), rep(b.node, running=1)],
                       served=lambda r: r.node == b.node)
     assert (got.node, why) == (b.node, "prefix")
-    # new, the same load: the hash's first; new and the hash's first busier: the other
+    # new, nothing in flight from here: the hash's first, even where a peer's last poll
+    # said one more request ran there (stale by up to a poll: every node agrees)
     assert choose(key, [rep(a.node), rep(b.node)], served=lambda r: False)[0].node == a.node
-    got, why = choose(key, [rep(a.node, running=1), rep(b.node)], served=lambda r: False)
+    assert choose(key, [rep(a.node, running=1), rep(b.node)],
+                  served=lambda r: False)[0].node == a.node
+    # new, and one in flight from here to the hash's first: the other
+    got, why = choose(key, [rep(a.node, running=1, sent=1), rep(b.node)],
+                      served=lambda r: False)
+    assert (got.node, why) == (b.node, "load")
+    # new, the hash's first SPREAD busier by its poll: the least loaded, as before
+    got, why = choose(key, [rep(a.node, running=2), rep(b.node)], served=lambda r: False)
     assert (got.node, why) == (b.node, "load")
 
 
