@@ -86,8 +86,9 @@ def choose(key: str | None, replicas: Sequence[Replica],
     "only"). `served(r)`: whether replica r served this conversation lately (the default,
     every one, is the hash's choice alone). A conversation's replica keeps it unless
     that one is full while another isn't, or has SPREAD requests more than the least
-    loaded; one no replica served goes to the least loaded, the first in hash order
-    among equals. Without a key, the least loaded (this node first among equals: no
+    loaded; one no replica served (and none so loaded) goes to the replica this node has
+    the fewest requests in flight to (`sent`), the first in hash order among equals.
+    Without a key, the least loaded (this node first among equals: no
     hop)."""
     if not replicas:
         raise ValueError("no replica to choose from")
@@ -99,17 +100,15 @@ def choose(key: str | None, replicas: Sequence[Replica],
     order = ranked(key, replicas)
     holders = [r for r in order if served(r)]
     first = holders[0] if holders else order[0]
-    if not holders and not (first.full and not least.full) \
-            and first.load - least.load < SPREAD:
-        # by what this node has in flight, which it knows exactly: a wave through it
-        # splits evenly, while one request at a time goes where the hash says, as on
-        # every other node (the polled loads are up to a poll old); min keeps the first
-        # of equals, the hash's order
-        new = min(order, key=lambda r: (r.full, r.sent))
-        return new, "prefix" if new is first else "load"
     if (first.full and not least.full) or first.load - least.load >= SPREAD:
         return least, "load"
-    return first, "prefix"
+    if holders:
+        return first, "prefix"
+    # new: by what this node has in flight, which it knows exactly (a wave through it
+    # splits evenly, while one request at a time goes where the hash says, as on every
+    # other node: the polled loads are up to a poll old); min keeps the hash's order
+    new = min(order, key=lambda r: (r.full, r.sent))
+    return new, "prefix" if new is first else "load"
 
 
 def whole(v: Any, default: int = 0, top: int = 1 << 20) -> int:
