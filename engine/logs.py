@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MAX_BYTES = 10 * 2**20  # a log file this big is rotated
@@ -17,9 +18,10 @@ class OncePerSecond(logging.Filter):
     """Passes the first warning or error of each kind (logger, level, message template)
     per `every` seconds; the next one that passes says how many were held back."""
 
-    def __init__(self, every: float = 1.0):
+    def __init__(self, every: float = 1.0, clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.every = every
+        self._clock = clock
         self._last: dict[tuple[str, int, str], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -34,7 +36,7 @@ class OncePerSecond(logging.Filter):
         if record.levelno < logging.WARNING:  # a request's own line is never held back
             return True
         key = (record.name, record.levelno, str(record.msg))
-        now = time.monotonic()
+        now = self._clock()
         last, held = self._last.get(key, (-self.every, 0))
         if now - last < self.every:
             self._last[key] = (last, held + 1)

@@ -274,6 +274,7 @@ class Node:
         except ShoalError as e:
             self._set(RunnerFailed(model_id, e.message))
             raise
+        self._used = time.monotonic()  # a keep-alive counts from ready, not from the load
         self._set(RunnerReady(model_id, ready.context_length, ready.pid,
                               capabilities=list(ready.capabilities),
                               engine=engine if engine != "mlx" else None))
