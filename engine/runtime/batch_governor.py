@@ -40,9 +40,6 @@ class Shared:
     refused: float = 1.0
     plain: dict[int, float] = field(default_factory=dict)  # size -> seconds, no guesses
     r: dict[int, float] = field(default_factory=dict)  # size -> relative cost per guess
-    passes: int = 0
-    probe_every: int = PROBE_EVERY
-    next_probe: int = FIRST_PROBE
 
     @property
     def alpha(self) -> float:
@@ -97,6 +94,9 @@ class BatchGovernor:
         self.chose = False  # the last length was the best one (not a probe)
         self.drafted = self.accepted = 0  # totals, for the stats line and tests
         self.probes = 0
+        # probes back off per size: one row drafting (cheap there) must not bring probes
+        # back to a 16-row batch whose guesses were measured to cost a whole pass
+        self.probe_every, self.next_probe = PROBE_EVERY, FIRST_PROBE
 
     @property
     def alpha(self) -> float:
@@ -106,7 +106,6 @@ class BatchGovernor:
         """Guesses each sequence may ask for in the next pass (see Governor.length)."""
         sh = self.shared
         self.passes += 1
-        sh.passes += 1
         self.chose = False
         top = min(limit, sh.max_draft if cap is None else cap)
         if top <= 0:
@@ -116,13 +115,13 @@ class BatchGovernor:
         best = sh.best(self.size, top)
         if best:
             self.chose = True
-            sh.probe_every, sh.next_probe = PROBE_EVERY, sh.passes + PROBE_EVERY
+            self.probe_every, self.next_probe = PROBE_EVERY, self.passes + PROBE_EVERY
             return best
-        if sh.passes >= sh.next_probe and sh.plain and \
+        if self.passes >= self.next_probe and sh.plain and \
                 sh.ratio(self.size, min(PROBE_WIDTH, top), [top] * self.size, 0.0) \
                 >= 1 + MARGIN:  # (were guesses free, would these pay? else why probe)
-            sh.next_probe = sh.passes + sh.probe_every
-            sh.probe_every = min(2 * sh.probe_every, PROBE_MAX)
+            self.next_probe = self.passes + self.probe_every
+            self.probe_every = min(2 * self.probe_every, PROBE_MAX)
             self.probes += 1
             return min(PROBE_WIDTH, top)
         return 0

@@ -229,3 +229,25 @@ def test_a_prompt_ready_to_answer_isnt_held_back_by_the_next_arrivals_prefill(ti
     assert sum(1 for w, _ in steps if w) >= 3  # every arrival came at such a moment
     joined = [s for s in steps if s[0] and s[1]]
     assert bool(joined) == cheap, steps
+
+
+def test_one_row_drafting_doesnt_bring_probes_back_to_a_large_batch():
+    """One stream drafts (guesses kept, a column costs little there), and a 16-row batch
+    measured a column at a whole pass. Each time the one row drafts, the 16-row batch's
+    probes must not start again at its first pace: in the benchmark against mlx_lm.server
+    the 1- and 4-stream runs drafted, and every 16-stream run after them probed anew."""
+    from engine.runtime.batch_governor import PROBE_EVERY, BatchGovernor, Shared
+
+    shared = Shared(max_draft=6)
+    one, big = BatchGovernor(shared, 1), BatchGovernor(shared, 16)
+    for _ in range(8):
+        one.observed_rows([], 0, 1.0)
+        one.shadow(4, 4)
+    one.observed_rows([(2, 2)], 2, 1.2)  # r = 0.1 at one row
+    big.observed_rows([], 0, 1.0)
+    big.observed_rows([(2, 2)] * 16, 2, 3.0)  # r = 1 at 16: guesses never pay there
+    probes = 0
+    for _ in range(40):  # turns: one row drafts, then the batch runs 16 passes
+        assert one.length(100) > 0
+        probes += sum(big.width([big.length(100)] * 16) > 0 for _ in range(PROBE_EVERY))
+    assert probes <= 6  # backing off (16, 32, 64 ... passes), not one every 16 passes
