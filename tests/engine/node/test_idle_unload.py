@@ -63,6 +63,29 @@ def test_a_model_unused_for_the_nodes_keep_alive_unloads_and_loads_again(
         node.stop()
 
 
+def test_a_keep_alive_counts_from_when_the_model_is_ready(tmp_path, tiny_model_dir):
+    """A keep-alive shorter than the node's start and load: the model stays ready for
+    the keep-alive after it is, not unloaded the moment it is (CI saw the idle clock
+    count from the node's start)."""
+    node = NodeProcess(home_with(tmp_path, tiny_model_dir), "tiny-llama",
+                       "--unload-after", "1s").wait_healthy()
+    try:
+        ready = None
+        deadline = time.monotonic() + 120
+        while ready is None and time.monotonic() < deadline:
+            runner = node.client.status().runner
+            if isinstance(runner, RunnerReady):
+                ready = time.monotonic()
+            assert not isinstance(runner, RunnerIdle) or runner.unloaded is None, \
+                "unloaded before it was seen ready"
+            time.sleep(0.02)
+        assert ready is not None
+        wait_until(lambda: unloaded(node) == "tiny-llama", 20)
+        assert time.monotonic() - ready >= 0.9  # its whole keep-alive, from ready
+    finally:
+        node.stop()
+
+
 def test_an_ollama_requests_keep_alive_holds_for_its_model(tmp_path, tiny_model_dir):
     node = NodeProcess(home_with(tmp_path, tiny_model_dir), "tiny-llama").wait_healthy()
     try:
