@@ -11,9 +11,10 @@ scores stay in cache (rows are independent: the same result bit for bit). Decode
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
+
+from engine.runtime.cpu_exp import exp
 
 # queries at least this many take this path: prefill chunks, not decode steps nor a
 # speculative verify (at most MAX_DRAFT + 1 = 17 queries, engine/runtime/speculative.py)
@@ -74,7 +75,7 @@ def _attend(q: Any, k: Any, v: Any, scale: float, m: Any) -> Any:
         # no key at all, and -inf there would make it NaN, which the next layer's
         # attention spreads to the real rows (0 x NaN)
         s = mx.where(m, s, mx.finfo(s.dtype).min) if m.dtype == mx.bool_ else s + m
-    p = mx.power(mx.array(math.e, mx.float32), s - s.max(-1, keepdims=True))
+    p = exp(s - s.max(-1, keepdims=True))
     out = (p / p.sum(-1, keepdims=True)) @ v[:, :, None]
     return out.reshape(b, h, n, d)
 

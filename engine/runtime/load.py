@@ -219,9 +219,12 @@ def cpu_fast_path(modules: Any, world: int = 1) -> Any:
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model, get_total_parameters
 
-    from engine.runtime.cpu_attention import install
+    from engine.runtime import cpu_attention, cpu_exp
 
-    install()  # prefill attention without MLX's slow CPU exp (a no-op on a GPU)
+    # prefill attention, SwiGLU gates and the logits' normalising without MLX's slow CPU
+    # exp (no-ops on a GPU)
+    cpu_attention.install()
+    cpu_exp.install()
     if not unpacks_on_cpu(modules, world):
         return modules
     quantized = any(hasattr(m, "bits") for _, m in modules.named_modules())
