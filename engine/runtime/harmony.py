@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+import weakref
 from typing import Any
 
 from engine.runtime.toolcalls import ToolCall
@@ -18,9 +19,23 @@ START = "<|start|>"
 _RECIPIENT = re.compile(r"to=functions\.([\w\-.]+)")
 
 
+_harmony: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 def is_harmony(tokenizer: Any) -> bool:
+    """Read once per tokenizer: its vocabulary is built anew at each get_vocab (about
+    30 ms for 49K tokens, holding the GIL while the batch waits)."""
+    try:
+        return _harmony[tokenizer]
+    except (KeyError, TypeError):  # not seen, or can't be weakly referenced
+        pass
     vocab = tokenizer.get_vocab()
-    return all(t in vocab for t in (CHANNEL, MESSAGE, "<|call|>", "<|return|>"))
+    found = all(t in vocab for t in (CHANNEL, MESSAGE, "<|call|>", "<|return|>"))
+    try:
+        _harmony[tokenizer] = found
+    except TypeError:
+        pass
+    return found
 
 
 class HarmonySplitter:

@@ -373,6 +373,10 @@ def test_harmony_markers_reach_the_splitter_and_other_specials_do_not(tmp_path):
     hf = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|return|>")
     tok = TokenizerWrapper(hf, BPEStreamingDetokenizer)
     assert is_harmony(tok)
+    # the vocabulary is read once per tokenizer (it is built anew at every get_vocab)
+    reads = []
+    tok.get_vocab = lambda: reads.append(1) or {}
+    assert is_harmony(tok) and not reads
     answer = "<|channel|>analysis<|message|>Hm.<|end|><|endoftext|><|start|>assistant" \
              "<|channel|>final<|message|>Hi!"
     ids = hf.encode(answer, add_special_tokens=False)
