@@ -217,6 +217,12 @@ def main() -> None:
         sf, mf = statistics.median(x[1] for x in s), statistics.median(x[1] for x in m)
         print(f"| {n} | {st:.1f} | {mt:.1f} | {st / mt:.2f} | {sf * 1000:.0f} | "
               f"{mf * 1000:.0f} | {sf / mf:.2f} |")
+    print("\nEach round's ratios (tokens/s, time to first token), the two servers run "
+          "back to back:")
+    for n in args.streams:
+        pairs = zip(got[("shoal", n)], got[("mlx_lm.server", n)])
+        print(f"- {n} streams: " + ", ".join(f"{s[0] / m[0]:.2f} / {s[1] / m[1]:.2f}"
+                                             for s, m in pairs))
 
 
 if __name__ == "__main__":
