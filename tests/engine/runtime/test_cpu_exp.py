@@ -97,8 +97,8 @@ def test_a_model_gives_the_same_tokens_through_them(tmp_path, monkeypatch):
 def test_switched_off_by_name(monkeypatch):
     import engine.runtime.cpu_exp as cpu_exp
 
+    monkeypatch.setattr(mx, "sigmoid", _mlx_own("sigmoid"))  # before _own is emptied
     monkeypatch.setattr(cpu_exp, "_own", {})
-    monkeypatch.setattr(mx, "sigmoid", _mlx_own("sigmoid"))
     monkeypatch.setenv("SHOAL_CPU_EXP", "0")
     cpu_exp.install()
     assert mx.sigmoid is not cpu_exp.sigmoid and not cpu_exp._own
