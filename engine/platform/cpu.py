@@ -2,7 +2,8 @@
 
 The mlx-cpu wheel bundles the reference (netlib) BLAS, which makes prefill matmuls slow.
 A worker started with the system's OpenBLAS preloaded resolves its cblas_* symbols there
-instead. Measured numbers are in docs/benchmarks.md.
+instead, and one-row products (one sequence's decode step) go to its gemv on the way
+(gemv.py). Measured numbers are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import glob
 import os
 import sys
+
+from engine.platform import gemv
 
 # Debian/Ubuntu multiarch paths first; the pthread variant avoids OpenMP thread pools
 # fighting MLX's own threads.
@@ -31,14 +34,16 @@ def system_openblas() -> str | None:
 
 
 def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a worker process. SHOAL_OPENBLAS=0 turns the preload off."""
+    """The environment for a worker process. SHOAL_OPENBLAS=0 turns the preload off,
+    SHOAL_GEMV=0 only the one-row shim in front of it."""
     env = dict(os.environ if base is None else base)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if sys.platform != "linux" or env.get("SHOAL_OPENBLAS") == "0":
         return env
     lib = system_openblas()
     if lib and lib not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+        shim = gemv.shim() if env.get("SHOAL_GEMV") != "0" else None
+        env["LD_PRELOAD"] = ":".join(p for p in (shim, lib, env.get("LD_PRELOAD", "")) if p)
         # One BLAS thread per core is OpenBLAS's default; MLX runs its own pool beside it.
         env.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
     return env

@@ -13,8 +13,11 @@ from engine.platform import cpu
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is a Linux fix")
 def test_worker_env_preloads_system_openblas(monkeypatch):
     monkeypatch.setattr(cpu, "system_openblas", lambda: "/usr/lib/x/libopenblas.so.0")
+    monkeypatch.setattr(cpu.gemv, "shim", lambda: "/home/u/.cache/shoal/blas/gemv-1.so")
     env = cpu.worker_env({"PATH": "/bin", "LD_PRELOAD": "/other.so"})
-    assert env["LD_PRELOAD"] == "/usr/lib/x/libopenblas.so.0:/other.so"
+    # the one-row shim goes first: its cblas_sgemm hands everything else to OpenBLAS's
+    assert env["LD_PRELOAD"] == \
+        "/home/u/.cache/shoal/blas/gemv-1.so:/usr/lib/x/libopenblas.so.0:/other.so"
     assert "OPENBLAS_NUM_THREADS" in env
     assert "LD_PRELOAD" not in cpu.worker_env({"SHOAL_OPENBLAS": "0"})
 

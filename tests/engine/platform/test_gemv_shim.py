@@ -1,0 +1,127 @@
+"""The one-row shim in front of OpenBLAS (engine/platform/gemv_shim.c): built from source
+once, kept only in a private folder, and the products it sends to sgemv are the same as
+gemm's, checked in real MLX processes with the shim preloaded."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from engine.platform import cpu, gemv
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux's")
+
+needs_build = pytest.mark.skipif(
+    cpu.system_openblas() is None or gemv.shim() is None,
+    reason="needs the system OpenBLAS and a C compiler")
+
+# Products through MLX's CPU matmul, each against numpy in float64; the shim's counter
+# says how many went through sgemv.
+PRODUCTS = r"""
+import ctypes, json, sys
+import numpy as np
+import mlx.core as mx
+shim = ctypes.CDLL(sys.argv[1])
+calls = lambda: ctypes.c_ulong.in_dll(shim, "shoal_gemv_calls").value
+mx.random.seed(0)
+K, N = 96, 200
+W = mx.random.normal((N, K)); Wk = mx.random.normal((K, N)); col = mx.random.normal((K, 1))
+Ws = mx.random.normal((3, N, K))
+x = mx.random.normal((1, K)); xs = mx.random.normal((3, 1, K)); two = mx.random.normal((2, K))
+c = mx.random.normal((1, N))
+f64 = lambda a: np.array(a).astype(np.float64)
+cases = {
+    "x @ W.T": (lambda: x @ W.T, f64(x) @ f64(W).T),
+    "x @ Wk": (lambda: x @ Wk, f64(x) @ f64(Wk)),
+    "col.T @ W.T": (lambda: col.T @ W.T, f64(col).T @ f64(W).T),
+    "x @ W[:, :64].T": (lambda: x[:, :64] @ W[:, :64].T, f64(x)[:, :64] @ f64(W)[:, :64].T),
+    "addmm": (lambda: mx.addmm(c, x, W.T, alpha=0.5, beta=2.0),
+              2.0 * f64(c) + 0.5 * f64(x) @ f64(W).T),
+    "a row each": (lambda: xs @ Ws.transpose(0, 2, 1), f64(xs) @ f64(Ws).transpose(0, 2, 1)),
+}
+out = {}
+for name, (run, want) in cases.items():
+    before = calls()
+    got = run(); mx.eval(got)
+    out[name] = {"err": float(np.abs(np.array(got) - want).max() / np.abs(want).max()),
+                 "sgemv": calls() - before}
+before = calls(); mx.eval(two @ W.T)
+out["two rows"] = {"err": float(np.abs(np.array(two @ W.T) - f64(two) @ f64(W).T).max()),
+                   "sgemv": calls() - before}
+print(json.dumps(out))
+"""
+
+
+def _run(code: str, *args: str, env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@needs_build
+def test_one_row_products_go_to_sgemv_and_agree_with_numpy():
+    shim = gemv.shim()
+    env = cpu.worker_env({**os.environ, "SHOAL_GEMV": "1"})
+    assert env["LD_PRELOAD"].split(":")[:2] == [shim, cpu.system_openblas()]
+    out = json.loads(_run(PRODUCTS, shim, env=env))
+    for name, r in out.items():
+        assert r["err"] < 1e-5, (name, r)
+    for name in ("x @ W.T", "x @ Wk", "x @ W[:, :64].T", "addmm"):
+        assert out[name]["sgemv"] == 1, (name, out[name])
+    assert out["a row each"]["sgemv"] == 3  # one gemm call per matrix of the batch
+    assert out["two rows"]["sgemv"] == 0  # two rows and more stay with OpenBLAS's gemm
+
+
+@needs_build
+def test_switched_off_the_worker_has_openblas_alone(monkeypatch):
+    env = cpu.worker_env({"PATH": os.environ["PATH"], "SHOAL_GEMV": "0"})
+    assert env["LD_PRELOAD"] == cpu.system_openblas()
+
+
+def test_built_once_into_a_private_folder(tmp_path):
+    if not (gemv.shutil.which("cc") or gemv.shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    folder = tmp_path / "blas"
+    path = gemv._build(folder)
+    assert path and path.startswith(str(folder))
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert oct(os.stat(path).st_mode & 0o777) == "0o700"
+    built = os.stat(path).st_mtime_ns
+    assert gemv._build(folder) == path and os.stat(path).st_mtime_ns == built
+    assert [p.name for p in folder.iterdir()] == [os.path.basename(path)]  # no leftovers
+
+
+def test_a_folder_others_can_write_is_not_used(tmp_path, caplog):
+    folder = tmp_path / "blas"
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o777)
+    assert gemv._build(folder) is None
+    assert "not private" in caplog.text
+    assert not list(folder.iterdir())
+
+
+def test_a_library_others_can_write_or_a_link_is_not_preloaded(tmp_path):
+    folder = tmp_path / "blas"
+    folder.mkdir(mode=0o700)
+    name = f"gemv-{gemv.hashlib.sha256(gemv.SOURCE.read_bytes()).hexdigest()[:16]}.so"
+    planted = folder / name
+    planted.write_bytes(b"not a library")
+    planted.chmod(0o666)
+    assert gemv._build(folder) is None
+    planted.unlink()
+    (tmp_path / "elsewhere.so").write_bytes(b"x")
+    planted.symlink_to(tmp_path / "elsewhere.so")
+    assert gemv._build(folder) is None
+
+
+def test_without_a_compiler_workers_start_without_it(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger=gemv.__name__)
+    monkeypatch.setattr(gemv.shutil, "which", lambda name: None)
+    assert gemv._build(tmp_path / "blas") is None
+    assert "no C compiler" in caplog.text
