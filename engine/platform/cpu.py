@@ -43,6 +43,8 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     lib = system_openblas()
     if lib and lib not in env.get("LD_PRELOAD", ""):
         shim = gemv.shim() if env.get("SHOAL_GEMV") != "0" else None
+        if shim:
+            env.setdefault("SHOAL_GEMV_CACHE_BYTES", str(gemv.last_level_cache_bytes()))
         env["LD_PRELOAD"] = ":".join(p for p in (shim, lib, env.get("LD_PRELOAD", "")) if p)
         # One BLAS thread per core is OpenBLAS's default; MLX runs its own pool beside it.
         env.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))

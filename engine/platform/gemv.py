@@ -1,10 +1,11 @@
-"""One-row matrix products on the CPU through cblas_sgemv (gemv_shim.c).
+"""Products of a few rows on the CPU through cblas_sgemv (gemv_shim.c).
 
 A decode step of one sequence multiplies a single row by every weight matrix. OpenBLAS's
 gemm packs the whole matrix before such a product; its gemv reads each weight once, and a
-step of float32 SmolLM2 here takes about 60% of the time (docs/benchmarks.md). The shim is
-built from its C source with the machine's C compiler once, into the user's cache folder,
-and preloaded into workers in front of OpenBLAS. Without a compiler, workers run without it.
+step of float32 SmolLM2 here takes about 55% of the time (docs/benchmarks.md). Up to four
+rows go row by row where the matrix fits in half the last-level cache. The shim is built
+from its C source with the machine's C compiler once, into the user's cache folder, and
+preloaded into workers in front of OpenBLAS. Without a compiler, workers run without it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ SOURCE = Path(__file__).with_name("gemv_shim.c")
 BUILD_SECONDS = 60
 
 _built: dict[str, str | None] = {}  # "path" -> the library, or None: not to be had
+
+
+def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The size of the CPU's last data (or unified) cache, as Linux reports it; 0 unknown."""
+    best = (0, 0)
+    for index in root.glob("index*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+            scale = {"K": 1024, "M": 1024 ** 2}.get(size[-1:], 1)
+            best = max(best, (level, int(size.rstrip("KM")) * scale))
+        except (OSError, ValueError):
+            continue
+    return best[1]
 
 
 def cache_folder() -> Path:

@@ -1,4 +1,4 @@
-"""The one-row shim in front of OpenBLAS (engine/platform/gemv_shim.c): built from source
+"""The few-rows shim in front of OpenBLAS (engine/platform/gemv_shim.c): built from source
 once, kept only in a private folder, and the products it sends to sgemv are the same as
 gemm's, checked in real MLX processes with the shim preloaded."""
 
@@ -32,7 +32,8 @@ mx.random.seed(0)
 K, N = 96, 200
 W = mx.random.normal((N, K)); Wk = mx.random.normal((K, N)); col = mx.random.normal((K, 1))
 Ws = mx.random.normal((3, N, K))
-x = mx.random.normal((1, K)); xs = mx.random.normal((3, 1, K)); two = mx.random.normal((2, K))
+x = mx.random.normal((1, K)); xs = mx.random.normal((3, 1, K)); four = mx.random.normal((4, K))
+cols = mx.random.normal((K, 3)); five = mx.random.normal((5, K))
 c = mx.random.normal((1, N))
 f64 = lambda a: np.array(a).astype(np.float64)
 cases = {
@@ -43,6 +44,9 @@ cases = {
     "addmm": (lambda: mx.addmm(c, x, W.T, alpha=0.5, beta=2.0),
               2.0 * f64(c) + 0.5 * f64(x) @ f64(W).T),
     "a row each": (lambda: xs @ Ws.transpose(0, 2, 1), f64(xs) @ f64(Ws).transpose(0, 2, 1)),
+    "four rows": (lambda: four @ W.T, f64(four) @ f64(W).T),
+    "cols.T @ Wk": (lambda: cols.T @ Wk, f64(cols).T @ f64(Wk)),
+    "five rows": (lambda: five @ W.T, f64(five) @ f64(W).T),
 }
 out = {}
 for name, (run, want) in cases.items():
@@ -50,9 +54,6 @@ for name, (run, want) in cases.items():
     got = run(); mx.eval(got)
     out[name] = {"err": float(np.abs(np.array(got) - want).max() / np.abs(want).max()),
                  "sgemv": calls() - before}
-before = calls(); mx.eval(two @ W.T)
-out["two rows"] = {"err": float(np.abs(np.array(two @ W.T) - f64(two) @ f64(W).T).max()),
-                   "sgemv": calls() - before}
 print(json.dumps(out))
 """
 
@@ -65,17 +66,35 @@ def _run(code: str, *args: str, env: dict[str, str]) -> str:
 
 
 @needs_build
-def test_one_row_products_go_to_sgemv_and_agree_with_numpy():
+@pytest.mark.parametrize("cache", [0, 8 << 20])
+def test_few_row_products_go_to_sgemv_and_agree_with_numpy(cache):
     shim = gemv.shim()
-    env = cpu.worker_env({**os.environ, "SHOAL_GEMV": "1"})
+    env = cpu.worker_env({**os.environ, "SHOAL_GEMV_CACHE_BYTES": str(cache)})
     assert env["LD_PRELOAD"].split(":")[:2] == [shim, cpu.system_openblas()]
     out = json.loads(_run(PRODUCTS, shim, env=env))
     for name, r in out.items():
         assert r["err"] < 1e-5, (name, r)
     for name in ("x @ W.T", "x @ Wk", "x @ W[:, :64].T", "addmm"):
-        assert out[name]["sgemv"] == 1, (name, out[name])
+        assert out[name]["sgemv"] == 1, (name, out[name])  # one row: always
     assert out["a row each"]["sgemv"] == 3  # one gemm call per matrix of the batch
-    assert out["two rows"]["sgemv"] == 0  # two rows and more stay with OpenBLAS's gemm
+    # up to four rows, row by row where the matrix fits in half the cache (76 KB here)
+    assert out["four rows"]["sgemv"] == (4 if cache else 0)
+    assert out["cols.T @ Wk"]["sgemv"] == (3 if cache else 0)
+    assert out["five rows"]["sgemv"] == 0  # more stay with OpenBLAS's gemm
+
+
+def test_last_level_cache_size_from_sysfs(tmp_path):
+    for name, kind, level, size in (("index0", "Data", 1, "48K"),
+                                    ("index1", "Instruction", 1, "32K"),
+                                    ("index2", "Unified", 2, "2048K"),
+                                    ("index3", "Unified", 3, "48M")):
+        (tmp_path / name).mkdir()
+        for f, v in (("type", kind), ("level", level), ("size", size)):
+            (tmp_path / name / f).write_text(f"{v}\n")
+    assert gemv.last_level_cache_bytes(tmp_path) == 48 << 20
+    (tmp_path / "index3" / "size").write_text("garbage\n")
+    assert gemv.last_level_cache_bytes(tmp_path) == 2 << 20
+    assert gemv.last_level_cache_bytes(tmp_path / "missing") == 0
 
 
 @needs_build
