@@ -2,8 +2,11 @@
 
 Both serve the bundled SmolLM2-135M-Instruct as float32 on the CPU (Shoal unpacks it at
 load, engine/runtime/load.py cpu_fast_path; mlx_lm.server gets a float32 copy of the
-folder), with the same BLAS (the worker's environment, engine/platform/cpu.py), each with
-its default settings. The load is the standard serving one: synthetic prompts of about
+folder), each with its default settings and the system OpenBLAS preloaded (the worker's
+environment, engine/platform/cpu.py; mlx_lm.server on its own would use the wheel's far
+slower reference BLAS). Shoal's workers also put their few-rows gemv shim in front of it
+(engine/platform/gemv.py); `--mlx-blas shim` gives mlx_lm.server the same, to separate
+what the BLAS route gives from what scheduling and drafting give. The load is the standard serving one: synthetic prompts of about
 `--prompt` tokens (random words), `--tokens`-token greedy answers, streamed through the
 openai SDK by N concurrent clients, each sending `--per-stream` requests back to back.
 The servers alternate in rounds, on the same prompts within a round, so noise on this
@@ -70,7 +73,7 @@ def float32_copy(src: Path, dest: Path) -> Path:
 class MlxServer:
     """`python -m mlx_lm server` in its own process group, with the worker's environment."""
 
-    def __init__(self, folder: Path, log: Path):
+    def __init__(self, folder: Path, log: Path, shim: bool = False):
         from engine.platform.cpu import worker_env
 
         self.port = free_port()
@@ -79,7 +82,8 @@ class MlxServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder),
              "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=worker_env(dict(os.environ)),
+            stdout=self._log, stderr=subprocess.STDOUT,
+            env=worker_env({**os.environ, "SHOAL_GEMV": "1" if shim else "0"}),
             start_new_session=True)
 
     def wait_ready(self, timeout: float = 120) -> MlxServer:
@@ -169,6 +173,8 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--node-args", default="", help="extra `shoal node` flags")
+    p.add_argument("--mlx-blas", choices=("openblas", "shim"), default="openblas",
+                   help="mlx_lm.server's BLAS: the system OpenBLAS, or with Shoal's shim too")
     args = p.parse_args()
     from engine.hub.bundled import ensure_default_model
 
@@ -182,7 +188,7 @@ def main() -> None:
         node = NodeProcess(home_with(tmp / "shoal", model), MODEL, *args.node_args.split())
         servers.append(node)
         node.wait_healthy().wait_ready(300)
-        mlx = MlxServer(fp32, tmp / "mlx.log")
+        mlx = MlxServer(fp32, tmp / "mlx.log", shim=args.mlx_blas == "shim")
         servers.append(mlx)
         mlx.wait_ready()
         targets = {"shoal": (node.url, MODEL), "mlx_lm.server": (mlx.url, str(fp32))}
@@ -210,7 +216,8 @@ def main() -> None:
     print(f"\nSmolLM2-135M-Instruct as float32 on the CPU ({os.cpu_count()} cores, shared "
           f"machine), ~{args.prompt}-token synthetic prompts, {args.tokens}-token greedy "
           f"answers, {args.per_stream} requests per stream, median of {args.rounds} "
-          "alternating rounds (ratios: the median of each round's own).\n")
+          "alternating rounds (ratios: the median of each round's own); mlx_lm.server's "
+          f"BLAS: {args.mlx_blas}.\n")
     print("| streams | Shoal tok/s | mlx_lm.server tok/s | ratio | Shoal TTFT ms | "
           "mlx_lm.server TTFT ms | TTFT ratio |")
     print("|---|---|---|---|---|---|---|")
