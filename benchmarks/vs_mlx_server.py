@@ -6,9 +6,10 @@ folder), each with its default settings and the system OpenBLAS preloaded (the w
 environment, engine/platform/cpu.py; mlx_lm.server on its own would use the wheel's far
 slower reference BLAS). Shoal's workers also put their few-rows gemv shim in front of it
 (engine/platform/gemv.py); `--mlx-blas shim` gives mlx_lm.server the same, to separate
-what the BLAS route gives from what scheduling and drafting give. The load is the standard serving one: synthetic prompts of about
-`--prompt` tokens (random words), `--tokens`-token greedy answers, streamed through the
-openai SDK by N concurrent clients, each sending `--per-stream` requests back to back.
+what the BLAS route gives from what scheduling and drafting give. The load is the
+standard serving one: synthetic prompts of about `--prompt` tokens (random words),
+`--tokens`-token greedy answers, streamed through the openai SDK by N concurrent clients,
+each sending `--per-stream` requests back to back.
 The servers alternate in rounds, on the same prompts within a round, so noise on this
 shared machine hits both; the ratios are the median of the rounds' own.
 
