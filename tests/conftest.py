@@ -17,6 +17,11 @@ os.environ["SHOAL_CALIBRATE"] = "0"  # a second of full CPU per node start; test
 # Nodes serve on MLX, which the suite's exact comparisons are about; the llama.cpp engine's
 # tests opt in (tests/engine/runtime/test_llamacpp_engine.py)
 os.environ["SHOAL_CPU_ENGINE"] = "mlx"
+# Those comparisons are bit for bit across batch shapes (one request alone against the same
+# in a batch, a group against one process). The gemv shim rounds products of 1 to 4 rows
+# differently from gemm's, which can flip a near-tie of a tiny random model, so nodes run
+# without it; tests/engine/platform/test_gemv_shim.py runs it, in MLX and in a real node.
+os.environ["SHOAL_GEMV"] = "0"
 sys.path.insert(0, str(Path(__file__).parent))
 from nodes import NodeProcess, home_with  # noqa: E402
 from tiny import make_tiny_model  # noqa: E402

@@ -48,6 +48,8 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
       const float *row = ta == NO_TRANS ? a + (size_t)i * lda : a + i;
       int inc = ta == NO_TRANS ? 1 : lda;
       float *out = c + (size_t)i * ldc;
+      if (beta == 0.0f) /* BLAS's rule: c is not read; some gemv versions scale NaN by 0 */
+        for (int j = 0; j < n; j++) out[j] = 0.0f;
       if (tb == NO_TRANS) /* b is k x n: c_i = b^T a_i */
         next_sgemv(ROW_MAJOR, 112, k, n, alpha, b, ldb, row, inc, beta, out, 1);
       else /* b is n x k: c_i = b a_i */

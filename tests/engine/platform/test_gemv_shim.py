@@ -69,7 +69,8 @@ def _run(code: str, *args: str, env: dict[str, str]) -> str:
 @pytest.mark.parametrize("cache", [0, 8 << 20])
 def test_few_row_products_go_to_sgemv_and_agree_with_numpy(cache):
     shim = gemv.shim()
-    env = cpu.worker_env({**os.environ, "SHOAL_GEMV_CACHE_BYTES": str(cache)})
+    env = cpu.worker_env({**os.environ, "SHOAL_GEMV": "1",
+                          "SHOAL_GEMV_CACHE_BYTES": str(cache)})
     assert env["LD_PRELOAD"].split(":")[:2] == [shim, cpu.system_openblas()]
     out = json.loads(_run(PRODUCTS, shim, env=env))
     for name, r in out.items():
@@ -95,6 +96,73 @@ def test_last_level_cache_size_from_sysfs(tmp_path):
     (tmp_path / "index3" / "size").write_text("garbage\n")
     assert gemv.last_level_cache_bytes(tmp_path) == 2 << 20
     assert gemv.last_level_cache_bytes(tmp_path / "missing") == 0
+
+
+# cblas_sgemm called directly: beta 0 means c is not read, so garbage in it (MLX's output
+# buffers are not cleared) must not come out.
+NAN_IN_C = r"""
+import ctypes, sys
+import numpy as np
+shim = ctypes.CDLL(sys.argv[1])
+P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+shim.cblas_sgemm.argtypes = [I] * 6 + [F, P, I, P, I, F, P, I]
+a = np.ones((2, 3), np.float32); b = np.ones((4, 3), np.float32)
+c = np.full((2, 4), np.nan, np.float32)
+shim.cblas_sgemm(101, 111, 112, 2, 4, 3, 1.0, a.ctypes.data, 3, b.ctypes.data, 3, 0.0,
+                 c.ctypes.data, 4)
+print(c.tolist(), ctypes.c_ulong.in_dll(shim, "shoal_gemv_calls").value)
+"""
+
+
+@needs_build
+def test_beta_zero_does_not_read_what_was_in_c():
+    env = cpu.worker_env({**os.environ, "SHOAL_GEMV": "1", "SHOAL_GEMV_CACHE_BYTES": "1e6"})
+    out = _run(NAN_IN_C, gemv.shim(), env=env).split("]] ")
+    assert out == ["[[3.0, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 3.0", "2\n"]  # both rows by gemv
+
+
+@needs_build
+def test_a_real_node_runs_its_worker_with_the_shim(tmp_path, tiny_model_dir):
+    """Served with the shim preloaded (the suite's other nodes run without it): the
+    worker process has it mapped, and greedy answers come back whole."""
+    import httpx
+
+    from nodes import NodeProcess, home_with
+
+    home = home_with(tmp_path, tiny_model_dir)
+    node = NodeProcess(home, "tiny-llama", env={"SHOAL_GEMV": "1"}).wait_healthy()
+    try:
+        node.wait_ready()
+        body = {"model": "tiny-llama", "max_tokens": 12, "temperature": 0,
+                "messages": [{"role": "user", "content": "hello"}]}
+        answers = [httpx.post(node.url + "/v1/chat/completions", json=body, timeout=120)
+                   for _ in range(2)]
+        assert all(r.status_code == 200 for r in answers), answers[-1].text
+        assert answers[0].json()["usage"]["completion_tokens"] == 12
+        assert answers[0].json()["choices"][0]["message"] == \
+            answers[1].json()["choices"][0]["message"]  # same shape alone: same answer
+        assert any(gemv.shim() in _maps(pid) for pid in _workers_of(home))
+    finally:
+        node.stop()
+
+
+def _workers_of(home) -> list[int]:
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if "engine.runtime.worker" in cmd and str(home) in cmd:
+            pids.append(int(d))
+    return pids
+
+
+def _maps(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/maps").read()
+    except OSError:
+        return ""
 
 
 @needs_build
