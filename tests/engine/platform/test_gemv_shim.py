@@ -127,7 +127,7 @@ def test_a_real_node_runs_its_worker_with_the_shim(tmp_path, tiny_model_dir):
     worker process has it mapped, and greedy answers come back whole."""
     import httpx
 
-    from nodes import NodeProcess, home_with
+    from nodes import NodeProcess, home_with, worker_pids
 
     home = home_with(tmp_path, tiny_model_dir)
     node = NodeProcess(home, "tiny-llama", env={"SHOAL_GEMV": "1"}).wait_healthy()
@@ -141,21 +141,10 @@ def test_a_real_node_runs_its_worker_with_the_shim(tmp_path, tiny_model_dir):
         assert answers[0].json()["usage"]["completion_tokens"] == 12
         assert answers[0].json()["choices"][0]["message"] == \
             answers[1].json()["choices"][0]["message"]  # same shape alone: same answer
-        assert any(gemv.shim() in _maps(pid) for pid in _workers_of(home))
+        pids = worker_pids(node)
+        assert pids and all(gemv.shim() in _maps(pid) for pid in pids)
     finally:
         node.stop()
-
-
-def _workers_of(home) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        try:
-            cmd = open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace")
-        except (OSError, ValueError):
-            continue
-        if "engine.runtime.worker" in cmd and str(home) in cmd:
-            pids.append(int(d))
-    return pids
 
 
 def _maps(pid: int) -> str:
