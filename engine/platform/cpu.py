@@ -2,7 +2,7 @@
 
 The mlx-cpu wheel bundles the reference (netlib) BLAS, which makes prefill matmuls slow.
 A worker started with the system's OpenBLAS preloaded resolves its cblas_* symbols there
-instead, and one-row products (one sequence's decode step) go to its gemv on the way
+instead, and products of one to four rows (decode steps) go to its gemv on the way
 (gemv.py). Measured numbers are in docs/benchmarks.md.
 """
 
@@ -35,7 +35,7 @@ def system_openblas() -> str | None:
 
 def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a worker process. SHOAL_OPENBLAS=0 turns the preload off,
-    SHOAL_GEMV=0 only the one-row shim in front of it."""
+    SHOAL_GEMV=0 only the gemv shim in front of it."""
     env = dict(os.environ if base is None else base)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if sys.platform != "linux" or env.get("SHOAL_OPENBLAS") == "0":

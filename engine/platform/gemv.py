@@ -2,10 +2,11 @@
 
 A decode step of one sequence multiplies a single row by every weight matrix. OpenBLAS's
 gemm packs the whole matrix before such a product; its gemv reads each weight once, and a
-step of float32 SmolLM2 here takes about 55% of the time (docs/benchmarks.md). Up to four
-rows go row by row where the matrix fits in half the last-level cache. The shim is built
-from its C source with the machine's C compiler once, into the user's cache folder, and
-preloaded into workers in front of OpenBLAS. Without a compiler, workers run without it.
+step of float32 SmolLM2 here takes about 60% of the time (docs/benchmarks.md: 46.7
+against 73.8 ms). Up to four rows go row by row where the matrix fits in half the
+last-level cache. The shim is built from its C source with the machine's C compiler once,
+into the user's cache folder, and preloaded into workers in front of OpenBLAS. Without a
+compiler, workers run without it.
 """
 
 from __future__ import annotations
